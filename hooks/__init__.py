@@ -1,0 +1,22 @@
+"""In-trainer instrumentation for trainmon.
+
+``hooks.wire`` and ``hooks.schedules`` are standard-library only, so the collector can import
+them without torch; ``TrainMonitor`` (which needs torch) is loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["TrainMonitor"]
+
+if TYPE_CHECKING:
+    from hooks.train_monitor import TrainMonitor
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TrainMonitor":
+        from hooks.train_monitor import TrainMonitor
+
+        return TrainMonitor
+    raise AttributeError(f"module 'hooks' has no attribute {name!r}")

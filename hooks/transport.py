@@ -1,0 +1,282 @@
+"""Moves events from the training thread to the collector without ever making training wait.
+
+The training thread only appends to a bounded deque (a few hundred nanoseconds, no lock, no
+I/O); when the deque is full the event is dropped and counted, never waited for. A daemon
+sender thread drains it every ``flush_interval`` seconds and POSTs batches. When the collector
+cannot be reached, batches go to JSONL segment files in a spool directory and are replayed in
+order once it answers again; the collector deduplicates by (stream, seq), so a batch sent twice
+is stored once. Segments left behind by an earlier process (a crash while the collector was
+down) are replayed too.
+
+``file://PATH`` targets skip HTTP entirely and append JSONL, one event per line, for offline
+runs that are imported later; spool segments use the same line format.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+from hooks.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
+
+__all__ = ["Transport"]
+
+log = logging.getLogger("trainmon.transport")
+
+_SEGMENT_BYTES = 4 << 20
+_MAX_BACKOFF = 30.0
+
+
+def encode_event(event: dict) -> str:
+    """One event as a JSON line (strict JSON: no bare NaN tokens)."""
+    return json.dumps(json_safe(event), separators=(",", ":"), allow_nan=False)
+
+
+class _HttpSink:
+    """POSTs batches over one keep-alive connection; raises ``OSError`` when it cannot deliver."""
+
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https"):
+            raise ValueError(f"collector: unsupported URL scheme in {url!r}, use http://, https:// or file://")
+        self._https = parsed.scheme == "https"
+        self._netloc = parsed.netloc
+        self._path = parsed.path.rstrip("/") + "/v1/events"
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def send(self, lines: list[str]) -> None:
+        body = f'{{"version":{VERSION},"events":[{",".join(lines)}]}}'.encode()
+        for attempt in (0, 1):  # one silent retry on a stale keep-alive connection
+            if self._conn is None:
+                cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                self._conn = cls(self._netloc, timeout=self._timeout)
+            try:
+                self._conn.request("POST", self._path, body, self._headers)
+                resp = self._conn.getresponse()
+                text = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise OSError(f"collector unreachable: {exc}") from exc
+                continue
+            if resp.status < 300:
+                return
+            if resp.status == 413 and len(lines) > 1:
+                half = len(lines) // 2
+                self.send(lines[:half])
+                self.send(lines[half:])
+                return
+            if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                # The collector will never accept this batch; keeping it would block the spool.
+                raise _Rejected(f"collector rejected {len(lines)} events: {resp.status} {text[:300]!r}")
+            raise OSError(f"collector answered {resp.status}")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+class _Rejected(Exception):
+    """The collector refused a batch as malformed: drop it (counted), do not retry."""
+
+
+class Transport:
+    """Bounded, non-blocking hand-off from the training thread to the collector.
+
+    Args:
+        target: ``http://host:port`` of a collector, or ``file://PATH`` to write JSONL.
+        spool_dir: where undeliverable batches wait; required for HTTP targets.
+        queue_size: events held in memory before new ones are dropped (and counted).
+        spool_max_bytes: disk budget of the spool; beyond it events are dropped (counted).
+        flush_interval: seconds between sends; larger batches cost less per event.
+        token: bearer token for collectors that require one.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        spool_dir: str | os.PathLike | None = None,
+        queue_size: int = 65536,
+        spool_max_bytes: int = 1 << 30,
+        flush_interval: float = 0.5,
+        token: str | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        self._queue: collections.deque[dict] = collections.deque()
+        self._cap = queue_size
+        self._flush_interval = flush_interval
+        self.dropped = 0  # events dropped because the queue was full (training thread only)
+        self.dropped_spool = 0  # events dropped because the spool was full
+        self.rejected = 0  # events the collector refused as malformed
+        self.sent = 0
+        self._file = None
+        self._sink: _HttpSink | None = None
+        if target.startswith("file://"):
+            path = Path(target[len("file://") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        else:
+            if spool_dir is None:
+                raise ValueError("spool_dir is required for an HTTP collector")
+            self._sink = _HttpSink(target, token, timeout)
+            self._spool = Path(spool_dir)
+            self._spool.mkdir(parents=True, exist_ok=True)
+            self._spool_max = spool_max_bytes
+            self._segment: Path | None = None
+            self._backoff = 0.0
+            self._retry_at = 0.0
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="trainmon-sender", daemon=True)
+        self._thread.start()
+
+    # -- training thread ------------------------------------------------------------------
+
+    def put(self, event: dict) -> bool:
+        """Queue an event; never blocks. Returns False (and counts) when the queue is full."""
+        if len(self._queue) >= self._cap:
+            self.dropped += 1
+            return False
+        self._queue.append(event)
+        return True
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Ask the sender to deliver (or spool) everything queued; True when it did in time."""
+        self._idle.clear()
+        self._wake.set()
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (spooling what cannot be delivered) and stop the thread."""
+        if self._stop:
+            return
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._file is not None:
+            self._file.close()
+        if self._sink is not None:
+            self._sink.close()
+
+    @property
+    def pending_spool_bytes(self) -> int:
+        if self._sink is None:
+            return 0
+        return sum(p.stat().st_size for p in self._spool.glob("*.jsonl"))
+
+    # -- sender thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            stopping = self._stop
+            try:
+                self._drain(final=stopping)
+            except Exception:  # the sender must outlive any bug in one batch
+                log.exception("trainmon sender failed; continuing")
+            if not self._queue:
+                self._idle.set()
+            if stopping:
+                return
+
+    def _take(self) -> list[str]:
+        lines = []
+        q = self._queue
+        while q and len(lines) < MAX_EVENTS_PER_BATCH:
+            lines.append(encode_event(q.popleft()))
+        return lines
+
+    def _drain(self, final: bool) -> None:
+        while self._queue:
+            lines = self._take()
+            if self._file is not None:
+                self._file.write("\n".join(lines) + "\n")
+                self._file.flush()
+                self.sent += len(lines)
+            else:
+                self._deliver(lines)
+        if self._sink is not None:
+            self._replay(final)
+
+    def _deliver(self, lines: list[str]) -> None:
+        # Anything already spooled must go first, so new events join the spool behind it.
+        if self._segments() or time.monotonic() < self._retry_at:
+            self._spool_lines(lines)
+            return
+        try:
+            self._send(lines)
+        except OSError as exc:
+            self._failed(exc)
+            self._spool_lines(lines)
+
+    def _send(self, lines: list[str]) -> None:
+        assert self._sink is not None
+        try:
+            self._sink.send(lines)
+            self.sent += len(lines)
+        except _Rejected as exc:
+            self.rejected += len(lines)
+            log.error("%s", exc)
+        self._backoff = 0.0
+
+    def _failed(self, exc: OSError) -> None:
+        self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
+        self._retry_at = time.monotonic() + self._backoff
+        log.warning("trainmon: %s; spooling, retry in %.1fs", exc, self._backoff)
+
+    def _segments(self) -> list[Path]:
+        return sorted(self._spool.glob("*.jsonl"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+    def _spool_lines(self, lines: list[str]) -> None:
+        data = ("\n".join(lines) + "\n").encode()
+        if self.pending_spool_bytes + len(data) > self._spool_max:
+            self.dropped_spool += len(lines)
+            return
+        if self._segment is None or not self._segment.exists() or self._segment.stat().st_size > _SEGMENT_BYTES:
+            self._segment = self._spool / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
+        with open(self._segment, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _replay(self, final: bool) -> None:
+        """Send spooled segments oldest first; stop at the first failure and back off."""
+        if time.monotonic() < self._retry_at and not final:
+            return
+        for segment in self._segments():
+            if segment == self._segment:
+                self._segment = None  # start a new one for anything spooled from now on
+            lines = []
+            with open(segment, "rb") as f:
+                for n, raw in enumerate(f):
+                    text = raw.decode("utf-8", "replace").strip()
+                    if not text:
+                        continue
+                    try:
+                        json.loads(text)
+                    except ValueError:
+                        log.warning("trainmon: skipping corrupt line %d of spool segment %s", n + 1, segment)
+                        continue
+                    lines.append(text)
+            try:
+                for i in range(0, len(lines), MAX_EVENTS_PER_BATCH):
+                    self._send(lines[i : i + MAX_EVENTS_PER_BATCH])
+            except OSError as exc:
+                self._failed(exc)
+                return
+            segment.unlink()

@@ -1,0 +1,412 @@
+"""Wire format v1: the events hooks send and the collector accepts.
+
+This module is the single definition of the format. It imports only the standard library so
+that the collector can validate against it without importing torch, and so that any other
+producer (a shell script, another language) has one readable place to learn the format from.
+
+A batch is ``{"version": 1, "events": [event, ...]}``. Every event carries the same header::
+
+    {"kind": "step", "run": "gpt-small-7", "rank": 0, "host": "node-3",
+     "stream": "5f0c...", "seq": 41, "time": 1763771234.5, "fields": {...}}
+
+``stream`` identifies one producer process (a fresh random id each time a ``TrainMonitor``
+starts) and ``seq`` counts its events from 0; together they make ingest idempotent, so a
+batch that is sent twice (a retry, a spool replay) is stored once. Gaps in ``seq`` are events
+the producer dropped, which the collector can count.
+
+JSON has no NaN or infinity, yet a NaN loss is data, not an error. Float fields that may be
+non-finite accept the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (and Python's
+bare ``NaN`` tokens); every other float field must be a finite number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "EVENT_KINDS",
+    "HEADER_FIELDS",
+    "MAX_EVENTS_PER_BATCH",
+    "PHASES",
+    "RUN_ID_PATTERN",
+    "VERSION",
+    "Event",
+    "WireError",
+    "decode_float",
+    "encode_float",
+    "json_safe",
+    "json_schema",
+    "validate_batch",
+    "validate_event",
+]
+
+VERSION = 1
+MAX_EVENTS_PER_BATCH = 10_000
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+STREAM_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "checkpoint", "eval", "other")
+
+_RUN_ID = re.compile(RUN_ID_PATTERN)
+_STREAM = re.compile(STREAM_PATTERN)
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class WireError(ValueError):
+    """A batch or event does not follow the wire format; ``path`` names the offending field."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of an event: its JSON type and whether it is required.
+
+    ``type`` is one of ``int``, ``float``, ``str``, ``bool``, ``object``, ``float_list``,
+    ``phases`` (an object of phase name → seconds) and ``object_list``.
+    ``nonfinite`` lets a float be NaN/±Infinity (losses and norms, where that is the news).
+    """
+
+    type: str
+    required: bool = False
+    nonfinite: bool = False
+    doc: str = ""
+
+
+def _f(doc: str, **kw: Any) -> Field:
+    return Field("float", doc=doc, **kw)
+
+
+def _i(doc: str, **kw: Any) -> Field:
+    return Field("int", doc=doc, **kw)
+
+
+_FINGERPRINT = Field(
+    "object",
+    doc="restored or saved state: optimizer step counts and moment norms, scheduler position, "
+    "RNG hashes, data position, world size, global batch, config hash",
+)
+
+EVENT_KINDS: dict[str, dict[str, Field]] = {
+    "run_start": {
+        "config": Field("object", doc="the trainer's configuration, as given"),
+        "config_hash": Field("str", doc="hash of the configuration, to spot changes on resume"),
+        "world_size": _i("number of ranks"),
+        "local_rank": _i("rank within the node"),
+        "device": Field("str", doc="cpu, cuda:0, ..."),
+        "gpu_uuid": Field("str", doc="NVML UUID of the rank's GPU"),
+        "framework": Field("str", doc="plain, hf, lightning, reference_trainer"),
+        "n_params": _i("model parameter count"),
+        "vocab_size": _i("vocabulary size, for the initial-loss check"),
+        "seq_len": _i("tokens per sequence"),
+        "global_batch_tokens": _i("tokens per optimizer step over all ranks"),
+        "accum_steps": _i("micro-batches per optimizer step"),
+        "planned_steps": _i("optimizer steps the run intends to take"),
+        "schedule": Field("object", doc="declared LR schedule, see hooks.schedules"),
+        "flops_per_token": _f("training FLOPs per token, for MFU"),
+        "peak_flops": _f("peak FLOP/s of one device, for MFU"),
+        "resumed": Field("bool", doc="true when the run continues from a checkpoint"),
+        "resume_path": Field("str", doc="checkpoint the run resumed from"),
+    },
+    "step": {
+        "step": _i("optimizer step index", required=True),
+        "loss": _f("training loss of the step", nonfinite=True),
+        "grad_norm": _f("total gradient norm before clipping", nonfinite=True),
+        "grad_norm_clipped": _f("total gradient norm after clipping", nonfinite=True),
+        "clip_coef": _f("factor the gradients were scaled by (1 = not clipped)", nonfinite=True),
+        "lr": Field("float_list", doc="learning rate of each param group"),
+        "loss_scale": _f("fp16 GradScaler scale", nonfinite=True),
+        "skipped": Field("bool", doc="optimizer step skipped (inf/nan grads under GradScaler)"),
+        "tokens": _i("tokens processed by this rank in this step"),
+        "samples": _i("samples processed by this rank in this step"),
+        "micro_batches": _i("forward passes in this step"),
+        "step_time": _f("wall seconds of the step"),
+        "phases": Field("phases", doc="seconds per phase: " + ", ".join(PHASES)),
+        "mem_allocated_bytes": _i("device memory allocated now"),
+        "mem_peak_bytes": _i("peak device memory since the previous step"),
+        "batch_fingerprint": Field("str", doc="cheap hash of the batch, for data-replay checks"),
+        "layer_grad_norms": Field("object", doc="second level: grad norm per parameter name"),
+        "update_ratio": _f("second level: |update| / |param|", nonfinite=True),
+    },
+    "eval": {
+        "step": _i("step the evaluation ran after", required=True),
+        "loss": _f("evaluation loss", required=True, nonfinite=True),
+        "metrics": Field("object", doc="other evaluation metrics"),
+        "duration": _f("seconds spent evaluating"),
+    },
+    "checkpoint": {
+        "step": _i("step saved", required=True),
+        "path": Field("str", doc="where the checkpoint was written"),
+        "duration": _f("seconds spent saving"),
+        "bytes": _i("size written"),
+        "fingerprint": _FINGERPRINT,
+    },
+    "resume": {
+        "step": _i("step restored from the checkpoint", required=True),
+        "path": Field("str", doc="checkpoint loaded"),
+        "duration": _f("seconds spent loading"),
+        "fingerprint": _FINGERPRINT,
+    },
+    "health": {
+        "cpu_percent": _f("process CPU use, percent of one core"),
+        "rss_bytes": _i("process resident memory"),
+        "host_mem_used_bytes": _i("host memory in use"),
+        "host_mem_total_bytes": _i("host memory installed"),
+        "disk_read_bytes": _i("host disk bytes read, cumulative"),
+        "disk_write_bytes": _i("host disk bytes written, cumulative"),
+        "net_sent_bytes": _i("host network bytes sent, cumulative"),
+        "net_recv_bytes": _i("host network bytes received, cumulative"),
+        "gpus": Field(
+            "object_list",
+            doc="per GPU: index, uuid, temperature_c, utilization_ratio, mem_used_bytes, "
+            "mem_total_bytes, power_w, sm_clock_hz, throttle_reasons, ecc_corrected, "
+            "ecc_uncorrected",
+        ),
+    },
+    "heartbeat": {
+        "step": _i("last step the rank finished"),
+    },
+    "run_end": {
+        "status": Field("str", required=True, doc="finished, failed or interrupted"),
+        "step": _i("last step"),
+        "error": Field("str", doc="exception text when the run failed"),
+        "dropped_events": _i("events the producer dropped because its queue was full"),
+    },
+}
+
+HEADER_FIELDS: dict[str, Field] = {
+    "kind": Field("str", required=True, doc="one of " + ", ".join(EVENT_KINDS)),
+    "run": Field("str", required=True, doc="run id, " + RUN_ID_PATTERN),
+    "rank": Field("int", required=True, doc="global rank of the producer"),
+    "host": Field("str", required=True, doc="host name of the producer"),
+    "stream": Field("str", required=True, doc="producer id, new each process start"),
+    "seq": Field("int", required=True, doc="event number within the stream, from 0"),
+    "time": Field("float", required=True, doc="wall time, seconds since the epoch"),
+    "fields": Field("object", required=True, doc="the kind's fields"),
+}
+
+_MAX_STR = 4096
+_MAX_INT = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A validated event, floats decoded (non-finite markers become float NaN/inf)."""
+
+    kind: str
+    run: str
+    rank: int
+    host: str
+    stream: str
+    seq: int
+    time: float
+    fields: dict[str, Any]
+
+
+def encode_float(x: float) -> float | str:
+    """Make a float JSON-safe: non-finite values become the strings the format accepts."""
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats by the format's string markers, recursively (strict JSON out)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else encode_float(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def decode_float(value: Any, path: str, nonfinite: bool = True) -> float:
+    """Read a float field, accepting the non-finite markers only where allowed."""
+    if isinstance(value, bool):
+        raise WireError(path, f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        x = float(value)
+    elif isinstance(value, str) and value in _NONFINITE:
+        x = _NONFINITE[value]
+    else:
+        raise WireError(path, f"expected a number, got {_show(value)}")
+    if not nonfinite and not math.isfinite(x):
+        raise WireError(path, f"must be finite, got {value!r}")
+    return x
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check(value: Any, spec: Field, path: str) -> Any:
+    t = spec.type
+    if t == "float":
+        return decode_float(value, path, spec.nonfinite)
+    if t == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WireError(path, f"expected an integer, got {_show(value)}")
+        if not 0 <= value <= _MAX_INT:
+            raise WireError(path, f"must be between 0 and 2**63-1, got {value}")
+        return value
+    if t == "str":
+        if not isinstance(value, str):
+            raise WireError(path, f"expected a string, got {_show(value)}")
+        if len(value) > _MAX_STR:
+            raise WireError(path, f"longer than {_MAX_STR} characters")
+        return value
+    if t == "bool":
+        if not isinstance(value, bool):
+            raise WireError(path, f"expected true or false, got {_show(value)}")
+        return value
+    if t == "object":
+        if not isinstance(value, dict):
+            raise WireError(path, f"expected an object, got {_show(value)}")
+        return value
+    if t == "float_list":
+        if not isinstance(value, list):
+            raise WireError(path, f"expected a list of numbers, got {_show(value)}")
+        return [decode_float(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if t == "phases":
+        if not isinstance(value, dict):
+            raise WireError(path, f"expected an object of phase seconds, got {_show(value)}")
+        out = {}
+        for name, secs in value.items():
+            if name not in PHASES:
+                raise WireError(f"{path}.{name}", f"unknown phase, expected one of {PHASES}")
+            out[name] = decode_float(secs, f"{path}.{name}", nonfinite=False)
+        return out
+    if t == "object_list":
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise WireError(path, f"expected a list of objects, got {_show(value)}")
+        return value
+    raise AssertionError(f"unknown field type {t}")
+
+
+def validate_event(raw: Any, path: str = "event") -> Event:
+    """Check one event against the format and return it decoded."""
+    if not isinstance(raw, dict):
+        raise WireError(path, f"expected an object, got {_show(raw)}")
+    for key in raw:
+        if key not in HEADER_FIELDS:
+            raise WireError(f"{path}.{key}", "unknown field")
+    header = {}
+    for key, spec in HEADER_FIELDS.items():
+        if key not in raw:
+            raise WireError(f"{path}.{key}", "missing required field")
+        header[key] = _check(raw[key], spec, f"{path}.{key}")
+    kind = header["kind"]
+    if kind not in EVENT_KINDS:
+        raise WireError(f"{path}.kind", f"unknown kind {kind!r}, expected one of {list(EVENT_KINDS)}")
+    if not _RUN_ID.match(header["run"]):
+        raise WireError(f"{path}.run", f"invalid run id {_show(header['run'])}, must match {RUN_ID_PATTERN}")
+    if not _STREAM.match(header["stream"]):
+        raise WireError(f"{path}.stream", f"invalid stream id, must match {STREAM_PATTERN}")
+    specs = EVENT_KINDS[kind]
+    fields = {}
+    for key, value in header["fields"].items():
+        spec = specs.get(key)
+        if spec is None:
+            raise WireError(f"{path}.fields.{key}", f"unknown field for kind {kind!r}")
+        if value is None and not spec.required:
+            continue
+        fields[key] = _check(value, spec, f"{path}.fields.{key}")
+    for key, spec in specs.items():
+        if spec.required and key not in fields:
+            raise WireError(f"{path}.fields.{key}", f"missing required field for kind {kind!r}")
+    header["fields"] = fields
+    return Event(**header)
+
+
+def validate_batch(raw: Any) -> list[Event]:
+    """Check a decoded JSON batch; raise ``WireError`` naming the first bad field.
+
+    A batch is accepted or rejected whole, so a rejected batch never leaves a partial write.
+    """
+    if not isinstance(raw, dict):
+        raise WireError("batch", f"expected an object with 'version' and 'events', got {_show(raw)}")
+    for key in raw:
+        if key not in ("version", "events"):
+            raise WireError(key, "unknown field")
+    if "version" not in raw:
+        raise WireError("version", "missing required field")
+    version = raw["version"]
+    if version != VERSION or isinstance(version, bool):
+        raise WireError("version", f"unsupported version {_show(version)}, this collector speaks {VERSION}")
+    events = raw.get("events")
+    if not isinstance(events, list):
+        raise WireError("events", f"expected a list of events, got {_show(events)}")
+    if len(events) > MAX_EVENTS_PER_BATCH:
+        raise WireError("events", f"{len(events)} events, at most {MAX_EVENTS_PER_BATCH} per batch")
+    return [validate_event(e, f"events[{i}]") for i, e in enumerate(events)]
+
+
+_JSON_TYPES = {
+    "int": {"type": "integer", "minimum": 0, "maximum": _MAX_INT},
+    "str": {"type": "string", "maxLength": _MAX_STR},
+    "bool": {"type": "boolean"},
+    "object": {"type": "object"},
+    "object_list": {"type": "array", "items": {"type": "object"}},
+}
+_NUMBER = {"type": "number"}
+_NUMBER_OR_MARKER = {"anyOf": [{"type": "number"}, {"enum": list(_NONFINITE)}]}
+
+
+def _field_schema(spec: Field) -> dict[str, Any]:
+    if spec.type == "float":
+        schema = dict(_NUMBER_OR_MARKER if spec.nonfinite else _NUMBER)
+    elif spec.type == "float_list":
+        schema = {"type": "array", "items": _NUMBER_OR_MARKER}
+    elif spec.type == "phases":
+        schema = {
+            "type": "object",
+            "properties": {p: _NUMBER for p in PHASES},
+            "additionalProperties": False,
+        }
+    else:
+        schema = dict(_JSON_TYPES[spec.type])
+    if spec.doc:
+        schema["description"] = spec.doc
+    return schema
+
+
+def json_schema() -> dict[str, Any]:
+    """The batch format as JSON Schema, for the collector's OpenAPI description."""
+    variants = []
+    for kind, specs in EVENT_KINDS.items():
+        header = {k: _field_schema(s) for k, s in HEADER_FIELDS.items()}
+        header["kind"] = {"const": kind}
+        header["run"] = {"type": "string", "pattern": RUN_ID_PATTERN}
+        header["stream"] = {"type": "string", "pattern": STREAM_PATTERN}
+        header["fields"] = {
+            "type": "object",
+            "properties": {k: _field_schema(s) for k, s in specs.items()},
+            "required": [k for k, s in specs.items() if s.required],
+            "additionalProperties": False,
+        }
+        variants.append(
+            {
+                "title": f"{kind} event",
+                "type": "object",
+                "properties": header,
+                "required": list(HEADER_FIELDS),
+                "additionalProperties": False,
+            }
+        )
+    return {
+        "title": "trainmon event batch",
+        "type": "object",
+        "properties": {
+            "version": {"const": VERSION},
+            "events": {"type": "array", "items": {"oneOf": variants}, "maxItems": MAX_EVENTS_PER_BATCH},
+        },
+        "required": ["version", "events"],
+        "additionalProperties": False,
+    }

@@ -1,0 +1,133 @@
+"""``trainmon``: a thin command line over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from hooks.wire import json_safe
+from monitor.config import ConfigError, load_config
+
+__all__ = ["main"]
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from monitor.server import serve
+
+    config = load_config(args.config, db=args.db, host=args.host, port=args.port)
+    serve(config)
+    return 0
+
+
+def _cmd_postmortem(args: argparse.Namespace) -> int:
+    from monitor.postmortem import import_file, summarize
+    from monitor.storage import Storage
+
+    if args.db is not None:
+        storage = Storage(args.db)
+        run = args.target
+    else:
+        path = Path(args.target)
+        if not path.is_file():
+            print(
+                f"trainmon postmortem: {args.target} is not a file; give --db to read a run from a store",
+                file=sys.stderr,
+            )
+            return 2
+        storage = Storage("sqlite://")
+        found = import_file(path, storage, load_config(args.config))
+        if args.run is None and len(found) > 1:
+            print(f"trainmon postmortem: {path} holds runs {found}; choose one with --run", file=sys.stderr)
+            return 2
+        run = args.run or found[0]
+    try:
+        summary = summarize(storage, run)
+    except KeyError as exc:
+        print(f"trainmon postmortem: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(json_safe(summary), allow_nan=False))
+    else:
+        from monitor.report import print_summary
+
+        print_summary(summary)
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from monitor.queries import run_rows
+    from monitor.storage import Storage
+
+    with Storage(args.db).connect() as conn:
+        rows = run_rows(conn)
+    if args.json:
+        print(json.dumps(json_safe(rows), allow_nan=False))
+    else:
+        from monitor.report import print_runs
+
+        print_runs(rows)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from monitor.demo import run_demo
+
+    return run_demo(out=Path(args.out), steps=args.steps, injects=args.inject)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainmon", description="Training-run monitoring for PyTorch.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the collector daemon until SIGTERM/SIGINT")
+    p.add_argument("--db", help="SQLite path or SQLAlchemy URL (default trainmon.sqlite)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 9400)")
+    p.add_argument("--config", help="TOML file with collector and detector settings")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("postmortem", help="explain a run from a store (RUN --db) or a log FILE")
+    p.add_argument("target", metavar="RUN|FILE")
+    p.add_argument("--db", help="read RUN from this store instead of importing FILE")
+    p.add_argument("--run", help="which run of a multi-run FILE")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--config", help="TOML file with detector settings (for FILE)")
+    p.set_defaults(func=_cmd_postmortem)
+
+    p = sub.add_parser("runs", help="list the runs in a store")
+    p.add_argument("--db", default="trainmon.sqlite", help="SQLite path or SQLAlchemy URL")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(func=_cmd_runs)
+
+    p = sub.add_parser("demo", help="collector + reference trainer with injected faults, then a report")
+    p.add_argument("--out", default="demo-out", help="folder for the store, checkpoints and events")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps to train")
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=None,
+        metavar="KIND@STEP[:params]",
+        help="fault to inject (repeatable); default: a small set of faults",
+    )
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"trainmon {args.command}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Prometheus exposition of the live state and of the collector's own health.
+
+Training series are built at scrape time from :class:`~monitor.live.LiveState` by a custom
+collector (the ``prometheus_client`` pattern for mirroring external state), so a run that ends
+simply stops being exported: no stale label sets to remember to remove. Labels are bounded:
+``run``, ``rank``, ``phase``, ``group``, ``kind``, ``severity``; never a step or a layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from monitor.live import LiveState
+
+__all__ = ["FINISHED_RUN_TTL_SECONDS", "CollectorMetrics", "TrainingCollector"]
+
+FINISHED_RUN_TTL_SECONDS = 300.0
+"""A finished run stays exported this long, so the last scrape sees its final values."""
+
+_STEP_GAUGES = {
+    # wire field -> (metric name, help)
+    "loss": ("trainmon_loss", "Training loss of the latest step."),
+    "grad_norm": ("trainmon_grad_norm", "Total gradient norm before clipping, latest step."),
+    "grad_norm_clipped": ("trainmon_grad_norm_clipped", "Total gradient norm after clipping, latest step."),
+    "clip_coef": ("trainmon_grad_clip_coefficient", "Factor the gradients were scaled by (1 = not clipped)."),
+    "loss_scale": ("trainmon_loss_scale", "fp16 loss scale of the latest step."),
+    "step_time": ("trainmon_step_time_seconds", "Wall time of the latest step."),
+    "mem_allocated_bytes": ("trainmon_device_memory_allocated_bytes", "Device memory allocated."),
+    "mem_peak_bytes": ("trainmon_device_memory_peak_bytes", "Peak device memory during the latest step."),
+}
+
+
+class TrainingCollector(Collector):
+    """Yields the latest per-run, per-rank training values at each scrape."""
+
+    def __init__(self, live: LiveState, clock=time.time) -> None:
+        self._live = live
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._clock()
+        rl = ["run", "rank"]
+        step = GaugeMetricFamily("trainmon_step", "Latest optimizer step.", labels=rl)
+        last = GaugeMetricFamily(
+            "trainmon_last_step_timestamp_seconds", "Wall time of the latest step (hang alerts).", labels=rl
+        )
+        seen = GaugeMetricFamily(
+            "trainmon_last_seen_timestamp_seconds", "Wall time of the latest event of any kind.", labels=rl
+        )
+        gauges = {k: GaugeMetricFamily(name, doc, labels=rl) for k, (name, doc) in _STEP_GAUGES.items()}
+        lr = GaugeMetricFamily("trainmon_learning_rate", "Learning rate per param group.", labels=[*rl, "group"])
+        phase = GaugeMetricFamily("trainmon_phase_seconds", "Seconds per phase, latest step.", labels=[*rl, "phase"])
+        tps = GaugeMetricFamily("trainmon_tokens_per_second", "Tokens per second of this rank.", labels=rl)
+        tokens = CounterMetricFamily("trainmon_tokens", "Tokens processed by this rank.", labels=rl)
+        attempt = GaugeMetricFamily("trainmon_attempt", "Attempt (process restart) the rank is on.", labels=rl)
+        eval_loss = GaugeMetricFamily("trainmon_eval_loss", "Latest evaluation loss.", labels=["run"])
+        world = GaugeMetricFamily("trainmon_run_world_size", "Ranks in the run.", labels=["run"])
+        planned = GaugeMetricFamily("trainmon_run_planned_steps", "Optimizer steps the run plans.", labels=["run"])
+        up = GaugeMetricFamily("trainmon_run_running", "1 while the run has not ended.", labels=["run"])
+        an_total = CounterMetricFamily(
+            "trainmon_anomalies", "Anomalies opened by the collector.", labels=["run", "kind", "severity"]
+        )
+        an_active = GaugeMetricFamily(
+            "trainmon_anomalies_active", "Anomalies currently open.", labels=["run", "kind", "severity"]
+        )
+        with self._live.lock:
+            for run_id, run in list(self._live.runs.items()):
+                ended = run.status != "running"
+                last_seen = max((r.last_seen for r in run.ranks.values()), default=0.0)
+                if ended and now - last_seen > FINISHED_RUN_TTL_SECONDS:
+                    continue
+                up.add_metric([run_id], 0.0 if ended else 1.0)
+                if run.world_size is not None:
+                    world.add_metric([run_id], run.world_size)
+                if run.planned_steps is not None:
+                    planned.add_metric([run_id], run.planned_steps)
+                if run.eval_loss is not None:
+                    eval_loss.add_metric([run_id], run.eval_loss)
+                for (kind, sev), n in run.anomalies_total.items():
+                    an_total.add_metric([run_id, kind, sev], n)
+                for (kind, sev), n in run.anomalies_active.items():
+                    an_active.add_metric([run_id, kind, sev], n)
+                for rank_id, r in run.ranks.items():
+                    labels = [run_id, str(rank_id)]
+                    seen.add_metric(labels, r.last_seen)
+                    attempt.add_metric(labels, r.attempt)
+                    if r.step < 0:
+                        continue
+                    step.add_metric(labels, r.step)
+                    last.add_metric(labels, r.last_step_time)
+                    tokens.add_metric(labels, r.tokens_total)
+                    if r.tokens_per_second is not None:
+                        tps.add_metric(labels, r.tokens_per_second)
+                    for key, fam in gauges.items():
+                        value = r.last.get(key)
+                        if value is not None:
+                            fam.add_metric(labels, float(value))
+                    for i, value in enumerate(r.last.get("lr") or ()):
+                        lr.add_metric([*labels, str(i)], value)
+                    for name, secs in (r.last.get("phases") or {}).items():
+                        phase.add_metric([*labels, name], secs)
+        yield from (step, last, seen, *gauges.values(), lr, phase, tps, tokens, attempt)
+        yield from (eval_loss, world, planned, up, an_total, an_active)
+
+
+class CollectorMetrics:
+    """The collector's own health: what it ingested, rejected and how fast."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter("trainmon_ingest_events", "Events stored.", ["kind"], registry=registry)
+        self.duplicates = Counter(
+            "trainmon_ingest_duplicate_events",
+            "Events received again and skipped (retries, replays).",
+            registry=registry,
+        )
+        self.batches = Counter("trainmon_ingest_batches", "Batches accepted.", registry=registry)
+        self.rejected = Counter(
+            "trainmon_ingest_rejected_batches", "Batches refused, by reason.", ["reason"], registry=registry
+        )
+        for reason in ("json", "schema", "too_large", "conflict", "auth"):
+            self.rejected.labels(reason)
+        self.latency = Histogram(
+            "trainmon_ingest_duration_seconds",
+            "Time to validate and commit one batch.",
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.inflight = Gauge("trainmon_ingest_inflight_batches", "Batches being processed now.", registry=registry)

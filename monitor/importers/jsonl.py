@@ -1,0 +1,27 @@
+"""trainmon's own JSONL: one wire-format event per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from hooks.wire import Event, WireError, validate_event
+
+__all__ = ["read_jsonl"]
+
+log = logging.getLogger("trainmon.import")
+
+
+def read_jsonl(path: Path) -> Iterator[Event]:
+    """Yield valid events; a corrupt or truncated line is skipped with a warning, never fatal."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield validate_event(json.loads(line), f"line {n}")
+            except (ValueError, WireError) as exc:
+                log.warning("%s: skipping line %d: %s", path, n, exc)

@@ -1,0 +1,278 @@
+"""Validated events → storage (one transaction per batch) → live state and detectors.
+
+Ingest is idempotent: each producer stream's events carry increasing sequence numbers and the
+collector remembers the highest one it committed, so a batch that arrives again (a retry
+after a lost response, a spool replay) is recognised and not stored twice. A batch is
+committed whole or not at all, and only a committed batch is acknowledged.
+
+The collector assigns attempts: the first stream seen for a (run, rank) is attempt 0, the
+next one (the process restarted, usually resuming from a checkpoint) attempt 1, and so on.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+
+from hooks.wire import Event
+from monitor.engine import AnomalyChange, Engine
+from monitor.live import LiveState
+from monitor.storage import (
+    PHASE_COLUMNS,
+    Storage,
+    checkpoints,
+    evals,
+    health,
+    layer_stats,
+    resumes,
+    runs,
+    steps,
+    streams,
+)
+
+__all__ = ["IngestError", "IngestResult", "Ingestor"]
+
+
+class IngestError(ValueError):
+    """Events that are well-formed but contradict what the collector already knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+    changes: list[AnomalyChange]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    run: str
+    rank: int
+    attempt: int
+    last_seq: int
+    missing: int
+    new: bool = False
+
+
+_STEP_FIELDS = (
+    "loss",
+    "grad_norm",
+    "grad_norm_clipped",
+    "clip_coef",
+    "loss_scale",
+    "skipped",
+    "tokens",
+    "samples",
+    "micro_batches",
+    "step_time",
+    "mem_allocated_bytes",
+    "mem_peak_bytes",
+    "batch_fingerprint",
+    "update_ratio",
+)
+
+
+def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
+    return {"run": ev.run, "rank": ev.rank, "attempt": attempt, "step": step, "time": ev.time}
+
+
+def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
+    f = ev.fields
+    lrs = f.get("lr")
+    phases = f.get("phases") or {}
+    row = _key(ev, attempt, f["step"])
+    row.update({name: f.get(name) for name in _STEP_FIELDS})
+    row["lr"] = lrs[0] if lrs else None
+    row["lrs"] = lrs
+    row.update({f"phase_{p}": phases.get(p) for p in PHASE_COLUMNS})
+    return row
+
+
+class Ingestor:
+    """The collector's write path. Thread-safe: batches from many ranks are serialised."""
+
+    def __init__(self, storage: Storage, engine: Engine, live: LiveState) -> None:
+        self.storage = storage
+        self.engine = engine
+        self.live = live
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+
+    def ingest(self, events: list[Event]) -> IngestResult:
+        """Store a validated batch; returns once it is durable."""
+        with self._lock:
+            with self.storage.begin() as conn:
+                known = self._load_streams(conn, events)
+                fresh: list[tuple[Event, int]] = []
+                for ev in events:
+                    st = known[ev.stream]
+                    if ev.seq <= st.last_seq:
+                        continue
+                    known[ev.stream] = replace(st, last_seq=ev.seq, missing=st.missing + (ev.seq - st.last_seq - 1))
+                    fresh.append((ev, st.attempt))
+                if fresh:
+                    self._write(conn, fresh, known)
+            self._streams.update({k: replace(v, new=False) for k, v in known.items()})
+            for ev, attempt in fresh:
+                self.live.apply(ev, attempt)
+            changes = self.engine.observe(fresh)
+            for ch in changes:
+                self.live.anomaly(ch.run, ch.finding.kind, ch.finding.severity, ch.action)
+        return IngestResult(len(fresh), len(events) - len(fresh), changes)
+
+    def _load_streams(self, conn: Connection, events: list[Event]) -> dict[str, _Stream]:
+        known: dict[str, _Stream] = {}
+        for ev in events:
+            if ev.stream in known:
+                st = known[ev.stream]
+            else:
+                st = self._streams.get(ev.stream) or self._fetch(conn, ev.stream)
+                if st is None:
+                    attempt = conn.execute(
+                        select(func.count())
+                        .select_from(streams)
+                        .where(streams.c.run == ev.run, streams.c.rank == ev.rank)
+                    ).scalar_one()
+                    attempt += sum(1 for s in known.values() if s.new and s.run == ev.run and s.rank == ev.rank)
+                    st = _Stream(ev.run, ev.rank, attempt, -1, 0, new=True)
+                known[ev.stream] = st
+            if (st.run, st.rank) != (ev.run, ev.rank):
+                raise IngestError(
+                    f"stream {ev.stream} belongs to run {st.run!r} rank {st.rank}, not run {ev.run!r} rank {ev.rank}"
+                )
+        return known
+
+    @staticmethod
+    def _fetch(conn: Connection, stream: str) -> _Stream | None:
+        row = conn.execute(select(streams).where(streams.c.stream == stream)).first()
+        if row is None:
+            return None
+        return _Stream(row.run, row.rank, row.attempt, row.last_seq, row.missing)
+
+    def _write(self, conn: Connection, fresh: list[tuple[Event, int]], known: dict[str, _Stream]) -> None:
+        rows: dict[Any, list[dict]] = {t: [] for t in (steps, layer_stats, evals, checkpoints, resumes, health)}
+        stream_updates: dict[str, dict[str, Any]] = {}
+        run_updates: dict[str, dict[str, Any]] = {}
+        for ev, attempt in fresh:
+            f = ev.fields
+            su = stream_updates.setdefault(ev.stream, {"host": ev.host, "last_time": ev.time, "events": 0})
+            su["last_time"] = max(su["last_time"], ev.time)
+            su["events"] += 1
+            ru = run_updates.setdefault(ev.run, {"updated_at": ev.time, "first": ev.time})
+            ru["updated_at"] = max(ru["updated_at"], ev.time)
+            ru["first"] = min(ru["first"], ev.time)
+            if ev.kind == "step":
+                rows[steps].append(_step_row(ev, attempt))
+                if f.get("layer_grad_norms"):
+                    rows[layer_stats].append({**_key(ev, attempt, f["step"]), "grad_norms": f["layer_grad_norms"]})
+            elif ev.kind == "eval":
+                rows[evals].append(
+                    {
+                        **_key(ev, attempt, f["step"]),
+                        "loss": f["loss"],
+                        "metrics": f.get("metrics"),
+                        "duration": f.get("duration"),
+                    }
+                )
+            elif ev.kind == "checkpoint":
+                rows[checkpoints].append(
+                    {
+                        **_key(ev, attempt, f["step"]),
+                        "path": f.get("path"),
+                        "duration": f.get("duration"),
+                        "bytes": f.get("bytes"),
+                        "fingerprint": f.get("fingerprint"),
+                    }
+                )
+            elif ev.kind == "resume":
+                rows[resumes].append(
+                    {
+                        **_key(ev, attempt, f["step"]),
+                        "path": f.get("path"),
+                        "duration": f.get("duration"),
+                        "fingerprint": f.get("fingerprint"),
+                    }
+                )
+            elif ev.kind == "health":
+                rows[health].append(
+                    {"run": ev.run, "rank": ev.rank, "attempt": attempt, "host": ev.host, "time": ev.time, "data": f}
+                )
+            elif ev.kind == "run_start":
+                su["start"] = f
+                su["started_at"] = ev.time
+                if ev.rank == 0:
+                    ru["start"] = f
+                    ru["status"] = "running"
+            elif ev.kind == "run_end":
+                su.update(
+                    end_status=f["status"],
+                    end_step=f.get("step"),
+                    end_error=f.get("error"),
+                    dropped_events=f.get("dropped_events"),
+                )
+                if ev.rank == 0:
+                    ru["status"] = f["status"]
+        for table, batch in rows.items():
+            if batch:
+                conn.execute(self.storage.insert_ignore(table), batch)
+        self._write_streams(conn, stream_updates, known)
+        self._write_runs(conn, run_updates)
+
+    @staticmethod
+    def _write_streams(conn: Connection, updates: dict[str, dict[str, Any]], known: dict[str, _Stream]) -> None:
+        for stream, su in updates.items():
+            st = known[stream]
+            values = {
+                k: su[k]
+                for k in ("host", "last_time", "start", "end_status", "end_step", "end_error", "dropped_events")
+                if k in su
+            }
+            values.update(last_seq=st.last_seq, missing=st.missing)
+            if st.new:
+                conn.execute(
+                    streams.insert().values(
+                        stream=stream,
+                        run=st.run,
+                        rank=st.rank,
+                        attempt=st.attempt,
+                        started_at=su.get("started_at", su["last_time"]),
+                        events=su["events"],
+                        **values,
+                    )
+                )
+            else:
+                conn.execute(
+                    update(streams)
+                    .where(streams.c.stream == stream)
+                    .values(events=streams.c.events + su["events"], **values)
+                )
+
+    @staticmethod
+    def _write_runs(conn: Connection, updates: dict[str, dict[str, Any]]) -> None:
+        for run, ru in updates.items():
+            values: dict[str, Any] = {}
+            start = ru.get("start")
+            if start is not None:
+                values.update(
+                    world_size=start.get("world_size"),
+                    planned_steps=start.get("planned_steps"),
+                    vocab_size=start.get("vocab_size"),
+                    config=start.get("config"),
+                    schedule=start.get("schedule"),
+                    meta={k: v for k, v in start.items() if k not in ("config", "schedule")},
+                )
+            if "status" in ru:
+                values["status"] = ru["status"]
+            exists = conn.execute(select(runs.c.updated_at).where(runs.c.run == run)).first()
+            if exists is None:
+                conn.execute(
+                    runs.insert().values(
+                        run=run, created_at=ru["first"], updated_at=ru["updated_at"], **{"status": "running", **values}
+                    )
+                )
+            else:
+                values["updated_at"] = max(exists.updated_at, ru["updated_at"])
+                conn.execute(update(runs).where(runs.c.run == run).values(**values))

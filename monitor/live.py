@@ -1,0 +1,85 @@
+"""The latest values of every run and rank, held in memory for ``/metrics`` and live views."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooks.wire import Event
+
+__all__ = ["LiveState", "RankState", "RunState"]
+
+
+@dataclass
+class RankState:
+    host: str = ""
+    attempt: int = 0
+    step: int = -1
+    last: dict[str, Any] = field(default_factory=dict)  # fields of the latest step event
+    tokens_total: int = 0
+    tokens_per_second: float | None = None
+    last_step_time: float = 0.0  # wall time of the latest step
+    last_seen: float = 0.0  # wall time of any event (heartbeats included)
+
+
+@dataclass
+class RunState:
+    run: str
+    status: str = "running"
+    world_size: int | None = None
+    planned_steps: int | None = None
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    eval_loss: float | None = None
+    anomalies_total: collections.Counter = field(default_factory=collections.Counter)  # (kind, severity)
+    anomalies_active: collections.Counter = field(default_factory=collections.Counter)
+
+
+class LiveState:
+    """Updated by ingest, read by the exporter; one lock keeps the two threads apart."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: dict[str, RunState] = {}
+
+    def apply(self, event: Event, attempt: int) -> None:
+        with self.lock:
+            run = self.runs.get(event.run)
+            if run is None:
+                run = self.runs[event.run] = RunState(event.run)
+            rank = run.ranks.get(event.rank)
+            if rank is None:
+                rank = run.ranks[event.rank] = RankState()
+            rank.host = event.host
+            rank.last_seen = max(rank.last_seen, event.time)
+            if attempt < rank.attempt:
+                return  # a late replay of an earlier attempt must not roll the gauges back
+            rank.attempt = attempt
+            f = event.fields
+            if event.kind == "step":
+                rank.step = f["step"]
+                rank.last = f
+                rank.last_step_time = event.time
+                tokens = f.get("tokens")
+                if tokens is not None:
+                    rank.tokens_total += tokens
+                    if f.get("step_time"):
+                        rank.tokens_per_second = tokens / f["step_time"]
+            elif event.kind == "run_start":
+                run.status = "running"
+                run.world_size = f.get("world_size", run.world_size)
+                run.planned_steps = f.get("planned_steps", run.planned_steps)
+            elif event.kind == "eval":
+                run.eval_loss = f["loss"]
+            elif event.kind == "run_end" and event.rank == 0:
+                run.status = f["status"]
+
+    def anomaly(self, run: str, kind: str, severity: str, action: str) -> None:
+        with self.lock:
+            state = self.runs.setdefault(run, RunState(run))
+            if action == "opened":
+                state.anomalies_total[(kind, severity)] += 1
+                state.anomalies_active[(kind, severity)] += 1
+            elif action == "resolved" and state.anomalies_active[(kind, severity)] > 0:
+                state.anomalies_active[(kind, severity)] -= 1

@@ -1,0 +1,72 @@
+"""Read-side queries shared by the HTTP API, the CLI and the post-mortem."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from monitor.storage import anomalies, runs, steps, streams
+
+__all__ = ["anomaly_rows", "latest_step", "run_rows"]
+
+
+def anomaly_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
+    """A run's anomalies in the contract's shape, oldest first."""
+    rows = conn.execute(select(anomalies).where(anomalies.c.run == run).order_by(anomalies.c.opened_at, anomalies.c.id))
+    return [
+        {
+            "id": r.id,
+            "kind": r.kind,
+            "severity": r.severity,
+            "status": r.status,
+            "rank": r.rank,
+            "first_step": r.first_step,
+            "last_step": r.last_step,
+            "message": r.message,
+            "hint": r.hint,
+            "evidence": r.evidence,
+            "opened_at": r.opened_at,
+            "resolved_at": r.resolved_at,
+        }
+        for r in rows
+    ]
+
+
+def latest_step(conn: Connection, run: str) -> dict[str, Any] | None:
+    """Rank 0's newest step of the newest attempt (or the lowest rank that has steps)."""
+    row = conn.execute(
+        select(steps)
+        .where(steps.c.run == run)
+        .order_by(steps.c.attempt.desc(), steps.c.rank, steps.c.step.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+def run_rows(conn: Connection) -> list[dict[str, Any]]:
+    """One summary row per run, newest first."""
+    open_counts = dict(
+        conn.execute(
+            select(anomalies.c.run, func.count()).where(anomalies.c.status == "open").group_by(anomalies.c.run)
+        ).all()
+    )
+    attempts = dict(conn.execute(select(streams.c.run, func.max(streams.c.attempt) + 1).group_by(streams.c.run)).all())
+    out = []
+    for r in conn.execute(select(runs).order_by(runs.c.created_at.desc())):
+        last = latest_step(conn, r.run)
+        out.append(
+            {
+                "run": r.run,
+                "status": r.status,
+                "created_at": r.created_at,
+                "updated_at": r.updated_at,
+                "world_size": r.world_size,
+                "planned_steps": r.planned_steps,
+                "attempts": attempts.get(r.run, 0),
+                "step": None if last is None else last["step"],
+                "loss": None if last is None else last["loss"],
+                "open_anomalies": open_counts.get(r.run, 0),
+            }
+        )
+    return out

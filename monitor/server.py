@@ -1,0 +1,177 @@
+"""The collector's HTTP API (FastAPI, so the OpenAPI description comes for free)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from sqlalchemy import select, text
+from starlette.concurrency import run_in_threadpool
+
+from hooks import wire
+from monitor.config import CollectorConfig
+from monitor.engine import Engine
+from monitor.exporter import CollectorMetrics, TrainingCollector
+from monitor.ingest import IngestError, Ingestor
+from monitor.live import LiveState
+from monitor.queries import anomaly_rows, run_rows
+from monitor.storage import Storage, runs
+
+__all__ = ["Collector", "create_app", "serve"]
+
+
+@dataclass
+class Collector:
+    """Everything one collector process holds: storage, live state, detectors, metrics."""
+
+    config: CollectorConfig
+    storage: Storage
+    live: LiveState
+    ingestor: Ingestor
+    registry: CollectorRegistry
+    metrics: CollectorMetrics
+
+    @classmethod
+    def open(cls, config: CollectorConfig) -> Collector:
+        storage = Storage(config.db)
+        live = LiveState()
+        engine = Engine(storage, config.detectors)
+        registry = CollectorRegistry()
+        registry.register(TrainingCollector(live))
+        return cls(config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry))
+
+
+def _reject(metrics: CollectorMetrics, status: int, reason: str, message: str, field: str | None = None) -> None:
+    metrics.rejected.labels(reason).inc()
+    detail: dict[str, Any] = {"error": message}
+    if field is not None:
+        detail["field"] = field
+    raise HTTPException(status_code=status, detail=detail)
+
+
+def create_app(collector: Collector) -> FastAPI:
+    app = FastAPI(
+        title="trainmon collector",
+        version="1",
+        description="Ingests training events, stores them, detects anomalies, exports to Prometheus.",
+    )
+    app.state.collector = collector
+    metrics = collector.metrics
+    limit = collector.config.max_body_bytes
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.post(
+        "/v1/events",
+        summary="Ingest a batch of events (wire format v1)",
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"application/json": {"schema": wire.json_schema()}}}
+        },
+        responses={
+            400: {"description": "body is not JSON"},
+            413: {"description": "body larger than the limit"},
+            409: {"description": "events contradict stored data (stream reused by another run or rank)"},
+            422: {"description": "schema violation; `field` names the offending field"},
+        },
+    )
+    async def post_events(request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            _reject(metrics, 413, "too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                _reject(metrics, 413, "too_large", f"body exceeds the limit of {limit} bytes")
+        try:
+            raw = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            _reject(metrics, 400, "json", f"body is not valid JSON: {exc}")
+        try:
+            events = wire.validate_batch(raw)
+        except wire.WireError as exc:
+            _reject(metrics, 422, "schema", str(exc), exc.path)
+        t0 = time.perf_counter()
+        metrics.inflight.inc()
+        try:
+            result = await run_in_threadpool(collector.ingestor.ingest, events)
+        except IngestError as exc:
+            _reject(metrics, 409, "conflict", str(exc))
+        finally:
+            metrics.inflight.dec()
+        metrics.latency.observe(time.perf_counter() - t0)
+        metrics.batches.inc()
+        metrics.duplicates.inc(result.duplicates)
+        for ev in events:
+            metrics.events.labels(ev.kind).inc()
+        return {"accepted": result.accepted, "duplicates": result.duplicates}
+
+    @app.get("/healthz", summary="Liveness and database reachability")
+    def healthz() -> dict[str, Any]:
+        try:
+            with collector.storage.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # report, do not crash: this endpoint exists to say what is wrong
+            raise HTTPException(503, {"status": "unhealthy", "error": f"database: {exc}"}) from exc
+        return {"status": "ok", "database": collector.storage.dialect}
+
+    @app.get("/metrics", summary="Prometheus exposition")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(collector.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/runs", summary="Runs with their latest step, loss and open anomalies")
+    def list_runs() -> list[dict[str, Any]]:
+        with collector.storage.connect() as conn:
+            return wire.json_safe(run_rows(conn))
+
+    @app.get("/v1/runs/{run}/anomalies", summary="Anomalies of a run, oldest first")
+    def list_anomalies(run: str) -> list[dict[str, Any]]:
+        with collector.storage.connect() as conn:
+            if conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is None:
+                raise HTTPException(404, {"error": f"no run {run!r}"})
+            return wire.json_safe(anomaly_rows(conn, run))
+
+    return app
+
+
+class ServerThread:
+    """A uvicorn server on a background thread (demo and tests); ``stop()`` shuts it down."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="trainmon-collector", daemon=True)
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.server.config.install_signal_handlers = False  # only the main thread may
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("collector failed to start (is the port in use?)")
+            time.sleep(0.02)
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def serve(config: CollectorConfig) -> None:
+    """Run the collector in the foreground until SIGTERM or SIGINT."""
+    collector = Collector.open(config)
+    uvicorn.run(create_app(collector), host=config.host, port=config.port, log_level="info", lifespan="off")
+    collector.storage.close()

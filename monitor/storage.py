@@ -1,0 +1,274 @@
+"""Where the collector keeps everything: SQLite by default, PostgreSQL past one machine.
+
+The schema is SQLAlchemy Core, sized for the whole product from the start: runs, producer
+streams (one per process and rank, which is how attempts are counted), steps keyed by
+(run, rank, attempt, step), evals, checkpoints, resumes, health samples, per-layer statistics
+and anomalies. Steps repeat across attempts when a run resumes from an older checkpoint, so
+``attempt`` is part of every per-step key.
+
+SQLite stores NaN as NULL, and a NaN loss is data, so floats go through :class:`Real`, which
+keeps NaN as the text ``'NaN'`` on SQLite (PostgreSQL has a native NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.types import TypeDecorator
+
+__all__ = [
+    "Storage",
+    "anomalies",
+    "checkpoints",
+    "evals",
+    "health",
+    "layer_stats",
+    "metadata",
+    "resumes",
+    "runs",
+    "steps",
+    "streams",
+]
+
+
+class _UnprocessedFloat(Float):
+    def bind_processor(self, dialect: Any) -> None:
+        return None  # Float's processor would turn the 'NaN' marker back into a float
+
+
+class Real(TypeDecorator):
+    """A float column that round-trips NaN on SQLite."""
+
+    impl = _UnprocessedFloat(precision=53)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if value is not None and dialect.name == "sqlite" and math.isnan(value):
+            return "NaN"
+        return value
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        if value == "NaN":
+            return math.nan
+        return value
+
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run", String(128), primary_key=True),
+    Column("created_at", Real, nullable=False),
+    Column("updated_at", Real, nullable=False),
+    Column("status", String(16), nullable=False),  # running, finished, failed, interrupted
+    Column("world_size", Integer),
+    Column("planned_steps", BigInteger),
+    Column("vocab_size", Integer),
+    Column("config", JSON),
+    Column("schedule", JSON),
+    Column("meta", JSON),  # the other run_start fields of rank 0's latest attempt
+)
+
+streams = Table(
+    "streams",
+    metadata,
+    Column("stream", String(64), primary_key=True),
+    Column("run", String(128), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("started_at", Real, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("last_time", Real, nullable=False),
+    Column("events", BigInteger, nullable=False),
+    Column("missing", BigInteger, nullable=False),  # seq gaps: events the producer dropped
+    Column("start", JSON),  # this stream's run_start fields
+    Column("end_status", String(16)),
+    Column("end_step", BigInteger),
+    Column("end_error", Text),
+    Column("dropped_events", BigInteger),
+    Index("ix_streams_run_rank", "run", "rank"),
+)
+
+PHASE_COLUMNS = ("data", "forward", "backward", "comm", "optimizer", "checkpoint", "eval", "other")
+
+
+def _step_key() -> list[Column]:
+    return [
+        Column("run", String(128), primary_key=True),
+        Column("rank", Integer, primary_key=True),
+        Column("attempt", Integer, primary_key=True),
+        Column("step", BigInteger, primary_key=True),
+        Column("time", Real, nullable=False),
+    ]
+
+
+steps = Table(
+    "steps",
+    metadata,
+    *_step_key(),
+    Column("loss", Real),
+    Column("grad_norm", Real),
+    Column("grad_norm_clipped", Real),
+    Column("clip_coef", Real),
+    Column("lr", Real),  # first param group, the one dashboards show
+    Column("lrs", JSON),  # every param group
+    Column("loss_scale", Real),
+    Column("skipped", Boolean),
+    Column("tokens", BigInteger),
+    Column("samples", BigInteger),
+    Column("micro_batches", Integer),
+    Column("step_time", Real),
+    *[Column(f"phase_{p}", Real) for p in PHASE_COLUMNS],
+    Column("mem_allocated_bytes", BigInteger),
+    Column("mem_peak_bytes", BigInteger),
+    Column("batch_fingerprint", String(64)),
+    Column("update_ratio", Real),
+)
+
+layer_stats = Table("layer_stats", metadata, *_step_key(), Column("grad_norms", JSON))
+
+evals = Table(
+    "evals",
+    metadata,
+    *_step_key(),
+    Column("loss", Real),
+    Column("metrics", JSON),
+    Column("duration", Real),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    *_step_key(),
+    Column("path", Text),
+    Column("duration", Real),
+    Column("bytes", BigInteger),
+    Column("fingerprint", JSON),
+)
+
+resumes = Table(
+    "resumes",
+    metadata,
+    *_step_key(),
+    Column("path", Text),
+    Column("duration", Real),
+    Column("fingerprint", JSON),
+)
+
+health = Table(
+    "health",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run", String(128), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("time", Real, nullable=False),
+    Column("data", JSON, nullable=False),
+    Index("ix_health_run_time", "run", "time"),
+)
+
+anomalies = Table(
+    "anomalies",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run", String(128), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("rank", Integer, nullable=False),  # -1: the run as a whole
+    Column("severity", String(16), nullable=False),  # info, warning, critical
+    Column("status", String(16), nullable=False),  # open, resolved
+    Column("first_step", BigInteger),
+    Column("last_step", BigInteger),
+    Column("opened_at", Real, nullable=False),
+    Column("updated_at", Real, nullable=False),
+    Column("resolved_at", Real),
+    Column("message", Text, nullable=False),
+    Column("hint", Text, nullable=False),
+    Column("evidence", JSON),
+    Index("ix_anomalies_run", "run", "kind", "rank", "status"),
+)
+
+
+def database_url(path_or_url: str) -> str:
+    """Accept a file path (SQLite) or any SQLAlchemy URL."""
+    if "://" in path_or_url:
+        return path_or_url
+    path = Path(path_or_url).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+class Storage:
+    """The collector's database: schema creation and transactions.
+
+    SQLite runs in WAL mode with ``synchronous=FULL``: a committed batch survives a crash of
+    the collector or of the machine, which is what lets ingest acknowledge only after commit.
+    """
+
+    def __init__(self, path_or_url: str) -> None:
+        self.url = database_url(path_or_url)
+        self.engine: Engine = create_engine(self.url)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        metadata.create_all(self.engine)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def insert_ignore(self, table: Table) -> Any:
+        """An INSERT that skips rows whose key exists: replays and retries store nothing twice."""
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table).on_conflict_do_nothing()
+
+    def run_ids(self) -> list[str]:
+        with self.connect() as conn:
+            return [r.run for r in conn.execute(select(runs.c.run).order_by(runs.c.created_at))]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
