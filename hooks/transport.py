@@ -122,6 +122,7 @@ class Transport:
         self.dropped_spool = 0  # events dropped because the spool was full
         self.rejected = 0  # events the collector refused as malformed
         self.sent = 0
+        self.spooled = 0  # events that waited on disk for the collector
         self._file = None
         self._sink: _HttpSink | None = None
         if target.startswith("file://"):
@@ -253,6 +254,7 @@ class Transport:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        self.spooled += len(lines)
 
     def _replay(self, final: bool) -> None:
         """Send spooled segments oldest first; stop at the first failure and back off."""

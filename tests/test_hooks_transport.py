@@ -1,0 +1,172 @@
+"""TrainMonitor and its transport against a real collector: nothing lost, nothing doubled."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from hooks import TrainMonitor
+from hooks.transport import Transport
+from monitor.storage import steps, streams
+from tests.conftest import start_collector
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tiny_loop(mon: TrainMonitor, n_steps: int, start: int = 0, between=None) -> list[float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mon.watch(model, opt)
+    mon.start(planned_steps=start + n_steps)
+    losses = []
+    for step in range(start, start + n_steps):
+        with mon.phase("data"):
+            x = torch.randn(32, 8)
+            y = x.sum(dim=1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        mon.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        mon.step_end(step, loss=loss, tokens=32)
+        losses.append(loss.item())
+        if between is not None:
+            between(step)
+    return losses
+
+
+def _stored_steps(lc) -> list[tuple[int, int, float]]:
+    with lc.collector.storage.connect() as conn:
+        return [tuple(r) for r in conn.execute(select(steps.c.attempt, steps.c.step, steps.c.loss).order_by("step"))]
+
+
+def test_every_signal_of_a_plain_loop_arrives(live_collector, tmp_path: Path) -> None:
+    mon = TrainMonitor("plain", collector=live_collector.url, spool_dir=tmp_path / "spool", flush_interval=0.05)
+    losses = _tiny_loop(mon, 20)
+    mon.close()
+    with live_collector.collector.storage.connect() as conn:
+        rows = conn.execute(select(steps).order_by(steps.c.step)).all()
+        end = conn.execute(select(streams.c.end_status, streams.c.dropped_events)).one()
+    assert [r.step for r in rows] == list(range(20))
+    assert [r.loss for r in rows] == pytest.approx(losses)
+    for r in rows:
+        assert r.grad_norm > 0 and r.grad_norm_clipped <= 0.5 + 1e-6 and r.lrs == [1e-2]
+        assert r.tokens == 32 and r.step_time > 0 and r.phase_data > 0 and r.phase_other >= 0
+    assert tuple(end) == ("finished", 0)
+
+
+def test_clip_wrapper_matches_torch_exactly() -> None:
+    def params() -> list[torch.nn.Parameter]:
+        torch.manual_seed(1)
+        ps = [torch.nn.Parameter(torch.randn(50)) for _ in range(3)]
+        for p in ps:
+            p.grad = torch.randn(50) * 10
+        return ps
+
+    theirs, ours = params(), params()
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    mon = TrainMonitor("clip", collector="file:///dev/null")
+    returned = mon.clip_grad_norm_(ours, 1.0)
+    assert torch.equal(returned, expected)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(theirs, ours, strict=True))
+    pre, post, coef = mon._pending_clip
+    actual_post = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ours]))
+    assert pre.item() == expected.item() > 1.0
+    assert post.item() == pytest.approx(actual_post.item(), rel=1e-6)
+    assert post.item() == pytest.approx(1.0, rel=1e-5)
+    assert coef.item() == pytest.approx(1.0 / (expected.item() + 1e-6), rel=1e-6)
+    mon.close()
+
+
+def test_file_mode_writes_wire_format_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    mon = TrainMonitor("offline", collector=f"file://{path}")
+    _tiny_loop(mon, 5)
+    mon.step_end(5, loss=float("nan"))
+    mon.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["kind"] for e in lines] == ["run_start", *["step"] * 6, "run_end"]
+    assert [e["seq"] for e in lines] == list(range(8))
+    assert lines[6]["fields"]["loss"] == "NaN"  # strict JSON on disk
+
+
+def test_collector_down_then_up_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    lc = start_collector(tmp_path / "db.sqlite", port=port)
+    holder = {"lc": lc}
+
+    def chaos(step: int) -> None:
+        time.sleep(0.01)
+        if step == 10:  # the collector dies mid-run ...
+            holder["lc"].server.server.should_exit = True
+            holder["lc"].server.thread.join(10)
+        if step == 30:  # ... and comes back on the same port and store
+            holder["lc"].collector.storage.close()
+            holder["lc"] = start_collector(tmp_path / "db.sqlite", port=port)
+
+    mon = TrainMonitor("chaos", collector=url, spool_dir=tmp_path / "spool", flush_interval=0.02)
+    mon.transport._sink._timeout = 1.0
+    _tiny_loop(mon, 50, between=chaos)
+    mon.close()
+    stored = _stored_steps(holder["lc"])
+    assert [s for _, s, _ in stored] == list(range(50))  # complete, in order, no duplicates
+    assert all(a == 0 for a, _, _ in stored)
+    assert mon.transport.dropped == 0 and mon.transport.dropped_spool == 0
+    assert mon.transport.spooled > 0  # the outage really happened
+    assert list((tmp_path / "spool").glob("*.jsonl")) == []
+    holder["lc"].stop()
+
+
+def test_spool_left_by_a_dead_process_is_replayed_by_the_next(tmp_path: Path) -> None:
+    port = _free_port()
+    dead = TrainMonitor("crash", collector=f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool")
+    dead.transport._sink._timeout = 0.5
+    _tiny_loop(dead, 10)
+    dead.transport.close()  # nothing listening: all of it goes to the spool
+    segments = list((tmp_path / "spool").glob("*.jsonl"))
+    assert segments
+    # a torn write at the end of a segment (the process was killed mid-line) is skipped
+    with open(segments[-1], "a") as f:
+        f.write('{"kind":"step","run":"cra')
+    lc = start_collector(tmp_path / "db.sqlite", port=port)
+    try:
+        again = TrainMonitor("crash", collector=lc.url, spool_dir=tmp_path / "spool", flush_interval=0.05)
+        _tiny_loop(again, 5, start=10)
+        again.close()
+        stored = _stored_steps(lc)
+        assert [(a, s) for a, s, _ in stored] == [(0, s) for s in range(10)] + [(1, s) for s in range(10, 15)]
+    finally:
+        lc.stop()
+
+
+def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
+    port = _free_port()  # nobody listens; the sender is slow to drain
+    t = Transport(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", queue_size=100, flush_interval=60)
+    started = time.perf_counter()
+    accepted = sum(t.put({"kind": "heartbeat", "i": i}) for i in range(1000))
+    elapsed = time.perf_counter() - started
+    assert accepted == 100 and t.dropped == 900
+    assert elapsed < 0.5  # 1000 puts; a blocking put would wait for the network
+    t.close(timeout=5)
+
+
+def test_nan_loss_tensor_is_sent_as_nan(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    mon = TrainMonitor("nan", collector=f"file://{path}")
+    mon.step_end(0, loss=torch.tensor(math.inf))
+    mon.close()
+    step = json.loads(path.read_text().splitlines()[0])
+    assert step["fields"]["loss"] == "Infinity"
