@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +156,6 @@ class ServerThread:
         self.thread = threading.Thread(target=self.server.run, name="trainmon-collector", daemon=True)
 
     def start(self, timeout: float = 10.0) -> None:
-        self.server.config.install_signal_handlers = False  # only the main thread may
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
@@ -170,8 +172,32 @@ class ServerThread:
         self.thread.join(10)
 
 
+class _DaemonServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after a graceful stop, so the process would die by the signal;
+    a daemon that stopped cleanly should exit 0, so trainmon handles the signals itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        def stop(_signum: int, _frame: Any) -> None:
+            self.should_exit = True
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(config: CollectorConfig) -> None:
     """Run the collector in the foreground until SIGTERM or SIGINT."""
     collector = Collector.open(config)
-    uvicorn.run(create_app(collector), host=config.host, port=config.port, log_level="info", lifespan="off")
-    collector.storage.close()
+    server = _DaemonServer(
+        uvicorn.Config(create_app(collector), host=config.host, port=config.port, log_level="info", lifespan="off")
+    )
+    try:
+        server.run()
+    finally:
+        collector.storage.close()
+    if not server.started:
+        raise SystemExit(f"trainmon serve: could not listen on {config.host}:{config.port}")

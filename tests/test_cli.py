@@ -1,0 +1,114 @@
+"""The `trainmon` command line, run as users and scripts run it (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.events import batch, event, step_events
+
+TRAINMON = [sys.executable, "-m", "monitor.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "collector exited"
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("collector did not become healthy")
+
+
+def _write_jsonl(path: Path, events: list[dict]) -> None:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def _faulty_run() -> list[dict]:
+    start = event("run_start", {"world_size": 1, "vocab_size": 64, "planned_steps": 40}, seq=0, run="faulty")
+    steps = step_events(40, run="faulty", loss=lambda i: "NaN" if i == 31 else 3.0 - 0.01 * i)
+    end = event("run_end", {"status": "failed", "step": 39}, seq=41, run="faulty")
+    return [start, *steps, end]
+
+
+def test_serve_runs_until_sigterm_and_stores_what_it_acknowledged(tmp_path: Path) -> None:
+    port = _free_port()
+    db = tmp_path / "store.sqlite"
+    proc = subprocess.Popen(
+        [*TRAINMON, "serve", "--db", str(db), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        req = urllib.request.Request(url + "/v1/events", data=json.dumps(batch(_faulty_run())).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read()) == {"accepted": 42, "duplicates": 0}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    out = subprocess.run([*TRAINMON, "postmortem", "faulty", "--db", str(db), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    summary = json.loads(out)
+    assert (summary["run"], summary["steps"], summary["attempts"], summary["status"]) == ("faulty", 40, 1, "failed")
+    assert summary["final_loss"] == pytest.approx(3.0 - 0.39)
+    (nan,) = summary["anomalies"]
+    assert (nan["kind"], nan["first_step"], nan["rank"], nan["severity"]) == ("nan_inf", 31, 0, "critical")
+    assert nan["message"] and nan["hint"]
+    runs = json.loads(subprocess.run([*TRAINMON, "runs", "--db", str(db), "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert [(r["run"], r["status"], r["step"], r["open_anomalies"]) for r in runs] == [("faulty", "failed", 39, 1)]
+
+
+def test_postmortem_of_a_jsonl_file_runs_the_same_detectors(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    _write_jsonl(path, _faulty_run())
+    with open(path, "a") as f:
+        f.write("{torn line\n")  # a truncated write is skipped, not fatal
+    proc = subprocess.run([*TRAINMON, "postmortem", str(path), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert {"run", "steps", "attempts", "final_loss", "anomalies"} <= set(summary)
+    assert [(a["kind"], a["first_step"]) for a in summary["anomalies"]] == [("nan_inf", 31)]
+    human = subprocess.run([*TRAINMON, "postmortem", str(path)], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "200"})
+    assert human.returncode == 0 and "nan_inf" in human.stdout and "faulty" in human.stdout
+
+
+def test_postmortem_errors_are_plain(tmp_path: Path) -> None:
+    missing = subprocess.run([*TRAINMON, "postmortem", str(tmp_path / "nope.jsonl"), "--json"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "is not a file" in missing.stderr
+    db = tmp_path / "empty.sqlite"
+    unknown = subprocess.run([*TRAINMON, "postmortem", "ghost", "--db", str(db)], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "no run 'ghost'" in unknown.stderr
+
+
+def test_bad_config_file_names_the_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("port = 9400\n[detectors.nan_inf]\nresolve_after = 'soon'\n")
+    proc = subprocess.run([*TRAINMON, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "detectors.nan_inf.resolve_after: expected int, got 'soon'" in proc.stderr
+    cfg.write_text("prot = 9400\n")
+    proc = subprocess.run([*TRAINMON, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "prot: unknown field" in proc.stderr
