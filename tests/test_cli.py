@@ -54,28 +54,37 @@ def test_serve_runs_until_sigterm_and_stores_what_it_acknowledged(tmp_path: Path
     db = tmp_path / "store.sqlite"
     proc = subprocess.Popen(
         [*TRAINMON, "serve", "--db", str(db), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
-        req = urllib.request.Request(url + "/v1/events", data=json.dumps(batch(_faulty_run())).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + "/v1/events",
+            data=json.dumps(batch(_faulty_run())).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read()) == {"accepted": 42, "duplicates": 0}
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-    out = subprocess.run([*TRAINMON, "postmortem", "faulty", "--db", str(db), "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [*TRAINMON, "postmortem", "faulty", "--db", str(db), "--json"], capture_output=True, text=True, check=True
+    ).stdout
     summary = json.loads(out)
     assert (summary["run"], summary["steps"], summary["attempts"], summary["status"]) == ("faulty", 40, 1, "failed")
     assert summary["final_loss"] == pytest.approx(3.0 - 0.39)
     (nan,) = summary["anomalies"]
     assert (nan["kind"], nan["first_step"], nan["rank"], nan["severity"]) == ("nan_inf", 31, 0, "critical")
     assert nan["message"] and nan["hint"]
-    runs = json.loads(subprocess.run([*TRAINMON, "runs", "--db", str(db), "--json"],
-                                     capture_output=True, text=True, check=True).stdout)
+    runs = json.loads(
+        subprocess.run(
+            [*TRAINMON, "runs", "--db", str(db), "--json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert [(r["run"], r["status"], r["step"], r["open_anomalies"]) for r in runs] == [("faulty", "failed", 39, 1)]
 
 
@@ -89,14 +98,16 @@ def test_postmortem_of_a_jsonl_file_runs_the_same_detectors(tmp_path: Path) -> N
     summary = json.loads(proc.stdout)
     assert {"run", "steps", "attempts", "final_loss", "anomalies"} <= set(summary)
     assert [(a["kind"], a["first_step"]) for a in summary["anomalies"]] == [("nan_inf", 31)]
-    human = subprocess.run([*TRAINMON, "postmortem", str(path)], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": "200"})
+    human = subprocess.run(
+        [*TRAINMON, "postmortem", str(path)], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}
+    )
     assert human.returncode == 0 and "nan_inf" in human.stdout and "faulty" in human.stdout
 
 
 def test_postmortem_errors_are_plain(tmp_path: Path) -> None:
-    missing = subprocess.run([*TRAINMON, "postmortem", str(tmp_path / "nope.jsonl"), "--json"],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [*TRAINMON, "postmortem", str(tmp_path / "nope.jsonl"), "--json"], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "is not a file" in missing.stderr
     db = tmp_path / "empty.sqlite"
     unknown = subprocess.run([*TRAINMON, "postmortem", "ghost", "--db", str(db)], capture_output=True, text=True)
