@@ -1,13 +1,12 @@
 """``TrainMonitor``: the object a training loop talks to.
 
-A plain loop needs four calls::
+A plain loop needs a handful of calls::
 
     mon = TrainMonitor("my-run", collector="http://127.0.0.1:9400")
-    mon.watch(model, optimizer)
+    mon.watch(model, optimizer, scheduler)        # torch hooks: phases, LR, skipped steps
     mon.start(config=cfg, planned_steps=1000, vocab_size=50257)
     for step in range(1000):
-        with mon.phase("data"):
-            x, y = next(batches)
+        x, y = next(batches)
         loss = model(x, y)
         loss.backward()
         mon.clip_grad_norm_(model.parameters(), 1.0)
@@ -15,17 +14,35 @@ A plain loop needs four calls::
         mon.step_end(step, loss=loss, tokens=x.numel())
     mon.close()
 
-Everything on the training thread is cheap and non-blocking: values that live on the GPU stay
-tensors until their device-to-host copy has landed (see ``hooks.readback``), and events are
-handed to the sender thread through a bounded deque (see ``hooks.transport``).
+What ``watch`` installs, and what each phase means:
+
+- ``forward``: module forward pre/post hooks on the model, counted only with grad enabled
+  (an eval forward under ``no_grad`` is not training); one per micro-batch.
+- ``backward``: from the moment autograd reaches the model's output (a tensor hook) to the end
+  of the gradient computation (an autograd-engine callback), per micro-batch.
+- ``comm``: DDP all-reduce time not hidden behind backward (a DDP comm hook wrapping the
+  default all-reduce).
+- ``optimizer``: ``optimizer.step`` (step pre/post hooks) plus clipping.
+- ``data``: time before each forward not spent in another phase, unless the loop times it
+  itself with ``phase("data")``. ``checkpoint`` and ``eval`` are timed with ``phase(...)``.
+- ``other``: the rest of the step.
+
+Host-device traffic: none on the hot path. On GPU, forward/backward/optimizer are timed with
+CUDA events, and loss, norms, loss scale and per-parameter grad norms stay tensors until their
+non-blocking copy to pinned memory has landed (``hooks.readback``); the step's record is sent
+when that happens, usually one step later. Events leave through the transport's bounded deque.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
+import signal
 import socket
+import statistics
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -33,7 +50,8 @@ from typing import Any
 
 import torch
 
-from hooks.readback import Readback
+from hooks.health import HealthSampler, gpu_uuid_of
+from hooks.readback import Readback, Timing
 from hooks.schedules import Schedule
 from hooks.transport import Transport
 from hooks.wire import PHASES
@@ -41,10 +59,21 @@ from hooks.wire import PHASES
 __all__ = ["TrainMonitor"]
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
+_UPDATE_SAMPLE_ELEMENTS = 1 << 22  # parameters copied to measure the update/param ratio
 
 
-def _env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+class _Clock:
+    """Start/end marks of device phases: CUDA events on GPU, ``perf_counter`` on CPU."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()  # queued on the current stream; read later through hooks.readback
+        return ev
 
 
 class TrainMonitor:
@@ -58,6 +87,12 @@ class TrainMonitor:
         spool_dir: where events wait while the collector is unreachable.
         token: bearer token, defaults to ``$TRAINMON_TOKEN``.
         queue_size: events buffered in memory before new ones are dropped and counted.
+        detail_every: send per-parameter grad norms and the update/param ratio every this many
+            steps (0: never on a schedule).
+        detail_trigger: also send per-parameter grad norms when the pre-clip norm exceeds this
+            multiple of its median over the last 50 steps.
+        health_interval, heartbeat_interval: seconds between health samples and heartbeats
+            (0 disables the sampler thread).
     """
 
     def __init__(
@@ -71,9 +106,13 @@ class TrainMonitor:
         token: str | None = None,
         queue_size: int = 65536,
         flush_interval: float = 0.5,
+        detail_every: int = 100,
+        detail_trigger: float = 3.0,
+        health_interval: float = 10.0,
+        heartbeat_interval: float = 5.0,
     ) -> None:
         self.run = run
-        self.rank = _env_rank() if rank is None else rank
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.host = host or socket.gethostname()
         self.stream = uuid.uuid4().hex
         target = collector or os.environ.get("TRAINMON_COLLECTOR", DEFAULT_COLLECTOR)
@@ -86,24 +125,70 @@ class TrainMonitor:
             queue_size=queue_size,
             flush_interval=flush_interval,
         )
-        self._seq = 0
+        self.detail_every = detail_every
+        self.detail_trigger = detail_trigger
+        self.overhead_s = 0.0  # time spent inside trainmon on the training thread
         self._readback = Readback()
+        self._clock = _Clock(cuda=False)
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
-        self._pending_clip: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._phases: dict[str, float] = {}
-        self._last_step_end = time.perf_counter()
+        self._scaler: Any = None
+        self._names: dict[int, str] = {}
+        self._handles: list[Any] = []
+        self._norm_history: collections.deque[float] = collections.deque(maxlen=50)
         self._last_step = -1
-        self.overhead_s = 0.0  # time spent inside trainmon on the training thread
         self._closed = False
+        self._reset_step(time.perf_counter())
+        self._health: HealthSampler | None = None
+        if health_interval > 0 or heartbeat_interval > 0:
+            self._health = HealthSampler(
+                self.emit,
+                lambda: self._last_step,
+                health_interval=health_interval if health_interval > 0 else float("inf"),
+                heartbeat_interval=heartbeat_interval if heartbeat_interval > 0 else float("inf"),
+            )
         atexit.register(self.close)
+        self._previous_sigterm: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     # -- setup ----------------------------------------------------------------------------
 
-    def watch(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Attach the model (for its parameter count) and optimizer (for LR per param group)."""
+    def watch(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+    ) -> None:
+        """Install the torch hooks that capture phases, LR, skipped steps and the loss scale.
+
+        ``model`` may be wrapped in DDP (its all-reduce is then timed through a comm hook).
+        ``scheduler`` is watched for how often it steps per optimizer step (1 expected);
+        ``scaler`` (a ``GradScaler``) for the fp16 loss scale.
+        """
         self._model = model
         self._optimizer = optimizer
+        self._scaler = scaler
+        inner = getattr(model, "module", model)
+        self._names = {id(p): name for name, p in inner.named_parameters()}
+        first = next(model.parameters(), None)
+        self._clock = _Clock(cuda=first is not None and first.is_cuda)
+        self._handles.append(model.register_forward_pre_hook(self._on_forward_start))
+        self._handles.append(model.register_forward_hook(self._on_forward_end))
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._on_optimizer_start))
+            self._handles.append(optimizer.register_step_post_hook(self._on_optimizer_end))
+        if scheduler is not None:
+            original = scheduler.step
+
+            def counted_step(*args: Any, **kwargs: Any) -> Any:
+                self._scheduler_steps += 1
+                return original(*args, **kwargs)
+
+            scheduler.step = counted_step
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            self._install_comm_hook(model)
 
     def start(
         self,
@@ -120,10 +205,13 @@ class TrainMonitor:
         Extra keyword arguments are ``run_start`` fields of the wire format (``seq_len``,
         ``global_batch_tokens``, ``accum_steps``, ``resumed``, ``resume_path``, ...).
         """
-        if self._model is not None and "n_params" not in fields:
-            fields["n_params"] = sum(p.numel() for p in self._model.parameters())
-        if world_size is None:
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if self._model is not None:
+            fields.setdefault("n_params", sum(p.numel() for p in self._model.parameters()))
+            first = next(self._model.parameters(), None)
+            if first is not None:
+                fields.setdefault("device", str(first.device))
+                if first.is_cuda:
+                    fields.setdefault("gpu_uuid", gpu_uuid_of(first.device.index or 0))
         self.emit(
             "run_start",
             {
@@ -131,40 +219,203 @@ class TrainMonitor:
                 "schedule": schedule.to_dict() if schedule is not None else None,
                 "planned_steps": planned_steps,
                 "vocab_size": vocab_size,
-                "world_size": world_size,
+                "world_size": world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
                 "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                 "framework": fields.pop("framework", "plain"),
                 **fields,
             },
         )
-        self._last_step_end = time.perf_counter()
+        if self._health is not None:
+            self._health.start()
+        self._reset_step(time.perf_counter())
 
-    # -- per step -------------------------------------------------------------------------
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _reset_step(self, now: float) -> None:
+        self._step_start = now
+        self._gap_start: float | None = now  # host time since the last phase ended
+        self._phases: dict[str, float] = {}
+        self._timings: list[Timing] = []
+        self._open: dict[str, Any] = {}
+        self._explicit: str | None = None
+        self._explicit_data = False
+        self._micro_batches = 0
+        self._optimizer_steps = 0
+        self._scheduler_steps = 0
+        self._clip: tuple[torch.Tensor, ...] | None = None
+        self._update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._comm_end = 0.0
+        self._backward_end = 0.0
+
+    def _close_gap(self, now: float) -> None:
+        # Host time between phases before a forward is time spent waiting for the next batch.
+        if self._gap_start is not None and not self._explicit_data:
+            self._phases["data"] = self._phases.get("data", 0.0) + now - self._gap_start
+        self._gap_start = None
+
+    def _add(self, phase: str, start: Any, end: Any) -> None:
+        if self._clock.cuda:
+            self._timings.append(Timing(phase, start, end))
+        else:
+            self._phases[phase] = self._phases.get(phase, 0.0) + end - start
+
+    def _on_forward_start(self, _module: Any, _args: Any) -> None:
+        if not torch.is_grad_enabled() or self._explicit is not None:
+            return  # eval / inference forwards are not part of the training step
+        t0 = time.perf_counter()
+        self._close_gap(t0)
+        self._micro_batches += 1
+        self._open["forward"] = self._clock.mark()
+        self.overhead_s += time.perf_counter() - t0
+
+    def _on_forward_end(self, _module: Any, _args: Any, output: Any) -> None:
+        start = self._open.pop("forward", None)
+        if start is None:
+            return
+        t0 = time.perf_counter()
+        self._add("forward", start, self._clock.mark())
+        root = _first_grad_tensor(output)
+        if root is not None:
+            root.register_hook(self._on_backward_start)
+        self._gap_start = time.perf_counter()
+        self.overhead_s += self._gap_start - t0
+
+    def _on_backward_start(self, _grad: torch.Tensor) -> None:
+        self._gap_start = None
+        self._open["backward"] = self._clock.mark()
+        # Runs once autograd has computed every gradient, before DDP's own callback waits on
+        # the all-reduce: the boundary between backward compute and exposed communication.
+        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_backward_end(self) -> None:
+        start = self._open.pop("backward", None)
+        if start is not None:
+            self._add("backward", start, self._clock.mark())
+        self._backward_end = time.perf_counter()
+        self._gap_start = self._backward_end
+
+    def _on_comm_done(self) -> None:
+        self._comm_end = max(self._comm_end, time.perf_counter())  # called on the comm thread
+
+    def _install_comm_hook(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def timed_allreduce(state: Any, bucket: Any) -> torch.futures.Future:
+            def done(fut: torch.futures.Future) -> torch.Tensor:
+                self._on_comm_done()
+                return fut.value()
+
+            return allreduce_hook(state, bucket).then(done)
+
+        try:
+            ddp.register_comm_hook(None, timed_allreduce)
+        except RuntimeError:  # the job registered its own comm hook; leave it alone
+            pass
+
+    def _account_comm(self, now: float) -> None:
+        # All-reduce that finished after backward compute was time the step waited on the wire.
+        if self._comm_end > self._backward_end > 0:
+            exposed = self._comm_end - self._backward_end
+            self._phases["comm"] = self._phases.get("comm", 0.0) + exposed
+            self._phases["data"] = max(0.0, self._phases.get("data", 0.0) - exposed)
+        self._comm_end = 0.0
+
+    def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        t0 = time.perf_counter()
+        self._account_comm(t0)
+        self._gap_start = None
+        if self.detail_every and (self._last_step + 1) % self.detail_every == 0:
+            self._snapshot_for_update_ratio(optimizer)
+        self._open["optimizer"] = self._clock.mark()
+        self.overhead_s += time.perf_counter() - t0
+
+    def _on_optimizer_end(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        t0 = time.perf_counter()
+        start = self._open.pop("optimizer", None)
+        if start is not None:
+            self._add("optimizer", start, self._clock.mark())
+        self._optimizer_steps += 1
+        self.overhead_s += time.perf_counter() - t0
+
+    def _snapshot_for_update_ratio(self, optimizer: Any) -> None:
+        sample, budget = [], _UPDATE_SAMPLE_ELEMENTS
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.numel() <= budget:
+                    sample.append((p, p.detach().clone()))
+                    budget -= p.numel()
+        self._update_sample = sample or None
+
+    def _update_ratio(self) -> torch.Tensor | None:
+        if self._update_sample is None:
+            return None
+        with torch.no_grad():
+            delta = torch.stack([torch.linalg.vector_norm(p.detach() - old) for p, old in self._update_sample])
+            base = torch.stack([torch.linalg.vector_norm(old) for _, old in self._update_sample])
+            ratio = torch.linalg.vector_norm(delta) / (torch.linalg.vector_norm(base) + 1e-12)
+        self._update_sample = None
+        return ratio
+
+    # -- the loop's calls -----------------------------------------------------------------
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time a block of the step as one of the wire format's phases (``data``, ``eval``...)."""
+        """Time a block of the step as one of the wire format's phases (``data``, ``eval``...).
+
+        Forwards inside ``phase("eval")`` or ``phase("checkpoint")`` are not counted as
+        training forwards.
+        """
         if name not in PHASES:
             raise ValueError(f"phase: unknown phase {name!r}, expected one of {PHASES}")
         t0 = time.perf_counter()
+        if name == "data":
+            self._explicit_data = True
+            self._gap_start = None
+        else:
+            self._close_gap(t0)
+        outer = self._explicit
+        if name in ("eval", "checkpoint"):
+            self._explicit = name
         try:
             yield
         finally:
-            self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self._phases[name] = self._phases.get(name, 0.0) + t1 - t0
+            self._explicit = outer
+            self._gap_start = t1
 
     def clip_grad_norm_(
-        self, parameters: Iterable[torch.Tensor] | torch.Tensor, max_norm: float, norm_type: float = 2.0, **kwargs: Any
+        self,
+        parameters: Iterable[torch.Tensor] | torch.Tensor,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+        foreach: bool | None = None,
     ) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` that also records the norm before and after.
 
-        The post-clip norm is derived from the returned total norm with the same coefficient
-        torch applies, as a tensor: no extra pass over the gradients and no sync.
+        Gradients are clipped exactly as torch does (same total norm, same coefficient); the
+        per-parameter norms torch computes on the way are kept as a tensor for the second-level
+        signal, and the post-clip norm is derived from the coefficient: no extra pass, no sync.
         """
-        total = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, **kwargs)
         t0 = time.perf_counter()
-        coef = torch.clamp(max_norm / (total.detach() + 1e-6), max=1.0)
-        self._pending_clip = (total.detach(), total.detach() * coef, coef)
-        self.overhead_s += time.perf_counter() - t0
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in params if p.grad is not None]
+        per_param = None
+        if grads and len({(g.device, g.dtype) for g in grads}) == 1 and hasattr(torch.nn.utils, "get_total_norm"):
+            per_param = torch._foreach_norm(grads, norm_type)
+            total = torch.nn.utils.get_total_norm(per_param, norm_type, error_if_nonfinite, foreach)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach)
+        else:
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
+        total = total.detach()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params) if p.grad is not None]
+        self._clip = (total, total * coef, coef, torch.stack(per_param) if per_param else None, names)
+        self._gap_start = time.perf_counter()
+        self._phases["optimizer"] = self._phases.get("optimizer", 0.0) + self._gap_start - t0
+        self.overhead_s += self._gap_start - t1
         return total
 
     def step_end(
@@ -176,35 +427,73 @@ class TrainMonitor:
         samples: int | None = None,
         **fields: Any,
     ) -> None:
-        """Record the end of optimizer step ``step``. Never blocks on the device or network."""
+        """Record the end of optimizer step ``step``. Never blocks on the device or network.
+
+        Extra keyword arguments are ``step`` fields of the wire format (``batch_fingerprint``,
+        ``loss_scale``, ...); values given here win over what the hooks measured.
+        """
         t0 = time.perf_counter()
-        step_time = t0 - self._last_step_end
-        self._last_step_end = t0
-        self._last_step = step
-        record: dict[str, Any] = {"step": step, "step_time": step_time, **fields}
+        self._account_comm(t0)
+        record: dict[str, Any] = {"step": step, "step_time": t0 - self._step_start}
         if tokens is not None:
             record["tokens"] = tokens
         if samples is not None:
             record["samples"] = samples
-        if self._phases:
-            phases = self._phases
-            phases["other"] = max(0.0, step_time - sum(phases.values()))
-            record["phases"] = phases
-            self._phases = {}
+        if self._micro_batches:
+            record["micro_batches"] = self._micro_batches
         if self._optimizer is not None:
-            record["lr"] = [_host_float(g["lr"]) for g in self._optimizer.param_groups]
+            record["lr"] = [float(g["lr"]) for g in self._optimizer.param_groups]  # host floats
+            record["skipped"] = self._optimizer_steps == 0
+        if self._scheduler_steps:
+            record["scheduler_steps"] = self._scheduler_steps
+        if self._phases:
+            record["phases"] = self._phases
+        if self._clock.cuda:
+            record["mem_allocated_bytes"] = torch.cuda.memory_allocated()  # allocator counters: host only
+            record["mem_peak_bytes"] = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         tensors: dict[str, torch.Tensor] = {}
         if isinstance(loss, torch.Tensor):
             tensors["loss"] = loss.detach()
         elif loss is not None:
             record["loss"] = float(loss)
-        if self._pending_clip is not None:
-            pre, post, coef = self._pending_clip
+        if self._clip is not None:
+            pre, post, coef, per_param, names = self._clip
             tensors.update(grad_norm=pre, grad_norm_clipped=post, clip_coef=coef)
-            self._pending_clip = None
-        for ready in self._readback.submit(record, tensors):
-            self.emit("step", ready)
+            if per_param is not None:
+                tensors["_per_param"] = per_param
+                record["_names"] = names
+        if self._scaler is not None and getattr(self._scaler, "is_enabled", lambda: False)():
+            tensors["loss_scale"] = self._scaler._scale  # a device tensor; get_scale() would sync
+        ratio = self._update_ratio()
+        if ratio is not None:
+            tensors["update_ratio"] = ratio
+        record.update(fields)
+        timings = self._timings
+        self._last_step = step
+        self._reset_step(t0)
+        for ready in self._readback.submit(record, tensors, timings):
+            self._finish(ready)
         self.overhead_s += time.perf_counter() - t0
+        self._step_start = time.perf_counter()
+
+    def _finish(self, record: dict[str, Any]) -> None:
+        """Host-side completion of a step record once its device values have arrived."""
+        phases = record.get("phases")
+        if phases:
+            phases["other"] = max(0.0, record["step_time"] - sum(v for k, v in phases.items() if k != "other"))
+        per_param = record.pop("_per_param", None)
+        names = record.pop("_names", None)
+        norm = record.get("grad_norm")
+        if per_param is not None and norm is not None:
+            history = self._norm_history
+            spiking = len(history) >= 10 and norm > self.detail_trigger * statistics.median(history)
+            scheduled = self.detail_every and record["step"] % self.detail_every == 0
+            if spiking or scheduled:
+                record["layer_grad_norms"] = dict(zip(names, per_param, strict=True))
+            if norm == norm:  # NaN never enters the baseline
+                history.append(norm)
+        self.emit("step", record)
 
     # -- occasional events ----------------------------------------------------------------
 
@@ -221,28 +510,35 @@ class TrainMonitor:
         self.emit("resume", {"step": step, "path": path, **fields})
 
     def emit(self, kind: str, fields: dict[str, Any]) -> None:
-        """Queue one event of the wire format (``None`` fields are left out)."""
-        event = {
-            "kind": kind,
-            "run": self.run,
-            "rank": self.rank,
-            "host": self.host,
-            "stream": self.stream,
-            "seq": self._seq,
-            "time": time.time(),
-            "fields": {k: v for k, v in fields.items() if v is not None},
-        }
-        self._seq += 1
-        self.transport.put(event)
+        """Queue one event of the wire format (``None`` fields are left out). Thread-safe.
+
+        The sequence number is assigned by the sender thread, in queue order, so events
+        emitted from several threads (training, health) still arrive in sequence.
+        """
+        self.transport.put(
+            {
+                "kind": kind,
+                "run": self.run,
+                "rank": self.rank,
+                "host": self.host,
+                "stream": self.stream,
+                "time": time.time(),
+                "fields": {k: v for k, v in fields.items() if v is not None},
+            }
+        )
 
     def close(self, status: str = "finished", error: str | None = None, timeout: float = 10.0) -> None:
-        """Flush pending records, send ``run_end`` and stop the sender (idempotent)."""
+        """Flush pending records, send ``run_end`` and stop the threads (idempotent)."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
+        for handle in self._handles:
+            handle.remove()
+        if self._health is not None:
+            self._health.stop()
         for ready in self._readback.drain():
-            self.emit("step", ready)
+            self._finish(ready)
         self.emit(
             "run_end",
             {
@@ -254,8 +550,32 @@ class TrainMonitor:
         )
         self.transport.close(timeout)
 
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # torchrun and schedulers stop jobs with SIGTERM: flush what we have, then let the
+        # previous handler (or the default action) proceed.
+        self.close(status="interrupted", error="SIGTERM")
+        previous = self._previous_sigterm
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
-def _host_float(value: Any) -> float:
-    # A tensor LR (some fused optimizers) on the GPU would sync here; such optimizers keep it
-    # on the CPU, so this is a host read.
-    return float(value)
+
+def _first_grad_tensor(output: Any) -> torch.Tensor | None:
+    """The first floating tensor requiring grad in a model output (tensor, tuple, dict, dataclass)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.requires_grad else None
+    if isinstance(output, dict):
+        items: Iterable[Any] = output.values()
+    elif isinstance(output, (list, tuple)):
+        items = output
+    elif hasattr(output, "__dataclass_fields__"):
+        items = (getattr(output, f) for f in output.__dataclass_fields__)
+    else:
+        return None
+    for item in items:
+        found = _first_grad_tensor(item)
+        if found is not None:
+            return found
+    return None

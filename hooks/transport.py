@@ -116,6 +116,7 @@ class Transport:
         timeout: float = 5.0,
     ) -> None:
         self._queue: collections.deque[dict] = collections.deque()
+        self._seq = 0  # numbered here, in queue order, so producers on several threads stay ordered
         self._cap = queue_size
         self._flush_interval = flush_interval
         self.dropped = 0  # events dropped because the queue was full (training thread only)
@@ -199,7 +200,10 @@ class Transport:
         lines = []
         q = self._queue
         while q and len(lines) < MAX_EVENTS_PER_BATCH:
-            lines.append(encode_event(q.popleft()))
+            event = q.popleft()
+            event["seq"] = self._seq
+            self._seq += 1
+            lines.append(encode_event(event))
         return lines
 
     def _drain(self, final: bool) -> None:

@@ -125,6 +125,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "tokens": _i("tokens processed by this rank in this step"),
         "samples": _i("samples processed by this rank in this step"),
         "micro_batches": _i("forward passes in this step"),
+        "scheduler_steps": _i("scheduler.step() calls in this step (1 expected)"),
         "step_time": _f("wall seconds of the step"),
         "phases": Field("phases", doc="seconds per phase: " + ", ".join(PHASES)),
         "mem_allocated_bytes": _i("device memory allocated now"),

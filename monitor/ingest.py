@@ -67,6 +67,7 @@ _STEP_FIELDS = (
     "tokens",
     "samples",
     "micro_batches",
+    "scheduler_steps",
     "step_time",
     "mem_allocated_bytes",
     "mem_peak_bytes",

@@ -141,6 +141,7 @@ steps = Table(
     Column("tokens", BigInteger),
     Column("samples", BigInteger),
     Column("micro_batches", Integer),
+    Column("scheduler_steps", Integer),
     Column("step_time", Real),
     *[Column(f"phase_{p}", Real) for p in PHASE_COLUMNS],
     Column("mem_allocated_bytes", BigInteger),

@@ -76,17 +76,20 @@ def test_clip_wrapper_matches_torch_exactly() -> None:
         return ps
 
     theirs, ours = params(), params()
+    reference = [p.grad.clone() for p in ours]
     expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
     mon = TrainMonitor("clip", collector="file:///dev/null")
     returned = mon.clip_grad_norm_(ours, 1.0)
     assert torch.equal(returned, expected)
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(theirs, ours, strict=True))
-    pre, post, coef = mon._pending_clip
+    pre, post, coef, per_param, names = mon._clip
     actual_post = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ours]))
     assert pre.item() == expected.item() > 1.0
     assert post.item() == pytest.approx(actual_post.item(), rel=1e-6)
     assert post.item() == pytest.approx(1.0, rel=1e-5)
     assert coef.item() == pytest.approx(1.0 / (expected.item() + 1e-6), rel=1e-6)
+    assert per_param.tolist() == pytest.approx([g.norm().item() for g in reference], rel=1e-6)
+    assert names == ["param0", "param1", "param2"]  # not watched: positional names
     mon.close()
 
 
@@ -96,9 +99,12 @@ def test_file_mode_writes_wire_format_jsonl(tmp_path: Path) -> None:
     _tiny_loop(mon, 5)
     mon.step_end(5, loss=float("nan"))
     mon.close()
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    every = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["seq"] for e in every] == list(range(len(every)))
+    (health,) = [e for e in every if e["kind"] == "health"]  # sampled once at start
+    assert health["fields"]["rss_bytes"] > 0 and health["fields"]["host_mem_total_bytes"] > 0
+    lines = [e for e in every if e["kind"] not in ("health", "heartbeat")]
     assert [e["kind"] for e in lines] == ["run_start", *["step"] * 6, "run_end"]
-    assert [e["seq"] for e in lines] == list(range(8))
     assert lines[6]["fields"]["loss"] == "NaN"  # strict JSON on disk
 
 
