@@ -307,12 +307,10 @@ class TrainMonitor:
 
             return allreduce_hook(state, bucket).then(done)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the job has its own comm hook: leave it alone
             ddp.register_comm_hook(None, timed_allreduce)
-        except RuntimeError:  # the job registered its own comm hook; leave it alone
-            pass
 
-    def _account_comm(self, now: float) -> None:
+    def _account_comm(self) -> None:
         # All-reduce that finished after backward compute was time the step waited on the wire.
         if self._comm_end > self._backward_end > 0:
             exposed = self._comm_end - self._backward_end
@@ -322,7 +320,7 @@ class TrainMonitor:
 
     def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         t0 = time.perf_counter()
-        self._account_comm(t0)
+        self._account_comm()
         self._gap_start = None
         if self.detail_every and (self._last_step + 1) % self.detail_every == 0:
             self._snapshot_for_update_ratio(optimizer)
@@ -433,7 +431,7 @@ class TrainMonitor:
         ``loss_scale``, ...); values given here win over what the hooks measured.
         """
         t0 = time.perf_counter()
-        self._account_comm(t0)
+        self._account_comm()
         record: dict[str, Any] = {"step": step, "step_time": t0 - self._step_start}
         if tokens is not None:
             record["tokens"] = tokens
