@@ -43,7 +43,12 @@ class TrainConfig:
     """Everything a run depends on. Fields marked I/O do not change the maths of training."""
 
     # -- run and I/O ------------------------------------------------------------------------
-    run: str = _opt("", "run id shared by all ranks (letters, digits, '.', '_', '-'); required", "run")
+    run: str = _opt(
+        "",
+        "run id shared by all ranks (letters, digits, '.', '_', '-'); required. Under torchrun write "
+        "--run-id NAME (torchrun takes --run for its own --run-path)",
+        "run",
+    )
     steps: int = _opt(0, "optimizer steps to train (also the LR schedule's length); required", "run")
     out: str = _opt("", "output folder: checkpoints/, events.jsonl, labels.json; required", "run")
     collector: str | None = _opt(
@@ -269,7 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kwargs["type"] = base
         kwargs["metavar"] = meta.get("metavar", f.name.upper())
-        groups[meta["group"]].add_argument(flag, **kwargs)
+        flags = [flag]
+        if f.name == "run":  # torchrun rejects "--run" as an abbreviation of its "--run-path"
+            flags.append("--run-id")
+        groups[meta["group"]].add_argument(*flags, **kwargs)
     return parser
 
 

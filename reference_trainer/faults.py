@@ -363,7 +363,7 @@ class FaultPlan:
                 first = _first_drift(declared, lambda s, f=f: declared.lr(min(s, f.step)), f.step, total)
             elif f.kind == "lr_per_microbatch":
                 first = _first_drift(
-                    declared, lambda s, f=f: declared.lr(f.step + (s - f.step) * accum), f.step, total
+                    declared, lambda s, f=f: declared.lr(f.step + (s - f.step) * accum + accum - 1), f.step, total
                 )
             elif f.kind == "bad_init":
                 first = last = 0

@@ -244,7 +244,7 @@ def train(cfg: TrainConfig) -> str:
     )
     mon.watch(model, optimizer)
     mon.start(
-        config=cfg.to_dict(),
+        config={**cfg.to_dict(), "entropy_floor": source.entropy_floor},  # the best reachable loss, if known
         schedule=declared,
         planned_steps=cfg.steps,
         vocab_size=cfg.vocab_size,
