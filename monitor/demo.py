@@ -26,7 +26,20 @@ from monitor.server import Collector, ServerThread, create_app
 
 __all__ = ["DEFAULT_INJECTS", "run_demo"]
 
-DEFAULT_INJECTS = ("loss_spike@120:scale=50", "data_stall@180:seconds=0.5,steps=4", "nan@270")
+DEFAULT_INJECTS = ("loss_spike@300:scale=50", "data_stall@500:seconds=0.5,steps=4", "lr_frozen@650", "nan@900")
+# A model big enough that a step takes tens of milliseconds on a laptop core: a minute of training.
+TRAINER_ARGS = (
+    "--n-layer",
+    "4",
+    "--n-embd",
+    "128",
+    "--n-head",
+    "4",
+    "--eval-every",
+    "100",
+    "--checkpoint-every",
+    "250",
+)
 
 
 def _view(live: LiveState, run: str, planned: int, started: float) -> Table:
@@ -54,7 +67,7 @@ def _view(live: LiveState, run: str, planned: int, started: float) -> Table:
     return table
 
 
-def run_demo(out: Path, steps: int = 300, injects: list[str] | None = None) -> int:
+def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> int:
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
     db = out / "trainmon.sqlite"

@@ -41,13 +41,15 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         console.print("[green]no anomalies[/green]")
         return
     table = Table(title="anomalies")
-    for col in ("kind", "severity", "rank", "steps", "status", "message", "hint"):
+    for col in ("#", "kind", "severity", "rank", "steps", "status", "message"):
         table.add_column(col, overflow="fold")
-    for a in found:
+    for i, a in enumerate(found, 1):
         steps = f"{fmt(a['first_step'])}-{fmt(a['last_step'])}"
         rank = "all" if a["rank"] < 0 else str(a["rank"])
-        table.add_row(a["kind"], a["severity"], rank, steps, a["status"], a["message"], a["hint"])
+        table.add_row(str(i), a["kind"], a["severity"], rank, steps, a["status"], a["message"])
     console.print(table)
+    for i, a in enumerate(found, 1):
+        console.print(f"[bold]{i}.[/bold] {a['kind']}: {a['hint']}")
 
 
 def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> None:
