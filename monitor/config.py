@@ -33,6 +33,8 @@ class NanInfConfig:
 
 @dataclass
 class DetectorsConfig:
+    replay_window: int = 512
+    """Stored steps per rank replayed into fresh detectors after a collector restart."""
     nan_inf: NanInfConfig = field(default_factory=NanInfConfig)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, select, update
@@ -17,6 +18,7 @@ from sqlalchemy import Connection, select, update
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors import ALL_DETECTORS, Detector, Finding
+from monitor.replay import recent_events
 from monitor.storage import Storage, anomalies
 
 __all__ = ["AnomalyChange", "Engine"]
@@ -52,12 +54,32 @@ class Engine:
             )
             self._open: dict[tuple[str, str, int], int] = {(r.run, r.kind, r.rank): r.id for r in rows}
 
+    def _new(self) -> list[Detector]:
+        return [cls(getattr(self._config, cls.kind)) for cls in self._classes]
+
+    def prime(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Give (run, rank) pairs seen for the first time since start their detectors.
+
+        Their stored history is replayed first, so a collector restart does not blind a
+        detector for a window. Findings of the replay are dropped: they are already stored.
+        Call before the new events are written.
+        """
+        with self._lock:
+            missing = [k for k in keys if k not in self._detectors]
+            if not missing:
+                return
+            with self._storage.connect() as conn:
+                for run, rank in missing:
+                    dets = self._new()
+                    for event, attempt in recent_events(conn, run, rank, self._config.replay_window):
+                        for det in dets:
+                            det.observe(event, attempt)
+                    self._detectors[(run, rank)] = dets
+
     def _for(self, run: str, rank: int) -> list[Detector]:
-        key = (run, rank)
-        dets = self._detectors.get(key)
+        dets = self._detectors.get((run, rank))
         if dets is None:
-            dets = [cls(getattr(self._config, cls.kind)) for cls in self._classes]
-            self._detectors[key] = dets
+            dets = self._detectors[(run, rank)] = self._new()
         return dets
 
     def observe(self, items: list[tuple[Event, int]]) -> list[AnomalyChange]:

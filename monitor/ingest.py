@@ -22,6 +22,7 @@ from monitor.engine import AnomalyChange, Engine
 from monitor.live import LiveState
 from monitor.storage import (
     PHASE_COLUMNS,
+    STEP_FIELDS,
     Storage,
     checkpoints,
     evals,
@@ -57,25 +58,6 @@ class _Stream:
     new: bool = False
 
 
-_STEP_FIELDS = (
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
-    "clip_coef",
-    "loss_scale",
-    "skipped",
-    "tokens",
-    "samples",
-    "micro_batches",
-    "scheduler_steps",
-    "step_time",
-    "mem_allocated_bytes",
-    "mem_peak_bytes",
-    "batch_fingerprint",
-    "update_ratio",
-)
-
-
 def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
     return {"run": ev.run, "rank": ev.rank, "attempt": attempt, "step": step, "time": ev.time}
 
@@ -85,7 +67,7 @@ def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
     lrs = f.get("lr")
     phases = f.get("phases") or {}
     row = _key(ev, attempt, f["step"])
-    row.update({name: f.get(name) for name in _STEP_FIELDS})
+    row.update({name: f.get(name) for name in STEP_FIELDS})
     row["lr"] = lrs[0] if lrs else None
     row["lrs"] = lrs
     row.update({f"phase_{p}": phases.get(p) for p in PHASE_COLUMNS})
@@ -105,6 +87,7 @@ class Ingestor:
     def ingest(self, events: list[Event]) -> IngestResult:
         """Store a validated batch; returns once it is durable."""
         with self._lock:
+            self.engine.prime({(ev.run, ev.rank) for ev in events})
             with self.storage.begin() as conn:
                 known = self._load_streams(conn, events)
                 fresh: list[tuple[Event, int]] = []

@@ -75,6 +75,15 @@ class LiveState:
             elif event.kind == "run_end" and event.rank == 0:
                 run.status = f["status"]
 
+    def load_anomalies(self, rows: list[tuple[str, str, str, str]]) -> None:
+        """Restore anomaly counters from storage: (run, kind, severity, status) per anomaly."""
+        with self.lock:
+            for run, kind, severity, status in rows:
+                state = self.runs.setdefault(run, RunState(run))
+                state.anomalies_total[(kind, severity)] += 1
+                if status == "open":
+                    state.anomalies_active[(kind, severity)] += 1
+
     def anomaly(self, run: str, kind: str, severity: str, action: str) -> None:
         with self.lock:
             state = self.runs.setdefault(run, RunState(run))

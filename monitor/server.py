@@ -25,7 +25,7 @@ from monitor.exporter import CollectorMetrics, TrainingCollector
 from monitor.ingest import IngestError, Ingestor
 from monitor.live import LiveState
 from monitor.queries import anomaly_rows, run_rows
-from monitor.storage import Storage, runs
+from monitor.storage import Storage, anomalies, runs
 
 __all__ = ["Collector", "create_app", "serve"]
 
@@ -45,6 +45,15 @@ class Collector:
     def open(cls, config: CollectorConfig) -> Collector:
         storage = Storage(config.db)
         live = LiveState()
+        with storage.connect() as conn:
+            # Counters of runs still going survive a restart; ended runs are no longer exported.
+            live.load_anomalies(
+                conn.execute(
+                    select(anomalies.c.run, anomalies.c.kind, anomalies.c.severity, anomalies.c.status)
+                    .join(runs, runs.c.run == anomalies.c.run)
+                    .where(runs.c.status == "running")
+                ).all()
+            )
         engine = Engine(storage, config.detectors)
         registry = CollectorRegistry()
         registry.register(TrainingCollector(live))

@@ -39,6 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
+    "PHASE_COLUMNS",
+    "STEP_FIELDS",
     "Storage",
     "anomalies",
     "checkpoints",
@@ -111,6 +113,24 @@ streams = Table(
     Column("end_error", Text),
     Column("dropped_events", BigInteger),
     Index("ix_streams_run_rank", "run", "rank"),
+)
+
+STEP_FIELDS = (  # step event fields stored in columns of the same name
+    "loss",
+    "grad_norm",
+    "grad_norm_clipped",
+    "clip_coef",
+    "loss_scale",
+    "skipped",
+    "tokens",
+    "samples",
+    "micro_batches",
+    "scheduler_steps",
+    "step_time",
+    "mem_allocated_bytes",
+    "mem_peak_bytes",
+    "batch_fingerprint",
+    "update_ratio",
 )
 
 PHASE_COLUMNS = ("data", "forward", "backward", "comm", "optimizer", "checkpoint", "eval", "other")
