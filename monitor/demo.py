@@ -121,7 +121,7 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
         f"`trainmon serve --db {db}` serves the store again)"
     )
     server.stop()
-    collector.storage.close()
+    collector.close()
     return 0 if proc.returncode == 0 else 1
 
 

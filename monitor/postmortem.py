@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from hooks.wire import Event
 from monitor.config import CollectorConfig
 from monitor.engine import Engine
 from monitor.importers import read_events
@@ -29,15 +30,20 @@ def import_file(path: str | Path, storage: Storage, config: CollectorConfig | No
     config = config or CollectorConfig()
     ingestor = Ingestor(storage, Engine(storage, config.detectors), LiveState())
     seen: dict[str, None] = {}
-    batch = []
+    batch: list[Event] = []
+
+    def flush() -> None:
+        ingestor.ingest(batch)
+        ingestor.engine.tick(max(e.time for e in batch))  # the log's own clock, for silence checks
+        batch.clear()
+
     for event in read_events(path):
         seen.setdefault(event.run)
         batch.append(event)
         if len(batch) >= _BATCH:
-            ingestor.ingest(batch)
-            batch = []
+            flush()
     if batch:
-        ingestor.ingest(batch)
+        flush()
     if not seen:
         raise ValueError(f"{path}: no events found")
     return list(seen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import threading
 import time
@@ -29,6 +30,8 @@ from monitor.storage import Storage, anomalies, runs
 
 __all__ = ["Collector", "create_app", "serve"]
 
+log = logging.getLogger("trainmon.collector")
+
 
 @dataclass
 class Collector:
@@ -40,6 +43,25 @@ class Collector:
     ingestor: Ingestor
     registry: CollectorRegistry
     metrics: CollectorMetrics
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_forever, name="trainmon-ticker", daemon=True)
+        self._ticker.start()
+
+    def _tick_forever(self) -> None:
+        # Detectors that fire on silence (a hung rank sends nothing) need a clock of their own.
+        while not self._stop.wait(1.0):
+            try:
+                for ch in self.ingestor.engine.tick():
+                    self.live.anomaly(ch.run, ch.finding.kind, ch.finding.severity, ch.action)
+            except Exception:
+                log.exception("detector tick failed; continuing")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ticker.join(5)
+        self.storage.close()
 
     @classmethod
     def open(cls, config: CollectorConfig) -> Collector:
@@ -207,6 +229,6 @@ def serve(config: CollectorConfig) -> None:
     try:
         server.run()
     finally:
-        collector.storage.close()
+        collector.close()
     if not server.started:
         raise SystemExit(f"trainmon serve: could not listen on {config.host}:{config.port}")

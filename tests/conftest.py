@@ -47,7 +47,7 @@ class LiveCollector:
 
     def stop(self) -> None:
         self.server.stop()
-        self.collector.storage.close()
+        self.collector.close()
 
 
 def start_collector(db: Path, port: int = 0, **config: Any) -> LiveCollector:

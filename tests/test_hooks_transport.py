@@ -120,7 +120,7 @@ def test_collector_down_then_up_loses_nothing_and_doubles_nothing(tmp_path: Path
             holder["lc"].server.server.should_exit = True
             holder["lc"].server.thread.join(10)
         if step == 30:  # ... and comes back on the same port and store
-            holder["lc"].collector.storage.close()
+            holder["lc"].collector.close()
             holder["lc"] = start_collector(tmp_path / "db.sqlite", port=port)
 
     mon = TrainMonitor("chaos", collector=url, spool_dir=tmp_path / "spool", flush_interval=0.02)

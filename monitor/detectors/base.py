@@ -27,18 +27,33 @@ class Finding:
     hint: str
     evidence: dict[str, Any] = field(default_factory=dict)
     resolved: bool = False
+    rank: int | None = None
+    """Which rank the anomaly belongs to, for run-scope detectors (default: the run, -1)."""
 
 
 class Detector:
-    """Watches one rank's event stream for one failure mode.
+    """Watches event streams for one failure mode.
 
-    Subclasses set ``kind``, take their section of the typed config in ``__init__`` and
-    implement :meth:`observe`. State lives on the instance; the engine makes one instance per
-    (run, rank) and feeds it that stream's events in order, replaying stored events after a
-    collector restart so no detector is blind for a window.
+    Subclasses set ``kind`` (the anomaly kind, also the name of their section of
+    ``DetectorsConfig``), take that section in ``__init__`` and implement :meth:`observe`.
+
+    ``scope = "rank"``: the engine makes one instance per (run, rank) and feeds it that rank's
+    events in order (every attempt of the rank: a resume shows up as a new ``run_start`` with a
+    higher ``attempt``). ``scope = "run"``: one instance per run, fed every rank's events in
+    arrival order; its findings name the rank they are about (``Finding.rank``) or the run.
+
+    :meth:`tick` is called about once a second with the wall time (live) or with event times
+    (when a log is imported), for detectors that fire on silence. State must stay bounded
+    (fixed windows). After a collector restart the engine replays the stored tail of the
+    streams into fresh instances and drops what they find, so ``observe`` must be
+    deterministic given the events.
     """
 
     kind: ClassVar[str]
+    scope: ClassVar[str] = "rank"
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         raise NotImplementedError
+
+    def tick(self, now: float) -> list[Finding]:
+        return []
