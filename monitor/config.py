@@ -32,10 +32,88 @@ class NanInfConfig:
 
 
 @dataclass
+class LossSpikeConfig:
+    """``loss_spike``: robust deviation of the loss from its recent trend; recoverable or not."""
+
+
+@dataclass
+class GradExplosionConfig:
+    """``grad_explosion``: pre-clip grad-norm spike or a rising clip rate."""
+
+
+@dataclass
+class DivergenceConfig:
+    """``divergence``: loss trending up over many steps."""
+
+
+@dataclass
+class ThroughputCollapseConfig:
+    """``throughput_collapse``: sustained tokens/s drop, naming the phase whose time grew."""
+
+
+@dataclass
+class LrScheduleDriftConfig:
+    """``lr_schedule_drift``: actual LR per group against the declared (or inferred) schedule."""
+
+
+@dataclass
+class BadResumeConfig:
+    """``bad_resume``: composite check of the first steps after a resume."""
+
+
+@dataclass
+class StragglerConfig:
+    """``straggler``: one rank's step or compute time against the other ranks."""
+
+
+@dataclass
+class HangConfig:
+    """``hang``: no step (or no heartbeat) from a rank within a learnt timeout."""
+
+
+@dataclass
+class NodeHealthConfig:
+    """``node_health``: NVML/psutil thresholds and counters."""
+
+
+@dataclass
+class MemoryLeakConfig:
+    """``memory_leak``: memory rising across many steps."""
+
+
+@dataclass
+class InitLossConfig:
+    """``init_loss``: first loss against ln(vocab)."""
+
+
+@dataclass
+class LossScaleCollapseConfig:
+    """``loss_scale_collapse``: fp16 loss scale falling repeatedly."""
+
+
+@dataclass
+class EvalRegressionConfig:
+    """``eval_regression``: validation loss rising, or jumping after a resume."""
+
+
+@dataclass
 class DetectorsConfig:
     replay_window: int = 512
     """Stored steps per rank replayed into fresh detectors after a collector restart."""
     nan_inf: NanInfConfig = field(default_factory=NanInfConfig)
+    loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
+    grad_explosion: GradExplosionConfig = field(default_factory=GradExplosionConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    throughput_collapse: ThroughputCollapseConfig = field(default_factory=ThroughputCollapseConfig)
+    lr_schedule_drift: LrScheduleDriftConfig = field(default_factory=LrScheduleDriftConfig)
+    bad_resume: BadResumeConfig = field(default_factory=BadResumeConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
+    node_health: NodeHealthConfig = field(default_factory=NodeHealthConfig)
+    memory_leak: MemoryLeakConfig = field(default_factory=MemoryLeakConfig)
+    init_loss: InitLossConfig = field(default_factory=InitLossConfig)
+    loss_scale_collapse: LossScaleCollapseConfig = field(default_factory=LossScaleCollapseConfig)
+    eval_regression: EvalRegressionConfig = field(default_factory=EvalRegressionConfig)
 
 
 @dataclass
