@@ -56,9 +56,9 @@ CATALOG: dict[str, FaultKind] = {
     for k in [
         _K("loss_spike", "loss_spike", {"scale": 10.0, "steps": 1}, "batch replaced by random tokens, its loss x scale"),
         _K("lr_burst", "loss_spike", {"factor": 100.0, "steps": 2}, "LR multiplied by factor for `steps` steps"),
-        _K("weight_scale", "loss_spike", {"factor": 8.0}, "every weight matrix multiplied by factor once"),
+        _K("weight_scale", "loss_spike", {"factor": 20.0}, "every weight matrix multiplied by factor once"),
         _K("nan", "nan_inf", {}, "one output-head weight set to NaN (loss NaN from then on)"),
-        _K("divergence", "divergence", {"growth": 1.1}, "no clipping and LR x growth^(step-STEP): slow blow-up"),
+        _K("divergence", "divergence", {"ramp": 20}, "no clipping; random targets ramp 0->100% over `ramp` steps"),
         _K("lr_per_microbatch", "lr_schedule_drift", {}, "scheduler stepped every micro-batch (needs --accum > 1)"),
         _K("lr_wrong_total", "lr_schedule_drift", {"factor": 4}, "scheduler sized for steps/factor (STEP ignored)"),
         _K("lr_frozen", "lr_schedule_drift", {}, "scheduler no longer stepped from STEP on"),
@@ -306,6 +306,12 @@ class FaultPlan:
             seq = torch.randint(vocab_size, (x.shape[0], x.shape[1] + 1), generator=g)
             x, y = seq[:, :-1], seq[:, 1:]
             mult = float(f.params["scale"])
+        if f := self.get("divergence", step):
+            # A slow, unrecovering rise: the share of random targets grows every step.
+            share = min(1.0, (step - f.step + 1) / int(f.params["ramp"]))
+            g = torch.Generator().manual_seed(2_000_003 * step + 1009 * self.rank + micro)
+            noise = torch.rand(y.shape, generator=g) < share
+            y = torch.where(noise, torch.randint(vocab_size, y.shape, generator=g), y)
         if self.get("labels_unshifted", step):
             y = x.clone()  # the bug: targets are the inputs themselves, not the next tokens
         return x, y, mult
@@ -314,8 +320,6 @@ class FaultPlan:
         mult = 1.0
         if f := self.get("lr_burst", step):
             mult *= float(f.params["factor"])
-        if f := self.get("divergence", step):
-            mult *= float(f.params["growth"]) ** (step - f.step + 1)
         return mult
 
     def no_clip(self, step: int) -> bool:

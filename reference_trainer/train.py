@@ -18,6 +18,7 @@ import dataclasses
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -179,6 +180,9 @@ def train(cfg: TrainConfig) -> str:
     optimizer = make_optimizer()
     scheduler = make_scheduler(optimizer)
     scaler = make_scaler(precision, d.device, cfg.init_scale)
+    # A loss-scale overflow skips optimizer.step() but the scheduler steps anyway (the usual
+    # choice: the schedule follows steps taken, skipped or not); torch warns about exactly that.
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
     autocast = autocast_for(precision, d.device)
     if cfg.data == "markov":
         source = MarkovSource(cfg.vocab_size, cfg.seed, cfg.markov_branching)
