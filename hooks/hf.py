@@ -47,6 +47,7 @@ Host-device crossings (all outside the per-step hot path except where noted as h
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import math
 import os
@@ -64,6 +65,7 @@ __all__ = ["TrainmonCallback"]
 
 # Accelerate distributed types whose clip_grad_norm_ is "unscale_gradients(); torch clip".
 _SHARDED = {"FSDP", "DEEPSPEED", "XLA", "MEGATRON_LM"}
+_MISSING = object()
 
 
 class TrainmonCallback(TrainerCallback):
@@ -98,7 +100,7 @@ class TrainmonCallback(TrainerCallback):
         self.monitor_kwargs = monitor_kwargs
         self.monitor: TrainMonitor | None = None
         self._trainer: Trainer | None = None
-        self._patched: list[tuple[Any, str]] = []
+        self._patched: list[tuple[Any, str, Any]] = []
         self._loss: torch.Tensor | None = None
         self._tokens = 0
         self._samples = 0
@@ -211,12 +213,16 @@ class TrainmonCallback(TrainerCallback):
             self._patch(trainer, "_save_checkpoint", timed_save)
 
     def _patch(self, obj: Any, name: str, fn: Any) -> None:
-        setattr(obj, name, fn)  # an instance attribute shadows the class method for this object only
-        self._patched.append((obj, name))
+        # An instance attribute shadows the class method for this object only; one that was
+        # already there is put back at the end.
+        self._patched.append((obj, name, vars(obj).get(name, _MISSING)))
+        setattr(obj, name, fn)
 
     def _unpatch(self) -> None:
-        for obj, name in reversed(self._patched):
-            if name in vars(obj):
+        for obj, name, previous in reversed(self._patched):
+            if previous is not _MISSING:
+                setattr(obj, name, previous)
+            elif name in vars(obj):
                 delattr(obj, name)
         self._patched.clear()
 
@@ -229,9 +235,7 @@ class TrainmonCallback(TrainerCallback):
             path, self._resume_pending = self._resume_pending, None
             self.monitor.resume(state.global_step - 1, path=path, fingerprint=self._fingerprint(args, state))
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.monitor is None:
             return
         fields: dict[str, Any] = {}
@@ -272,8 +276,12 @@ class TrainmonCallback(TrainerCallback):
         duration = others.pop("runtime", None)
         self.monitor.emit(
             "eval",
-            {"step": max(state.global_step - 1, 0), "loss": float(metrics[key]), "metrics": others or None,
-             "duration": duration},
+            {
+                "step": max(state.global_step - 1, 0),
+                "loss": float(metrics[key]),
+                "metrics": others or None,
+                "duration": duration,
+            },
         )
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -366,8 +374,6 @@ def _dir_bytes(path: str) -> int | None:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):  # a file removed while we walk
                 total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
     return total
