@@ -212,7 +212,7 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _same(a: Any, b: Any, rel_tol: float) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, rel_tol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, rel_tol) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         try:
             x, y = float(a), float(b)

@@ -32,10 +32,9 @@ class ConfigError(ValueError):
     """A configuration problem; the message starts with the offending field's name."""
 
 
-def _opt(default: Any, help: str, group: str, **kw: Any) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, "group": group, **kw})
-    return field(default=default, metadata={"help": help, "group": group, **kw})
+def _opt(default: Any, help: str, group: str) -> Any:
+    """A scalar field with its ``--help`` text and option group."""
+    return field(default=default, metadata={"help": help, "group": group})
 
 
 @dataclass
@@ -59,11 +58,13 @@ class TrainConfig:
         "run",
     )
     resume: str | None = _opt(None, "resume from the latest complete checkpoint under this folder", "run")
-    inject: list[str] = _opt(
-        [],
-        "inject a fault, KIND@STEP[:key=value,...]; repeatable; see the fault catalog below",
-        "run",
-        metavar="KIND@STEP[:PARAMS]",
+    inject: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "inject a fault, KIND@STEP[:key=value,...]; repeatable; see the fault catalog below",
+            "group": "run",
+            "metavar": "KIND@STEP[:PARAMS]",
+        },
     )
     checkpoint_every: int = _opt(0, "save a checkpoint every K steps (0: only at the last step)", "run")
     keep_checkpoints: int = _opt(3, "complete checkpoints to keep (older ones are deleted)", "run")
@@ -89,9 +90,7 @@ class TrainConfig:
         "nanoGPT-style uint16 token file",
         "data",
     )
-    val_data: str | None = _opt(
-        None, "uint16 token file for evaluation (default: the last 10% of --data)", "data"
-    )
+    val_data: str | None = _opt(None, "uint16 token file for evaluation (default: the last 10% of --data)", "data")
     markov_branching: int = _opt(4, "successors per token in the Markov chain (sets the entropy floor)", "data")
     batch_size: int = _opt(8, "sequences per micro-batch per rank", "data")
     accum: int = _opt(1, "gradient-accumulation micro-batches per optimizer step", "data")
@@ -252,9 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS,  # only options actually given override the config file
     )
-    parser.add_argument(
-        "--config", metavar="FILE.toml", help="TOML file with any of the options below (flat keys)"
-    )
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML file with any of the options below (flat keys)")
     groups = {
         "run": parser.add_argument_group("run, checkpoints and events"),
         "model": parser.add_argument_group("model"),

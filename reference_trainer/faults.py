@@ -54,7 +54,9 @@ _K = FaultKind
 CATALOG: dict[str, FaultKind] = {
     k.name: k
     for k in [
-        _K("loss_spike", "loss_spike", {"scale": 10.0, "steps": 1}, "batch replaced by random tokens, its loss x scale"),
+        _K(
+            "loss_spike", "loss_spike", {"scale": 10.0, "steps": 1}, "batch replaced by random tokens, its loss x scale"
+        ),
         _K("lr_burst", "loss_spike", {"factor": 100.0, "steps": 2}, "LR multiplied by factor for `steps` steps"),
         _K("weight_scale", "loss_spike", {"factor": 20.0}, "every weight matrix multiplied by factor once"),
         _K("nan", "nan_inf", {}, "one output-head weight set to NaN (loss NaN from then on)"),
@@ -283,7 +285,7 @@ class FaultPlan:
                 node: list[Any] = [i]
                 node.append(node)
                 junk.append(node)
-            self._gc_keep.extend(junk[:: 10])
+            self._gc_keep.extend(junk[::10])
             del junk
             gc.collect()
         if f := self.get("memory_leak", step):

@@ -203,7 +203,7 @@ def train(cfg: TrainConfig) -> str:
         if "resume_no_scheduler" not in resume_faults:
             scheduler.load_state_dict(shared["scheduler"])
         if "resume_no_optimizer" in resume_faults:  # the bug keeps the LR, loses the moments
-            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
                 group["lr"] = lr
         if "resume_no_scaler" not in resume_faults:
             scaler.load_state_dict(shared["scaler"])
@@ -359,7 +359,7 @@ def train(cfg: TrainConfig) -> str:
                 skipped=skipped,
                 mem_allocated_bytes=memory_bytes(d.device),
             )
-            for g, lr in zip(optimizer.param_groups, scheduled_lrs):
+            for g, lr in zip(optimizer.param_groups, scheduled_lrs, strict=True):
                 g["lr"] = lr
             if not faults.scheduler_frozen(step):  # the lr_frozen bug skips this
                 scheduler.step()
@@ -370,7 +370,11 @@ def train(cfg: TrainConfig) -> str:
                 with mon.phase("eval"):
                     val_loss = evaluate(model, loader, cfg.eval_batches, d, autocast)
                 mon.eval(step, val_loss)
-            if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or last or faults.force_checkpoint(step):
+            if (
+                (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
+                or last
+                or faults.force_checkpoint(step)
+            ):
                 checkpoint(step)
             if cfg.stop_at is not None and step >= cfg.stop_at:
                 status = "interrupted"  # a simulated crash: no final checkpoint
