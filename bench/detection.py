@@ -1,0 +1,424 @@
+"""Detection benchmark: precision, recall, F1 and delay per fault kind, against the anchors' rules.
+
+Scenarios:
+  * the reference trainer's fault catalog: real CPU training runs with one injected fault each
+    (resume faults as an interrupted run resumed with the fault; straggler and hang under
+    torchrun with 2 gloo ranks), plus clean runs and a correct resume as controls;
+  * synthetic traces (``bench/synthetic.py``): hundreds of runs with varied noise, trends and
+    fault magnitudes, plus clean controls (warmup, epoch boundaries, eval and checkpoint
+    windows, a declared WSD decay).
+
+Every scenario goes through the collector's own ingest path and detectors (an in-memory store
+per scenario), exactly like ``trainmon postmortem FILE``. A label is detected when an anomaly of
+its ``expected_detection`` kind starts within ``[first_step, last_step + MAX_DELAY[kind]]``.
+An anomaly counts as a false positive when no label of the scenario expects or explains its kind
+(``RELATED``: an LR burst also shows as a grad explosion); on clean controls every anomaly is a
+false positive. The loss-spike scenarios are scored again with the rules the anchors ship.
+
+    python bench/detection.py            # full: all trainer faults, 100 synthetic traces per kind
+    python bench/detection.py --quick    # under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.synthetic import Trace, clean_controls, fault_traces
+from hooks.wire import validate_event
+from monitor.config import DetectorsConfig
+from monitor.engine import Engine
+from monitor.ingest import Ingestor
+from monitor.live import LiveState
+from monitor.postmortem import import_file, summarize
+from monitor.storage import Storage
+
+MAX_DELAY = {  # steps after the fault's last step within which a detection still counts
+    "nan_inf": 1,
+    "loss_spike": 1,
+    "grad_explosion": 1,
+    "throughput_collapse": 10,
+    "bad_resume": 1,
+    "lr_schedule_drift": 50,
+    "divergence": 200,
+    "straggler": 30,
+    "hang": 1000,
+    "node_health": 5,
+    "memory_leak": 1000,
+    "init_loss": 50,
+    "loss_scale_collapse": 30,
+    "eval_regression": 1000,
+}
+RELATED = {  # kinds a fault legitimately raises besides its expected one
+    "loss_spike": {"grad_explosion", "eval_regression"},
+    "lr_burst": {"grad_explosion", "eval_regression", "lr_schedule_drift"},
+    "weight_scale": {"grad_explosion", "eval_regression"},
+    "nan": {"loss_spike", "grad_explosion", "divergence", "eval_regression", "loss_scale_collapse"},
+    "divergence": {"loss_spike", "grad_explosion", "eval_regression", "lr_schedule_drift"},
+    "grad_explosion": {"loss_spike"},
+    "lr_per_microbatch": {"loss_spike", "eval_regression"},
+    "lr_wrong_total": {"eval_regression"},
+    "lr_frozen": {"eval_regression"},
+    "data_stall": {"straggler", "hang"},
+    "checkpoint_stall": {"straggler"},
+    "gc_pause": {"straggler"},
+    "straggler": {"throughput_collapse"},
+    "hang": {"throughput_collapse", "straggler"},
+    "memory_leak": {"throughput_collapse", "node_health"},
+    "labels_unshifted": {"loss_spike", "divergence", "eval_regression"},
+    "bad_init": {"loss_spike", "grad_explosion"},
+}
+for _kind in (
+    "resume_no_scheduler",
+    "resume_no_optimizer",
+    "resume_data_replay",
+    "resume_no_rng",
+    "resume_step_reset",
+    "resume_no_scaler",
+    "resume_batch_change",
+):
+    RELATED[_kind] = {
+        "lr_schedule_drift",
+        "loss_spike",
+        "grad_explosion",
+        "eval_regression",
+        "loss_scale_collapse",
+        "throughput_collapse",
+        "init_loss",
+    }
+
+
+@dataclass
+class Result:
+    name: str
+    labels: list[dict[str, Any]]
+    anomalies: list[dict[str, Any]]
+    clean: bool
+    losses: list[float] = field(default_factory=list)
+    source: str = "synthetic"
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+TRAINER_FAULTS: list[tuple[str, list[str], int]] = [  # (fault spec, extra args, steps)
+    ("loss_spike@80:scale=50", [], 120),
+    ("lr_burst@80", [], 120),
+    ("weight_scale@80", [], 120),
+    ("nan@80", [], 120),
+    ("divergence@60", [], 160),
+    ("lr_per_microbatch@0", ["--accum", "4"], 80),
+    ("lr_wrong_total@0", [], 120),
+    ("lr_frozen@60", [], 120),
+    ("data_stall@80:seconds=0.5,steps=5", [], 120),
+    ("checkpoint_stall@80:seconds=2", ["--checkpoint-every", "40"], 120),
+    ("gc_pause@60", [], 120),
+    ("memory_leak@20:mb=16", [], 160),
+    ("labels_unshifted@0", [], 100),
+    ("bad_init@0", [], 80),
+]
+RESUME_FAULTS = [
+    "resume_no_scheduler",
+    "resume_no_optimizer",
+    "resume_data_replay",
+    "resume_no_rng",
+    "resume_step_reset",
+    "resume_batch_change",
+    "resume_no_scaler",
+]
+DDP_FAULTS: list[tuple[str, int]] = [("straggler@20:rank=1,ms=40", 60), ("hang@30:rank=1,seconds=8", 60)]
+QUICK_FAULTS = {"loss_spike@80:scale=50", "nan@80", "lr_frozen@60", "data_stall@80:seconds=0.5,steps=5"}
+
+_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+
+def _trainer(out: Path, run: str, steps: int, *args: str) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "reference_trainer",
+        "--run",
+        run,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_ENV, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"trainer failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+
+
+def _torchrun(out: Path, run: str, steps: int, *args: str) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "reference_trainer",
+        "--run-id",
+        run,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_ENV, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"torchrun failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+
+
+def _analyse_files(name: str, out: Path, clean: bool, source: str) -> Result:
+    storage = Storage("sqlite://")
+    runs: list[str] = []
+    for path in sorted(out.glob("events*.jsonl")):
+        runs.extend(r for r in import_file(path, storage) if r not in runs)
+    labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
+    summary = summarize(storage, runs[0])
+    return Result(name, labels, summary["anomalies"], clean, source=source)
+
+
+def trainer_scenarios(quick: bool, workdir: Path) -> list[Result]:
+    jobs: list[tuple[str, Any]] = []
+    for spec, args, steps in TRAINER_FAULTS:
+        if quick and spec not in QUICK_FAULTS:
+            continue
+        name = "t-" + spec.split("@")[0]
+
+        def job(name=name, spec=spec, args=args, steps=steps) -> Result:
+            out = workdir / name
+            _trainer(out, name, steps, "--inject", spec, *args)
+            return _analyse_files(name, out, False, "trainer")
+
+        jobs.append((name, job))
+    for i in range(1 if quick else 3):
+
+        def clean_job(i=i) -> Result:
+            out = workdir / f"t-clean-{i}"
+            _trainer(out, f"t-clean-{i}", 120, "--seed", str(100 + i), "--eval-every", "40", "--checkpoint-every", "50")
+            return _analyse_files(f"t-clean-{i}", out, True, "trainer")
+
+        jobs.append((f"t-clean-{i}", clean_job))
+    if not quick:
+        for fault in [*RESUME_FAULTS, None]:
+            name = f"t-{fault or 'resume-clean'}"
+
+            def resume_job(name=name, fault=fault) -> Result:
+                out = workdir / name
+                fp16 = ["--precision", "fp16"] if fault == "resume_no_scaler" else []
+                _trainer(out, name, 60, "--checkpoint-every", "20", "--stop-at", "45", *fp16)
+                inject = ["--inject", f"{fault}@0"] if fault else []
+                _trainer(out, name, 60, "--checkpoint-every", "20", "--resume", str(out), *inject, *fp16)
+                return _analyse_files(name, out, fault is None, "trainer")
+
+            jobs.append((name, resume_job))
+        for spec, steps in DDP_FAULTS:
+            name = "t-" + spec.split("@")[0]
+
+            def ddp_job(name=name, spec=spec, steps=steps) -> Result:
+                out = workdir / name
+                _torchrun(out, name, steps, "--inject", spec)
+                return _analyse_files(name, out, False, "trainer")
+
+            jobs.append((name, ddp_job))
+    results = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {pool.submit(fn): name for name, fn in jobs}
+        for fut, name in futures.items():
+            try:
+                results.append(fut.result())
+            except Exception as exc:  # a broken scenario is reported, not fatal
+                print(f"  ! scenario {name} failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+    return results
+
+
+def analyse_trace(trace: Trace) -> Result:
+    storage = Storage("sqlite://")
+    ingestor = Ingestor(storage, Engine(storage, DetectorsConfig()), LiveState())
+    events = [validate_event(e) for e in trace.events]
+    for i in range(0, len(events), 2000):
+        chunk = events[i : i + 2000]
+        ingestor.ingest(chunk)
+        ingestor.engine.tick(chunk[-1].time)
+    losses = [e.fields.get("loss") for e in events if e.kind == "step" and e.rank == 0]
+    summary = summarize(storage, trace.name)
+    storage.close()
+    return Result(trace.name, trace.labels, summary["anomalies"], trace.clean, losses)
+
+
+# -- scoring -------------------------------------------------------------------------------------
+
+
+def _hit(label: dict[str, Any], anomaly: dict[str, Any]) -> bool:
+    kind = label["expected_detection"]
+    if anomaly["kind"] != kind or anomaly["first_step"] is None:
+        return False
+    if label.get("rank") is not None and anomaly["rank"] not in (label["rank"], -1) and kind in ("straggler", "hang"):
+        return False
+    return label["first_step"] <= anomaly["first_step"] <= label["last_step"] + MAX_DELAY.get(kind, 10)
+
+
+@dataclass
+class Score:
+    tp: int = 0
+    fn: int = 0
+    fp: int = 0
+    delays: list[int] = field(default_factory=list)
+
+    @property
+    def precision(self) -> float:
+        return self.tp / (self.tp + self.fp) if self.tp + self.fp else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.tp / (self.tp + self.fn) if self.tp + self.fn else 1.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def score(results: list[Result]) -> tuple[dict[str, Score], int, list[str]]:
+    scores: dict[str, Score] = collections.defaultdict(Score)
+    clean_alerts = 0
+    misses: list[str] = []
+    for res in results:
+        explained: set[str] = set()
+        for lab in res.labels:
+            kind = lab["expected_detection"]
+            explained |= {kind, *RELATED.get(lab["kind"], ())}
+            hits = [a for a in res.anomalies if _hit(lab, a)]
+            if hits:
+                scores[kind].tp += 1
+                scores[kind].delays.append(min(a["first_step"] for a in hits) - lab["first_step"])
+            else:
+                scores[kind].fn += 1
+                misses.append(
+                    f"{res.name}: {lab['kind']}@{lab['first_step']} not detected as {kind}; got "
+                    f"{[(a['kind'], a['first_step']) for a in res.anomalies]}"
+                )
+        matched = {id(a) for lab in res.labels for a in res.anomalies if _hit(lab, a)}
+        for a in res.anomalies:
+            if id(a) in matched:
+                continue
+            if res.clean:
+                clean_alerts += 1
+                scores[a["kind"]].fp += 1
+                misses.append(f"{res.name}: false alarm {a['kind']}@{a['first_step']}: {a['message']}")
+            elif a["kind"] not in explained:
+                scores[a["kind"]].fp += 1
+                misses.append(f"{res.name}: unexpected {a['kind']}@{a['first_step']}: {a['message']}")
+    return scores, clean_alerts, misses
+
+
+def anchor_comparison(results: list[Result]) -> dict[str, float]:
+    """F1 of each anchor rule and of trainmon on the synthetic loss-spike scenarios (+ clean controls)."""
+    from monitor.detectors import anchors
+
+    pool = [r for r in results if r.source == "synthetic" and (r.clean or r.name.startswith("spike-"))]
+    out = {}
+    rules = {name: fn for name, fn in anchors.ANCHOR_RULES.items()}
+    for name, rule in rules.items():
+        sc = Score()
+        for res in pool:
+            flagged = sorted(rule(res.losses))
+            for lab in res.labels:
+                hit = [s for s in flagged if lab["first_step"] <= s <= lab["last_step"] + MAX_DELAY["loss_spike"]]
+                sc.tp += bool(hit)
+                sc.fn += not hit
+            window = [(lab["first_step"], lab["last_step"] + MAX_DELAY["loss_spike"]) for lab in res.labels]
+            sc.fp += len(_episodes([s for s in flagged if not any(a <= s <= b for a, b in window)]))
+        out[name] = sc.f1
+    sc = Score()
+    for res in pool:
+        for lab in res.labels:
+            hit = any(_hit(lab, a) for a in res.anomalies)
+            sc.tp += hit
+            sc.fn += not hit
+        sc.fp += sum(
+            1 for a in res.anomalies if a["kind"] == "loss_spike" and not any(_hit(lab, a) for lab in res.labels)
+        )
+    out["trainmon"] = sc.f1
+    return out
+
+
+def _episodes(steps: list[int]) -> list[int]:
+    """Consecutive flagged steps count as one alarm, as an anomaly would."""
+    return [s for i, s in enumerate(steps) if i == 0 or s != steps[i - 1] + 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few trainer faults and 10 traces per kind (< 1 min)")
+    parser.add_argument("--per-kind", type=int, default=None, help="synthetic traces per fault kind")
+    parser.add_argument("--no-trainer", action="store_true", help="synthetic traces only")
+    parser.add_argument("--verbose", action="store_true", help="list every miss and false alarm")
+    args = parser.parse_args()
+    per_kind = args.per_kind or (10 if args.quick else 100)
+    t0 = time.perf_counter()
+    traces = [*fault_traces(per_kind), *clean_controls(per_kind * 2)]
+    results = []
+    for trace in traces:
+        results.append(analyse_trace(trace))
+    print(f"synthetic: {len(traces)} traces analysed in {time.perf_counter() - t0:.1f}s")
+    if not args.no_trainer:
+        t1 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="trainmon-bench-") as tmp:
+            trainer = trainer_scenarios(args.quick, Path(tmp))
+        results.extend(trainer)
+        print(f"reference trainer: {len(trainer)} runs in {time.perf_counter() - t1:.1f}s")
+    scores, clean_alerts, misses = score(results)
+    print()
+    header = ("kind", "TP", "FN", "FP", "precision", "recall", "F1", "delay p50", "max")
+    print("{:22} {:>5} {:>5} {:>5} {:>9} {:>7} {:>6} {:>9} {:>5}".format(*header))
+    for kind in sorted(scores):
+        s = scores[kind]
+        p50 = statistics.median(s.delays) if s.delays else float("nan")
+        mx = max(s.delays) if s.delays else float("nan")
+        print(
+            f"{kind:22} {s.tp:5d} {s.fn:5d} {s.fp:5d} {s.precision:9.3f} {s.recall:7.3f} {s.f1:6.3f} {p50:9.1f} "
+            f"{mx:5.0f}"
+        )
+    anchor_f1 = {}
+    try:
+        anchor_f1 = anchor_comparison(results)
+        print("\nloss-spike scenarios, F1 by rule: " + ", ".join(f"{k} {v:.3f}" for k, v in anchor_f1.items()))
+    except ImportError as exc:
+        print(f"\nanchor rules unavailable: {exc}")
+    if args.verbose or len(misses) <= 20:
+        print("\n" + "\n".join(misses[:200]))
+    labelled = [s for s in scores.values() if s.tp + s.fn]
+    min_f1 = min((s.f1 for s in scores.values()), default=float("nan"))
+    max_delay = max((max(s.delays) for s in labelled if s.delays), default=0)
+    best_anchor = max((v for k, v in anchor_f1.items() if k != "trainmon"), default=float("nan"))
+    print(
+        f"\nmin_f1={min_f1:.3f} clean_alerts={clean_alerts} max_delay_steps={max_delay} "
+        f"spike_f1={anchor_f1.get('trainmon', float('nan')):.3f} best_anchor_spike_f1={best_anchor:.3f} "
+        f"scenarios={len(results)} seconds={time.perf_counter() - t0:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""Synthetic labelled training traces for the detection benchmark.
+
+Each trace is a list of wire-format event dicts (one run, one or more ranks) and a list of
+labels in the reference trainer's ``labels.json`` shape. The clean part of a trace is a
+plausible small-model run: loss decaying exponentially to a floor with multiplicative noise,
+a grad norm that settles after warmup, a declared LR schedule followed exactly, and a step
+time split into phases with jitter. Faults are layered on top with a chosen magnitude, so the
+benchmark can sweep from obvious to barely detectable. Clean controls carry the benign events
+detectors must not alarm on: warmup, epoch-boundary drops, eval and checkpoint windows, and a
+declared WSD decay (a large, deliberate LR change).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooks.schedules import Schedule
+
+__all__ = ["Trace", "clean_controls", "fault_traces"]
+
+
+@dataclass
+class Trace:
+    name: str
+    events: list[dict[str, Any]]
+    labels: list[dict[str, Any]] = field(default_factory=list)
+    clean: bool = False
+
+
+def _label(kind: str, first: int, last: int, expected: str, rank: int = 0) -> dict[str, Any]:
+    return {"kind": kind, "rank": rank, "first_step": first, "last_step": last, "expected_detection": expected}
+
+
+class _Run:
+    """One rank's clean trajectory, generated step by step so faults can bend it."""
+
+    def __init__(self, rng: random.Random, steps: int, schedule: Schedule, noise: float, vocab: int = 256) -> None:
+        self.rng = rng
+        self.steps = steps
+        self.schedule = schedule
+        self.noise = noise
+        self.l0 = math.log(vocab) * rng.uniform(0.98, 1.02)
+        self.floor = rng.uniform(1.2, 2.5)
+        self.tau = rng.uniform(steps / 8, steps / 3)
+        self.g_floor = rng.uniform(0.2, 1.0)
+        self.base_time = rng.uniform(0.05, 0.5)
+        self.vocab = vocab
+
+    def loss(self, t: int) -> float:
+        clean = self.floor + (self.l0 - self.floor) * math.exp(-t / self.tau)
+        return clean * math.exp(self.noise * self.rng.gauss(0, 1))
+
+    def grad_norm(self, t: int) -> float:
+        warm = max(1, self.schedule.warmup_steps)
+        level = self.g_floor * (1 + 4 * math.exp(-t / warm))
+        return level * math.exp(0.15 * self.rng.gauss(0, 1))
+
+    def phases(self) -> dict[str, float]:
+        b = self.base_time * math.exp(0.05 * self.rng.gauss(0, 1))
+        return {"data": 0.05 * b, "forward": 0.3 * b, "backward": 0.5 * b, "optimizer": 0.1 * b, "other": 0.05 * b}
+
+
+def _trace(
+    name: str,
+    seed: int,
+    steps: int = 600,
+    noise: float = 0.02,
+    schedule_name: str = "cosine",
+    ranks: int = 1,
+    edit: Any = None,
+    epoch: int = 0,
+    eval_every: int = 0,
+    ckpt_every: int = 0,
+) -> list[dict[str, Any]]:
+    """Events of a run; ``edit(rank, t, fields)`` may change a step's fields in place."""
+    rng = random.Random(seed)
+    schedule = Schedule(
+        schedule_name, peak_lr=rng.choice([3e-4, 1e-3, 6e-4]), total_steps=steps, warmup_steps=rng.choice([0, 20, 50])
+    )
+    runs = [_Run(random.Random(seed * 1000 + r), steps, schedule, noise) for r in range(ranks)]
+    t0 = 1.7e9 + seed * 1e5
+    events: list[dict[str, Any]] = []
+    seqs = [0] * ranks
+
+    def emit(rank: int, kind: str, time: float, fields: dict[str, Any]) -> None:
+        events.append(
+            {
+                "kind": kind,
+                "run": name,
+                "rank": rank,
+                "host": f"node{rank // 8}",
+                "stream": f"s{rank}",
+                "seq": seqs[rank],
+                "time": time,
+                "fields": fields,
+            }
+        )
+        seqs[rank] += 1
+
+    for r in range(ranks):
+        emit(
+            r,
+            "run_start",
+            t0,
+            {
+                "world_size": ranks,
+                "vocab_size": runs[r].vocab,
+                "planned_steps": steps,
+                "schedule": schedule.to_dict(),
+                "accum_steps": 1,
+                "global_batch_tokens": 4096 * ranks,
+                "framework": "synthetic",
+            },
+        )
+    clock = [t0] * ranks
+    for t in range(steps):
+        for r, run in enumerate(runs):
+            phases = run.phases()
+            loss = run.loss(t)
+            if epoch and t >= epoch:
+                loss *= 0.97 ** (t // epoch)  # memorisation drop at each epoch boundary: benign
+            if eval_every and t and t % eval_every == 0:
+                phases["eval"] = 3 * run.base_time
+            if ckpt_every and t and t % ckpt_every == 0:
+                phases["checkpoint"] = 5 * run.base_time
+            norm = run.grad_norm(t)
+            clip = min(1.0, 1.0 / (norm + 1e-6))
+            fields = {
+                "step": t,
+                "loss": loss,
+                "grad_norm": norm,
+                "grad_norm_clipped": norm * clip,
+                "clip_coef": clip,
+                "lr": [schedule.lr(t)],
+                "tokens": 4096,
+                "phases": phases,
+            }
+            if edit is not None:
+                edit(r, t, fields)
+            fields["step_time"] = sum(fields["phases"].values())
+            clock[r] += fields["step_time"]
+            emit(r, "step", clock[r], fields)
+            if eval_every and t and t % eval_every == 0 and r == 0:
+                emit(
+                    r,
+                    "eval",
+                    clock[r],
+                    {"step": t, "loss": run.floor + (run.l0 - run.floor) * math.exp(-t / run.tau) + 0.05},
+                )
+    for r in range(ranks):
+        emit(r, "run_end", clock[r], {"status": "finished", "step": steps - 1})
+    return events
+
+
+def clean_controls(n: int, seed: int = 0) -> list[Trace]:
+    """Runs with benign events only; every alert on them is a false alarm."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = i % 5
+        kw: dict[str, Any] = {"noise": rng.choice([0.005, 0.02, 0.05])}
+        if kind == 1:
+            kw["epoch"] = rng.choice([100, 150])
+        elif kind == 2:
+            kw.update(eval_every=50, ckpt_every=100)
+        elif kind == 3:
+            kw["schedule_name"] = "wsd"  # a deliberate, declared LR drop
+        elif kind == 4:
+            kw["schedule_name"] = rng.choice(["linear", "constant", "inverse_sqrt"])
+        name = f"clean-{i}"
+        out.append(Trace(name, _trace(name, seed * 10_000 + i, **kw), clean=True))
+    return out
+
+
+def fault_traces(n_per_kind: int, seed: int = 1) -> list[Trace]:
+    """Traces with one fault each, magnitudes swept from obvious to subtle."""
+    rng = random.Random(seed)
+    out: list[Trace] = []
+    for i in range(n_per_kind):
+        noise = rng.choice([0.005, 0.02, 0.05])
+        at = rng.randint(200, 450)
+        base = seed * 100_000 + i * 100
+
+        # loss spike: the loss jumps by a factor that is several noise widths, then recovers
+        mag = rng.choice([1.5, 2.0, 3.0, 5.0])
+        recover = rng.choice([1, 3, 10])
+
+        def spike(r: int, t: int, f: dict, at=at, mag=mag, recover=recover) -> None:
+            if at <= t < at + recover:
+                f["loss"] *= 1 + (mag - 1) * (1 - (t - at) / recover)
+
+        name = f"spike-{i}"
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 1, noise=noise, edit=spike),
+                [_label("loss_spike", at, at + recover - 1, "loss_spike")],
+            )
+        )
+
+        # grad explosion: the pre-clip norm jumps by 10-1000x for a few steps
+        gmag = rng.choice([10.0, 50.0, 1000.0])
+
+        def explode(r: int, t: int, f: dict, at=at, gmag=gmag) -> None:
+            if at <= t < at + 3:
+                f["grad_norm"] *= gmag
+                f["clip_coef"] = min(1.0, 1.0 / (f["grad_norm"] + 1e-6))
+                f["grad_norm_clipped"] = f["grad_norm"] * f["clip_coef"]
+
+        name = f"gradexp-{i}"
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 2, noise=noise, edit=explode),
+                [_label("grad_explosion", at, at + 2, "grad_explosion")],
+            )
+        )
+
+        # NaN: from one step on, loss and norm are NaN
+        def nan(r: int, t: int, f: dict, at=at) -> None:
+            if t >= at:
+                f["loss"] = f["grad_norm"] = f["grad_norm_clipped"] = math.nan
+
+        name = f"nan-{i}"
+        out.append(Trace(name, _trace(name, base + 3, noise=noise, edit=nan), [_label("nan", at, 599, "nan_inf")]))
+
+        # slow divergence: the loss climbs a few percent per 10 steps and never comes back
+        slope = rng.choice([0.002, 0.005, 0.01])
+
+        def diverge(r: int, t: int, f: dict, at=at, slope=slope) -> None:
+            if t >= at:
+                f["loss"] *= 1 + slope * (t - at)
+                f["grad_norm"] *= 1 + 2 * slope * (t - at)
+
+        name = f"diverge-{i}"
+        out.append(
+            Trace(
+                name, _trace(name, base + 4, noise=noise, edit=diverge), [_label("divergence", at, 599, "divergence")]
+            )
+        )
+
+        # throughput collapse: the data phase grows 2-10x the step and stays there
+        slow = rng.choice([1.0, 3.0, 10.0])
+
+        def stall(r: int, t: int, f: dict, at=at, slow=slow) -> None:
+            if at <= t < at + 60:
+                total = sum(f["phases"].values())
+                f["phases"]["data"] += slow * total
+
+        name = f"stall-{i}"
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 5, noise=noise, edit=stall),
+                [_label("data_stall", at, at + 59, "throughput_collapse")],
+            )
+        )
+
+        # LR frozen: the scheduler stops being stepped
+        def frozen(r: int, t: int, f: dict, at=at, box={}) -> None:  # noqa: B006 - per-trace closure state
+            if t == at - 1:
+                box["lr"] = f["lr"]
+            if t >= at:
+                f["lr"] = box["lr"]
+
+        name = f"lrfrozen-{i}"
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 6, noise=noise, edit=frozen),
+                [_label("lr_frozen", at, 599, "lr_schedule_drift")],
+            )
+        )
+    return out
