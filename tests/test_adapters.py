@@ -1,0 +1,357 @@
+"""The HF Trainer and Lightning adapters emit the same signal set as a plain loop.
+
+One tiny randomly initialised GPT-2 (no downloads), trained three ways for 12 optimizer steps
+with 2 micro-batches each, clipping at 1.0, evaluating and saving after steps 5 and 11: a plain
+loop instrumented through ``TrainMonitor``, a real ``transformers.Trainer`` with
+``hooks.hf.TrainmonCallback`` and a real ``lightning.Trainer`` with
+``hooks.lightning.TrainmonCallback``. The three JSONL streams must carry the same events with
+the same fields, and the HF stream's numbers must be the ones HF itself logged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hooks import TrainMonitor
+from hooks.fingerprint import compare_fingerprints, state_fingerprint
+from hooks.wire import validate_event
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it
+lightning = pytest.importorskip("lightning")
+
+STEPS, ACCUM, BATCH, SEQ, VOCAB, MAX_NORM = 12, 2, 4, 16, 64, 1.0
+SAVED = [5, 11]  # eval and checkpoint after these steps (every 6 optimizer steps)
+START_KEYS = {"config", "n_params", "world_size", "local_rank", "device", "planned_steps", "accum_steps"}
+START_KEYS |= {"vocab_size", "framework", "resumed"}
+STEP_KEYS = {"step", "loss", "grad_norm", "grad_norm_clipped", "clip_coef", "lr", "step_time", "phases"}
+STEP_KEYS |= {"micro_batches", "tokens", "samples", "skipped", "scheduler_steps"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # keep CPU use modest; other tests run alongside
+    yield
+    torch.set_num_threads(threads)
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fields(events: list[dict], kind: str) -> list[dict[str, Any]]:
+    return [e["fields"] for e in events if e["kind"] == kind]
+
+
+def _monitor_kwargs(path: Path) -> dict[str, Any]:
+    return {"collector": f"file://{path}", "health_interval": 0, "heartbeat_interval": 0, "spool_dir": path.parent}
+
+
+def _gpt2() -> Any:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _tokens(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+class _LMData(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int = 1) -> None:
+        self.x = _tokens(n, seed)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+# -- the three harnesses ----------------------------------------------------------------------
+
+
+def _plain(tmp_path: Path) -> Path:
+    path = tmp_path / "plain" / "events.jsonl"
+    path.parent.mkdir()
+    model = _gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / STEPS)
+    data, val = _tokens(STEPS * ACCUM * BATCH), _tokens(8, seed=2)
+    mon = TrainMonitor("plain", **_monitor_kwargs(path))
+    mon.watch(model, opt, sched)
+    mon.start(config={"lr": 1e-3}, planned_steps=STEPS, vocab_size=VOCAB, accum_steps=ACCUM, resumed=False)
+    for step in range(STEPS):
+        total = torch.zeros(())
+        for micro in range(ACCUM):
+            x = data[(step * ACCUM + micro) * BATCH :][:BATCH]
+            loss = model(input_ids=x, labels=x).loss / ACCUM
+            loss.backward()
+            total += loss.detach()
+        mon.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if step in SAVED:
+            with mon.phase("eval"), torch.no_grad():
+                val_loss = model(input_ids=val, labels=val).loss
+            with mon.phase("checkpoint"):
+                ckpt = tmp_path / "plain" / f"step{step}.pt"
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, ckpt)
+            mon.eval(step, float(val_loss))
+            mon.checkpoint(step, path=str(ckpt), fingerprint=state_fingerprint(next_step=step + 1, optimizer=opt))
+        mon.step_end(step, loss=total, tokens=x.numel() * ACCUM, samples=BATCH * ACCUM)
+    mon.close()
+    return path
+
+
+def _hf_args(out: Path, **overrides: Any) -> Any:
+    kw: dict[str, Any] = {
+        "max_steps": STEPS,
+        "per_device_train_batch_size": BATCH,
+        "per_device_eval_batch_size": 8,
+        "gradient_accumulation_steps": ACCUM,
+        "max_grad_norm": MAX_NORM,
+        "learning_rate": 1e-3,
+        "report_to": [],
+        "use_cpu": True,
+        "logging_steps": 1,
+        "eval_strategy": "steps",
+        "eval_steps": 6,
+        "save_steps": 6,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+    return transformers.TrainingArguments(output_dir=str(out), **{**kw, **overrides})
+
+
+def _hf(tmp_path: Path, *, resume: str | None = None, run: str = "hf") -> tuple[Path, Any]:
+    from hooks.hf import TrainmonCallback
+
+    path = tmp_path / run / "events.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    trainer = transformers.Trainer(
+        model=_gpt2(),
+        args=_hf_args(tmp_path / f"{run}-out"),
+        train_dataset=_LMData(STEPS * ACCUM * BATCH),
+        eval_dataset=_LMData(8, seed=2),
+        callbacks=[TrainmonCallback(run=run, **_monitor_kwargs(path))],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return path, trainer
+
+
+class _LitGPT(lightning.LightningModule):
+    def __init__(self, vocab_size: int = VOCAB) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = _gpt2()
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.model(input_ids=batch, labels=batch).loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", self.model(input_ids=batch, labels=batch).loss)
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / STEPS)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _lightning(tmp_path: Path, *, resume: str | None = None, run: str = "lit") -> Path:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hooks.lightning import TrainmonCallback
+
+    path = tmp_path / run / "events.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    trainer = lightning.Trainer(
+        max_steps=STEPS,
+        accumulate_grad_batches=ACCUM,
+        gradient_clip_val=MAX_NORM,
+        val_check_interval=6 * ACCUM,  # batches: after every 6 optimizer steps
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        accelerator="cpu",
+        default_root_dir=str(tmp_path / f"{run}-out"),
+        callbacks=[
+            TrainmonCallback(run=run, **_monitor_kwargs(path)),
+            ModelCheckpoint(dirpath=str(tmp_path / f"{run}-out" / "ckpt"), every_n_train_steps=6, save_top_k=-1),
+        ],
+    )
+    train = torch.utils.data.DataLoader(_tokens(STEPS * ACCUM * BATCH), batch_size=BATCH)
+    val = torch.utils.data.DataLoader(_tokens(8, seed=2), batch_size=8)
+    trainer.fit(_LitGPT(), train, val, ckpt_path=resume)
+    return path
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("adapters")
+    hf_path, trainer = _hf(tmp)
+    return {
+        "plain": _events(_plain(tmp)),
+        "hf": _events(hf_path),
+        "lightning": _events(_lightning(tmp)),
+        "hf_log": trainer.state.log_history,
+        "tmp": tmp,
+    }
+
+
+@pytest.mark.parametrize("name", ["plain", "hf", "lightning"])
+def test_each_stream_carries_the_full_signal_set(streams: dict[str, Any], name: str) -> None:
+    events = streams[name]
+    for e in events:
+        validate_event(e)  # the wire format is the contract
+    assert events[0]["kind"] == "run_start" and events[-1]["kind"] == "run_end"
+    start = events[0]["fields"]
+    assert start.keys() >= START_KEYS
+    assert start["framework"] == {"plain": "plain", "hf": "hf", "lightning": "lightning"}[name]
+    assert (start["planned_steps"], start["accum_steps"], start["world_size"]) == (STEPS, ACCUM, 1)
+    assert start["vocab_size"] == VOCAB and start["resumed"] is False
+    assert start["n_params"] == sum(p.numel() for p in _gpt2().parameters())
+
+    steps = _fields(events, "step")
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    for s in steps:
+        assert s.keys() >= STEP_KEYS, STEP_KEYS - s.keys()
+        assert s["micro_batches"] == ACCUM and s["scheduler_steps"] == 1 and s["skipped"] is False
+        assert s["tokens"] == ACCUM * BATCH * SEQ and s["samples"] == ACCUM * BATCH
+        assert {"forward", "backward", "optimizer"} <= s["phases"].keys()
+        assert all(s["phases"][p] > 0 for p in ("forward", "backward", "optimizer"))
+        # Equal up to the previous step_end's own duration (TrainMonitor starts the next step's data
+        # gap before that work, and its step clock after it): microseconds unless the host is busy.
+        assert sum(s["phases"].values()) == pytest.approx(s["step_time"], abs=0.05)
+        assert math.isfinite(s["loss"]) and 3.0 < s["loss"] < 5.0  # ≈ ln(64) = 4.16 at init
+        assert s["grad_norm_clipped"] <= MAX_NORM + 1e-6 and 0 < s["clip_coef"] <= 1.0
+        assert s["grad_norm_clipped"] == pytest.approx(min(s["grad_norm"], MAX_NORM), rel=1e-5)
+        assert s["grad_norm_clipped"] == pytest.approx(s["grad_norm"] * s["clip_coef"], rel=1e-6)
+    assert any(s["clip_coef"] < 1.0 for s in steps), "no step exercised clipping"
+    assert "layer_grad_norms" in steps[0] and "update_ratio" in steps[0]  # second level at step 0
+
+    assert [e["step"] for e in _fields(events, "eval")] == SAVED
+    assert all(3.0 < e["loss"] < 5.0 for e in _fields(events, "eval"))
+    checkpoints = _fields(events, "checkpoint")
+    assert [c["step"] for c in checkpoints] == SAVED
+    assert all(os.path.exists(c["path"]) and c["fingerprint"]["next_step"] == c["step"] + 1 for c in checkpoints)
+    assert events[-1]["fields"]["status"] == "finished" and events[-1]["fields"]["step"] == STEPS - 1
+
+
+def test_the_three_streams_have_the_same_fields(streams: dict[str, Any]) -> None:
+    def shape(events: list[dict]) -> dict[str, Any]:
+        return {
+            "kinds": sorted(e["kind"] for e in events if e["kind"] != "step"),
+            "run_start": set(events[0]["fields"]),
+            "steps": [set(s) for s in _fields(events, "step")],
+            "eval": [set(e) - {"metrics", "duration"} for e in _fields(events, "eval")],
+        }
+
+    plain = shape(streams["plain"])
+    assert shape(streams["hf"]) == plain
+    assert shape(streams["lightning"]) == plain
+
+
+def test_hf_numbers_are_the_ones_hf_logged(streams: dict[str, Any]) -> None:
+    steps = {s["step"]: s for s in _fields(streams["hf"], "step")}
+    logged = [h for h in streams["hf_log"] if "grad_norm" in h]
+    assert len(logged) == STEPS  # logging_steps=1
+    for h in logged:
+        s = steps[h["step"] - 1]  # HF logs after global_step += 1
+        assert s["grad_norm"] == h["grad_norm"]  # the very tensor HF clipped with: pre-clip norm
+        assert s["loss"] == pytest.approx(h["loss"], rel=1e-6)
+        if h["step"] >= 2:  # like a plain loop's, the step's LR is read after scheduler.step(): the next one's
+            assert steps[h["step"] - 2]["lr"][0] == pytest.approx(h["learning_rate"], rel=1e-9, abs=1e-15)
+    evals = [h for h in streams["hf_log"] if "eval_loss" in h]
+    assert [e["loss"] for e in _fields(streams["hf"], "eval")] == [h["eval_loss"] for h in evals]
+
+
+def test_resume_fingerprint_matches_the_checkpoint(streams: dict[str, Any]) -> None:
+    tmp = streams["tmp"]
+    checkpoint = _fields(streams["hf"], "checkpoint")[0]
+    path, _ = _hf(tmp, resume=checkpoint["path"], run="hf-resumed")
+    events = _events(path)
+    start = events[0]["fields"]
+    assert start["resumed"] is True and start["resume_path"] == checkpoint["path"]
+    resume = _fields(events, "resume")[0]
+    assert resume["step"] == checkpoint["step"] and resume["path"] == checkpoint["path"]
+    assert compare_fingerprints(checkpoint["fingerprint"], resume["fingerprint"]) == {}
+    assert [s["step"] for s in _fields(events, "step")] == list(range(checkpoint["step"] + 1, STEPS))
+
+    lit_checkpoint = _fields(streams["lightning"], "checkpoint")[0]
+    events = _events(_lightning(tmp, resume=lit_checkpoint["path"], run="lit-resumed"))
+    resume = _fields(events, "resume")[0]
+    assert events[0]["fields"]["resumed"] is True and resume["step"] == lit_checkpoint["step"]
+    assert compare_fingerprints(lit_checkpoint["fingerprint"], resume["fingerprint"]) == {}
+    assert [s["step"] for s in _fields(events, "step")] == list(range(lit_checkpoint["step"] + 1, STEPS))
+
+
+class _Boom(Exception):
+    pass
+
+
+def test_a_failing_run_ends_with_status_failed(tmp_path: Path) -> None:
+    from hooks.hf import TrainmonCallback as HFCallback
+    from hooks.lightning import TrainmonCallback as LitCallback
+
+    class Explode(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == 3:
+                raise _Boom("step 3")
+
+    hf_path = tmp_path / "hf.jsonl"
+    callback = HFCallback(run="hf-fail", **_monitor_kwargs(hf_path))
+    trainer = transformers.Trainer(
+        model=_gpt2(),
+        args=_hf_args(tmp_path / "hf-out", save_strategy="no", eval_strategy="no"),
+        train_dataset=_LMData(STEPS * ACCUM * BATCH),
+        callbacks=[callback, Explode()],
+    )
+    with pytest.raises(_Boom):
+        trainer.train()
+    assert "training_step" not in vars(trainer) or callback.monitor is not None
+    callback._close_at_exit()  # what the atexit hook does when train() raised
+    end = _events(hf_path)[-1]
+    assert end["kind"] == "run_end" and end["fields"]["status"] == "failed" and end["fields"]["step"] == 2
+    assert "training_step" not in vars(trainer)  # the trainer is left as it was
+
+    class Failing(_LitGPT):
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 6:
+                raise _Boom("batch 6")
+            return super().training_step(batch, batch_idx)
+
+    lit_path = tmp_path / "lit.jsonl"
+    module = Failing()
+    trainer = lightning.Trainer(
+        max_steps=STEPS,
+        accumulate_grad_batches=ACCUM,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        accelerator="cpu",
+        default_root_dir=str(tmp_path),
+        callbacks=[LitCallback(run="lit-fail", **_monitor_kwargs(lit_path))],
+    )
+    with pytest.raises(_Boom):
+        trainer.fit(module, torch.utils.data.DataLoader(_tokens(64), batch_size=BATCH))
+    end = _events(lit_path)[-1]
+    assert end["kind"] == "run_end" and end["fields"]["status"] == "failed" and "batch 6" in end["fields"]["error"]
+    assert [s["step"] for s in _fields(_events(lit_path), "step")] == [0, 1, 2]
+    assert "training_step" not in vars(module)  # the module is left as it was
