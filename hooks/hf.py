@@ -117,6 +117,8 @@ class TrainmonCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         model, optimizer, scheduler = kwargs.get("model"), kwargs.get("optimizer"), kwargs.get("lr_scheduler")
+        if self.monitor is not None:  # the previous train() raised (no on_train_end): end that run first
+            self._close("failed", "train() did not reach on_train_end")
         mon = TrainMonitor(self.run, self.collector, **self.monitor_kwargs)
         self.monitor = mon
         trainer, resume_path = _calling_trainer(self)
