@@ -24,8 +24,8 @@ that instance only, for the duration of ``train()``:
   clips exactly as torch does and keeps the pre-clip norm, post-clip norm and coefficient as
   tensors. The same tensor is returned to the Trainer, so the ``grad_norm`` it logs is the
   value trainmon sends. FSDP, DeepSpeed and XLA keep Accelerate's own path (their norms are
-  sharded or computed by the engine); the returned norm is then recorded only if the monitor
-  offers ``record_grad_norm``.
+  sharded or computed by the engine); the returned norm is recorded with
+  ``TrainMonitor.record_grad_norm``.
 - ``trainer.evaluate`` and ``trainer._save_checkpoint`` run inside ``phase("eval")`` /
   ``phase("checkpoint")``, so their time is labelled instead of landing in ``other``.
 
@@ -109,7 +109,6 @@ class TrainmonCallback(TrainerCallback):
         self._model: Any = None
         self._inner_optimizer: Any = None
         self._scheduler: Any = None
-        self._last_epoch: int | None = None
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -127,10 +126,7 @@ class TrainmonCallback(TrainerCallback):
         self._model, self._inner_optimizer, self._scheduler = model, inner, scheduler
         scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
         if model is not None:
-            # The scheduler is not given to watch(): it counts steps by replacing scheduler.step with
-            # a closure, which then sits in scheduler.__dict__ and breaks the Trainer's
-            # torch.save(lr_scheduler.state_dict()). scheduler_steps comes from last_epoch instead.
-            mon.watch(model, inner, scaler=scaler)
+            mon.watch(model, inner, scheduler, scaler=scaler)
         if trainer is not None:
             self._install(trainer, mon)
         if resume_path is None and isinstance(args.resume_from_checkpoint, str):
@@ -154,7 +150,6 @@ class TrainmonCallback(TrainerCallback):
         # fingerprint is taken at the first on_step_begin, once everything is restored.
         self._resume_pending = resume_path if resumed else None
         self._loss, self._tokens, self._samples = None, 0, 0
-        self._last_epoch = getattr(scheduler, "last_epoch", None)
         atexit.register(self._close_at_exit)
 
     def _install(self, trainer: Trainer, mon: TrainMonitor) -> None:
@@ -186,9 +181,8 @@ class TrainmonCallback(TrainerCallback):
                     accelerator.unscale_gradients()  # what Accelerate does before clipping (fp16)
                     return mon.clip_grad_norm_(params, max_norm, norm_type)
                 total = original_clip(params, max_norm, norm_type)
-                record = getattr(mon, "record_grad_norm", None)
-                if record is not None and isinstance(total, torch.Tensor):
-                    record(total, max_norm)
+                if isinstance(total, torch.Tensor):
+                    mon.record_grad_norm(total, max_norm)
                 return total
 
             self._patch(accelerator, "clip_grad_norm_", monitored_clip)
@@ -240,17 +234,11 @@ class TrainmonCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.monitor is None:
             return
-        fields: dict[str, Any] = {}
-        last_epoch = getattr(self._scheduler, "last_epoch", None)
-        if isinstance(last_epoch, int) and isinstance(self._last_epoch, int):
-            fields["scheduler_steps"] = last_epoch - self._last_epoch  # host ints: scheduler.step() calls
-            self._last_epoch = last_epoch
         self.monitor.step_end(
             state.global_step - 1,
             loss=self._loss,
             tokens=self._tokens or None,
             samples=self._samples or None,
-            **fields,
         )
         self._loss, self._tokens, self._samples = None, 0, 0
 

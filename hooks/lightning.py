@@ -144,7 +144,6 @@ class TrainmonCallback(pl.Callback):
         self._optimizer = trainer.optimizers[0] if trainer.optimizers else None
         configs = getattr(trainer, "lr_scheduler_configs", None) or []
         self._scheduler = configs[0].scheduler if configs else None
-        self._last_epoch = getattr(self._scheduler, "last_epoch", None)
         self._reset()
 
         stand_in = _TrainingStep(pl_module, pl_module.training_step, self._on_training_step)
@@ -158,11 +157,8 @@ class TrainmonCallback(pl.Callback):
         save = trainer.save_checkpoint
         self._patch(trainer, "save_checkpoint", self._timed_save(trainer, save))
 
-        # watch() gets no scheduler: it would count steps by replacing scheduler.step with a
-        # closure kept in scheduler.__dict__, which state_dict() then pickles into checkpoints.
-        # scheduler_steps is derived from last_epoch instead (a host int).
         scaler = getattr(precision, "scaler", None)
-        mon.watch(stand_in, self._optimizer, scaler=scaler)
+        mon.watch(stand_in, self._optimizer, self._scheduler, scaler=scaler)
 
         hparams = dict(getattr(pl_module, "hparams", {}) or {})
         resumed = trainer.ckpt_path is not None
@@ -282,18 +278,12 @@ class TrainmonCallback(pl.Callback):
         mon = self.monitor
         if mon is None or not self._stepped:
             return  # an accumulation micro-batch: the step continues
-        fields: dict[str, Any] = {}
-        last_epoch = getattr(self._scheduler, "last_epoch", None)
-        if isinstance(last_epoch, int) and isinstance(self._last_epoch, int):
-            fields["scheduler_steps"] = last_epoch - self._last_epoch
-            self._last_epoch = last_epoch
         loss = self._loss / self._micro if self._loss is not None and self._micro > 1 else self._loss
         mon.step_end(
             trainer.global_step - 1,
             loss=loss,
             tokens=self._tokens or None,
             samples=self._samples or None,
-            **fields,
         )
         self._reset()
 

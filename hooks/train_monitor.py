@@ -133,6 +133,8 @@ class TrainMonitor:
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: Any = None
+        self._scheduler: Any = None
+        self._scheduler_mark: int | None = None
         self._names: dict[int, str] = {}
         self._handles: list[Any] = []
         self._norm_history: collections.deque[float] = collections.deque(maxlen=50)
@@ -179,14 +181,10 @@ class TrainMonitor:
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_optimizer_start))
             self._handles.append(optimizer.register_step_post_hook(self._on_optimizer_end))
-        if scheduler is not None:
-            original = scheduler.step
-
-            def counted_step(*args: Any, **kwargs: Any) -> Any:
-                self._scheduler_steps += 1
-                return original(*args, **kwargs)
-
-            scheduler.step = counted_step
+        # The scheduler is read, not patched (a patched method would end up in its state_dict):
+        # last_epoch counts its steps, so the delta per optimizer step should be 1.
+        self._scheduler = scheduler
+        self._scheduler_mark = getattr(scheduler, "last_epoch", None)
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             self._install_comm_hook(model)
 
@@ -241,7 +239,6 @@ class TrainMonitor:
         self._explicit_data = False
         self._micro_batches = 0
         self._optimizer_steps = 0
-        self._scheduler_steps = 0
         self._clip: tuple[torch.Tensor, ...] | None = None
         self._update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._comm_end = 0.0
@@ -407,14 +404,27 @@ class TrainMonitor:
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
-        total = total.detach()
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params) if p.grad is not None]
-        self._clip = (total, total * coef, coef, torch.stack(per_param) if per_param else None, names)
+        self.record_grad_norm(total, max_norm, torch.stack(per_param) if per_param else None, names)
         self._gap_start = time.perf_counter()
         self._phases["optimizer"] = self._phases.get("optimizer", 0.0) + self._gap_start - t0
         self.overhead_s += self._gap_start - t1
         return total
+
+    def record_grad_norm(
+        self,
+        total: torch.Tensor,
+        max_norm: float,
+        per_param: torch.Tensor | None = None,
+        names: list[str] | None = None,
+    ) -> None:
+        """Record a clip that the framework did itself (FSDP, DeepSpeed): its total pre-clip norm.
+
+        The post-clip norm and coefficient are derived as torch derives them; values stay tensors.
+        """
+        total = total.detach()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        self._clip = (total, total * coef, coef, per_param, names or [])
 
     def step_end(
         self,
@@ -442,8 +452,10 @@ class TrainMonitor:
         if self._optimizer is not None:
             record["lr"] = [float(g["lr"]) for g in self._optimizer.param_groups]  # host floats
             record["skipped"] = self._optimizer_steps == 0
-        if self._scheduler_steps:
-            record["scheduler_steps"] = self._scheduler_steps
+        if self._scheduler_mark is not None:
+            now_epoch = self._scheduler.last_epoch
+            record["scheduler_steps"] = now_epoch - self._scheduler_mark
+            self._scheduler_mark = now_epoch
         if self._phases:
             record["phases"] = self._phases
         if self._clock.cuda:
@@ -473,7 +485,7 @@ class TrainMonitor:
         for ready in self._readback.submit(record, tensors, timings):
             self._finish(ready)
         self.overhead_s += time.perf_counter() - t0
-        self._step_start = time.perf_counter()
+        self._step_start = self._gap_start = time.perf_counter()  # the next step starts after ours
 
     def _finish(self, record: dict[str, Any]) -> None:
         """Host-side completion of a step record once its device values have arrived."""
