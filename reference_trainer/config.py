@@ -75,6 +75,8 @@ class TrainConfig:
         "simulate a crash: stop after this step without the final checkpoint (run_end status 'interrupted')",
         "run",
     )
+    heartbeat_interval: float = _opt(5.0, "seconds between heartbeat events (0: none)", "run")
+    health_interval: float = _opt(10.0, "seconds between node-health samples (0: none)", "run")
     # -- model -------------------------------------------------------------------------------
     n_layer: int = _opt(2, "transformer blocks", "model")
     n_head: int = _opt(2, "attention heads (must divide n_embd)", "model")
@@ -132,6 +134,8 @@ class TrainConfig:
         "device",
         "threads",
         "dist_timeout",
+        "heartbeat_interval",
+        "health_interval",
     )
 
     def to_dict(self) -> dict[str, Any]:

@@ -261,14 +261,12 @@ class FaultPlan:
 
     # -- per step ------------------------------------------------------------------------------
 
-    def before_step(self, step: int, model: torch.nn.Module, heartbeat: Callable[[], None]) -> None:
+    def before_step(self, step: int, model: torch.nn.Module) -> None:
         """Faults that strike between steps: hang, weight scaling, NaN, GC pressure, leaks."""
         if f := self.get("hang", step):
-            # The rank stops stepping but stays alive: heartbeats continue, steps do not.
-            deadline = time.monotonic() + float(f.params["seconds"])
-            while (left := deadline - time.monotonic()) > 0:
-                heartbeat()
-                time.sleep(min(1.0, left))
+            # The rank stops stepping but stays alive: TrainMonitor's heartbeat thread keeps
+            # beating, no step arrives. Bounded so that tests (and DDP peers) carry on.
+            time.sleep(float(f.params["seconds"]))
         if f := self.get("weight_scale", step):  # a one-step window: strikes once
             with torch.no_grad():
                 for p in model.parameters():

@@ -48,7 +48,8 @@ class EmulatedGradScaler:
         enabled: bool = True,
     ) -> None:
         self._enabled = enabled
-        self._scale = float(init_scale)
+        # A (CPU) tensor, like GradScaler's, so TrainMonitor can read it the same way.
+        self._scale = torch.tensor(float(init_scale))
         self._growth_factor = growth_factor
         self._backoff_factor = backoff_factor
         self._growth_interval = growth_interval
@@ -69,7 +70,7 @@ class EmulatedGradScaler:
         if grads:
             amax = torch.stack([g.detach().abs().max() for g in grads]).max()
             self._found_inf = not bool(amax <= FP16_MAX)  # CPU: a host read; NaN compares False
-            torch._foreach_mul_(grads, 1.0 / self._scale)
+            torch._foreach_mul_(grads, 1.0 / float(self._scale))
         self._unscaled = True
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -84,27 +85,27 @@ class EmulatedGradScaler:
         if not self._enabled:
             return
         if self._found_inf:
-            self._scale *= self._backoff_factor
+            self._scale = self._scale * self._backoff_factor
             self._growth_tracker = 0
         else:
             self._growth_tracker += 1
             if self._growth_tracker == self._growth_interval:
-                self._scale *= self._growth_factor
+                self._scale = self._scale * self._growth_factor
                 self._growth_tracker = 0
         self._unscaled = False
         self._found_inf = False
 
     def get_scale(self) -> float:
-        return self._scale if self._enabled else 1.0
+        return float(self._scale) if self._enabled else 1.0
 
     def state_dict(self) -> dict[str, Any]:
         if not self._enabled:
             return {}
-        return {"scale": self._scale, "growth_tracker": self._growth_tracker}
+        return {"scale": float(self._scale), "growth_tracker": self._growth_tracker}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
-            self._scale = float(state["scale"])
+            self._scale = torch.tensor(float(state["scale"]))
             self._growth_tracker = int(state["growth_tracker"])
 
 

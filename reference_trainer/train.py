@@ -5,8 +5,11 @@ One optimizer step (``step`` counts from 0 and uses the LR ``schedule.lr(step)``
 1. data: ``accum`` micro-batches, each fingerprinted on the CPU before it moves to the device;
 2. forward/backward per micro-batch (DDP all-reduces only on the last one, ``no_sync``);
 3. unscale (fp16), clip through ``TrainMonitor.clip_grad_norm_`` (records the norms), step;
-4. ``mon.step_end`` — before ``scheduler.step()``, so the recorded LR is the one this step used;
-5. scheduler step, then evaluation and checkpoint when due.
+4. ``scheduler.step()``, then ``mon.step_end`` with the LRs the step used;
+5. evaluation and checkpoint when due.
+
+``TrainMonitor.watch`` times forward, backward, optimizer and DDP communication through torch
+hooks; the loop itself only marks ``data``, ``eval`` and ``checkpoint``.
 
 Host-device sync points are marked ``# SYNC``; everything else stays asynchronous on a GPU.
 """
@@ -244,9 +247,25 @@ def train(cfg: TrainConfig) -> str:
     # -- the monitor -------------------------------------------------------------------------------
     ddp_model: torch.nn.Module = DDP(model) if d.ddp else model
     mon = TrainMonitor(
-        cfg.run, collector=event_target(cfg, d.rank, d.world_size), spool_dir=out / "spool" / f"rank{d.rank}"
+        cfg.run,
+        collector=event_target(cfg, d.rank, d.world_size),
+        spool_dir=out / "spool" / f"rank{d.rank}",
+        heartbeat_interval=cfg.heartbeat_interval,
+        health_interval=cfg.health_interval,
     )
-    mon.watch(model, optimizer)
+    # Hooks time forward/backward/optimizer (and DDP's exposed all-reduce as "comm"), count
+    # micro-batches and scheduler steps, notice skipped optimizer steps and read the loss scale.
+    # If DDP refuses trainmon's comm hook (a ValueError from its signature check), every other
+    # hook is already in place (the comm hook comes last): run on without a "comm" phase.
+    with contextlib.suppress(ValueError):
+        mon.watch(ddp_model, optimizer, scheduler, scaler if scaler.is_enabled() else None)
+    if faults.get("straggler") is not None:
+        # Registered after watch(): the sleep runs inside the timed forward of this rank.
+        def straggle(_module: torch.nn.Module, _args: Any) -> None:
+            if torch.is_grad_enabled() and (delay := faults.forward_delay(counters.step)):
+                time.sleep(delay / cfg.accum)
+
+        model.register_forward_pre_hook(straggle)
     mon.start(
         config={**cfg.to_dict(), "entropy_floor": source.entropy_floor},  # the best reachable loss, if known
         schedule=declared,
@@ -274,7 +293,9 @@ def train(cfg: TrainConfig) -> str:
                 shared_state = {
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
+                    # TrainMonitor.watch wraps scheduler.step in an instance attribute, which
+                    # LambdaLR.state_dict would pick up (and could not pickle): keep data only.
+                    "scheduler": {k: v for k, v in scheduler.state_dict().items() if not callable(v)},
                     "scaler": scaler.state_dict(),
                     "step": step,
                     "tokens": counters.tokens,
@@ -297,16 +318,13 @@ def train(cfg: TrainConfig) -> str:
             fp = fingerprint(step + 1)
         mon.checkpoint(step, path=str(path), duration=duration, bytes=nbytes, fingerprint=fp)
 
-    def heartbeat() -> None:
-        mon.emit("heartbeat", {"step": counters.step - 1 if counters.step > 0 else None})
-
     # -- the loop ----------------------------------------------------------------------------------
     status = "finished"
     try:
         model.train()
         while counters.step < cfg.steps:
             step = counters.step
-            faults.before_step(step, model, heartbeat)
+            faults.before_step(step, model)
             loss_sum = torch.zeros((), device=d.device)
             batches = []
             for micro in range(cfg.accum):
@@ -322,47 +340,41 @@ def train(cfg: TrainConfig) -> str:
                 # DDP all-reduces gradients only on the last micro-batch of the step.
                 sync = contextlib.nullcontext() if (last_micro or not d.ddp) else ddp_model.no_sync()
                 with sync:
-                    with mon.phase("forward"):
-                        if micro == 0 and (delay := faults.forward_delay(step)):
-                            time.sleep(delay)  # the straggler: this rank is slower to compute
-                        with autocast:
-                            _, loss = ddp_model(x, y)
-                        loss = loss * loss_mult
-                    with mon.phase("backward"):
-                        scaler.scale(loss / cfg.accum).backward()
+                    with autocast:
+                        _, loss = ddp_model(x, y)
+                    loss = loss * loss_mult
+                    scaler.scale(loss / cfg.accum).backward()
                 loss_sum += loss.detach()
                 if not last_micro and faults.scheduler_per_microbatch(step):
                     scheduler.step()  # the lr_per_microbatch bug
-            with mon.phase("optimizer"):
-                scaler.unscale_(optimizer)
-                max_norm = float("inf") if (cfg.grad_clip == 0 or faults.no_clip(step)) else cfg.grad_clip
-                mon.clip_grad_norm_(model.parameters(), max_norm)  # norms stay tensors: no sync
-                scheduled_lrs = [g["lr"] for g in optimizer.param_groups]
-                if (mult := faults.lr_multiplier(step)) != 1.0:
-                    for g in optimizer.param_groups:
-                        g["lr"] *= mult
-                loss_scale = scaler.get_scale() if precision == "fp16" else None  # SYNC on CUDA fp16
-                scaler.step(optimizer)  # SYNC on CUDA fp16: GradScaler reads its found-inf flag
-                scaler.update()
-                skipped = scaler.get_scale() < loss_scale if loss_scale is not None else None
-                optimizer.zero_grad(set_to_none=True)
+            scaler.unscale_(optimizer)  # fp16: true gradients before clipping
+            max_norm = float("inf") if (cfg.grad_clip == 0 or faults.no_clip(step)) else cfg.grad_clip
+            mon.clip_grad_norm_(model.parameters(), max_norm)  # norms stay tensors: no sync
+            scheduled_lrs = [g["lr"] for g in optimizer.param_groups]
+            if (mult := faults.lr_multiplier(step)) != 1.0:
+                for g in optimizer.param_groups:
+                    g["lr"] *= mult
+            used_lrs = [g["lr"] for g in optimizer.param_groups]
+            scaler.step(optimizer)  # SYNC on CUDA fp16: GradScaler reads its found-inf flag
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            for g, lr in zip(optimizer.param_groups, scheduled_lrs, strict=True):
+                g["lr"] = lr
+            if not faults.scheduler_frozen(step):  # the lr_frozen bug skips this
+                scheduler.step()
             counters.tokens += global_batch_tokens
             counters.samples += cfg.batch_size * cfg.accum * d.world_size
+            extra = {"mem_allocated_bytes": memory_bytes(d.device)} if d.device.type != "cuda" else {}
             mon.step_end(
                 step,
                 loss=loss_sum / cfg.accum,  # mean over micro-batches; read back without a sync
                 tokens=tokens_per_rank_step,
                 samples=cfg.batch_size * cfg.accum,
                 micro_batches=cfg.accum,
+                lr=used_lrs,  # the LRs this step used (the scheduler has already moved on)
                 batch_fingerprint=batch_fingerprint(*batches),
-                loss_scale=loss_scale,
-                skipped=skipped,
-                mem_allocated_bytes=memory_bytes(d.device),
+                **extra,
             )
-            for g, lr in zip(optimizer.param_groups, scheduled_lrs, strict=True):
-                g["lr"] = lr
-            if not faults.scheduler_frozen(step):  # the lr_frozen bug skips this
-                scheduler.step()
             counters.step = step + 1
 
             last = step == cfg.steps - 1
@@ -370,11 +382,8 @@ def train(cfg: TrainConfig) -> str:
                 with mon.phase("eval"):
                     val_loss = evaluate(model, loader, cfg.eval_batches, d, autocast)
                 mon.eval(step, val_loss)
-            if (
-                (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
-                or last
-                or faults.force_checkpoint(step)
-            ):
+            periodic = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+            if periodic or last or faults.force_checkpoint(step):
                 checkpoint(step)
             if cfg.stop_at is not None and step >= cfg.stop_at:
                 status = "interrupted"  # a simulated crash: no final checkpoint

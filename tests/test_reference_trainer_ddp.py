@@ -16,6 +16,8 @@ def test_two_rank_gloo_run(tmp_path):
         "4",
         "--eval-every",
         "4",
+        "--heartbeat-interval",
+        "0.5",
         "--inject",
         "straggler@2:ms=150,steps=2",
         "--inject",
