@@ -266,8 +266,11 @@ def train(cfg: TrainConfig) -> str:
                 time.sleep(delay / cfg.accum)
 
         model.register_forward_pre_hook(straggle)
+    run_config = cfg.to_dict()
+    if source.entropy_floor is not None:  # synthetic data: the best reachable loss is known
+        run_config["entropy_floor"] = source.entropy_floor
     mon.start(
-        config={**cfg.to_dict(), "entropy_floor": source.entropy_floor},  # the best reachable loss, if known
+        config=run_config,
         schedule=declared,
         planned_steps=cfg.steps,
         vocab_size=cfg.vocab_size,

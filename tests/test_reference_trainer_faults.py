@@ -98,6 +98,7 @@ def check_lr_per_microbatch(r: Run) -> None:
     for s in range(12):
         assert r.steps[s]["micro_batches"] == 4
         assert r.lr(s) == pytest.approx(d.lr(4 * s + 3))  # the trace runs 4x fast
+    assert all(r.steps[s]["scheduler_steps"] == 4 for s in range(12))  # TrainMonitor counts the calls
     assert r.lr(1) == pytest.approx(d.peak_lr)  # warmup over by step 1 instead of 8
     assert r.lr(1) > 3 * d.lr(1)
 
@@ -114,6 +115,7 @@ def check_lr_wrong_total(r: Run) -> None:
 
 def check_lr_frozen(r: Run) -> None:
     assert all(r.lr(s) == r.lr(5) for s in range(5, 15))
+    assert all(r.steps[s].get("scheduler_steps", 0) == 0 for s in range(5, 15))  # no scheduler.step() calls
     assert r.declared.lr(12) != pytest.approx(r.lr(12))
 
 
