@@ -12,7 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CollectorConfig", "ConfigError", "DetectorsConfig", "NanInfConfig", "load_config"]
+__all__ = [
+    "CollectorConfig",
+    "ConfigError",
+    "DetectorsConfig",
+    "HangConfig",
+    "MemoryLeakConfig",
+    "NanInfConfig",
+    "NodeHealthConfig",
+    "StragglerConfig",
+    "ThroughputCollapseConfig",
+    "load_config",
+]
 
 
 class ConfigError(ValueError):
@@ -50,6 +61,33 @@ class DivergenceConfig:
 class ThroughputCollapseConfig:
     """``throughput_collapse``: sustained tokens/s drop, naming the phase whose time grew."""
 
+    baseline_window: int = 100
+    """Steps in the baseline of seconds per token (taken before the recent window, failure-modes P3/P5)."""
+    min_baseline: int = 20
+    """Baseline steps needed before anything can fire (no verdict without a baseline)."""
+    warmup_steps: int = 5
+    """Steps ignored after each (re)start: first iterations are slow for benign reasons."""
+    window: int = 8
+    """Recent steps compared with the baseline; also bounds the detection delay."""
+    slowdown: float = 1.5
+    """Recent mean time per token over the baseline median that counts as a collapse (throughput -33%)."""
+    slow_step: float = 1.5
+    """A step slower than this multiple of the baseline median counts as a slow step."""
+    min_slow_steps: int = 2
+    """Slow steps the recent window must hold: one slow step is a blip, not a collapse."""
+    min_excess_seconds: float = 0.25
+    """Seconds the recent window must lose against the baseline (ignores millisecond jitter of tiny runs)."""
+    critical_slowdown: float = 4.0
+    """Slowdown (throughput under a quarter) at which the finding becomes critical."""
+    resolve_after: int = 10
+    """Consecutive normal steps after which the anomaly is resolved."""
+    checkpoint_ratio: float = 3.0
+    """A save slower than this multiple of the median of earlier saves is a stall (P5)..."""
+    checkpoint_fraction: float = 0.05
+    """...and it must also cost more than this share of the time since the previous save (P5)..."""
+    checkpoint_min_seconds: float = 0.5
+    """...and exceed the typical save by at least this many seconds (jitter of millisecond saves)."""
+
 
 @dataclass
 class LrScheduleDriftConfig:
@@ -65,20 +103,84 @@ class BadResumeConfig:
 class StragglerConfig:
     """``straggler``: one rank's step or compute time against the other ranks."""
 
+    window: int = 16
+    """Aligned steps over which a rank's ratio must hold (its median is used: sustained, P1)."""
+    min_ratio: float = 1.3
+    """Rank compute time over the median of the other ranks at the same steps that makes a straggler."""
+    resolve_ratio: float = 1.15
+    """The anomaly resolves when the rank's median ratio falls below this."""
+    max_pending: int = 128
+    """Steps kept while waiting for every rank to report them (bounded memory)."""
+
 
 @dataclass
 class HangConfig:
     """``hang``: no step (or no heartbeat) from a rank within a learnt timeout."""
+
+    timeout_factor: float = 20.0
+    """Timeout as a multiple of the rank's median step interval (P6 uses 5x, P3 10x; a margin for jitter)."""
+    pause_factor: float = 2.0
+    """...or this multiple of the longest checkpoint/eval pause seen, so routine saves do not fire."""
+    min_timeout: float = 5.0
+    """Floor of the timeout in seconds. P6 uses 120 s on large jobs; raise it there."""
+    first_step_timeout: float = 300.0
+    """Seconds allowed between run_start and the first step (imports, compilation, data loading)."""
+    dead_factor: float = 3.0
+    """No event at all for this multiple of the rank's heartbeat interval (and the timeout) means dead."""
+    history: int = 64
+    """Step intervals kept per rank to learn the timeout."""
 
 
 @dataclass
 class NodeHealthConfig:
     """``node_health``: NVML/psutil thresholds and counters."""
 
+    gpu_temp_warning_c: float = 85.0
+    """GPU temperature (C) worth acting on this shift (data-centre GPUs slow down near 87-90 C, P7)."""
+    gpu_temp_critical_c: float = 92.0
+    """GPU temperature (C) at which to page."""
+    throttle_mask: int = 0xE8
+    """NVML clock-event reasons that matter: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80."""
+    ecc_corrected_rise: int = 10
+    """Rise of corrected ECC errors within ``ecc_window`` samples that counts as rising (H1)."""
+    ecc_window: int = 60
+    """Health samples over which the corrected-ECC rise is measured."""
+    gpu_mem_fraction: float = 0.99
+    """GPU memory used over total at which the GPU is near full (allocator caches keep it above 90%)."""
+    host_mem_fraction: float = 0.95
+    """Host memory used over total that means memory pressure."""
+    host_mem_critical_fraction: float = 0.98
+    """Host memory used over total at which to page (the OOM killer is next)."""
+    rss_fraction: float = 0.9
+    """Process resident memory over host total that means the process is about to be OOM-killed."""
+    sustain: int = 2
+    """Consecutive samples a level condition must hold (one hot sample is noise); counters fire at once."""
+    resolve_after: int = 3
+    """Consecutive clean samples after which the anomaly is resolved."""
+
 
 @dataclass
 class MemoryLeakConfig:
     """``memory_leak``: memory rising across many steps."""
+
+    warmup_steps: int = 10
+    """Steps ignored at the start of each attempt (the caching allocator fills, buffers are created)."""
+    points: int = 64
+    """Samples kept; when full, every other one is dropped, so the window spans the whole run (P4)."""
+    min_points: int = 16
+    """Samples needed before judging a trend."""
+    min_growth_fraction: float = 0.05
+    """Growth over the window, as a share of its start, below which nothing fires."""
+    min_growth_bytes: int = 64 << 20
+    """Growth over the window in bytes below which nothing fires."""
+    horizon_hours: float = 6.0
+    """Fire when the trend reaches ``limit_fraction`` of the memory within this many hours (P4: 6 h)."""
+    critical_hours: float = 0.5
+    """Projected exhaustion sooner than this is critical."""
+    limit_fraction: float = 0.9
+    """Share of the device or host memory taken as the exhaustion point (P4: 90% of RAM)."""
+    big_growth_fraction: float = 1.0
+    """Growth over the window that fires even when the memory size is unknown (doubling)."""
 
 
 @dataclass

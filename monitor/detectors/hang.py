@@ -1,0 +1,227 @@
+"""``hang``: a rank stops finishing steps.
+
+Why the rule is what it is (``failure-modes.md`` P6, P3): a hung job does not fail, it goes
+quiet. NCCL hangs and deadlocks leave the process alive (the heartbeat thread keeps beating, GPUs
+may even spin at 100%) while the step counter stops; a dead process or node stops both. The
+detector learns each rank's step interval and fires when no step arrived within
+``max(timeout_factor x median interval, pause_factor x longest checkpoint/eval pause seen,
+min_timeout)`` (``first_step_timeout`` before the first step). It says "alive but stuck" when the
+rank's events still arrive, "dead" when nothing has arrived for ``dead_factor`` heartbeat
+intervals too.
+
+Silence is checked two ways, both deterministic: :meth:`tick` with the caller's clock (the live
+collector, every second; ``import_file``, at each imported batch), and on each event of a rank
+with that event's own time (a heartbeat at ``t`` while the last step is older than the timeout
+is proof of a stuck rank, whatever the arrival order of the other ranks). A rank that ended
+(``run_end``), or that has done its planned steps, or that stops together with a finished run,
+is not hung. Resolved when the rank's steps resume.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hooks.wire import Event
+from monitor.config import HangConfig
+from monitor.detectors.base import Detector, Finding
+from monitor.detectors.rolling import RollingWindow
+
+__all__ = ["Hang"]
+
+
+@dataclass
+class _Rank:
+    host: str = "?"
+    started: float = 0.0
+    last_step: int | None = None
+    last_step_time: float | None = None
+    last_event_time: float = 0.0
+    intervals: RollingWindow = field(default_factory=lambda: RollingWindow(64))
+    beats: RollingWindow = field(default_factory=lambda: RollingWindow(16))
+    last_beat: float | None = None
+    longest_pause: float = 0.0
+    ended: bool = False
+    open: str | None = None  # "stuck" or "dead" while an anomaly is open
+
+
+class Hang(Detector):
+    """No step from a rank within its learnt timeout; stuck (heartbeats) or dead (silence)."""
+
+    kind = "hang"
+    scope = "run"
+
+    def __init__(self, config: HangConfig) -> None:
+        self.config = config
+        self._ranks: dict[int, _Rank] = {}
+        self._planned: int | None = None
+        self._finished_step: int | None = None  # last step of a rank that finished normally
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        st = self._ranks.get(event.rank)
+        if event.kind == "run_start":
+            st = self._ranks[event.rank] = _Rank(
+                host=event.host,
+                started=event.time,
+                last_event_time=event.time,
+                intervals=RollingWindow(self.config.history),
+            )
+            self._planned = event.fields.get("planned_steps") or self._planned
+            self._finished_step = None
+            return []
+        if st is None:  # events of a rank whose run_start we did not see
+            st = self._ranks[event.rank] = _Rank(
+                host=event.host,
+                started=event.time,
+                last_event_time=event.time,
+                intervals=RollingWindow(self.config.history),
+            )
+        out: list[Finding] = []
+        t = event.time
+        if event.kind == "run_end":
+            st.ended = True
+            if event.fields.get("status") == "finished":
+                last = event.fields.get("step", st.last_step)
+                if last is not None:
+                    self._finished_step = max(self._finished_step or 0, last)
+            if st.open:
+                out.append(self._resolved(event.rank, st, st.last_step, "the rank ended"))
+            st.last_event_time = max(st.last_event_time, t)
+            return out
+        if event.kind in ("checkpoint", "eval") and (duration := event.fields.get("duration")):
+            st.longest_pause = max(st.longest_pause, float(duration))
+        if event.kind == "heartbeat":
+            if st.last_beat is not None and t > st.last_beat:
+                st.beats.add(t - st.last_beat)
+            st.last_beat = t
+        if event.kind == "step":
+            step = event.fields["step"]
+            if st.last_step_time is not None and t >= st.last_step_time:
+                gap = t - st.last_step_time
+                phases = event.fields.get("phases") or {}
+                pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0)
+                if pause > 0:
+                    st.longest_pause = max(st.longest_pause, gap)
+                else:
+                    st.intervals.add(gap)
+            if st.open:
+                gap = t - (st.last_step_time or st.started)
+                out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
+            st.last_step, st.last_step_time = step, t
+            st.ended = False
+        st.last_event_time = max(st.last_event_time, t)
+        if event.kind != "step":
+            # The rank's own clock: an event at t while its last step is older than the timeout.
+            out += self._check(event.rank, st, t, own_event=True)
+        return out
+
+    def tick(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for rank, st in self._ranks.items():
+            out += self._check(rank, st, now, own_event=False)
+        return out
+
+    # -- the rule ------------------------------------------------------------------------------
+
+    def timeout(self, st: _Rank) -> float:
+        """Seconds without a step after which the rank counts as hung."""
+        cfg = self.config
+        if st.last_step_time is None:
+            return cfg.first_step_timeout
+        median = st.intervals.median() if len(st.intervals) else 0.0
+        return max(cfg.timeout_factor * median, cfg.pause_factor * st.longest_pause, cfg.min_timeout)
+
+    def _done(self, st: _Rank) -> bool:
+        if st.ended:
+            return True
+        if st.last_step is not None and self._planned is not None and st.last_step >= self._planned - 1:
+            return True  # trained its planned steps: final eval/save, then exit
+        return self._finished_step is not None and st.last_step is not None and st.last_step >= self._finished_step
+
+    def _check(self, rank: int, st: _Rank, now: float, own_event: bool) -> list[Finding]:
+        if self._done(st):
+            return []
+        since = st.last_step_time if st.last_step_time is not None else st.started
+        silent = now - since
+        limit = self.timeout(st)
+        if silent < limit:
+            return []
+        beat = st.beats.median() if len(st.beats) else self.config.min_timeout
+        quiet = now - st.last_event_time
+        dead = not own_event and quiet >= max(self.config.dead_factor * beat, limit)
+        state = "dead" if dead else "stuck"
+        if st.open == state or (st.open == "stuck" and own_event):
+            return []
+        if st.open == "dead" and state == "stuck" and quiet > 0:
+            return []  # no new event since it was declared dead
+        st.open = state
+        return [self._finding(rank, st, silent, limit, quiet, state)]
+
+    def _others(self, rank: int) -> str:
+        parts = [
+            f"rank {r}: step {o.last_step}" + (" (ended)" if o.ended else "")
+            for r, o in sorted(self._ranks.items())
+            if r != rank
+        ][:8]
+        return "; ".join(parts)
+
+    def _finding(self, rank: int, st: _Rank, silent: float, limit: float, quiet: float, state: str) -> Finding:
+        stuck_at = (st.last_step + 1) if st.last_step is not None else 0
+        others = self._others(rank)
+        if state == "stuck":
+            msg = (
+                f"rank {rank} on {st.host} finished no step for {silent:.1f} s (timeout {limit:.1f} s) "
+                f"but is alive (last event {quiet:.1f} s ago); stuck in step {stuck_at}"
+            )
+            hint = (
+                "Alive but stuck: a collective that never completes (NCCL hang, a rank that skipped or "
+                "reordered a collective), a deadlock, or a hung dataloader. Dump the stacks with "
+                f"`py-spy dump --pid <pid>` on {st.host} (and the NCCL flight recorder, "
+                "TORCH_NCCL_TRACE_BUFFER_SIZE), and compare the other ranks' last step"
+                + (f" ({others})" if others else "")
+                + "; set NCCL_ASYNC_ERROR_HANDLING=1 / a process-group timeout so a hang fails fast."
+            )
+        else:
+            msg = (
+                f"rank {rank} on {st.host} sent nothing for {quiet:.1f} s, no step for {silent:.1f} s "
+                f"(timeout {limit:.1f} s): the process or its node looks dead"
+            )
+            hint = (
+                f"No heartbeat either: the process or node {st.host} died (OOM kill, segfault, Xid "
+                "error, node failure) or lost the network. Check the job scheduler, `dmesg` / the kernel "
+                "log for the OOM killer and Xid errors on that node, and node_health"
+                + (f"; the other ranks: {others}" if others else "")
+                + ". Restart from the last checkpoint without that node."
+            )
+        return Finding(
+            kind=self.kind,
+            severity="critical",
+            step=stuck_at,
+            message=msg,
+            hint=hint,
+            evidence={
+                "state": state,
+                "rank": rank,
+                "host": st.host,
+                "last_step": st.last_step,
+                "seconds_without_step": round(silent, 2),
+                "seconds_without_event": round(quiet, 2),
+                "timeout_s": round(limit, 2) if math.isfinite(limit) else str(limit),
+            },
+            rank=rank,
+        )
+
+    def _resolved(self, rank: int, st: _Rank, step: int | None, why: str) -> Finding:
+        st.open = None
+        return Finding(
+            kind=self.kind,
+            severity="info",
+            step=step,
+            message=f"rank {rank} no longer hung: {why}",
+            hint="If it recurs, compare the stacks of the ranks during the stall (py-spy dump).",
+            evidence={"rank": rank, "last_step": step},
+            resolved=True,
+            rank=rank,
+        )
