@@ -1,0 +1,192 @@
+"""``init_loss``: the first losses against ln(vocab), and a loss under any plausible floor.
+
+Why the rule is what it is (failure-modes.md C1, C2, C3):
+
+* A freshly initialised LM predicts roughly uniformly, so its first cross-entropy is ≈ ln V.
+  ``|loss0 − ln V| > 0.5`` nats on a fresh run (``run_start.resumed`` false) means bad init or
+  logit scale (≫), a loss summed over grad-accumulation micro-batches (loss0 / ln V ≈ accum,
+  C3), or leakage / pretrained weights (≪). The first ``first_steps`` losses must all be past
+  the tolerance on the same side, so one noisy first batch does not fire it.
+* Labels not shifted (C2): the model learns to copy its input and the loss falls below the
+  data's entropy floor (**sim**: 0.21 at step 50 vs a floor of 1.61). When ``run_start`` declares
+  the floor (``config.entropy_floor``, the reference trainer does) a loss under
+  ``floor_fraction`` × floor is impossible; otherwise a pretraining loss under ``leak_loss``
+  nats early in the run is. Either is critical, after ``leak_consecutive`` steps in a row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hooks.wire import Event
+from monitor.config import InitLossConfig
+from monitor.detectors.base import Detector, Finding
+
+__all__ = ["InitLoss"]
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class InitLoss(Detector):
+    """Initial-loss sanity (warning) and label-leakage floor (critical)."""
+
+    kind = "init_loss"
+
+    def __init__(self, config: InitLossConfig) -> None:
+        self.config = config
+        self._ln_v: float | None = None
+        self._accum = 1
+        self._fresh = False
+        self._first: list[tuple[int, float]] = []
+        self._open: str | None = None  # "high", "low" or "leak"
+        self._floor: float | None = None
+        self._under = 0
+        self._leak_done = False
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        f = event.fields
+        if event.kind == "run_start":
+            v = f.get("vocab_size")
+            self._ln_v = math.log(v) if isinstance(v, int) and v > 1 else None
+            acc = f.get("accum_steps")
+            self._accum = acc if isinstance(acc, int) and acc > 0 else 1
+            self._fresh = not f.get("resumed", False) and attempt == 0
+            self._first = []
+            cfg = f.get("config")
+            floor = cfg.get("entropy_floor") if isinstance(cfg, dict) else None
+            self._floor = floor if _finite(floor) and floor > 0 else None
+            return []
+        if event.kind != "step":
+            return []
+        loss = f.get("loss")
+        if not _finite(loss):
+            return []
+        step = f["step"]
+        out: list[Finding] = []
+        if self._fresh and self._ln_v is not None:
+            out.extend(self._initial(step, loss))
+        out.extend(self._leak(step, loss))
+        return out
+
+    # -- loss0 against ln V -----------------------------------------------------------------
+
+    def _initial(self, step: int, loss: float) -> list[Finding]:
+        cfg = self.config
+        ln_v = self._ln_v
+        assert ln_v is not None
+        if self._open in ("high", "low"):
+            if self._open == "high" and loss <= ln_v + cfg.tolerance:
+                self._open = None
+                self._fresh = False
+                return [
+                    Finding(
+                        kind=self.kind,
+                        severity="info",
+                        step=step,
+                        message=f"loss {loss:.4g} back under ln V + {cfg.tolerance} = {ln_v + cfg.tolerance:.4g}",
+                        hint="The initial excess has been trained away; the init or scaling issue may still cost "
+                        "early progress.",
+                        evidence={"loss": loss, "ln_vocab": round(ln_v, 4)},
+                        resolved=True,
+                    )
+                ]
+            return []
+        self._first.append((step, loss))
+        if len(self._first) < cfg.first_steps:
+            return []
+        self._fresh = False  # decided once
+        losses = [v for _, v in self._first]
+        loss0 = losses[0]
+        if all(v > ln_v + cfg.tolerance for v in losses):
+            side = "high"
+        elif all(v < ln_v - cfg.tolerance for v in losses):
+            side = "low"
+        else:
+            return []
+        self._open = side
+        ratio = loss0 / ln_v
+        evidence = {
+            "loss0": loss0,
+            "first_losses": [round(v, 4) for v in losses],
+            "ln_vocab": round(ln_v, 4),
+            "ratio": round(ratio, 3),
+            "accum_steps": self._accum,
+        }
+        if side == "high":
+            if self._accum > 1 and abs(ratio / self._accum - 1) <= cfg.accum_match:
+                hint = (
+                    f"loss0 / ln V = {ratio:.2f} ≈ accum_steps = {self._accum}: the loss is summed over "
+                    "grad-accumulation micro-batches instead of averaged (divide by accum, or normalise by the "
+                    "token count of the whole step)."
+                )
+            else:
+                hint = (
+                    f"loss0 / ln V = {ratio:.2f} (accum_steps = {self._accum}): the model is confidently wrong at "
+                    "init: check the init std and the output-head / logit scale (tied embeddings scaled up, a "
+                    "missing 1/sqrt(d) or muP multiplier), and whether the loss is summed rather than averaged."
+                )
+        else:
+            hint = (
+                f"loss0 / ln V = {ratio:.2f}: lower than a fresh model can reach. If the run starts from pretrained "
+                "weights this is expected; otherwise suspect label leakage (labels not shifted, the target visible "
+                "in the input) or a loss that ignores most tokens."
+            )
+        word = "above" if side == "high" else "below"
+        return [
+            Finding(
+                kind=self.kind,
+                severity="warning",
+                step=self._first[0][0],
+                message=(
+                    f"initial loss {loss0:.4g} is {abs(loss0 - ln_v):.2f} nats {word} ln(vocab) = {ln_v:.4g} "
+                    f"(first {len(losses)} losses all {word})"
+                ),
+                hint=hint,
+                evidence=evidence,
+            )
+        ]
+
+    # -- labels not shifted --------------------------------------------------------------------
+
+    def _leak(self, step: int, loss: float) -> list[Finding]:
+        cfg = self.config
+        if self._leak_done or step >= cfg.early_steps:
+            return []
+        limit = cfg.leak_loss
+        why = f"{cfg.leak_loss} nats"
+        if self._floor is not None and cfg.floor_fraction * self._floor > limit:
+            limit = cfg.floor_fraction * self._floor
+            why = f"{cfg.floor_fraction:.0%} of the declared data-entropy floor {self._floor:.4g}"
+        if loss >= limit:
+            self._under = 0
+            return []
+        self._under += 1
+        if self._under < cfg.leak_consecutive:
+            return []
+        self._leak_done = True
+        self._open = "leak"
+        return [
+            Finding(
+                kind=self.kind,
+                severity="critical",
+                step=step,
+                message=(
+                    f"loss {loss:.4g} at step {step} is below {why} for {self._under} steps: lower than the data "
+                    "allows"
+                ),
+                hint=(
+                    "Labels not shifted / leakage: the model is predicting tokens it can see. Check that targets "
+                    "are inputs shifted by one (y = x[1:], not y = x), the causal attention mask, and that the "
+                    "eval loss (shifted labels) is not rising while train loss falls."
+                ),
+                evidence={
+                    "loss": loss,
+                    "limit": round(limit, 6),
+                    "entropy_floor": self._floor,
+                    "steps_under": self._under,
+                },
+            )
+        ]
