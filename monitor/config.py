@@ -16,7 +16,13 @@ __all__ = [
     "CollectorConfig",
     "ConfigError",
     "DetectorsConfig",
+    "DivergenceConfig",
+    "EvalRegressionConfig",
+    "GradExplosionConfig",
     "HangConfig",
+    "InitLossConfig",
+    "LossScaleCollapseConfig",
+    "LossSpikeConfig",
     "MemoryLeakConfig",
     "NanInfConfig",
     "NodeHealthConfig",
@@ -46,15 +52,85 @@ class NanInfConfig:
 class LossSpikeConfig:
     """``loss_spike``: robust deviation of the loss from its recent trend; recoverable or not."""
 
+    window: int = 64
+    """Accepted (non-spike) losses that form the baseline: their median is the level."""
+    min_history: int = 16
+    """Accepted losses needed before the rule can fire (no baseline in the first steps)."""
+    z: float = 8.0
+    """A loss more than this many robust σ above the baseline median is a spike. σ comes from
+    the MAD of step-to-step differences, so a trend does not inflate it and earlier spikes
+    (never admitted to the window) do not either."""
+    min_rel: float = 0.1
+    """...and at least this fraction of the baseline above it (ignores tiny-but-many-σ blips)."""
+    min_abs: float = 0.05
+    """...and at least this many nats above it."""
+    recover_steps: int = 20
+    """A spike whose loss is back within the band within this many steps is recoverable;
+    otherwise the anomaly escalates to critical with a rollback hint."""
+    recover_z: float = 4.0
+    """The band a recovered loss must be back in, in robust σ above the baseline median."""
+    skip_back: int = 2
+    """Batches before the spike step to suggest skipping, [X - skip_back, X]."""
+    precursor_steps: int = 3
+    """Steps before the spike inspected for a grad-norm rise (BLOOM ordering)."""
+    precursor_ratio: float = 2.0
+    """A grad norm this many times its baseline median in those steps means it rose first."""
+
 
 @dataclass
 class GradExplosionConfig:
     """``grad_explosion``: pre-clip grad-norm spike or a rising clip rate."""
 
+    window: int = 64
+    """Accepted (non-spike) log grad norms forming the baseline."""
+    min_history: int = 16
+    """Accepted grad norms needed before the spike rule can fire."""
+    z: float = 8.0
+    """A log grad norm more than this many robust σ (MAD of differences) above the median fires."""
+    min_ratio: float = 3.0
+    """...and at least this many times the baseline median norm (noise on a flat norm is tiny in σ)."""
+    critical_ratio: float = 100.0
+    """A norm this many times the baseline is critical (BLOOM's spike went 0.17 → 960)."""
+    resolve_after: int = 5
+    """Consecutive in-band steps after which the anomaly resolves."""
+    clip_recent: int = 50
+    """Steps in the recent clip-rate window."""
+    clip_baseline: int = 200
+    """Steps before the recent window that form the clip-rate baseline."""
+    clip_rise: float = 0.4
+    """The recent clip rate must exceed the baseline rate by this much ..."""
+    clip_min_rate: float = 0.6
+    """... and be at least this high, to report a rising clip rate."""
+
 
 @dataclass
 class DivergenceConfig:
     """``divergence``: loss trending up over many steps."""
+
+    window: int = 20
+    """Short slope window (steps): catches a fast ramp."""
+    long_window: int = 200
+    """Long slope window (steps): catches a slow creep of a fraction of a percent per step."""
+    median_of: int = 5
+    """Width of the running median that removes single spikes before smoothing."""
+    ema_alpha: float = 0.3
+    """Smoothing of the median-filtered loss (robust EMA)."""
+    min_steps: int = 30
+    """Never fire before this step, nor before the declared warmup ends."""
+    min_rise_rel: float = 0.15
+    """Over the short window the smoothed loss must rise by at least this fraction ..."""
+    long_min_rise_rel: float = 0.1
+    """... or over the long window by at least this fraction ..."""
+    min_rise_sigma: float = 4.0
+    """... and by this many robust σ of the filtered step-to-step noise ..."""
+    up_fraction: float = 0.8
+    """... with this share of lagged pairs (value half a window later vs now) going up (a trend) ..."""
+    max_jump_share: float = 0.5
+    """... no single filtered increment carrying more than this share of the rise (a jump is a spike) ..."""
+    above_min_rel: float = 0.1
+    """... and the smoothed loss this fraction above its running minimum."""
+    critical_rel: float = 1.0
+    """Escalate to critical once the smoothed loss is this fraction above its minimum."""
 
 
 @dataclass
@@ -187,15 +263,62 @@ class MemoryLeakConfig:
 class InitLossConfig:
     """``init_loss``: first loss against ln(vocab)."""
 
+    tolerance: float = 0.5
+    """|loss0 - ln V| above this many nats is a warning (a fresh model predicts ~uniformly)."""
+    first_steps: int = 3
+    """The first this-many losses must all be past the tolerance on the same side (one noisy
+    first batch is not a bad init)."""
+    accum_match: float = 0.2
+    """loss0 / ln V within this relative distance of accum_steps points to a summed GA loss."""
+    leak_loss: float = 0.1
+    """A pretraining loss below this many nats early in the run means the labels leak."""
+    floor_fraction: float = 0.85
+    """A loss below this fraction of the declared data-entropy floor (run_start config
+    ``entropy_floor``) is impossible without leakage."""
+    early_steps: int = 2000
+    """The leakage rule watches steps before this."""
+    leak_consecutive: int = 3
+    """Consecutive steps under the floor needed (one lucky batch is not a leak)."""
+
 
 @dataclass
 class LossScaleCollapseConfig:
     """``loss_scale_collapse``: fp16 loss scale falling repeatedly."""
 
+    window: int = 100
+    """Steps over which halvings and skips are counted."""
+    halvings: int = 3
+    """This many scale decreases within the window is a warning."""
+    consecutive_skips: int = 5
+    """This many skipped steps in a row is critical."""
+    max_skip_rate: float = 0.05
+    """A skip rate above this over a full window is a warning."""
+    min_scale: float = 1.0
+    """A scale below this is critical: fp16 gradients are underflowing."""
+    resolve_after: int = 100
+    """Steps with no decrease (and the scale above min_scale) after which it resolves."""
+
 
 @dataclass
 class EvalRegressionConfig:
     """``eval_regression``: validation loss rising, or jumping after a resume."""
+
+    rising_evals: int = 2
+    """Consecutive eval-loss increases needed (three evals in a row going up)."""
+    min_rise_rel: float = 0.01
+    """Total rise over those evals, as a fraction of the first, to be beyond eval noise ..."""
+    min_rise_abs: float = 0.02
+    """... and in nats."""
+    above_best_rel: float = 0.05
+    """The latest eval must also be this fraction above the best eval seen."""
+    train_window: int = 20
+    """Train losses whose median is the train level at each eval."""
+    resume_jump_rel: float = 0.1
+    """First eval after a resume this fraction above the last one before it is a jump ..."""
+    resume_jump_abs: float = 0.05
+    """... and in nats."""
+    history: int = 16
+    """Evals remembered."""
 
 
 @dataclass

@@ -1,7 +1,13 @@
 """Detectors, one module each, behind the small interface in ``base``."""
 
 from monitor.detectors.base import SEVERITIES, Detector, Finding
+from monitor.detectors.divergence import Divergence
+from monitor.detectors.eval_regression import EvalRegression
+from monitor.detectors.grad_explosion import GradExplosion
 from monitor.detectors.hang import Hang
+from monitor.detectors.init_loss import InitLoss
+from monitor.detectors.loss_scale_collapse import LossScaleCollapse
+from monitor.detectors.loss_spike import LossSpike
 from monitor.detectors.memory_leak import MemoryLeak
 from monitor.detectors.nan_inf import NanInf
 from monitor.detectors.node_health import NodeHealth
@@ -12,8 +18,14 @@ __all__ = [
     "ALL_DETECTORS",
     "SEVERITIES",
     "Detector",
+    "Divergence",
+    "EvalRegression",
     "Finding",
+    "GradExplosion",
     "Hang",
+    "InitLoss",
+    "LossScaleCollapse",
+    "LossSpike",
     "MemoryLeak",
     "NanInf",
     "NodeHealth",
@@ -28,4 +40,10 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     Hang,
     NodeHealth,
     MemoryLeak,
+    Divergence,
+    EvalRegression,
+    GradExplosion,
+    InitLoss,
+    LossScaleCollapse,
+    LossSpike,
 )

@@ -1,0 +1,527 @@
+"""``lr_schedule_drift``: the LR each param group actually used, against the schedule it should follow.
+
+Why the rule is what it is (``/work/shared/research/failure-modes.md``, rows R1, L1, L2, L3):
+scheduler bugs barely move the loss of a small model (the resume simulation saw +0.014 for a
+restarted warmup), but they are exact in the LR trace. So the check is on the LR itself:
+
+* With a schedule declared in ``run_start`` (``hooks.schedules``), every step's LR of group 0
+  must equal ``schedule.lr(step)`` and every other group must keep the ratio to group 0 it
+  started with; more than 1% off for 2 consecutive steps fires (the R1/L3 rule). When it
+  fires, a few hypotheses are tried against the recent trace to name the bug: the scheduler
+  stepped ``accum`` (or ``world_size``) times per step (L1), restarted at the resume step (R1),
+  frozen (R1, and the ``lr_frozen`` fault), sized for a different total (L2, with an estimate
+  of the total it was built for), shifted by a few steps (L3, pytorch#60265), a constant
+  factor (an LR override), or one param group diverging from the others (L3).
+* The hooks also count ``scheduler.step()`` calls per optimizer step: more than one for 2
+  steps is L1 directly, even where the LR curve is flat and the bug does not show yet.
+* With no declared schedule, the schedule is inferred from the first logged steps, and only
+  what every standard schedule (constant, warmup then constant/cosine/linear/wsd/inverse-sqrt)
+  obeys is checked: after the peak the LR never rises again (a rise is a restarted warmup or a
+  reset), and, when the planned length is known, an LR that stops changing in the middle of a
+  decay for ``frozen_steps`` steps is frozen. Inferred checks say so in their evidence. Real
+  logs (``/work/shared/real-logs``) show no LR rise after the peak in any clean run.
+
+Deliberate LR changes that are part of the declared schedule (warmup, WSD decay, floors) are
+the schedule, so they never fire. Skipped fp16 steps that also skip the scheduler (the HF
+behaviour) are tolerated: the LR may lag the schedule by the number of skipped steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hooks.schedules import Schedule
+from hooks.wire import Event
+from monitor.config import LrScheduleDriftConfig
+from monitor.detectors.base import Detector, Finding
+
+__all__ = ["LrScheduleDrift"]
+
+_SAME = 1e-9  # relative difference below which two logged LRs are the same value
+
+
+def _rel(actual: float, expected: float, floor: float) -> float:
+    return abs(actual - expected) / max(abs(expected), floor)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+class LrScheduleDrift(Detector):
+    """Compares each step's LR per param group with the declared (or inferred) schedule."""
+
+    kind = "lr_schedule_drift"
+
+    def __init__(self, config: LrScheduleDriftConfig) -> None:
+        self.config = config
+        self._schedule: Schedule | None = None
+        self._accum = 1
+        self._world = 1
+        self._planned: int | None = None
+        self._ratios: list[float] | None = None
+        self._recent: collections.deque[tuple[int, tuple[float, ...]]] = collections.deque(maxlen=config.history)
+        self._bad = 0
+        self._good = 0
+        self._open = False
+        self._open_diag: str | None = None
+        self._skipped = 0
+        self._attempt_first: int | None = None  # first step of the latest resumed attempt
+        self._awaiting_first = False
+        self._resume_next: int | None = None  # checkpoint step + 1 of the latest resume
+        self._first_seen: int | None = None  # the first step logged after it
+        self._resumed = False
+        self._multi = 0  # consecutive steps with scheduler_steps > 1
+        self._sched_steps: int | None = None
+        # inferred mode
+        self._n = 0
+        self._prev: float | None = None
+        self._peak_done = False
+        self._equal_run = 0
+        self._floor: float | None = None  # lowest LR since the peak
+        self._decreases = 0  # consecutive decreasing points
+        self._decaying = False  # a decay was under way when the LR last changed
+        self._flat_since: int | None = None
+        self._peak = 0.0
+
+    # -- events ------------------------------------------------------------------------------
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        if event.kind == "run_start":
+            self._start(event.fields)
+            return []
+        if event.kind == "resume":
+            self._attempt_first = self._resume_next = int(event.fields["step"]) + 1
+            self._resumed = True
+            return []
+        if event.kind != "step":
+            return []
+        f = event.fields
+        step = f["step"]
+        if self._awaiting_first:
+            self._awaiting_first = False
+            self._first_seen = step
+            if self._attempt_first is None:
+                self._attempt_first = step
+        out: list[Finding] = []
+        sched_steps = f.get("scheduler_steps")
+        self._sched_steps = sched_steps
+        self._multi = self._multi + 1 if sched_steps is not None and sched_steps > 1 else 0
+        lrs = f.get("lr")
+        if not lrs or not all(math.isfinite(x) and x >= 0 for x in lrs):
+            return out
+        lrs_t = tuple(float(x) for x in lrs)
+        self._recent.append((step, lrs_t))
+        if self._schedule is not None:
+            bad, worst = self._check_declared(step, lrs_t)
+        else:
+            bad, worst = self._check_inferred(step, lrs_t[0])
+            if self._ratios is None or len(self._ratios) != len(lrs_t):
+                self._learn_ratios(lrs_t)
+        if f.get("skipped"):
+            self._skipped += 1  # from the next step on, the LR may lag by one more step
+        if self._multi >= self.config.scheduler_steps_min and not bad:
+            bad, worst = True, {"group": 0, "actual": lrs_t[0]}
+        if bad:
+            self._bad += 1
+            self._good = 0
+            if self._bad >= self.config.min_steps or (self._multi >= self.config.scheduler_steps_min):
+                finding = self._fire(step, worst)
+                if finding is not None:
+                    out.append(finding)
+        else:
+            self._bad = 0
+            if self._open:
+                self._good += 1
+                if self._good >= self.config.resolve_after:
+                    out.append(self._resolve(step, lrs_t))
+        return out
+
+    def _start(self, f: dict[str, Any]) -> None:
+        raw = f.get("schedule")
+        if isinstance(raw, dict):
+            try:
+                self._schedule = Schedule.from_dict(raw)
+            except (TypeError, ValueError):
+                self._schedule = None
+        self._accum = int(f.get("accum_steps") or self._accum or 1)
+        self._world = int(f.get("world_size") or self._world or 1)
+        self._planned = f.get("planned_steps") or self._planned
+        if f.get("resumed"):
+            self._resumed = True
+            self._attempt_first = self._resume_next = self._first_seen = None
+            self._awaiting_first = True
+        self._bad = 0
+
+    # -- declared schedule ---------------------------------------------------------------------
+
+    def _learn_ratios(self, lrs: tuple[float, ...]) -> None:
+        if lrs[0] > 0:
+            self._ratios = [x / lrs[0] for x in lrs]
+
+    def _expected(self, step: int) -> float:
+        assert self._schedule is not None
+        return self._schedule.lr(step)
+
+    def _check_declared(self, step: int, lrs: tuple[float, ...]) -> tuple[bool, dict[str, Any]]:
+        sched = self._schedule
+        assert sched is not None
+        if self._ratios is None or len(self._ratios) != len(lrs):
+            self._learn_ratios(lrs)
+        ratios = self._ratios or [1.0] * len(lrs)
+        floor = sched.peak_lr * 1e-3
+        tol = self.config.rel_tol
+        want = sched.lr(step)
+        lagged = sched.lr(max(0, step - self._skipped)) if self._skipped else None
+        worst: dict[str, Any] = {}
+        worst_err = 0.0
+        for g, (actual, ratio) in enumerate(zip(lrs, ratios, strict=False)):
+            err = _rel(actual, want * ratio, floor * ratio)
+            if lagged is not None:
+                err = min(err, _rel(actual, lagged * ratio, floor * ratio))
+            if err > worst_err:
+                worst_err = err
+                worst = {"group": g, "actual": actual, "expected": want * ratio, "rel_err": round(err, 6)}
+        return worst_err > tol, worst
+
+    # -- inferred schedule ---------------------------------------------------------------------
+
+    def _check_inferred(self, step: int, lr: float) -> tuple[bool, dict[str, Any]]:
+        """Warmup (rising), then never rising again; frozen mid-decay when the length is known."""
+        cfg = self.config
+        prev = self._prev
+        self._prev = lr
+        self._n += 1
+        if prev is None:
+            self._flat_since = step
+            self._peak = lr
+            return False, {}
+        same = abs(lr - prev) <= _SAME * max(abs(prev), 1e-30)
+        if same:
+            self._equal_run += 1
+        else:
+            self._equal_run = 0
+            self._decaying = lr < prev and self._decreases >= 2
+            self._decreases = self._decreases + 1 if lr < prev else 0
+            self._flat_since = step
+        if not self._peak_done:
+            self._peak = max(self._peak, lr)
+            if (lr < prev and not same) or self._equal_run >= cfg.infer_points - 1:
+                self._peak_done = True
+                self._floor = lr
+            return False, {}
+        if self._n < cfg.infer_points:
+            self._floor = min(self._floor if self._floor is not None else lr, lr)
+            return False, {}
+        floor = self._floor if self._floor is not None else lr
+        if lr > floor * (1 + cfg.rel_tol) and lr > self._peak * 1e-6:
+            return True, {"group": 0, "actual": lr, "expected_max": floor, "rule": "rise_after_peak"}
+        self._floor = min(floor, lr)
+        if (
+            same
+            and self._decaying
+            and lr > 0
+            and self._planned
+            and self._flat_since is not None
+            and step - self._flat_since >= cfg.frozen_steps
+            and step < 0.95 * self._planned
+        ):
+            return True, {"group": 0, "actual": lr, "flat_since": self._flat_since, "rule": "frozen"}
+        return False, {}
+
+    # -- findings ------------------------------------------------------------------------------
+
+    def _fire(self, step: int, worst: dict[str, Any]) -> Finding | None:
+        # The diagnosis is made once, when the anomaly opens, from the first off-schedule steps
+        # (later, a compressed or shifted schedule sits on its floor and looks like anything);
+        # it costs a few thousand schedule evaluations, so a drift lasting the whole run stays cheap.
+        if self._open:
+            return None
+        diag, extra = self._diagnose(step, worst)
+        self._open = True
+        self._open_diag = diag
+        self._good = 0
+        return self._finding(step, diag, worst, extra)
+
+    def _resolve(self, step: int, lrs: tuple[float, ...]) -> Finding:
+        self._open = False
+        diag = self._open_diag
+        self._open_diag = None
+        if self._schedule is None:
+            self._floor = lrs[0]  # the rise is over: the LR decays again from here
+        return Finding(
+            kind=self.kind,
+            severity="info",
+            step=step,
+            message=f"LR back on schedule at step {step} (group 0: {_fmt(lrs[0])})",
+            hint="The LR follows the schedule again; the steps in between trained at the wrong LR.",
+            evidence={"step": step, "lr": list(lrs), "diagnosis": diag},
+            resolved=True,
+        )
+
+    def _bad_obs(self, group: int) -> list[tuple[int, float]]:
+        n = max(self.config.min_steps, min(self._bad, len(self._recent)))
+        pts = list(self._recent)[-n:]
+        return [(s, lrs[group]) for s, lrs in pts if group < len(lrs)]
+
+    def _fits(self, obs: list[tuple[int, float]], fn: Callable[[int], float | None]) -> float | None:
+        """Worst relative error of ``fn`` over ``obs``, or None when it does not fit within tolerance."""
+        sched = self._schedule
+        floor = (sched.peak_lr if sched else max(a for _, a in obs) or 1.0) * 1e-3
+        worst = 0.0
+        for s, a in obs:
+            want = fn(s)
+            if want is None:
+                return None
+            err = _rel(a, want, floor)
+            if err > self.config.rel_tol:
+                return None
+            worst = max(worst, err)
+        return worst
+
+    def _diagnose(self, step: int, worst: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if self._multi >= self.config.scheduler_steps_min:
+            return "per_microbatch", {"scheduler_steps": self._sched_steps, "accum_steps": self._accum}
+        if self._schedule is None:
+            if worst.get("rule") == "frozen":
+                return "frozen", {"inferred": True}
+            return ("restarted" if self._resumed else "rise"), {"inferred": True}
+        group = int(worst.get("group", 0))
+        ratios = self._ratios or [1.0]
+        ratio = ratios[group] if group < len(ratios) else 1.0
+        if group != 0 and self._fits(self._bad_obs(0), self._expected) is not None:
+            return "group", {"group": group}
+        obs = [(s, a / ratio) for s, a in self._bad_obs(group)]
+        sched = self._schedule
+        if self._sched_steps == 0:
+            return "frozen", {"scheduler_steps": 0}
+        values = [a for _, a in obs]
+        wants = [sched.lr(s) for s, _ in obs]
+        if len(obs) >= 2 and max(values) - min(values) <= _SAME * max(values) and max(wants) - min(wants) > 0:
+            if abs(values[-1] - sched.peak_lr * sched.min_ratio) <= self.config.rel_tol * sched.peak_lr:
+                total = self._estimate_total(obs)
+                return "wrong_length", {"estimated_total_steps": total, "floor_reached": True}
+            return "frozen", {"frozen_lr": values[-1]}
+        first_bad = obs[0][0]
+        lo = max(self._attempt_first or 0, first_bad - 64)
+        for m in sorted({self._accum, self._world} - {0, 1}):
+            for k in range(first_bad, lo - 1, -1):
+                for off in (m - 1, 0):
+                    fn = lambda s, k=k, m=m, off=off: sched.lr(k + (s - k) * m + off)  # noqa: E731
+                    if self._fits(obs, fn) is not None:
+                        return ("per_microbatch" if m == self._accum else "per_process"), {"factor": m, "since": k}
+        if self._resume_next is not None and self._first_seen is not None and self._first_seen != self._resume_next:
+            d = self._resume_next - self._first_seen
+            if self._fits(obs, lambda s, d=d: sched.lr(max(0, s + d))) is not None:
+                return "step_offset", {"shift_steps": d, "first_step": self._first_seen}
+        if self._attempt_first is not None and self._resumed:
+            r0 = self._attempt_first
+            for r in (r0, r0 - 1, r0 + 1):
+                fn = lambda s, r=r: sched.lr(s - r) if s >= r else None  # noqa: E731
+                if self._fits(obs, fn) is not None:
+                    return "restarted", {"restart_step": r}
+        total = self._estimate_total(obs)
+        if total is not None:
+            return "wrong_length", {"estimated_total_steps": total}
+        for d in (1, -1, 2, -2, 3, -3, 4, -4, 8, -8):
+            if self._fits(obs, lambda s, d=d: sched.lr(max(0, s + d))) is not None:
+                return "shifted", {"shift_steps": d}
+        factors = [a / w for (_, a), w in zip(obs, wants, strict=True) if w > 0]
+        if factors and max(factors) - min(factors) <= self.config.rel_tol * max(factors):
+            return "scaled", {"factor": round(factors[-1], 4)}
+        return "unknown", {}
+
+    def _estimate_total(self, obs: list[tuple[int, float]]) -> int | None:
+        """The ``total_steps`` the scheduler seems built for (same shape, warmup and floor)."""
+        sched = self._schedule
+        if sched is None or sched.name == "constant":
+            return None
+        n = sched.total_steps
+        cands = {round(n * 2 ** (k / 16)) for k in range(-64, 65)}
+        cands |= {n // d for d in range(2, 17)} | {n * d for d in range(2, 17)}
+        if self._planned:
+            cands.add(int(self._planned))
+        cands = {c for c in cands if c >= 1 and c != n}
+
+        def build(t: int) -> Schedule:
+            return Schedule(
+                sched.name, sched.peak_lr, t, min(sched.warmup_steps, t), sched.min_ratio, sched.decay_fraction
+            )
+
+        scored = []
+        for t in cands:
+            s2 = build(t)
+            err = self._fits(obs, s2.lr)
+            if err is not None:
+                scored.append((err, abs(t - n), t))
+        if not scored:
+            return None
+        best = min(scored)[2]
+        # refine around the best candidate (the grid is ~4% apart)
+        span = max(1, best // 20)
+        fine = []
+        for t in range(max(1, best - span), best + span + 1):
+            if t == n:
+                continue
+            err = self._fits(obs, build(t).lr)
+            if err is not None:
+                fine.append((err, t))
+        return min(fine)[1] if fine else best
+
+    def _finding(self, step: int, diag: str, worst: dict[str, Any], extra: dict[str, Any]) -> Finding:
+        sched = self._schedule
+        group = int(worst.get("group", 0))
+        actual = worst.get("actual")
+        source = "declared" if sched is not None else "inferred"
+        evidence: dict[str, Any] = {
+            "step": step,
+            "schedule": source,
+            "diagnosis": diag,
+            "off_schedule_steps": self._bad,
+            **{k: v for k, v in worst.items() if k != "rule"},
+            **extra,
+        }
+        if sched is not None:
+            evidence["schedule_name"] = sched.name
+            evidence["total_steps"] = sched.total_steps
+        if diag == "per_microbatch" and "expected" not in worst and "expected_max" not in worst:
+            what = (
+                f"scheduler.step() ran {self._sched_steps} times in optimizer step {step} (1 expected), "
+                f"for {self._multi} steps"
+            )
+        elif sched is not None:
+            what = (
+                f"LR of param group {group} is {_fmt(actual)} at step {step}, the declared {sched.name} schedule "
+                f"expects {_fmt(worst.get('expected', float('nan')))} ({_pct(worst.get('rel_err'))} off)"
+                f" for {self._bad} steps"
+            )
+        elif diag == "frozen":
+            what = (
+                f"LR has stayed at {_fmt(actual)} since step {worst.get('flat_since')} (step {step}) after decaying "
+                f"(schedule inferred from the first steps: none was declared)"
+            )
+        else:
+            what = (
+                f"LR rose to {_fmt(actual)} at step {step} after decaying to {_fmt(worst.get('expected_max', 0.0))} "
+                f"(schedule inferred from the first steps: none was declared; after the peak it should never rise)"
+            )
+        hint = _HINTS[diag](self, extra, group)
+        if source == "inferred":
+            hint += " (No schedule was declared; declare it in run_start for exact checks.)"
+        return Finding(kind=self.kind, severity="warning", step=step, message=what, hint=hint, evidence=evidence)
+
+
+def _pct(err: float | None) -> str:
+    return "?" if err is None else f"{100 * err:.1f}%"
+
+
+def _hint_group(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        f"Param group {group} diverges from the others (group 0 still follows the schedule): its LR "
+        "is set or scheduled separately. Check that the scheduler was built on this optimizer after "
+        "all groups were added (scheduler.optimizer.param_groups is optimizer.param_groups), and "
+        "any per-group LR override or an optimizer state loaded with a different initial_lr."
+    )
+
+
+def _hint_microbatch(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    m = extra.get("factor") or extra.get("scheduler_steps") or det._accum
+    since = f" since step {extra['since']}" if "since" in extra else ""
+    return (
+        f"The LR follows the schedule {m}x too fast{since}: the scheduler is stepped once per "
+        f"micro-batch (accum_steps = {det._accum}), so warmup and decay are compressed by the "
+        "accumulation factor. Move scheduler.step() out of the micro-batch loop, next to optimizer.step()."
+    )
+
+
+def _hint_process(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        f"The LR follows the schedule {extra.get('factor')}x too fast, once per process "
+        f"(world_size = {det._world}): the scheduler is stepped on every rank for the same optimizer "
+        "step (accelerate#2926), or sized without the data-parallel factor. Step it once per optimizer step."
+    )
+
+
+def _hint_restarted(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    where = extra.get("restart_step", det._attempt_first)
+    return (
+        f"The schedule restarted from its beginning at step {where}, where the run resumed: the "
+        "scheduler state was not restored (a new scheduler, no scheduler.load_state_dict, or it was "
+        "loaded before the optimizer). Check the resume code and the bad_resume anomaly."
+    )
+
+
+def _hint_rise(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        "The LR went up again after the peak, which no standard schedule does: a scheduler rebuilt or "
+        "reset mid-run, a manual LR override, or a cyclic schedule. Check for a restart or resume near this step."
+    )
+
+
+def _hint_frozen(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        "The LR stopped changing while the schedule still moves: scheduler.step() is no longer called "
+        "(skipped in a branch, or the scheduler drives a detached copy of the optimizer's param groups), "
+        "or the scheduler was not restored on resume (DeepSpeed#4344). Check that scheduler.step() runs every step."
+    )
+
+
+def _hint_length(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    total = extra.get("estimated_total_steps")
+    declared = det._schedule.total_steps if det._schedule else None
+    est = f"~{total} steps" if total else "a shorter length"
+    return (
+        f"The LR matches the same schedule sized for {est} instead of the declared {declared}: the "
+        "scheduler was built with the wrong total (len(loader) without accumulation or world size, a "
+        "stale max_steps, or stepped num_processes times). The LR will hit its floor early. Check num_training_steps."
+    )
+
+
+def _hint_shifted(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    d = extra.get("shift_steps")
+    return (
+        f"The LR is the schedule's value {d:+d} steps away: an off-by-one in the scheduler position "
+        "(resume using lr(step+1) as the base, pytorch#60265, or stepping the scheduler before the optimizer)."
+    )
+
+
+def _hint_step_offset(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        f"The LR is the schedule's value {extra.get('shift_steps')} steps ahead of the logged step: after the "
+        f"resume the step counter restarted at {extra.get('first_step')} instead of {det._resume_next} while the "
+        "scheduler kept its position. The global step was not restored (see the bad_resume anomaly)."
+    )
+
+
+def _hint_scaled(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        f"The LR is {extra.get('factor')}x the declared schedule at every step checked: a manual LR "
+        "override or multiplier, or the optimizer built with a different base LR than declared. "
+        "Check param_group['lr'] assignments and the declared peak_lr."
+    )
+
+
+def _hint_unknown(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        "The LR does not match the declared schedule and no single cause (accumulation, restart, "
+        "frozen, length, shift) explains it. Compare the LR curve with the schedule around this step "
+        "and check every place that sets param_group['lr'] or steps the scheduler."
+    )
+
+
+_HINTS: dict[str, Callable[[LrScheduleDrift, dict[str, Any], int], str]] = {
+    "group": _hint_group,
+    "per_microbatch": _hint_microbatch,
+    "per_process": _hint_process,
+    "restarted": _hint_restarted,
+    "rise": _hint_rise,
+    "frozen": _hint_frozen,
+    "wrong_length": _hint_length,
+    "shifted": _hint_shifted,
+    "step_offset": _hint_step_offset,
+    "scaled": _hint_scaled,
+    "unknown": _hint_unknown,
+}
