@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BadResumeConfig",
     "CollectorConfig",
     "ConfigError",
     "DetectorsConfig",
@@ -23,6 +24,7 @@ __all__ = [
     "InitLossConfig",
     "LossScaleCollapseConfig",
     "LossSpikeConfig",
+    "LrScheduleDriftConfig",
     "MemoryLeakConfig",
     "NanInfConfig",
     "NodeHealthConfig",
@@ -169,10 +171,42 @@ class ThroughputCollapseConfig:
 class LrScheduleDriftConfig:
     """``lr_schedule_drift``: actual LR per group against the declared (or inferred) schedule."""
 
+    rel_tol: float = 0.01
+    """Relative LR difference from the expected value that counts as off schedule (failure-modes L1-L3: 1%)."""
+    min_steps: int = 2
+    """Consecutive off-schedule steps before firing (one odd step is a logging glitch, two are a trend)."""
+    resolve_after: int = 3
+    """Consecutive on-schedule steps after which the anomaly is resolved."""
+    history: int = 8
+    """Recent (step, LR) observations kept to diagnose the drift (accumulation, restart, frozen, length)."""
+    infer_points: int = 5
+    """Logged steps needed before a schedule is inferred when none is declared."""
+    frozen_steps: int = 50
+    """Inferred schedules only: steps of an exactly flat LR after a decay before calling it frozen (R1)."""
+    scheduler_steps_min: int = 2
+    """Consecutive steps reporting ``scheduler_steps`` > 1 before firing (L1: the ratio must be 1)."""
+
 
 @dataclass
 class BadResumeConfig:
     """``bad_resume``: composite check of the first steps after a resume."""
+
+    keep_checkpoints: int = 16
+    """Checkpoint fingerprints remembered per rank (the resume may load an older one)."""
+    rel_tol: float = 1e-3
+    """Relative tolerance when comparing saved and restored floats (moment norms, loss scale)."""
+    check_steps: int = 3
+    """Steps after a resume whose batches and losses are checked (step, replay, loss continuity)."""
+    batch_memory: int = 2048
+    """Recent batch fingerprints remembered for the replay check (plus the run's first ``batch_head``)."""
+    batch_head: int = 256
+    """Batch fingerprints of the run's first steps kept for good: a replay usually restarts from 0."""
+    loss_window: int = 32
+    """Losses before the resume used as the baseline of the loss-continuity check."""
+    loss_mads: float = 8.0
+    """Loss-continuity check: jump in robust deviations (1.4826 x MAD) of the pre-resume losses..."""
+    loss_rel: float = 0.25
+    """...and as a fraction of their median; both must be exceeded (tiny models are noisy, R3/R5)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Detectors, one module each, behind the small interface in ``base``."""
 
+from monitor.detectors.bad_resume import BadResume
 from monitor.detectors.base import SEVERITIES, Detector, Finding
 from monitor.detectors.divergence import Divergence
 from monitor.detectors.eval_regression import EvalRegression
@@ -8,6 +9,7 @@ from monitor.detectors.hang import Hang
 from monitor.detectors.init_loss import InitLoss
 from monitor.detectors.loss_scale_collapse import LossScaleCollapse
 from monitor.detectors.loss_spike import LossSpike
+from monitor.detectors.lr_schedule_drift import LrScheduleDrift
 from monitor.detectors.memory_leak import MemoryLeak
 from monitor.detectors.nan_inf import NanInf
 from monitor.detectors.node_health import NodeHealth
@@ -17,6 +19,7 @@ from monitor.detectors.throughput_collapse import ThroughputCollapse
 __all__ = [
     "ALL_DETECTORS",
     "SEVERITIES",
+    "BadResume",
     "Detector",
     "Divergence",
     "EvalRegression",
@@ -26,6 +29,7 @@ __all__ = [
     "InitLoss",
     "LossScaleCollapse",
     "LossSpike",
+    "LrScheduleDrift",
     "MemoryLeak",
     "NanInf",
     "NodeHealth",
@@ -35,15 +39,17 @@ __all__ = [
 
 ALL_DETECTORS: tuple[type[Detector], ...] = (
     NanInf,
+    LrScheduleDrift,
+    BadResume,
     ThroughputCollapse,
     Straggler,
     Hang,
     NodeHealth,
     MemoryLeak,
-    Divergence,
-    EvalRegression,
+    LossSpike,
     GradExplosion,
+    Divergence,
     InitLoss,
     LossScaleCollapse,
-    LossSpike,
+    EvalRegression,
 )
