@@ -215,9 +215,12 @@ class StragglerConfig:
 
     window: int = 16
     """Aligned steps over which a rank's ratio must hold (its median is used: sustained, P1)."""
-    min_ratio: float = 1.3
-    """Rank compute time over the median of the other ranks at the same steps that makes a straggler."""
-    resolve_ratio: float = 1.15
+    min_ratio: float = 1.5
+    """Rank compute time over the median of the other ranks at the same step that counts as slow. CPU
+    ranks sharing cores jitter by 2-5x on single steps; GPUs by a few percent (lower it there)."""
+    min_share: float = 0.75
+    """Share of the window's steps that must be slow: sustained (P1), not a burst of a noisy neighbour."""
+    resolve_ratio: float = 1.2
     """The anomaly resolves when the rank's median ratio falls below this."""
     max_pending: int = 128
     """Steps kept while waiting for every rank to report them (bounded memory)."""
@@ -230,9 +233,11 @@ class HangConfig:
     timeout_factor: float = 20.0
     """Timeout as a multiple of the rank's median step interval (P6 uses 5x, P3 10x; a margin for jitter)."""
     pause_factor: float = 2.0
-    """...or this multiple of the longest checkpoint/eval pause seen, so routine saves do not fire."""
-    min_timeout: float = 5.0
-    """Floor of the timeout in seconds. P6 uses 120 s on large jobs; raise it there."""
+    """...or this multiple of the longest recent step interval or checkpoint/eval pause, so routine
+    saves and periodic pauses (GC) do not fire."""
+    min_timeout: float = 3.0
+    """Floor of the timeout in seconds. Low so that short runs and tests see hangs; P6 uses 120 s on
+    large jobs whose first checkpoint or eval may take minutes: raise it there."""
     first_step_timeout: float = 300.0
     """Seconds allowed between run_start and the first step (imports, compilation, data loading)."""
     dead_factor: float = 3.0

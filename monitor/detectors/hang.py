@@ -4,8 +4,8 @@ Why the rule is what it is (``failure-modes.md`` P6, P3): a hung job does not fa
 quiet. NCCL hangs and deadlocks leave the process alive (the heartbeat thread keeps beating, GPUs
 may even spin at 100%) while the step counter stops; a dead process or node stops both. The
 detector learns each rank's step interval and fires when no step arrived within
-``max(timeout_factor x median interval, pause_factor x longest checkpoint/eval pause seen,
-min_timeout)`` (``first_step_timeout`` before the first step). It says "alive but stuck" when the
+``max(timeout_factor x median interval, pause_factor x longest recent interval or
+checkpoint/eval pause, min_timeout)`` (``first_step_timeout`` before the first step). It says "alive but stuck" when the
 rank's events still arrive, "dead" when nothing has arrived for ``dead_factor`` heartbeat
 intervals too.
 
@@ -104,11 +104,20 @@ class Hang(Detector):
                 pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0)
                 if pause > 0:
                     st.longest_pause = max(st.longest_pause, gap)
-                else:
+                elif not st.open and gap < self.timeout(st):
                     st.intervals.add(gap)
+            gap = t - (st.last_step_time if st.last_step_time is not None else st.started)
             if st.open:
-                gap = t - (st.last_step_time or st.started)
                 out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
+            elif not self._done(st):
+                # Seen only now (an import, or the collector was down): report the stall after the fact.
+                phases = event.fields.get("phases") or {}
+                unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0)
+                limit = self.timeout(st)
+                if unexplained >= limit:
+                    st.open = "stuck"
+                    out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled"))
+                    out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
             st.last_step, st.last_step_time = step, t
             st.ended = False
         st.last_event_time = max(st.last_event_time, t)
@@ -131,7 +140,8 @@ class Hang(Detector):
         if st.last_step_time is None:
             return cfg.first_step_timeout
         median = st.intervals.median() if len(st.intervals) else 0.0
-        return max(cfg.timeout_factor * median, cfg.pause_factor * st.longest_pause, cfg.min_timeout)
+        longest = max(st.longest_pause, st.intervals.quantile(1.0) if len(st.intervals) else 0.0)
+        return max(cfg.timeout_factor * median, cfg.pause_factor * longest, cfg.min_timeout)
 
     def _done(self, st: _Rank) -> bool:
         if st.ended:
@@ -170,7 +180,19 @@ class Hang(Detector):
     def _finding(self, rank: int, st: _Rank, silent: float, limit: float, quiet: float, state: str) -> Finding:
         stuck_at = (st.last_step + 1) if st.last_step is not None else 0
         others = self._others(rank)
-        if state == "stuck":
+        if state == "stalled":
+            msg = (
+                f"rank {rank} on {st.host} finished no step for {silent:.1f} s (timeout {limit:.1f} s) before "
+                f"step {stuck_at}, then resumed"
+            )
+            hint = (
+                "A stall seen after the fact (imported log, or the collector was away): a collective that "
+                "waited for another rank, a deadlock that cleared, a hung dataloader or storage. Compare the "
+                "phases of the step that ended it across ranks (the rank that waited shows it in comm)"
+                + (f"; the other ranks: {others}" if others else "")
+                + "."
+            )
+        elif state == "stuck":
             msg = (
                 f"rank {rank} on {st.host} finished no step for {silent:.1f} s (timeout {limit:.1f} s) "
                 f"but is alive (last event {quiet:.1f} s ago); stuck in step {stuck_at}"

@@ -5,8 +5,9 @@ evens out the step time of every rank (the fast ones wait for the slow one), so 
 cannot name the culprit. Compute time can: the straggler has the highest forward + backward time
 and the lowest exposed communication wait. The detector aligns the ranks' records by step,
 divides each rank's compute time by the median of the other ranks' at the same step, and fires
-when the median of that ratio over ``window`` aligned steps reaches ``min_ratio`` (sustained, not
-one slow step). Without a phase split it falls back to step time.
+when that ratio reaches ``min_ratio`` in ``min_share`` of the last ``window`` aligned steps
+(sustained, P1; CPU ranks sharing cores show 2-5x bursts on single steps from noisy
+neighbours). Without a phase split it falls back to step time.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class Straggler(Detector):
                 elif median > 1.5 * self._open[rank]:  # markedly worse: update the evidence
                     self._open[rank] = median
                     out.append(self._finding(rank, step, median))
-            elif median >= cfg.min_ratio:
+            elif ratios.quantile(1 - cfg.min_share) >= cfg.min_ratio:
                 self._open[rank] = median
                 out.append(self._finding(rank, step, median))
         return out

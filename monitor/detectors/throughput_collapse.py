@@ -137,8 +137,14 @@ class ThroughputCollapse(Detector):
             return out
         slow = [r for r in self._recent if r[1] > cfg.slow_step * base]
         ratio = sum(r[1] for r in self._recent) / (len(self._recent) * base)
-        excess = sum(r[2] - base * r[3] for r in self._recent)
-        collapsed = ratio >= cfg.slowdown and len(slow) >= cfg.min_slow_steps and excess >= cfg.min_excess_seconds
+        # Sustained: the window must be slow even without its worst step (one long step is a hang
+        # or a blip, reported by ``hang`` if long enough; two or more are a collapse).
+        worst = max(self._recent, key=lambda r: r[1])
+        ratio_rest = (sum(r[1] for r in self._recent) - worst[1]) / ((len(self._recent) - 1) * base)
+        excess_rest = sum(r[2] - base * r[3] for r in self._recent) - (worst[2] - base * worst[3])
+        collapsed = (
+            ratio_rest >= cfg.slowdown and len(slow) >= cfg.min_slow_steps and excess_rest >= cfg.min_excess_seconds
+        )
         latest_slow = spt > cfg.slow_step * base
         if self._open == "steps":
             self._normal_run = 0 if (latest_slow or ratio >= cfg.slowdown) else self._normal_run + 1
