@@ -33,12 +33,12 @@ def _ok(x: float | None) -> bool:
 
 
 def olmo_core_stability(losses: Losses, window: int = 128, sigmas: float = 6.0) -> list[int]:
-    """OLMo-core ``StabilityMonitorCallback``: a spike is a value more than 6σ above the mean of the last 128.
+    """OLMo-core ``StabilityMonitorCallback``: a spike is a value more than 6sigma above the mean of the last 128.
 
     Source: allenai/OLMo-core ``src/olmo_core/train/callbacks/stability_monitor.py`` ("a spike
-    is a value above the mean of the last 128 by more than 6σ"; SpikeScore = spike rate over
+    is a value above the mean of the last 128 by more than 6sigma"; SpikeScore = spike rate over
     10,000 steps). The window holds every finite value, spikes included, which is what lets an
-    earlier spike inflate σ. Needs a full window before it flags.
+    earlier spike inflate sigma. Needs a full window before it flags.
     """
     win: deque[float] = deque(maxlen=window)
     out = []
@@ -57,10 +57,10 @@ def olmo_core_stability(losses: Losses, window: int = 128, sigmas: float = 6.0) 
 def llm_foundry_kill_loss_spike(
     losses: Losses, window: int = 100, outlier_multiplier: float = 2.0, patience: int = 4
 ) -> list[int]:
-    """llm-foundry ``KillLossSpike``: more than ``patience`` consecutive losses ≥ 2× the window mean.
+    """llm-foundry ``KillLossSpike``: more than ``patience`` consecutive losses ≥ 2x the window mean.
 
     Source: mosaicml/llm-foundry ``llmfoundry/callbacks/kill_loss_spike_callback.py``: once the
-    window (100) is full, a loss ≥ ``outlier_multiplier`` × the window mean is an outlier; the
+    window (100) is full, a loss ≥ ``outlier_multiplier`` x the window mean is an outlier; the
     spike is declared when the outlier counter exceeds ``patience`` (4), i.e. on the 5th
     consecutive outlier; a non-outlier resets the counter. Every loss, outliers included, enters
     the window. (Its separate "persistently high loss > loss_cap" rule is not a spike rule.)
@@ -87,12 +87,12 @@ def llm_foundry_kill_loss_spike(
 def lightning_spike_detection(
     losses: Losses, window: int = 10, warmup: int = 1, rtol: float | None = 2.0, atol: float | None = None
 ) -> list[int]:
-    """Lightning Fabric ``SpikeDetection`` (mode "min"): ``|loss − mean| ≥ rtol·mean`` over a 10-step running mean.
+    """Lightning Fabric ``SpikeDetection`` (mode "min"): ``|loss - mean| ≥ rtol·mean`` over a 10-step running mean.
 
     Source: Lightning-AI/pytorch-lightning ``src/lightning/fabric/utilities/spike.py``: from
     batch ``warmup`` on, a non-finite loss is a spike (``finite_only=True``); a loss that did not
     increase over the previous accepted one is never a spike; otherwise it is a spike when it
-    differs from the running mean of the last ``window`` accepted losses by ≥ ``rtol`` × mean
+    differs from the running mean of the last ``window`` accepted losses by ≥ ``rtol`` x mean
     (and ≥ ``atol`` when set). Spikes are not added to the running mean. Lightning raises
     ``TrainingSpikeException`` there; this keeps scanning.
     """
@@ -140,7 +140,7 @@ def seed_notebook_rolling_median(losses: Losses, window: int = 20, threshold: fl
 def trainpulse_loss_spike(losses: Losses, threshold: float = 5.0, window: int = 50) -> list[int]:
     """The ``trainpulse`` package's ``LossSpikeDetector`` (PyPI trainpulse 0.4.0, ``trainpulse/detectors.py``).
 
-    Its rule: once 50 values are in the window, a loss > 5 × the window mean is a spike; every
+    Its rule: once 50 values are in the window, a loss > 5 x the window mean is a spike; every
     value (spikes too) enters the window. Runs the installed package itself; raises
     ``ImportError`` when it is not installed (``pip install trainpulse``, pure Python, no torch).
     """

@@ -6,7 +6,7 @@ slope of a robust EMA of the loss over a long window is significantly > 0", made
 
 * a running median of ``median_of`` steps removes single spikes, an EMA on top removes noise;
 * over the last ``window`` steps the smoothed loss must rise by ``min_rise_rel`` of its level and
-  by ``min_rise_sigma`` noise σ (MAD of the filtered step-to-step differences), with most of the
+  by ``min_rise_sigma`` noise sigma (MAD of the filtered step-to-step differences), with most of the
   increments positive (a trend, not a wander);
 * no single increment of the median-filtered loss may carry more than ``max_jump_share`` of the
   rise: a step jump that stays up is a non-recovered spike (``loss_spike`` escalates that), not
@@ -20,6 +20,7 @@ It resolves when the smoothed loss is back near its minimum.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from typing import Any
 
@@ -151,7 +152,7 @@ class Divergence(Detector):
             return None
         fl = list(self._filtered)[-w - 1 :]
         f_rise = fl[-1] - fl[0]
-        if f_rise <= 0 or max(b - a for a, b in zip(fl[:-1], fl[1:], strict=True)) > cfg.max_jump_share * f_rise:
+        if f_rise <= 0 or max(b - a for a, b in itertools.pairwise(fl)) > cfg.max_jump_share * f_rise:
             return None
         lag = max(1, w // 2)
         pairs = len(fl) - lag

@@ -1,6 +1,6 @@
 """``eval_regression``: evaluation loss rising while training loss falls, or jumping after a resume.
 
-Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5–R7 and C2):
+Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5-R7 and C2):
 
 * Overfitting or a train/eval mismatch shows as the held-out loss going up for several evals in
   a row while the train loss keeps falling. Eval sets are small and noisy, so it takes
@@ -17,6 +17,7 @@ Resolves when an eval comes back within the noise margin of the best (or pre-res
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from typing import Any
 
@@ -108,7 +109,7 @@ class EvalRegression(Detector):
         if len(self._evals) < n or self._best is None:
             return []
         tail = list(self._evals)[-n:]
-        if any(b[1] <= a[1] for a, b in zip(tail[:-1], tail[1:], strict=True)):
+        if any(b[1] <= a[1] for a, b in itertools.pairwise(tail)):
             return []
         if len({e[3] for e in tail}) > 1:
             return []  # a resume in between: the jump rule's business

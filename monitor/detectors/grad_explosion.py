@@ -4,7 +4,7 @@ Why the rule is what it is (failure-modes.md S1): in BLOOM-176B's first spike th
 went 0.17 → 0.95 → 2.4 → 15.9 → 145 → 960 before the loss peaked, and OLMo 2 reports the same
 ordering, so the pre-clip norm is the earliest first-level signal of an instability. Norms are
 log-normal-ish and span decades, so the rule works on log(norm): a value more than ``z`` robust
-σ (MAD of accepted step-to-step differences, which a warmup trend does not inflate) above the
+sigma (MAD of accepted step-to-step differences, which a warmup trend does not inflate) above the
 median of the last ``window`` accepted values, and at least ``min_ratio`` times that median.
 Spikes are never admitted to the window, so an earlier explosion does not blind the rule (the
 failure of a mean/std over a window that contains the outlier). Clipping hides explosions from

@@ -3,14 +3,14 @@
 Why the rule is what it is (failure-modes.md C1, C2, C3):
 
 * A freshly initialised LM predicts roughly uniformly, so its first cross-entropy is ≈ ln V.
-  ``|loss0 − ln V| > 0.5`` nats on a fresh run (``run_start.resumed`` false) means bad init or
+  ``|loss0 - ln V| > 0.5`` nats on a fresh run (``run_start.resumed`` false) means bad init or
   logit scale (≫), a loss summed over grad-accumulation micro-batches (loss0 / ln V ≈ accum,
   C3), or leakage / pretrained weights (≪). The first ``first_steps`` losses must all be past
   the tolerance on the same side, so one noisy first batch does not fire it.
 * Labels not shifted (C2): the model learns to copy its input and the loss falls below the
   data's entropy floor (**sim**: 0.21 at step 50 vs a floor of 1.61). When ``run_start`` declares
   the floor (``config.entropy_floor``, the reference trainer does) a loss under
-  ``floor_fraction`` × floor is impossible; otherwise a pretraining loss under ``leak_loss``
+  ``floor_fraction`` x floor is impossible; otherwise a pretraining loss under ``leak_loss``
   nats early in the run is. Either is critical, after ``leak_consecutive`` steps in a row.
 """
 
@@ -66,7 +66,7 @@ class InitLoss(Detector):
             return []
         step = f["step"]
         out: list[Finding] = []
-        if self._fresh and self._ln_v is not None:
+        if (self._fresh or self._open in ("high", "low")) and self._ln_v is not None:
             out.extend(self._initial(step, loss))
         out.extend(self._leak(step, loss))
         return out
@@ -174,8 +174,7 @@ class InitLoss(Detector):
                 severity="critical",
                 step=step,
                 message=(
-                    f"loss {loss:.4g} at step {step} is below {why} for {self._under} steps: lower than the data "
-                    "allows"
+                    f"loss {loss:.4g} at step {step} is below {why} for {self._under} steps: lower than the data allows"
                 ),
                 hint=(
                     "Labels not shifted / leakage: the model is predicting tokens it can see. Check that targets "

@@ -44,7 +44,7 @@ class LossScaleCollapse(Detector):
         self._skips = 0
         self._consecutive = 0
         self._open: str | None = None  # the severity of the open anomaly
-        self._quiet = 0
+        self._quiet = 0  # steps since the last skip or halving
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
@@ -70,7 +70,8 @@ class LossScaleCollapse(Detector):
             self._calibrated = True
         self._push(halved, skip)
         self._consecutive = self._consecutive + 1 if skip else 0
-        return self._judge(step, scale if _finite(scale) else None, halved)
+        self._quiet = 0 if (skip or halved) else self._quiet + 1
+        return self._judge(step, scale if _finite(scale) else None, skip or halved)
 
     def _push(self, halved: bool, skip: bool) -> None:
         d = self._events
@@ -82,11 +83,39 @@ class LossScaleCollapse(Detector):
         self._halvings += halved
         self._skips += skip
 
-    def _judge(self, step: int, scale: float | None, halved: bool) -> list[Finding]:
+    def _judge(self, step: int, scale: float | None, bad: bool) -> list[Finding]:
+        cfg = self.config
+        evidence = {
+            "loss_scale": scale,
+            "halvings_in_window": self._halvings,
+            "skips_in_window": self._skips,
+            "consecutive_skips": self._consecutive,
+            "window": len(self._events),
+        }
+        tiny = scale is not None and scale < cfg.min_scale
+        if bad or tiny:
+            return self._fire(step, scale, tiny, evidence)
+        if self._open is not None and self._quiet >= cfg.resolve_after:
+            self._open = None
+            return [
+                Finding(
+                    kind=self.kind,
+                    severity="info",
+                    step=step,
+                    message=f"no overflow for {self._quiet} steps, loss scale {scale} (step {step})",
+                    hint="The overflow storm has passed.",
+                    evidence=evidence,
+                    resolved=True,
+                )
+            ]
+        return []
+
+    def _fire(self, step: int, scale: float | None, tiny: bool, evidence: dict[str, Any]) -> list[Finding]:
+        """Judged only on a step that overflowed (or with a scale under the minimum)."""
         cfg = self.config
         reasons = []
         severity = None
-        if scale is not None and scale < cfg.min_scale:
+        if tiny:
             reasons.append(f"scale {scale:.3g} < {cfg.min_scale:g}")
             severity = "critical"
         if self._consecutive >= cfg.consecutive_skips:
@@ -100,48 +129,22 @@ class LossScaleCollapse(Detector):
         if n == cfg.window and rate > cfg.max_skip_rate:
             reasons.append(f"skip rate {rate:.1%} over {n} steps")
             severity = severity or "warning"
-        evidence = {
-            "loss_scale": scale,
-            "halvings_in_window": self._halvings,
-            "skips_in_window": self._skips,
-            "consecutive_skips": self._consecutive,
-            "window": n,
-        }
-        if severity is not None:
-            self._quiet = 0
-            if self._open == severity or self._open == "critical":
-                return []
-            self._open = severity
-            return [
-                Finding(
-                    kind=self.kind,
-                    severity=severity,
-                    step=step,
-                    message=f"fp16 loss scale collapsing at step {step}: " + ", ".join(reasons),
-                    hint=(
-                        "Gradients overflow fp16 on most steps (an overflow storm): optimizer steps are being "
-                        "skipped, so the LR schedule and the data move on without updates. Look for the cause of "
-                        "the large gradients (grad_explosion / loss_spike findings just before, LR too high, "
-                        "attention logits growing); switch to bf16 if the hardware allows; a scale under 1 means "
-                        "gradients are underflowing too — roll back to the last checkpoint before the halvings."
-                    ),
-                    evidence=evidence,
-                )
-            ]
-        if self._open is None:
+        if severity is None or self._open == severity or self._open == "critical":
             return []
-        self._quiet = 0 if halved else self._quiet + 1
-        if self._quiet >= cfg.resolve_after:
-            self._open = None
-            return [
-                Finding(
-                    kind=self.kind,
-                    severity="info",
-                    step=step,
-                    message=f"loss scale stable at {scale} for {self._quiet} steps (step {step})",
-                    hint="The overflow storm has passed.",
-                    evidence=evidence,
-                    resolved=True,
-                )
-            ]
-        return []
+        self._open = severity
+        return [
+            Finding(
+                kind=self.kind,
+                severity=severity,
+                step=step,
+                message=f"fp16 loss scale collapsing at step {step}: " + ", ".join(reasons),
+                hint=(
+                    "Gradients overflow fp16 on most steps (an overflow storm): optimizer steps are being "
+                    "skipped, so the LR schedule and the data move on without updates. Look for the cause of "
+                    "the large gradients (grad_explosion / loss_spike findings just before, LR too high, "
+                    "attention logits growing); switch to bf16 if the hardware allows; a scale under 1 means "
+                    "gradients are underflowing too - roll back to the last checkpoint before the halvings."
+                ),
+                evidence=evidence,
+            )
+        ]

@@ -3,9 +3,9 @@
 Why the rule is what it is (failure-modes.md S1, and §2 "spike rules shipped in open-source
 code"):
 
-* The level is the **median** of the last ``window`` accepted losses and the noise scale σ is the
+* The level is the **median** of the last ``window`` accepted losses and the noise scale sigma is the
   MAD of their step-to-step differences (÷√2). A spike is never admitted to the window, so an
-  earlier outlier inflates neither the level nor σ: OLMo-core's mean + 6σ over 128 steps is
+  earlier outlier inflates neither the level nor sigma: OLMo-core's mean + 6sigma over 128 steps is
   blinded for 128 steps by the very spike it just saw, and a falling trend inflates a plain
   std. Differences cancel the trend, so the rule stays sensitive through warmup and decay.
 * It fires on the spike step itself (a rollback decision wants the exact step and batch).
@@ -50,7 +50,7 @@ class LossSpike(Detector):
             maxlen=config.precursor_steps + 1
         )
         self._spike: dict[str, Any] | None = None  # the open spike, if any
-        self._lrs: list[float] | None = None  # LRs of the previous accepted step
+        self._lrs: collections.deque[list[float]] = collections.deque(maxlen=config.precursor_steps + 1)
 
     # -- statistics --------------------------------------------------------------------------
 
@@ -99,8 +99,9 @@ class LossSpike(Detector):
             self._accept(loss)
             if norm is not None:
                 self._norms.add(norm)
-            lrs = f.get("lr")
-            self._lrs = list(lrs[:64]) if isinstance(lrs, list) else None
+        lrs = f.get("lr")
+        if isinstance(lrs, list):
+            self._lrs.append(list(lrs[:64]))
         self._recent.append((step, loss, norm))
         return out
 
@@ -116,10 +117,17 @@ class LossSpike(Detector):
                 precursor = risen[0]
         lr_jump = None
         lrs = f.get("lr")
-        if isinstance(lrs, list) and self._lrs and len(self._lrs) == len(lrs):
-            for g, (now, was) in enumerate(zip(lrs, self._lrs, strict=True)):
-                if _finite(now) and _finite(was) and was > 0 and now > 3 * was:
-                    lr_jump = (g, was, now)
+        recent_lrs = [*self._lrs, lrs] if isinstance(lrs, list) else list(self._lrs)
+        if len(recent_lrs) >= 2:
+            base = recent_lrs[0]  # LRs of a step before the precursor window
+            for cur in recent_lrs[1:]:
+                if len(cur) != len(base):
+                    continue
+                for g, (now, was) in enumerate(zip(cur, base, strict=True)):
+                    if _finite(now) and _finite(was) and was > 0 and now > 3 * was:
+                        lr_jump = (g, was, now)
+                        break
+                if lr_jump:
                     break
         self._spike = {
             "step": step,
