@@ -191,9 +191,7 @@ def _torchrun(out: Path, run: str, steps: int, *args: str) -> None:
 
 def _analyse_files(name: str, out: Path, clean: bool, source: str) -> Result:
     storage = Storage("sqlite://")
-    runs: list[str] = []
-    for path in sorted(out.glob("events*.jsonl")):
-        runs.extend(r for r in import_file(path, storage) if r not in runs)
+    runs = import_file(out, storage)  # every rank's events*.jsonl, merged in time order
     labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
     summary = summarize(storage, runs[0])
     return Result(name, labels, summary["anomalies"], clean, source=source)

@@ -11,7 +11,7 @@ A plain loop needs a handful of calls::
         loss.backward()
         mon.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step(); scheduler.step(); optimizer.zero_grad()
-        mon.step_end(step, loss=loss, tokens=x.numel())
+        mon.step_end(step, loss=loss, tokens=x.numel())  # lr: what optimizer.step() used
     mon.close()
 
 What ``watch`` installs, and what each phase means:
@@ -239,6 +239,7 @@ class TrainMonitor:
         self._explicit_data = False
         self._micro_batches = 0
         self._optimizer_steps = 0
+        self._lr: list[float] | None = None
         self._clip: tuple[torch.Tensor, ...] | None = None
         self._update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._comm_end = 0.0
@@ -297,8 +298,10 @@ class TrainMonitor:
     def _install_comm_hook(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        def timed_allreduce(state: Any, bucket: Any) -> torch.futures.Future:
-            def done(fut: torch.futures.Future) -> torch.Tensor:
+        # No annotations on purpose: DDP checks them against dist.GradBucket / Future[Tensor],
+        # and with postponed evaluation they would be strings and fail that check.
+        def timed_allreduce(state, bucket):
+            def done(fut):
                 self._on_comm_done()
                 return fut.value()
 
@@ -317,6 +320,8 @@ class TrainMonitor:
 
     def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         t0 = time.perf_counter()
+        # The LR this update uses, whenever the loop steps its scheduler (host floats).
+        self._lr = [float(g["lr"]) for g in optimizer.param_groups]
         self._account_comm()
         self._gap_start = None
         if self.detail_every and (self._last_step + 1) % self.detail_every == 0:
@@ -450,7 +455,8 @@ class TrainMonitor:
         if self._micro_batches:
             record["micro_batches"] = self._micro_batches
         if self._optimizer is not None:
-            record["lr"] = [float(g["lr"]) for g in self._optimizer.param_groups]  # host floats
+            # Skipped (GradScaler) steps used no LR; fall back to the current one.
+            record["lr"] = self._lr or [float(g["lr"]) for g in self._optimizer.param_groups]
             record["skipped"] = self._optimizer_steps == 0
         if self._scheduler_mark is not None:
             now_epoch = self._scheduler.last_epoch

@@ -108,6 +108,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "accum_steps": _i("micro-batches per optimizer step"),
         "planned_steps": _i("optimizer steps the run intends to take"),
         "schedule": Field("object", doc="declared LR schedule, see hooks.schedules"),
+        "loss_floor": _f("lowest reachable loss when known (synthetic data's entropy rate)"),
         "flops_per_token": _f("training FLOPs per token, for MFU"),
         "peak_flops": _f("peak FLOP/s of one device, for MFU"),
         "resumed": Field("bool", doc="true when the run continues from a checkpoint"),
@@ -152,6 +153,8 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "path": Field("str", doc="checkpoint loaded"),
         "duration": _f("seconds spent loading"),
         "fingerprint": _FINGERPRINT,
+        "round_trip_loss": _f("loss of the last logged batch recomputed right after loading", nonfinite=True),
+        "logged_loss": _f("the loss logged for that batch before the interruption", nonfinite=True),
     },
     "health": {
         "cpu_percent": _f("process CPU use, percent of one core"),

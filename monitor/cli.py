@@ -31,9 +31,9 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
         run = args.target
     else:
         path = Path(args.target)
-        if not path.is_file():
+        if not path.exists():
             print(
-                f"trainmon postmortem: {args.target} is not a file; give --db to read a run from a store",
+                f"trainmon postmortem: {args.target} is not a file or folder; give --db to read a run from a store",
                 file=sys.stderr,
             )
             return 2
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML file with collector and detector settings")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("postmortem", help="explain a run from a store (RUN --db) or a log FILE")
+    p = sub.add_parser("postmortem", help="explain a run from a store (RUN --db) or a log FILE or folder")
     p.add_argument("target", metavar="RUN|FILE")
     p.add_argument("--db", help="read RUN from this store instead of importing FILE")
     p.add_argument("--run", help="which run of a multi-run FILE")

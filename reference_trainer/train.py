@@ -255,10 +255,7 @@ def train(cfg: TrainConfig) -> str:
     )
     # Hooks time forward/backward/optimizer (and DDP's exposed all-reduce as "comm"), count
     # micro-batches and scheduler steps, notice skipped optimizer steps and read the loss scale.
-    # If DDP refuses trainmon's comm hook (a ValueError from its signature check), every other
-    # hook is already in place (the comm hook comes last): run on without a "comm" phase.
-    with contextlib.suppress(ValueError):
-        mon.watch(ddp_model, optimizer, scheduler, scaler if scaler.is_enabled() else None)
+    mon.watch(ddp_model, optimizer, scheduler, scaler if scaler.is_enabled() else None)
     if faults.get("straggler") is not None:
         # Registered after watch(): the sleep runs inside the timed forward of this rank.
         def straggle(_module: torch.nn.Module, _args: Any) -> None:
@@ -266,11 +263,9 @@ def train(cfg: TrainConfig) -> str:
                 time.sleep(delay / cfg.accum)
 
         model.register_forward_pre_hook(straggle)
-    run_config = cfg.to_dict()
-    if source.entropy_floor is not None:  # synthetic data: the best reachable loss is known
-        run_config["entropy_floor"] = source.entropy_floor
     mon.start(
-        config=run_config,
+        config=cfg.to_dict(),
+        loss_floor=source.entropy_floor,  # synthetic data: the best reachable loss is known
         schedule=declared,
         planned_steps=cfg.steps,
         vocab_size=cfg.vocab_size,

@@ -38,7 +38,7 @@ def step_events(
                 "step",
                 {
                     "step": i,
-                    "loss": 4.0 - 0.01 * i if loss is None else loss(i),
+                    "loss": 4.1 - 0.01 * i if loss is None else loss(i),
                     "grad_norm": 1.0,
                     "grad_norm_clipped": 1.0,
                     "clip_coef": 1.0,

@@ -44,7 +44,7 @@ def _write_jsonl(path: Path, events: list[dict]) -> None:
 
 def _faulty_run() -> list[dict]:
     start = event("run_start", {"world_size": 1, "vocab_size": 64, "planned_steps": 40}, seq=0, run="faulty")
-    steps = step_events(40, run="faulty", loss=lambda i: "NaN" if i == 31 else 3.0 - 0.01 * i)
+    steps = step_events(40, run="faulty", loss=lambda i: "NaN" if i == 31 else 4.1 - 0.01 * i)
     end = event("run_end", {"status": "failed", "step": 39}, seq=41, run="faulty")
     return [start, *steps, end]
 
@@ -76,7 +76,7 @@ def test_serve_runs_until_sigterm_and_stores_what_it_acknowledged(tmp_path: Path
     ).stdout
     summary = json.loads(out)
     assert (summary["run"], summary["steps"], summary["attempts"], summary["status"]) == ("faulty", 40, 1, "failed")
-    assert summary["final_loss"] == pytest.approx(3.0 - 0.39)
+    assert summary["final_loss"] == pytest.approx(4.1 - 0.39)
     (nan,) = summary["anomalies"]
     assert (nan["kind"], nan["first_step"], nan["rank"], nan["severity"]) == ("nan_inf", 31, 0, "critical")
     assert nan["message"] and nan["hint"]
@@ -108,7 +108,7 @@ def test_postmortem_errors_are_plain(tmp_path: Path) -> None:
     missing = subprocess.run(
         [*TRAINMON, "postmortem", str(tmp_path / "nope.jsonl"), "--json"], capture_output=True, text=True
     )
-    assert missing.returncode == 2 and "is not a file" in missing.stderr
+    assert missing.returncode == 2 and "is not a file or folder" in missing.stderr
     db = tmp_path / "empty.sqlite"
     unknown = subprocess.run([*TRAINMON, "postmortem", "ghost", "--db", str(db)], capture_output=True, text=True)
     assert unknown.returncode == 2 and "no run 'ghost'" in unknown.stderr
@@ -123,3 +123,19 @@ def test_bad_config_file_names_the_field(tmp_path: Path) -> None:
     cfg.write_text("prot = 9400\n")
     proc = subprocess.run([*TRAINMON, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "prot: unknown field" in proc.stderr
+
+
+def test_postmortem_of_a_folder_merges_the_ranks(tmp_path: Path) -> None:
+    run = "ddp"
+    start = [event("run_start", {"world_size": 2}, run=run, rank=r, stream=f"s{r}", seq=0, t=1000.0) for r in (0, 1)]
+    ranks = [step_events(10, run=run, rank=r, stream=f"s{r}") for r in (0, 1)]
+    for r, evs in enumerate(ranks):
+        for i, e in enumerate(evs):
+            e["time"] = 1001.0 + i + 0.5 * r
+    _write_jsonl(tmp_path / "events.jsonl", [start[0], *ranks[0]])
+    _write_jsonl(tmp_path / "events.rank1.jsonl", [start[1], *ranks[1]])
+    (tmp_path / "labels.json").write_text("[]")  # other files in the folder are ignored
+    proc = subprocess.run([*TRAINMON, "postmortem", str(tmp_path), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["run"], summary["world_size"], summary["steps"]) == ("ddp", 2, 10)

@@ -19,7 +19,7 @@ def _count(lc: LiveCollector, table) -> int:
 
 
 def _run_start(**kw) -> dict:
-    return event("run_start", {"world_size": 1, "vocab_size": 256, "planned_steps": 100}, seq=0, **kw)
+    return event("run_start", {"world_size": 1, "vocab_size": 64, "planned_steps": 100}, seq=0, **kw)
 
 
 def test_batch_is_stored_and_exported(live_collector: LiveCollector) -> None:
@@ -28,11 +28,11 @@ def test_batch_is_stored_and_exported(live_collector: LiveCollector) -> None:
     with live_collector.collector.storage.connect() as conn:
         rows = conn.execute(select(steps).order_by(steps.c.step)).all()
     assert [r.step for r in rows] == [0, 1, 2, 3, 4]
-    assert rows[4].loss == pytest.approx(3.96) and rows[4].lrs == [1e-3] and rows[4].phase_forward == 0.02
+    assert rows[4].loss == pytest.approx(4.06) and rows[4].lrs == [1e-3] and rows[4].phase_forward == 0.02
     _, text = live_collector.get("/metrics")
     exposition = text.decode()
     assert 'trainmon_step{rank="0",run="r1"} 4.0' in exposition
-    assert 'trainmon_loss{rank="0",run="r1"} 3.96' in exposition
+    assert 'trainmon_loss{rank="0",run="r1"} 4.06' in exposition
     assert 'trainmon_learning_rate{group="0",rank="0",run="r1"} 0.001' in exposition
     assert 'trainmon_phase_seconds{phase="forward",rank="0",run="r1"} 0.02' in exposition
     assert 'trainmon_tokens_total{rank="0",run="r1"} 2560.0' in exposition
@@ -46,7 +46,7 @@ def test_batch_is_stored_and_exported(live_collector: LiveCollector) -> None:
         "planned_steps": 100,
         "attempts": 1,
         "step": 4,
-        "loss": pytest.approx(3.96),
+        "loss": pytest.approx(4.06),
         "open_anomalies": 0,
     }
 
@@ -119,7 +119,7 @@ def test_oversized_body_is_refused(tmp_path) -> None:
 
 
 def test_nan_loss_is_data_and_raises_an_anomaly(live_collector: LiveCollector) -> None:
-    events = step_events(30, loss=lambda i: "NaN" if i == 25 else 3.0)
+    events = step_events(30, loss=lambda i: "NaN" if i == 25 else 4.0)
     assert live_collector.post(batch([_run_start(), *events]))[0] == 200
     with live_collector.collector.storage.connect() as conn:
         loss = conn.execute(select(steps.c.loss).where(steps.c.step == 25)).scalar_one()

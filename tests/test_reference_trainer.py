@@ -62,7 +62,7 @@ def test_clean_default_run_learns_from_ln_v_to_entropy_floor(tmp_path):
     assert 0.5 < floor < ln_v - 2
     start = of_kind(events, "run_start")[0]
     assert start["vocab_size"] == cfg.vocab_size
-    assert start["config"]["entropy_floor"] == pytest.approx(floor)
+    assert start["loss_floor"] == pytest.approx(floor)
     loss = losses(events)
     assert abs(loss[0] - ln_v) < 0.15
     tail = [loss[s] for s in range(180, 200)]
@@ -186,4 +186,4 @@ def test_trains_on_a_token_file(tmp_path):
     events = read_events(tmp_path / "out" / "events.jsonl")
     loss = losses(events)
     assert loss[9] < loss[0]
-    assert "entropy_floor" not in of_kind(events, "run_start")[0]["config"]  # unknown for real data
+    assert "loss_floor" not in of_kind(events, "run_start")[0]  # unknown for real data

@@ -80,7 +80,7 @@ class RollingWindow:
         return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
 
     def mad(self) -> float:
-        """Median absolute deviation, scaled by 1.4826 to estimate σ for normal data."""
+        """Median absolute deviation, scaled by 1.4826 to estimate sigma for normal data."""
         m = self.median()
         dev = sorted(abs(x - m) for x in self._sorted)
         n = len(dev)
