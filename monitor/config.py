@@ -165,6 +165,8 @@ class ThroughputCollapseConfig:
     """...and it must also cost more than this share of the time since the previous save (P5)..."""
     checkpoint_min_seconds: float = 0.5
     """...and exceed the typical save by at least this many seconds (jitter of millisecond saves)."""
+    checkpoint_first_fraction: float = 0.25
+    """The first save has no median to compare with: it must cost this share of the time before it."""
 
 
 @dataclass

@@ -11,10 +11,11 @@ Why the rule is what it is (``failure-modes.md``):
   8 it fires within 8 steps of the onset.
 - **P5** (checkpoint/eval stalls): routine saves and evaluations are not a collapse, so their
   phases are taken out of the step time. A save is reported when it is ``checkpoint_ratio`` x
-  slower than the median of the earlier saves (or, for the first save, when there is none) *and*
-  costs more than ``checkpoint_fraction`` of the time since the previous save *and* exceeds the
-  typical save by ``checkpoint_min_seconds``. Either P5 condition alone fires on healthy runs that
-  save often or whose saves take milliseconds; both together single out a save that stalled.
+  slower than the median of the earlier saves *and* costs more than ``checkpoint_fraction`` of
+  the time since the previous save *and* exceeds the typical save by ``checkpoint_min_seconds``
+  (the first save, with no median, must cost ``checkpoint_first_fraction`` of the time before
+  it). Either P5 condition alone fires on healthy runs that save often or whose saves take
+  milliseconds; both together single out a save that stalled.
 
 The phase named in the hint is the one whose mean time in the slow recent steps grew most over
 its baseline median.
@@ -154,7 +155,8 @@ class ThroughputCollapse(Detector):
             elif collapsed:
                 phase, grew = self._grown_phase(slow)
                 severity = "critical" if ratio >= cfg.critical_slowdown else "warning"
-                if severity != self._open_severity or phase != self._open_phase:
+                escalated = severity == "critical" and self._open_severity != "critical"
+                if escalated or phase != self._open_phase:  # new information, not a wobble
                     out.append(self._finding(step, ratio, base, slow, phase, grew, severity))
             return out
         if self._open == "checkpoint":
@@ -243,7 +245,8 @@ class ThroughputCollapse(Detector):
         typical = self._saves.median() if len(self._saves) else None
         interval = (now - since) if since is not None else None
         slow_vs_typical = typical is None or duration > cfg.checkpoint_ratio * typical
-        costly = interval is not None and interval > 0 and duration > cfg.checkpoint_fraction * interval
+        share_limit = cfg.checkpoint_fraction if typical is not None else cfg.checkpoint_first_fraction
+        costly = interval is not None and interval > 0 and duration > share_limit * interval
         excess = duration - (typical or 0.0)
         if not (slow_vs_typical and costly and excess >= cfg.checkpoint_min_seconds):
             self._saves.add(duration)
