@@ -1,0 +1,121 @@
+"""straggler: per-rank compute against the other ranks, synthetic and under torchrun (gloo)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from trainer_helpers import TINY, read_labels, torchrun
+
+from hooks.wire import Event
+from monitor.config import StragglerConfig
+from monitor.detectors.straggler import Straggler
+from monitor.postmortem import import_file, summarize
+from monitor.storage import Storage
+
+KIND = "straggler"
+
+
+def trace(ranks: int = 4, steps: int = 200, *, seed: int = 0, noise: float = 0.05, slow=None, bursts: float = 0.0):
+    """Aligned steps of ``ranks`` ranks; ``slow(rank, step)`` multiplies a rank's compute time.
+
+    DDP evens out step time: every rank's step lasts as long as the slowest, and the fast ranks
+    wait the difference in ``comm``. ``bursts`` is the chance that a rank has a 2-5x slow step.
+    """
+    rng = random.Random(seed)
+    t = 1e9
+    out = [Event("run_start", "r", r, f"node{r}", f"s{r}", 0, t, {"world_size": ranks}) for r in range(ranks)]
+    for s in range(steps):
+        comp = []
+        for r in range(ranks):
+            c = 0.1 * rng.lognormvariate(0, noise)
+            if bursts and rng.random() < bursts:
+                c *= rng.uniform(2, 5)
+            if slow:
+                c *= slow(r, s)
+            comp.append(c)
+        step_time = max(comp) + 0.02
+        t += step_time
+        for r in rng.sample(range(ranks), ranks):  # arrival order varies
+            wait = step_time - comp[r] - 0.02
+            ph = {"forward": 0.4 * comp[r], "backward": 0.6 * comp[r], "comm": wait, "optimizer": 0.02}
+            fields = {"step": s, "step_time": step_time, "phases": ph, "tokens": 4096}
+            out.append(Event("step", "r", r, f"node{r}", f"s{r}", s + 1, t + 0.001 * r, fields))
+    return out
+
+
+def run(events, config: StragglerConfig | None = None):
+    det = Straggler(config or StragglerConfig())
+    return [f for e in events for f in det.observe(e, 0)]
+
+
+@pytest.mark.parametrize(("factor", "ranks"), [(1.8, 2), (1.8, 4), (3.0, 8)])
+def test_slow_rank_is_named_with_its_ratio(factor: float, ranks: int) -> None:
+    found = run(trace(ranks, slow=lambda r, s: factor if (r == 1 and s >= 100) else 1.0))
+    opened = [f for f in found if not f.resolved]
+    assert opened and {f.rank for f in opened} == {1}
+    first = opened[0]
+    assert 100 <= first.step <= 100 + 16
+    assert first.severity == "warning"
+    assert first.evidence["ratio_to_median_of_others"] == pytest.approx(factor, rel=0.15)
+    assert "rank 1" in first.message and "node1" in first.hint and "waiting least" in first.message
+
+
+def test_resolves_when_the_rank_recovers() -> None:
+    found = run(trace(4, slow=lambda r, s: 2.0 if (r == 2 and 60 <= s < 120) else 1.0))
+    assert [(f.rank, f.resolved) for f in found] == [(2, False), (2, True)]
+    assert 120 <= found[1].step <= 140
+
+
+def test_falls_back_to_step_time_without_phases() -> None:
+    events = trace(2, slow=lambda r, s: 2.0 if (r == 0 and s >= 50) else 1.0)
+    for e in events:
+        if e.kind == "step":  # no phase split: only this rank's own step time (no DDP evening out)
+            comp = e.fields["phases"]["forward"] + e.fields["phases"]["backward"]
+            e.fields.pop("phases")
+            e.fields["step_time"] = comp
+    opened = [f for f in run(events) if not f.resolved]
+    assert opened[0].rank == 0 and 50 <= opened[0].step <= 66
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("noise", "bursts"), [(0.02, 0.0), (0.1, 0.05), (0.3, 0.2)])
+def test_clean_ranks_are_silent(seed: int, noise: float, bursts: float) -> None:
+    assert run(trace(4, seed=seed, noise=noise, bursts=bursts)) == []
+    assert run(trace(2, seed=seed, noise=noise, bursts=bursts)) == []
+
+
+def test_single_rank_and_missing_ranks() -> None:
+    assert run(trace(1, slow=lambda r, s: 5.0 if s > 50 else 1.0)) == []
+    # one rank never reports: steps stay pending (bounded), nothing fires
+    events = [e for e in trace(3) if e.rank != 2]
+    det = Straggler(StragglerConfig())
+    assert [f for e in events for f in det.observe(e, 0)] == []
+    assert len(det._pending) <= StragglerConfig().max_pending
+
+
+# -- torchrun ----------------------------------------------------------------------------------------
+
+
+def _anomalies(out, run_id: str) -> list[dict]:
+    """Every rank's file merged in time order (as a live collector receives them), then imported."""
+    lines = [line for p in sorted(out.glob("events*.jsonl")) for line in p.read_text().splitlines() if line.strip()]
+    lines.sort(key=lambda line: json.loads(line)["time"])
+    merged = out / "merged.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    storage = Storage("sqlite://")
+    import_file(merged, storage)
+    return [a for a in summarize(storage, run_id)["anomalies"] if a["kind"] == KIND]
+
+
+@pytest.mark.slow
+def test_torchrun_straggler_and_clean(tmp_path) -> None:
+    fault, clean = tmp_path / "fault", tmp_path / "clean"
+    torchrun(fault, *TINY, "--threads", "1", "--inject", "straggler@10:rank=1,ms=30", steps=45, run="st")
+    (label,) = read_labels(fault)
+    found = _anomalies(fault, "st")
+    assert [a["rank"] for a in found] == [1], found
+    assert label["first_step"] <= found[0]["first_step"] <= label["first_step"] + 30
+    torchrun(clean, *TINY, "--threads", "1", "--eval-every", "10", "--checkpoint-every", "15", steps=40, run="sc")
+    assert _anomalies(clean, "sc") == []
