@@ -1,0 +1,167 @@
+"""hang: silence checks through tick() with synthetic clocks, and a torchrun hang through import_file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from trainer_helpers import TINY, read_labels, torchrun
+
+from hooks.wire import Event
+from monitor.config import HangConfig
+from monitor.detectors.hang import Hang
+from monitor.postmortem import import_file, summarize
+from monitor.storage import Storage
+
+KIND = "hang"
+T0 = 1e9
+
+
+class Run:
+    """A multi-rank run fed to one detector, with a synthetic clock."""
+
+    def __init__(self, ranks: int = 2, step_time: float = 0.5, planned: int = 10_000, **cfg) -> None:
+        self.det = Hang(HangConfig(**cfg))
+        self.ranks, self.step_time = ranks, step_time
+        self.t = T0
+        self.step = {r: -1 for r in range(ranks)}
+        self.found: list = []
+        for r in range(ranks):
+            self._feed("run_start", r, {"world_size": ranks, "planned_steps": planned})
+
+    def _feed(self, kind: str, rank: int, fields: dict) -> None:
+        self.found += self.det.observe(Event(kind, "r", rank, f"node{rank}", f"s{rank}", 0, self.t, fields), 0)
+
+    def steps(self, n: int, ranks=None, **phases) -> None:
+        for _ in range(n):
+            self.t += self.step_time
+            for r in ranks if ranks is not None else range(self.ranks):
+                self.step[r] += 1
+                self._feed("step", r, {"step": self.step[r], "step_time": self.step_time, "phases": phases})
+            self.found += self.det.tick(self.t)
+
+    def silence(self, seconds: float, beating=(), beat_every: float = 1.0) -> None:
+        """Time passes: ranks in ``beating`` send heartbeats; the collector ticks every second."""
+        end = self.t + seconds
+        next_beat = self.t + beat_every
+        while self.t < end:
+            self.t = min(end, self.t + 1.0)
+            while next_beat <= self.t:
+                for r in beating:
+                    self._feed("heartbeat", r, {"step": self.step[r]})
+                next_beat += beat_every
+            self.found += self.det.tick(self.t)
+
+    def end(self, ranks=None, status: str = "finished") -> None:
+        for r in ranks if ranks is not None else range(self.ranks):
+            self._feed("run_end", r, {"status": status, "step": self.step[r]})
+
+    def opened(self):
+        return [f for f in self.found if not f.resolved]
+
+
+def test_stuck_rank_with_heartbeats_fires_within_twice_the_timeout() -> None:
+    run = Run(ranks=2, step_time=0.5)
+    run.steps(40)
+    timeout = run.det.timeout(run.det._ranks[1])
+    assert timeout == pytest.approx(20 * 0.5)
+    t_stop = run.t
+    run.silence(60, beating=(0, 1))
+    opened = run.opened()
+    assert {f.rank for f in opened} == {0, 1}  # both wait: the hint asks to compare them
+    first = opened[0]
+    assert first.severity == "critical" and first.evidence["state"] == "stuck"
+    assert first.step == 40  # the step that never finished
+    assert "py-spy" in first.hint and "rank 1: step 39" in first.hint + opened[1].hint
+    fired_at = T0 + 40 * 0.5 + first.evidence["seconds_without_step"]
+    assert fired_at - t_stop <= 2 * timeout
+    run.steps(3)
+    assert sorted(f.rank for f in run.found if f.resolved) == [0, 1]
+
+
+def test_dead_rank_is_told_from_a_stuck_one() -> None:
+    run = Run(ranks=3, step_time=0.2)
+    run.steps(50)
+    run.silence(40, beating=(0, 1), beat_every=2.0)  # rank 2 died: nothing from it any more
+    by_rank = {f.rank: f for f in run.opened()}
+    assert by_rank[2].evidence["state"] == "dead" and "died" in by_rank[2].hint
+    assert by_rank[0].evidence["state"] == "stuck"
+
+
+def test_first_step_gets_the_longer_timeout() -> None:
+    run = Run(ranks=1)
+    run.silence(120, beating=(0,))
+    assert run.found == []
+    run.silence(200, beating=(0,))
+    assert run.opened() and run.opened()[0].step == 0
+
+
+def test_ended_ranks_and_a_finished_run_are_not_hung() -> None:
+    run = Run(ranks=2, step_time=0.1, planned=30)
+    run.steps(30)
+    run.silence(100)  # trained the planned steps: final save and exit
+    assert run.found == []
+    run = Run(ranks=2, step_time=0.1)
+    run.steps(30)
+    run.end(ranks=[0])  # rank 0 finished; rank 1's run_end is late
+    run.silence(100)
+    assert run.found == []
+    run = Run(ranks=2, step_time=0.1)
+    run.steps(30)
+    run.end(ranks=[0], status="failed")
+    run.steps(5, ranks=[1])
+    run.end(ranks=[1])
+    run.silence(100)
+    assert run.found == []
+
+
+def test_learnt_pauses_do_not_fire() -> None:
+    run = Run(ranks=1, step_time=0.1)
+    for _ in range(5):
+        run.steps(40)
+        run.t += 2.5  # a periodic pause (GC, logging) the timeout learns
+        run.steps(1)
+    run.steps(40)
+    run.silence(4.0, beating=(0,))  # within 2x the longest pause
+    run.steps(1, checkpoint=4.0)
+    assert run.found == []
+
+
+def test_stall_seen_only_after_the_fact_is_reported_and_resolved() -> None:
+    det = Hang(HangConfig())
+    t = T0
+    out = det.observe(Event("run_start", "r", 0, "h", "s", 0, t, {"world_size": 1}), 0)
+    for s in range(30):
+        t += 0.1
+        out += det.observe(Event("step", "r", 0, "h", "s", s, t, {"step": s, "step_time": 0.1}), 0)
+    t += 9.0  # no tick and no heartbeat in between: an import of a log without heartbeats
+    out += det.observe(Event("step", "r", 0, "h", "s", 31, t, {"step": 30, "step_time": 9.0}), 0)
+    assert [(f.step, f.resolved) for f in out] == [(30, False), (30, True)]
+    assert out[0].evidence["state"] == "stalled"
+
+
+# -- torchrun + import_file ----------------------------------------------------------------------------
+
+
+def _anomalies(out, run_id: str) -> list[dict]:
+    lines = [line for p in sorted(out.glob("events*.jsonl")) for line in p.read_text().splitlines() if line.strip()]
+    lines.sort(key=lambda line: json.loads(line)["time"])
+    merged = out / "merged.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    storage = Storage("sqlite://")
+    import_file(merged, storage)
+    return [a for a in summarize(storage, run_id)["anomalies"] if a["kind"] == KIND]
+
+
+@pytest.mark.slow
+def test_torchrun_hang_and_clean(tmp_path) -> None:
+    fault, clean = tmp_path / "fault", tmp_path / "clean"
+    args = [*TINY, "--threads", "1", "--heartbeat-interval", "0.5"]
+    torchrun(fault, *args, "--inject", "hang@20:rank=1,seconds=6", steps=30, run="hg")
+    (label,) = read_labels(fault)
+    found = _anomalies(fault, "hg")
+    assert 1 in {a["rank"] for a in found}, found
+    assert all(a["first_step"] == label["first_step"] and a["status"] == "resolved" for a in found)
+    assert "alive" in found[0]["message"]
+    torchrun(clean, *args, "--eval-every", "10", "--checkpoint-every", "10", steps=30, run="hc")
+    assert _anomalies(clean, "hc") == []
