@@ -240,6 +240,7 @@ class TrainMonitor:
         self._micro_batches = 0
         self._optimizer_steps = 0
         self._lr: list[float] | None = None
+        self._scale_used: torch.Tensor | None = None
         self._clip: tuple[torch.Tensor, ...] | None = None
         self._update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._comm_end = 0.0
@@ -263,6 +264,11 @@ class TrainMonitor:
         t0 = time.perf_counter()
         self._close_gap(t0)
         self._micro_batches += 1
+        if self._micro_batches == 1 and self._scaler is not None:
+            # The scale this step's loss is multiplied by; scaler.update() changes it before
+            # step_end. A one-element device copy: no sync.
+            scale = self._scaler._scale
+            self._scale_used = scale.detach().clone() if scale is not None else None
         self._open["forward"] = self._clock.mark()
         self.overhead_s += time.perf_counter() - t0
 
@@ -479,12 +485,17 @@ class TrainMonitor:
             if per_param is not None:
                 tensors["_per_param"] = per_param
                 record["_names"] = names
-        if self._scaler is not None and getattr(self._scaler, "is_enabled", lambda: False)():
-            tensors["loss_scale"] = self._scaler._scale  # a device tensor; get_scale() would sync
+        if self._scaler is not None and self._scaler.is_enabled():
+            # A device tensor read through the readback (get_scale() would sync).
+            scale = self._scale_used if self._scale_used is not None else self._scaler._scale
+            if scale is not None:
+                tensors["loss_scale"] = scale
         ratio = self._update_ratio()
         if ratio is not None:
             tensors["update_ratio"] = ratio
         record.update(fields)
+        for key in fields:
+            tensors.pop(key, None)  # what the loop passed explicitly wins over what hooks measured
         timings = self._timings
         self._last_step = step
         self._reset_step(t0)

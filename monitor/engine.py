@@ -168,7 +168,13 @@ class Engine:
             )
             del self._open[key]
             return AnomalyChange("resolved", open_id, run, rank, f)
-        values = {"updated_at": now, "evidence": f.evidence, "severity": f.severity, "message": f.message}
+        values = {
+            "updated_at": now,
+            "evidence": f.evidence,
+            "severity": f.severity,
+            "message": f.message,
+            "hint": f.hint,
+        }
         if f.step is not None:
             values["last_step"] = f.step
         conn.execute(update(anomalies).where(anomalies.c.id == open_id).values(**values))

@@ -89,7 +89,7 @@ def test_phase_split_with_gradient_accumulation(tmp_path: Path) -> None:
         assert sum(ph.values()) == pytest.approx(f["step_time"], rel=1e-6, abs=1e-6)
         assert ph["forward"] > 0 and ph["backward"] > 0 and ph["optimizer"] > 0
         assert ("eval" in ph) == (f["step"] % 2 == 0)  # the eval forward is not a micro-batch
-        assert f["lr"] == [pytest.approx(1e-3 / (1 + f["step"] + 1))]
+        assert f["lr"] == [pytest.approx(1e-3 / (1 + f["step"]))]  # the LR this step's update used
 
 
 def test_explicit_data_phase_wins_over_inference(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_grad_scaler_skip_and_loss_scale(tmp_path: Path) -> None:
     mon.close()
     steps = [s["fields"] for s in _events(path)]
     assert [s["skipped"] for s in steps] == [False, False, True, False]
-    assert [s["loss_scale"] for s in steps] == [1024.0, 1024.0, 512.0, 512.0]
+    assert [s["loss_scale"] for s in steps] == [1024.0, 1024.0, 1024.0, 512.0]  # the scale each step used
 
 
 def test_sigterm_flushes_and_reports_interrupted(tmp_path: Path) -> None:
