@@ -283,21 +283,25 @@ class MemoryLeakConfig:
     warmup_steps: int = 10
     """Steps ignored at the start of each attempt (the caching allocator fills, buffers are created)."""
     points: int = 64
-    """Samples kept; when full, every other one is dropped, so the window spans the whole run (P4)."""
+    """Samples judged (the latest of up to twice as many kept, decimated: the window spans the recent
+    half or more of the attempt, P4's long window)."""
     min_points: int = 16
     """Samples needed before judging a trend."""
     min_growth_fraction: float = 0.05
     """Growth over the window, as a share of its start, below which nothing fires."""
     min_growth_bytes: int = 64 << 20
     """Growth over the window in bytes below which nothing fires."""
+    min_quarter_share: float = 0.15
+    """Each quarter of the window must add this share of the total growth (a spread-out rise, not
+    one or two step-like increases)."""
     horizon_hours: float = 6.0
     """Fire when the trend reaches ``limit_fraction`` of the memory within this many hours (P4: 6 h)."""
     critical_hours: float = 0.5
     """Projected exhaustion sooner than this is critical."""
     limit_fraction: float = 0.9
     """Share of the device or host memory taken as the exhaustion point (P4: 90% of RAM)."""
-    big_growth_fraction: float = 1.0
-    """Growth over the window that fires even when the memory size is unknown (doubling)."""
+    big_growth_fraction: float = 0.5
+    """Growth over the window that fires even when the memory size is unknown."""
 
 
 @dataclass

@@ -8,11 +8,14 @@ fit a trend over a long window and alert if it is projected to reach 90% of the 
 ``warmup_steps``) and an eval or a new buffer adds one step-like increase, after which memory is
 flat again.
 
-The detector keeps ``points`` samples spanning the whole attempt (when full, every other sample is
-dropped, so memory stays bounded and the window keeps growing). It fires when
+The detector keeps up to 2 x ``points`` samples spanning the whole attempt (when full, every other
+sample is dropped, so memory stays bounded) and judges the latest ``points`` of them: a window of
+the recent half (or more) of the attempt, long enough to see a slow trend, recent enough that a
+leak starting late is not averaged away. It fires when
 
-1. the medians of the window's four quarters rise strictly one after the other (growth spread
-   over the window, not one jump and not a ramp that has levelled off),
+1. the medians of the window's four quarters rise one after the other, each by at least
+   ``min_quarter_share`` of the total and by more than their noise (growth spread over the
+   window, not one jump and not a ramp that has levelled off),
 2. the growth is at least ``min_growth_fraction`` of the start and ``min_growth_bytes``, and
 3. the Theil-Sen slope (median of pairwise slopes: robust to spikes) reaches ``limit_fraction``
    of the memory within ``horizon_hours``, or the window grew by ``big_growth_fraction`` when the
@@ -152,14 +155,19 @@ class MemoryLeak(Detector):
 
     def _judge(self, series: _Series, what: str, limit: tuple[float, float] | None, now: float) -> list[Finding]:
         cfg = self.config
-        samples = series.samples
+        samples = series.samples[-cfg.points :]  # the recent half to all of the attempt
         if len(samples) < cfg.min_points:
             return []
         q = len(samples) // 4
         medians = [_median([s[1] for s in samples[i * q : (i + 1) * q]]) for i in range(4)]
         start, current = medians[0], medians[3]
         growth = current - start
-        rising = all(b > a for a, b in itertools.pairwise(medians))
+        # Each quarter must add a share of the growth, and more than the noise of a quarter median
+        # (about 1.25 sigma / sqrt(n) each; sigma from the pooled MAD around the quarter medians).
+        spread = _median([abs(s[1] - medians[i]) for i in range(4) for s in samples[i * q : (i + 1) * q]])
+        noise = 3 * math.sqrt(2) * 1.25 * 1.4826 * spread / math.sqrt(q)
+        need = max(cfg.min_quarter_share * growth, noise)
+        rising = growth > 0 and all(b - a >= need for a, b in itertools.pairwise(medians))
         big_enough = growth >= cfg.min_growth_bytes and start > 0 and growth / start >= cfg.min_growth_fraction
         step = samples[-1][2]
         if not (rising and big_enough):
@@ -180,7 +188,7 @@ class MemoryLeak(Detector):
             return []
         slope = theil_sen([(s[0], s[1]) for s in samples])  # bytes per second
         span_steps = max(1, samples[-1][2] - samples[0][2])
-        per_step = growth / max(1, samples[3 * q + q // 2][2] - samples[q // 2][2])
+        per_step = theil_sen([(float(s[2]), s[1]) for s in samples])
         eta_h = math.inf
         if limit is not None and slope > 0:
             used = samples[-1][1]
