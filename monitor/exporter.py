@@ -35,6 +35,22 @@ _STEP_GAUGES = {
 }
 
 
+_GPU_GAUGES = {
+    # health event GPU field -> (metric name, help)
+    "temperature_c": ("trainmon_gpu_temperature_celsius", "GPU temperature."),
+    "utilization_ratio": ("trainmon_gpu_utilization_ratio", "GPU busy fraction (NVML)."),
+    "mem_used_bytes": ("trainmon_gpu_memory_used_bytes", "GPU memory in use (NVML)."),
+    "mem_total_bytes": ("trainmon_gpu_memory_total_bytes", "GPU memory installed."),
+    "power_w": ("trainmon_gpu_power_watts", "GPU power draw."),
+    "sm_clock_hz": ("trainmon_gpu_sm_clock_hertz", "GPU SM clock."),
+}
+
+
+def _put(family: Metric, labels: list[str], value: float | None, scale: float = 1.0) -> None:
+    if value is not None:
+        family.add_metric(labels, float(value) * scale)
+
+
 class TrainingCollector(Collector):
     """Yields the latest per-run, per-rank training values at each scrape."""
 
@@ -62,6 +78,26 @@ class TrainingCollector(Collector):
         world = GaugeMetricFamily("trainmon_run_world_size", "Ranks in the run.", labels=["run"])
         planned = GaugeMetricFamily("trainmon_run_planned_steps", "Optimizer steps the run plans.", labels=["run"])
         up = GaugeMetricFamily("trainmon_run_running", "1 while the run has not ended.", labels=["run"])
+        lr_expected = GaugeMetricFamily(
+            "trainmon_learning_rate_expected",
+            "LR the declared schedule gives for the latest step (group 0).",
+            labels=rl,
+        )
+        mfu = GaugeMetricFamily("trainmon_mfu_ratio", "Model FLOPs utilisation of the rank's device.", labels=rl)
+        missing = CounterMetricFamily(
+            "trainmon_producer_missing_events", "Events a rank's producer dropped (sequence gaps).", labels=rl
+        )
+        nl = [*rl, "node"]
+        cpu = GaugeMetricFamily("trainmon_process_cpu_ratio", "Training process CPU use, in cores.", labels=nl)
+        rss = GaugeMetricFamily("trainmon_process_resident_memory_bytes", "Training process RSS.", labels=nl)
+        host_used = GaugeMetricFamily("trainmon_host_memory_used_bytes", "Host memory in use.", labels=nl)
+        host_total = GaugeMetricFamily("trainmon_host_memory_total_bytes", "Host memory installed.", labels=nl)
+        gl = [*nl, "gpu"]
+        gpu_gauges = {k: GaugeMetricFamily(name, doc, labels=gl) for k, (name, doc) in _GPU_GAUGES.items()}
+        throttled = GaugeMetricFamily(
+            "trainmon_gpu_throttle_reasons", "NVML clock-event reasons bitmask (0: not throttled).", labels=gl
+        )
+        ecc = CounterMetricFamily("trainmon_gpu_ecc_errors", "GPU ECC errors since boot.", labels=[*gl, "type"])
         an_total = CounterMetricFamily(
             "trainmon_anomalies", "Anomalies opened by the collector.", labels=["run", "kind", "severity"]
         )
@@ -89,22 +125,41 @@ class TrainingCollector(Collector):
                     labels = [run_id, str(rank_id)]
                     seen.add_metric(labels, r.last_seen)
                     attempt.add_metric(labels, r.attempt)
-                    if r.step < 0:
-                        continue
-                    step.add_metric(labels, r.step)
-                    last.add_metric(labels, r.last_step_time)
-                    tokens.add_metric(labels, r.tokens_total)
-                    if r.tokens_per_second is not None:
-                        tps.add_metric(labels, r.tokens_per_second)
-                    for key, fam in gauges.items():
-                        value = r.last.get(key)
-                        if value is not None:
-                            fam.add_metric(labels, float(value))
-                    for i, value in enumerate(r.last.get("lr") or ()):
-                        lr.add_metric([*labels, str(i)], value)
-                    for name, secs in (r.last.get("phases") or {}).items():
-                        phase.add_metric([*labels, name], secs)
-        yield from (step, last, seen, *gauges.values(), lr, phase, tps, tokens, attempt)
+                    if r.step >= 0:
+                        step.add_metric(labels, r.step)
+                        last.add_metric(labels, r.last_step_time)
+                        tokens.add_metric(labels, r.tokens_total)
+                        if r.tokens_per_second is not None:
+                            tps.add_metric(labels, r.tokens_per_second)
+                        for key, fam in gauges.items():
+                            value = r.last.get(key)
+                            if value is not None:
+                                fam.add_metric(labels, float(value))
+                        for i, value in enumerate(r.last.get("lr") or ()):
+                            lr.add_metric([*labels, str(i)], value)
+                        for name, secs in (r.last.get("phases") or {}).items():
+                            phase.add_metric([*labels, name], secs)
+                        if (expected := r.expected_lr()) is not None:
+                            lr_expected.add_metric(labels, expected)
+                        if (ratio := r.mfu()) is not None:
+                            mfu.add_metric(labels, ratio)
+                    missing.add_metric(labels, r.missing_events)
+                    h = r.health
+                    if h:
+                        node = [*labels, r.host]
+                        _put(cpu, node, h.get("cpu_percent"), 0.01)
+                        _put(rss, node, h.get("rss_bytes"))
+                        _put(host_used, node, h.get("host_mem_used_bytes"))
+                        _put(host_total, node, h.get("host_mem_total_bytes"))
+                        for g in h.get("gpus") or ():
+                            gpu = [*node, str(g.get("index", 0))]
+                            for key, fam in gpu_gauges.items():
+                                _put(fam, gpu, g.get(key))
+                            _put(throttled, gpu, g.get("throttle_reasons"))
+                            _put(ecc, [*gpu, "corrected"], g.get("ecc_corrected"))
+                            _put(ecc, [*gpu, "uncorrected"], g.get("ecc_uncorrected"))
+        yield from (step, last, seen, *gauges.values(), lr, lr_expected, phase, tps, tokens, mfu, attempt, missing)
+        yield from (cpu, rss, host_used, host_total, *gpu_gauges.values(), throttled, ecc)
         yield from (eval_loss, world, planned, up, an_total, an_active)
 
 

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from hooks.schedules import Schedule
 from hooks.wire import Event
 
 __all__ = ["LiveState", "RankState", "RunState"]
@@ -22,6 +23,24 @@ class RankState:
     tokens_per_second: float | None = None
     last_step_time: float = 0.0  # wall time of the latest step
     last_seen: float = 0.0  # wall time of any event (heartbeats included)
+    start: dict[str, Any] = field(default_factory=dict)  # run_start fields of the current attempt
+    schedule: Schedule | None = None  # the declared LR schedule, for the expected LR
+    health: dict[str, Any] = field(default_factory=dict)  # fields of the latest health event
+    seqs: dict[str, int] = field(default_factory=dict)  # highest seq seen per producer stream
+    missing_events: int = 0  # sequence gaps: events the producer dropped
+
+    def expected_lr(self) -> float | None:
+        """The declared schedule's LR for the latest step (param group 0)."""
+        if self.schedule is None or self.step < 0:
+            return None
+        return self.schedule.lr(self.step)
+
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation of this rank's device, when the run declared what it needs."""
+        fpt, peak = self.start.get("flops_per_token"), self.start.get("peak_flops")
+        if not fpt or not peak or self.tokens_per_second is None:
+            return None
+        return self.tokens_per_second * fpt / peak
 
 
 @dataclass
@@ -53,6 +72,10 @@ class LiveState:
                 rank = run.ranks[event.rank] = RankState()
             rank.host = event.host
             rank.last_seen = max(rank.last_seen, event.time)
+            last_seq = rank.seqs.get(event.stream, -1)
+            if event.seq > last_seq + 1:
+                rank.missing_events += event.seq - last_seq - 1
+            rank.seqs[event.stream] = max(last_seq, event.seq)
             if attempt < rank.attempt:
                 return  # a late replay of an earlier attempt must not roll the gauges back
             rank.attempt = attempt
@@ -66,7 +89,14 @@ class LiveState:
                     rank.tokens_total += tokens
                     if f.get("step_time"):
                         rank.tokens_per_second = tokens / f["step_time"]
+            elif event.kind == "health":
+                rank.health = f
             elif event.kind == "run_start":
+                rank.start = f
+                try:
+                    rank.schedule = Schedule.from_dict(f["schedule"]) if f.get("schedule") else None
+                except (TypeError, ValueError):
+                    rank.schedule = None  # a schedule we cannot rebuild is simply not compared
                 run.status = "running"
                 run.world_size = f.get("world_size", run.world_size)
                 run.planned_steps = f.get("planned_steps", run.planned_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -146,3 +147,50 @@ def test_exposition_passes_promtool(live_collector: LiveCollector) -> None:
     _, text = live_collector.get("/metrics")
     proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
     assert proc.returncode == 0 and proc.stdout.strip() == b"" and proc.stderr.strip() == b"", proc
+
+
+def test_expected_lr_mfu_node_health_and_producer_losses_are_exported(live_collector: LiveCollector) -> None:
+    schedule = {"name": "cosine", "peak_lr": 1e-3, "total_steps": 100, "warmup_steps": 10}
+    start = event(
+        "run_start", {"world_size": 1, "schedule": schedule, "flops_per_token": 6e9, "peak_flops": 1e15}, seq=0
+    )
+    steps = step_events(5)
+    del steps[2]  # seq 3 never arrives: the producer dropped it
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-1",
+        "temperature_c": 83,
+        "utilization_ratio": 0.97,
+        "mem_used_bytes": 7e10,
+        "mem_total_bytes": 8e10,
+        "power_w": 690.5,
+        "sm_clock_hz": 1.98e9,
+        "throttle_reasons": 32,
+        "ecc_corrected": 4,
+        "ecc_uncorrected": 0,
+    }
+    health = event(
+        "health",
+        {
+            "cpu_percent": 150.0,
+            "rss_bytes": 2**33,
+            "host_mem_used_bytes": 10**11,
+            "host_mem_total_bytes": 2 * 10**11,
+            "gpus": [gpu],
+        },
+        seq=6,
+    )
+    assert live_collector.post(batch([start, *steps, health]))[0] == 200
+    text = live_collector.get("/metrics")[1].decode()
+    assert 'trainmon_learning_rate_expected{rank="0",run="r1"} 0.0005' in text  # step 4 of a 10-step warmup
+    mfu = float(re.search(r'^trainmon_mfu_ratio\{rank="0",run="r1"\} (\S+)$', text, re.M).group(1))
+    assert mfu == pytest.approx(512 / 0.05 * 6e9 / 1e15)  # tokens/s * FLOPs per token / peak FLOP/s
+    assert 'trainmon_producer_missing_events_total{rank="0",run="r1"} 1.0' in text
+    node = 'node="test-host",rank="0",run="r1"'
+    assert f"trainmon_process_cpu_ratio{{{node}}} 1.5" in text
+    assert f'trainmon_gpu_temperature_celsius{{gpu="0",{node}}} 83.0' in text
+    assert f'trainmon_gpu_throttle_reasons{{gpu="0",{node}}} 32.0' in text
+    assert f'trainmon_gpu_ecc_errors_total{{gpu="0",{node},type="corrected"}} 4.0' in text
+    if shutil.which("promtool"):
+        proc = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True)
+        assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), proc
