@@ -6,6 +6,8 @@ streams (one per process and rank, which is how attempts are counted), steps key
 and anomalies. Steps repeat across attempts when a run resumes from an older checkpoint, so
 ``attempt`` is part of every per-step key.
 
+The schema is versioned with Alembic (``monitor/migrations``): opening a store upgrades it.
+
 SQLite stores NaN as NULL, and a NaN loss is data, so floats go through :class:`Real`, which
 keeps NaN as the text ``'NaN'`` on SQLite (PostgreSQL has a native NaN).
 """
@@ -255,7 +257,10 @@ class Storage:
         self.engine: Engine = create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        metadata.create_all(self.engine)
+        if self.url == "sqlite://":
+            metadata.create_all(self.engine)  # in memory, gone at exit: no history to migrate
+        else:
+            migrate(self.engine)
 
     @property
     def dialect(self) -> str:
@@ -285,6 +290,18 @@ class Storage:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the latest revision (Alembic), so an upgrade never needs a wipe."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

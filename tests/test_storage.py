@@ -1,0 +1,77 @@
+"""The same storage behaviour on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import func, select
+
+from hooks.wire import validate_batch
+from monitor.config import DetectorsConfig
+from monitor.engine import Engine
+from monitor.ingest import Ingestor
+from monitor.live import LiveState
+from monitor.storage import Storage, anomalies, metadata, steps, streams
+from tests.events import batch, event, step_events
+from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    url = str(tmp_path / "db.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    storage = Storage(url)
+    yield storage
+    storage.close()
+
+
+def _ingest(storage: Storage, events: list[dict]) -> tuple[int, int]:
+    ingestor = Ingestor(storage, Engine(storage, DetectorsConfig()), LiveState())
+    result = ingestor.ingest(validate_batch(batch(events)))
+    return result.accepted, result.duplicates
+
+
+def test_migrations_build_exactly_the_declared_schema(store: Storage) -> None:
+    with store.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_reopening_a_store_keeps_its_data(store: Storage) -> None:
+    _ingest(store, step_events(3))
+    again = Storage(store.url)  # runs the migrations again: a no-op at head
+    with again.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(steps)).scalar_one() == 3
+    again.close()
+
+
+def test_non_finite_values_round_trip(store: Storage) -> None:
+    values = {0: math.nan, 1: math.inf, 2: -math.inf, 3: 1.5}
+    enc = {math.inf: "Infinity", -math.inf: "-Infinity"}
+    evs = step_events(4, loss=lambda i: "NaN" if math.isnan(values[i]) else enc.get(values[i], values[i]))
+    _ingest(store, evs)
+    with store.connect() as conn:
+        got = dict(conn.execute(select(steps.c.step, steps.c.loss)).all())
+    assert math.isnan(got[0]) and got[1] == math.inf and got[2] == -math.inf and got[3] == 1.5
+
+
+def test_ingest_is_idempotent_and_counts_attempts(store: Storage) -> None:
+    first = [event("run_start", {"world_size": 1}, seq=0), *step_events(10)]
+    assert _ingest(store, first) == (11, 0)
+    assert _ingest(store, first) == (0, 11)
+    second = [event("run_start", {"world_size": 1}, stream="s1", seq=0), *step_events(4, stream="s1")]
+    assert _ingest(store, second) == (5, 0)
+    with store.connect() as conn:
+        assert dict(conn.execute(select(streams.c.stream, streams.c.attempt)).all()) == {"s0": 0, "s1": 1}
+        assert conn.execute(select(func.count()).select_from(steps)).scalar_one() == 14
+
+
+def test_anomalies_persist_with_their_evidence(store: Storage) -> None:
+    _ingest(store, step_events(10, loss=lambda i: "NaN" if i == 7 else 4.0))
+    with store.connect() as conn:
+        (row,) = conn.execute(select(anomalies)).all()
+    assert (row.kind, row.first_step, row.status) == ("nan_inf", 7, "open")
+    assert row.evidence["loss"] == "nan"
