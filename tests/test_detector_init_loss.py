@@ -90,7 +90,7 @@ def test_labels_not_shifted_is_critical() -> None:
 
 def test_declared_entropy_floor_is_used() -> None:
     losses = [4.1 - 0.05 * t for t in range(80)]
-    found = _feed(_det(), _steps(losses, vocab_size=64, config={"entropy_floor": 1.07}))
+    found = _feed(_det(), _steps(losses, vocab_size=64, loss_floor=1.07))
     first_under = next(t for t in range(80) if losses[t] < 0.85 * 1.07)
     assert found[0].step == first_under + 2 and "entropy floor" in found[0].message
 

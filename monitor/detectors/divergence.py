@@ -20,7 +20,6 @@ It resolves when the smoothed loss is back near its minimum.
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 from typing import Any
 
@@ -151,8 +150,13 @@ class Divergence(Detector):
         if rise <= 0 or rise < min_rel * abs(start) or rise < cfg.min_rise_sigma * sigma:
             return None
         fl = list(self._filtered)[-w - 1 :]
-        f_rise = fl[-1] - fl[0]
-        if f_rise <= 0 or max(b - a for a, b in itertools.pairwise(fl)) > cfg.max_jump_share * f_rise:
+        if fl[-1] - fl[0] <= 0:
+            return None
+        # A jump that stays up puts most of the rise into a few steps of the smoothed series;
+        # a trend spreads it. (Checked on the EMA: single filtered increments are too noisy.)
+        ss = list(sm)[-w - 1 :]
+        k = min(5, w // 4)
+        if max(ss[i + k] - ss[i] for i in range(len(ss) - k)) > cfg.max_jump_share * rise:
             return None
         lag = max(1, w // 2)
         pairs = len(fl) - lag

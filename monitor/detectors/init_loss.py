@@ -9,7 +9,7 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
   the tolerance on the same side, so one noisy first batch does not fire it.
 * Labels not shifted (C2): the model learns to copy its input and the loss falls below the
   data's entropy floor (**sim**: 0.21 at step 50 vs a floor of 1.61). When ``run_start`` declares
-  the floor (``config.entropy_floor``, the reference trainer does) a loss under
+  the floor (``loss_floor``; the reference trainer sends its Markov chain's entropy rate) a loss under
   ``floor_fraction`` x floor is impossible; otherwise a pretraining loss under ``leak_loss``
   nats early in the run is. Either is critical, after ``leak_consecutive`` steps in a row.
 """
@@ -55,8 +55,10 @@ class InitLoss(Detector):
             self._accum = acc if isinstance(acc, int) and acc > 0 else 1
             self._fresh = not f.get("resumed", False) and attempt == 0
             self._first = []
+            floor = f.get("loss_floor")
             cfg = f.get("config")
-            floor = cfg.get("entropy_floor") if isinstance(cfg, dict) else None
+            if floor is None and isinstance(cfg, dict):
+                floor = cfg.get("entropy_floor")  # older reference-trainer logs
             self._floor = floor if _finite(floor) and floor > 0 else None
             return []
         if event.kind != "step":

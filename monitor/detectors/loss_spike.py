@@ -43,7 +43,7 @@ class LossSpike(Detector):
     def __init__(self, config: LossSpikeConfig) -> None:
         self.config = config
         self._level = RollingWindow(config.window)
-        self._diffs = RollingWindow(config.window)
+        self._diffs = RollingWindow(2 * config.window)
         self._prev: float | None = None
         self._norms = RollingWindow(config.window)
         self._recent: collections.deque[tuple[int, float | None, float | None]] = collections.deque(
@@ -58,7 +58,9 @@ class LossSpike(Detector):
         """Noise scale from the MAD of accepted step-to-step differences, with a small floor."""
         if len(self._diffs) < 4:
             return max(abs(level) * 0.01, 1e-6)
-        return max(1.4826 * self._diffs.median() / math.sqrt(2.0), abs(level) * 1e-3, 1e-6)
+        n = len(self._diffs)
+        sigma = 1.4826 * self._diffs.median() / math.sqrt(2.0) * (1.0 + 1.7 / math.sqrt(n))
+        return max(sigma, abs(level) * 1e-3, 1e-6)
 
     def _threshold(self, level: float, sigma: float, z: float) -> float:
         return level + max(z * sigma, self.config.min_rel * abs(level), self.config.min_abs)
