@@ -58,19 +58,20 @@ class LossSpikeConfig:
     """Accepted (non-spike) losses that form the baseline: their median is the level."""
     min_history: int = 16
     """Accepted losses needed before the rule can fire (no baseline in the first steps)."""
-    z: float = 8.0
-    """A loss more than this many robust σ above the baseline median is a spike. σ comes from
-    the MAD of step-to-step differences, so a trend does not inflate it and earlier spikes
-    (never admitted to the window) do not either."""
+    z: float = 6.5
+    """A loss more than this many robust sigma above the baseline median is a spike. sigma comes from
+    the MAD of the last ``2 * window`` accepted step-to-step differences, so a trend does not
+    inflate it and earlier spikes (never admitted) do not either; it is inflated by
+    (1 + 1.7/sqrt(n)) while few differences are known (a MAD of 20 values can be 2x too small)."""
     min_rel: float = 0.1
-    """...and at least this fraction of the baseline above it (ignores tiny-but-many-σ blips)."""
+    """...and at least this fraction of the baseline above it (ignores tiny-but-many-sigma blips)."""
     min_abs: float = 0.05
     """...and at least this many nats above it."""
     recover_steps: int = 20
     """A spike whose loss is back within the band within this many steps is recoverable;
     otherwise the anomaly escalates to critical with a rollback hint."""
     recover_z: float = 4.0
-    """The band a recovered loss must be back in, in robust σ above the baseline median."""
+    """The band a recovered loss must be back in, in robust sigma above the baseline median."""
     skip_back: int = 2
     """Batches before the spike step to suggest skipping, [X - skip_back, X]."""
     precursor_steps: int = 3
@@ -88,9 +89,9 @@ class GradExplosionConfig:
     min_history: int = 16
     """Accepted grad norms needed before the spike rule can fire."""
     z: float = 8.0
-    """A log grad norm more than this many robust σ (MAD of differences) above the median fires."""
+    """A log grad norm more than this many robust sigma (MAD of differences) above the median fires."""
     min_ratio: float = 3.0
-    """...and at least this many times the baseline median norm (noise on a flat norm is tiny in σ)."""
+    """...and at least this many times the baseline median norm (noise on a flat norm is tiny in sigma)."""
     critical_ratio: float = 100.0
     """A norm this many times the baseline is critical (BLOOM's spike went 0.17 → 960)."""
     resolve_after: int = 5
@@ -124,11 +125,12 @@ class DivergenceConfig:
     long_min_rise_rel: float = 0.1
     """... or over the long window by at least this fraction ..."""
     min_rise_sigma: float = 4.0
-    """... and by this many robust σ of the filtered step-to-step noise ..."""
+    """... and by this many robust sigma of the filtered step-to-step noise ..."""
     up_fraction: float = 0.8
     """... with this share of lagged pairs (value half a window later vs now) going up (a trend) ..."""
     max_jump_share: float = 0.5
-    """... no single filtered increment carrying more than this share of the rise (a jump is a spike) ..."""
+    """... no 5-step stretch of the smoothed loss carrying more than this share of the rise (a jump
+    that stays up is a non-recovered spike, not a trend) ..."""
     above_min_rel: float = 0.1
     """... and the smoothed loss this fraction above its running minimum."""
     critical_rel: float = 1.0
