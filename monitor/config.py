@@ -28,6 +28,8 @@ __all__ = [
     "MemoryLeakConfig",
     "NanInfConfig",
     "NodeHealthConfig",
+    "NotifyConfig",
+    "NotifyTargetConfig",
     "StragglerConfig",
     "ThroughputCollapseConfig",
     "load_config",
@@ -389,6 +391,51 @@ class DetectorsConfig:
 
 
 @dataclass
+class NotifyTargetConfig:
+    """One destination of the collector's own notifications (``[[notify.targets]]`` in TOML)."""
+
+    type: str = "webhook"
+    """``webhook`` (generic JSON), ``slack`` (Slack-compatible incoming webhook) or ``alertmanager`` (API v2)."""
+    url: str = ""
+    """Endpoint; for Alertmanager its base URL (``http://alertmanager:9093``). Secret URLs belong in ``url_env``."""
+    url_env: str = ""
+    """Environment variable holding the URL; wins over ``url`` when set, so a Slack hook stays out of the file."""
+    token: str = ""
+    """Sent as ``Authorization: Bearer TOKEN``; empty sends no header."""
+    token_env: str = ""
+    """Environment variable holding the token; wins over ``token`` when set."""
+    timeout: float = 5.0
+    """Seconds one delivery attempt may take: a slow receiver must not hold the queue for long."""
+
+
+@dataclass
+class NotifyConfig:
+    """Notifications sent by the collector itself, for users without Alertmanager routing."""
+
+    targets: list[NotifyTargetConfig] = field(default_factory=list, metadata={"item": NotifyTargetConfig})
+    """Where to send; none (the default) turns notifications off."""
+    min_severity: str = "info"
+    """Anomalies below this severity (``info`` < ``warning`` < ``critical``) are not sent."""
+    group_wait: float = 10.0
+    """Seconds changes of one run are collected before they go out as one message per target."""
+    cooldown: float = 300.0
+    """An anomaly that re-opens within this many seconds of its resolve is not notified again (a flap)
+    unless it is still open when the cooldown ends."""
+    max_attempts: int = 5
+    """Delivery attempts on connection errors, 5xx and 429 before the message is dropped and counted."""
+    backoff: float = 1.0
+    """Seconds before the first retry; doubled after each failed attempt."""
+    max_backoff: float = 30.0
+    """Longest wait between two attempts."""
+    resend_interval: float = 60.0
+    """Open anomalies are re-posted to Alertmanager this often, so its resolve_timeout does not close them."""
+    queue_size: int = 10000
+    """Anomaly changes waiting for the notifier; more are dropped (and counted) rather than slowing ingest."""
+    collector_url: str = ""
+    """This collector's external URL, for links in the messages; empty leaves links out."""
+
+
+@dataclass
 class CollectorConfig:
     db: str = "trainmon.sqlite"
     """SQLite file path or SQLAlchemy URL (``postgresql+psycopg://...``)."""
@@ -397,6 +444,7 @@ class CollectorConfig:
     max_body_bytes: int = 8 << 20
     """Largest accepted POST body; bigger batches get 413 and the sender splits them."""
     detectors: DetectorsConfig = field(default_factory=DetectorsConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
 def _apply(obj: Any, raw: dict, prefix: str) -> None:
@@ -406,6 +454,18 @@ def _apply(obj: Any, raw: dict, prefix: str) -> None:
         if key not in known:
             raise ConfigError(f"{name}: unknown field, expected one of {sorted(known)}")
         current = getattr(obj, key)
+        item = known[key].metadata.get("item")
+        if item is not None:
+            # A list of tables (``[[notify.targets]]``): each entry is checked like a section.
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise ConfigError(f"{name}: expected a list of tables, got {value!r}")
+            entries = []
+            for i, table in enumerate(value):
+                entry = item()
+                _apply(entry, table, f"{name}[{i}].")
+                entries.append(entry)
+            setattr(obj, key, entries)
+            continue
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"{name}: expected a table, got {value!r}")

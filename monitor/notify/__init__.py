@@ -1,0 +1,11 @@
+"""Notifications straight from the collector: generic webhook, Slack-compatible webhook, Alertmanager API v2.
+
+For users without Prometheus/Alertmanager routing (and for those who want the collector's
+hints in the page). See :mod:`monitor.notify.notifier` for the policy (dedupe, grouping,
+cooldown, retry) and :mod:`monitor.notify.targets` for the payloads.
+"""
+
+from monitor.notify.notifier import Notifier
+from monitor.notify.targets import TARGET_TYPES, Alert, redact
+
+__all__ = ["TARGET_TYPES", "Alert", "Notifier", "redact"]
