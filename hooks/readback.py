@@ -1,18 +1,19 @@
-"""Reads tensors and CUDA-event timings back to the host without stalling the device.
+"""Turns a step's tensors into numbers off the training thread, without stalling the device.
 
 Calling ``.item()`` on a CUDA tensor waits for every kernel queued before it: one such call per
-step serialises the CPU and the GPU and costs real throughput. Instead, a step's values are
-flattened into one buffer, copied with ``non_blocking=True`` into pinned host memory, and a
-CUDA event is recorded behind the copy. The record is released when ``event.query()`` says the
-copy (and every phase-timing event of the step) is done, normally one step later; nothing waits
-except :meth:`Readback.drain` at shutdown.
-
-On CPU the values are already on the host and are read immediately.
+step serialises the CPU and the GPU. Instead, ``submit`` (training thread) only queues work:
+on GPU the step's scalars are flattened into one buffer, copied with ``non_blocking=True`` into
+pinned host memory and a CUDA event is recorded behind the copy (stream order is why this part
+runs on the training thread); on CPU nothing is read at all. ``ready`` (the sender thread)
+releases records in order once their copy and phase-timing events have completed
+(``event.query()``, never a wait) and reads the values there, so even CPU reads cost the
+training thread nothing. Only ``drain`` (at close) waits.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,76 +34,81 @@ class Timing:
 @dataclass(slots=True)
 class _Pending:
     record: dict
-    done: Any  # torch.cuda.Event behind the copy, or None
-    host: torch.Tensor | None
+    host_tensors: dict[str, torch.Tensor]  # CPU tensors, read when released
+    done: Any  # torch.cuda.Event behind the device copy, or None
+    pinned: torch.Tensor | None
     layout: list[tuple[str, int, bool]]  # key, length, scalar?
     timings: list[Timing]
 
 
 class Readback:
-    """Queue of records whose device values are still in flight."""
+    """Records in flight from the training thread to the sender thread, in submission order."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 4096) -> None:
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._capacity = capacity
+        self._lock = threading.Lock()  # between the sender thread and close(); never the training thread
+        self.dropped = 0
 
-    def submit(self, record: dict, tensors: dict[str, torch.Tensor], timings: list[Timing] | None = None) -> list[dict]:
-        """Hand over ``record`` whose ``tensors`` still need reading; return the records now ready.
+    def submit(self, record: dict, tensors: dict[str, torch.Tensor], timings: list[Timing] | None = None) -> bool:
+        """Queue ``record`` whose ``tensors`` still need reading.
 
-        Scalars become floats, other tensors lists of floats, under their key in ``record``.
+        Returns False (and counts) when too many records wait: never blocks.
         """
-        on_device: dict[str, torch.Tensor] = {}
-        for key, t in tensors.items():
-            if t.is_cuda:
-                on_device[key] = t
-            else:
-                record[key] = _to_python(t)  # CPU tensor: a plain read, no device to wait for
-        if not on_device and not timings:
-            return [*self.ready(), record]
-        host = done = None
-        layout = []
+        if len(self._pending) >= self._capacity:
+            self.dropped += 1
+            return False
+        on_device = {k: t for k, t in tensors.items() if t.is_cuda}
+        pinned = done = None
+        layout: list[tuple[str, int, bool]] = []
         if on_device:
             flat = torch.cat([t.detach().reshape(-1).float() for t in on_device.values()])
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)  # device → host copy queued, not awaited
+            pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            pinned.copy_(flat, non_blocking=True)  # device → host copy queued, not awaited
             done = torch.cuda.Event()
             done.record()
             layout = [(k, t.numel(), t.dim() == 0) for k, t in on_device.items()]
-        self._pending.append(_Pending(record, done, host, layout, timings or []))
-        return self.ready()
+        host = {k: t for k, t in tensors.items() if k not in on_device}
+        self._pending.append(_Pending(record, host, done, pinned, layout, timings or []))
+        return True
 
     def ready(self) -> list[dict]:
-        """Records whose copies and timing events have completed, oldest first; never blocks."""
+        """Records whose device work has completed, oldest first, values filled in; never blocks."""
         out = []
-        while self._pending and _complete(self._pending[0]):
-            out.append(_fill(self._pending.popleft()))
+        with self._lock:
+            while self._pending and _complete(self._pending[0]):
+                out.append(_fill(self._pending.popleft()))
         return out
 
     def drain(self) -> list[dict]:
-        """Wait for everything in flight (shutdown only: this is a sync point)."""
+        """Everything in flight, waiting for the device if needed (close() only: a sync point)."""
         out = []
-        while self._pending:
-            p = self._pending.popleft()
-            if p.done is not None:
-                p.done.synchronize()  # SYNC: only at close()
-            for t in p.timings:
-                t.end.synchronize()  # SYNC: only at close()
-            out.append(_fill(p))
+        with self._lock:
+            while self._pending:
+                p = self._pending.popleft()
+                if p.done is not None:
+                    p.done.synchronize()  # SYNC: only at close()
+                for t in p.timings:
+                    t.end.synchronize()  # SYNC: only at close()
+                out.append(_fill(p))
         return out
-
-
-def _to_python(t: torch.Tensor) -> float | list[float]:
-    t = t.detach()
-    return float(t) if t.dim() == 0 else t.float().reshape(-1).tolist()
 
 
 def _complete(p: _Pending) -> bool:
     return (p.done is None or p.done.query()) and all(t.end.query() for t in p.timings)
 
 
+def _read(t: torch.Tensor) -> float | list[float]:
+    t = t.detach()
+    return float(t) if t.dim() == 0 else t.float().reshape(-1).tolist()
+
+
 def _fill(p: _Pending) -> dict:
     record = p.record
-    if p.host is not None:
-        values = p.host.tolist()
+    for key, value in p.host_tensors.items():
+        record[key] = _read(value)
+    if p.pinned is not None:
+        values = p.pinned.tolist()
         i = 0
         for key, n, scalar in p.layout:
             record[key] = values[i] if scalar else values[i : i + n]

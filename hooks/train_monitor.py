@@ -38,10 +38,12 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import math
 import os
 import signal
 import socket
 import statistics
+import struct
 import threading
 import time
 import uuid
@@ -59,7 +61,7 @@ from hooks.wire import PHASES
 __all__ = ["TrainMonitor"]
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
-_UPDATE_SAMPLE_ELEMENTS = 1 << 22  # parameters copied to measure the update/param ratio
+_UPDATE_SAMPLE_ELEMENTS = 1 << 16  # parameters copied to measure the update/param ratio
 
 
 class _Clock:
@@ -116,6 +118,8 @@ class TrainMonitor:
         self.host = host or socket.gethostname()
         self.stream = uuid.uuid4().hex
         target = collector or os.environ.get("TRAINMON_COLLECTOR", DEFAULT_COLLECTOR)
+        self._readback = Readback(capacity=queue_size)
+        self._norm_history: collections.deque[float] = collections.deque(maxlen=50)  # sender thread only
         if spool_dir is None:
             spool_dir = os.path.join(os.path.expanduser("~/.cache/trainmon/spool"), run, f"rank{self.rank}")
         self.transport = Transport(
@@ -124,11 +128,11 @@ class TrainMonitor:
             token=token or os.environ.get("TRAINMON_TOKEN"),
             queue_size=queue_size,
             flush_interval=flush_interval,
+            poll=self._completed,
         )
         self.detail_every = detail_every
         self.detail_trigger = detail_trigger
         self.overhead_s = 0.0  # time spent inside trainmon on the training thread
-        self._readback = Readback()
         self._clock = _Clock(cuda=False)
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -137,7 +141,6 @@ class TrainMonitor:
         self._scheduler_mark: int | None = None
         self._names: dict[int, str] = {}
         self._handles: list[Any] = []
-        self._norm_history: collections.deque[float] = collections.deque(maxlen=50)
         self._last_step = -1
         self._closed = False
         self._reset_step(time.perf_counter())
@@ -280,23 +283,31 @@ class TrainMonitor:
         self._add("forward", start, self._clock.mark())
         root = _first_grad_tensor(output)
         if root is not None:
-            root.register_hook(self._on_backward_start)
+            # A pre-hook on the output's grad_fn fires when autograd reaches the model's output:
+            # the start of its backward. Cheaper than a tensor hook.
+            if root.grad_fn is not None:
+                root.grad_fn.register_prehook(self._on_backward_start)
+            else:
+                root.register_hook(self._on_backward_start)
         self._gap_start = time.perf_counter()
         self.overhead_s += self._gap_start - t0
 
-    def _on_backward_start(self, _grad: torch.Tensor) -> None:
+    def _on_backward_start(self, _grads: Any) -> None:
+        t0 = time.perf_counter()
         self._gap_start = None
         self._open["backward"] = self._clock.mark()
         # Runs once autograd has computed every gradient, before DDP's own callback waits on
         # the all-reduce: the boundary between backward compute and exposed communication.
         torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+        self.overhead_s += time.perf_counter() - t0
 
     def _on_backward_end(self) -> None:
+        t0 = time.perf_counter()
         start = self._open.pop("backward", None)
         if start is not None:
             self._add("backward", start, self._clock.mark())
-        self._backward_end = time.perf_counter()
-        self._gap_start = self._backward_end
+        self._backward_end = self._gap_start = time.perf_counter()
+        self.overhead_s += self._backward_end - t0
 
     def _on_comm_done(self) -> None:
         self._comm_end = max(self._comm_end, time.perf_counter())  # called on the comm thread
@@ -415,8 +426,7 @@ class TrainMonitor:
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
-        names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params) if p.grad is not None]
-        self.record_grad_norm(total, max_norm, torch.stack(per_param) if per_param else None, names)
+        self.record_grad_norm(total, max_norm, per_param, [p for p in params if p.grad is not None])
         self._gap_start = time.perf_counter()
         self._phases["optimizer"] = self._phases.get("optimizer", 0.0) + self._gap_start - t0
         self.overhead_s += self._gap_start - t1
@@ -426,16 +436,16 @@ class TrainMonitor:
         self,
         total: torch.Tensor,
         max_norm: float,
-        per_param: torch.Tensor | None = None,
-        names: list[str] | None = None,
+        per_param: list[torch.Tensor] | None = None,
+        params: list[torch.Tensor] | None = None,
     ) -> None:
-        """Record a clip that the framework did itself (FSDP, DeepSpeed): its total pre-clip norm.
+        """Record a clip done elsewhere (a framework's, FSDP, DeepSpeed): its total pre-clip norm.
 
-        The post-clip norm and coefficient are derived as torch derives them; values stay tensors.
+        Nothing is computed here: the coefficient and post-clip norm are derived from the total on
+        the sender thread, as torch derives them, and per-parameter norms are read only on the
+        steps that send them.
         """
-        total = total.detach()
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        self._clip = (total, total * coef, coef, per_param, names or [])
+        self._clip = (total.detach(), max_norm, per_param, params)
 
     def step_end(
         self,
@@ -480,14 +490,17 @@ class TrainMonitor:
         elif loss is not None:
             record["loss"] = float(loss)
         if self._clip is not None:
-            pre, post, coef, per_param, names = self._clip
-            tensors.update(grad_norm=pre, grad_norm_clipped=post, clip_coef=coef)
-            if per_param is not None:
-                tensors["_per_param"] = per_param
-                record["_names"] = names
+            total, record["_max_norm"], per_param, record["_params"] = self._clip
+            tensors["grad_norm"] = total
+            if per_param is not None and self._clock.cuda:
+                tensors["_per_param"] = torch.stack(per_param)  # one async copy with the rest
+            elif per_param is not None:
+                record["_per_param"] = per_param  # CPU tensors, read only if this step sends them
         if self._scaler is not None and self._scaler.is_enabled():
             # A device tensor read through the readback (get_scale() would sync).
-            scale = self._scale_used if self._scale_used is not None else self._scaler._scale
+            scale = self._scale_used
+            if scale is None and self._scaler._scale is not None:  # first step: scale() made it lazily
+                scale = self._scaler._scale.detach().clone()  # update() changes it in place later
             if scale is not None:
                 tensors["loss_scale"] = scale
         ratio = self._update_ratio()
@@ -496,31 +509,48 @@ class TrainMonitor:
         record.update(fields)
         for key in fields:
             tensors.pop(key, None)  # what the loop passed explicitly wins over what hooks measured
+        record["_time"] = time.time()
         timings = self._timings
         self._last_step = step
         self._reset_step(t0)
-        for ready in self._readback.submit(record, tensors, timings):
-            self._finish(ready)
+        self._readback.submit(record, tensors, timings)
         self.overhead_s += time.perf_counter() - t0
         self._step_start = self._gap_start = time.perf_counter()  # the next step starts after ours
 
-    def _finish(self, record: dict[str, Any]) -> None:
-        """Host-side completion of a step record once its device values have arrived."""
+    def _completed(self) -> list[dict[str, Any]]:
+        """Sender thread: step events whose values have arrived."""
+        return [self._finish(record) for record in self._readback.ready()]
+
+    def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Complete a step record off the training thread and make it an event."""
+        t = record.pop("_time")
         phases = record.get("phases")
         if phases:
             phases["other"] = max(0.0, record["step_time"] - sum(v for k, v in phases.items() if k != "other"))
+        max_norm = record.pop("_max_norm", None)
         per_param = record.pop("_per_param", None)
-        names = record.pop("_names", None)
+        params = record.pop("_params", None)
         norm = record.get("grad_norm")
+        if norm is not None and max_norm is not None:
+            # torch's float32 arithmetic: coef = clamp(max_norm / (norm + 1e-6), max=1)
+            coef = min(1.0, _f32(_f32(max_norm) / _f32(norm + _f32(1e-6))))
+            record["clip_coef"] = coef
+            record["grad_norm_clipped"] = _f32(norm * coef)
         if per_param is not None and norm is not None:
             history = self._norm_history
-            spiking = len(history) >= 10 and norm > self.detail_trigger * statistics.median(history)
+            spiking = (
+                len(history) >= 10
+                and norm > self.detail_trigger * min(history)  # cheap screen before the median
+                and norm > self.detail_trigger * statistics.median(history)
+            )
             scheduled = self.detail_every and record["step"] % self.detail_every == 0
             if spiking or scheduled:
-                record["layer_grad_norms"] = dict(zip(names, per_param, strict=True))
-            if norm == norm:  # NaN never enters the baseline
+                values = [float(v) for v in per_param]  # floats (GPU: read back) or CPU tensors
+                names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params or ())]
+                record["layer_grad_norms"] = dict(zip(names, values, strict=True))
+            if math.isfinite(norm):
                 history.append(norm)
-        self.emit("step", record)
+        return self._event("step", record, t)
 
     # -- occasional events ----------------------------------------------------------------
 
@@ -542,17 +572,18 @@ class TrainMonitor:
         The sequence number is assigned by the sender thread, in queue order, so events
         emitted from several threads (training, health) still arrive in sequence.
         """
-        self.transport.put(
-            {
-                "kind": kind,
-                "run": self.run,
-                "rank": self.rank,
-                "host": self.host,
-                "stream": self.stream,
-                "time": time.time(),
-                "fields": {k: v for k, v in fields.items() if v is not None},
-            }
-        )
+        self.transport.put(self._event(kind, fields, time.time()))
+
+    def _event(self, kind: str, fields: dict[str, Any], t: float) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "run": self.run,
+            "rank": self.rank,
+            "host": self.host,
+            "stream": self.stream,
+            "time": t,
+            "fields": {k: v for k, v in fields.items() if v is not None},
+        }
 
     def close(self, status: str = "finished", error: str | None = None, timeout: float = 10.0) -> None:
         """Flush pending records, send ``run_end`` and stop the threads (idempotent)."""
@@ -565,14 +596,14 @@ class TrainMonitor:
         if self._health is not None:
             self._health.stop()
         for ready in self._readback.drain():
-            self._finish(ready)
+            self.transport.put(self._finish(ready))
         self.emit(
             "run_end",
             {
                 "status": status,
                 "step": self._last_step if self._last_step >= 0 else None,
                 "error": error,
-                "dropped_events": self.transport.dropped,
+                "dropped_events": self.transport.dropped + self._readback.dropped,
             },
         )
         self.transport.close(timeout)
@@ -587,6 +618,14 @@ class TrainMonitor:
         elif previous != signal.SIG_IGN:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _f32(x: float) -> float:
+    """Round to float32, so host arithmetic reproduces torch's on float32 tensors."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # beyond float32's range: torch would give inf too
+        return math.copysign(math.inf, x)
 
 
 def _first_grad_tensor(output: Any) -> torch.Tensor | None:

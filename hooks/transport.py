@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 from hooks.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
@@ -102,6 +103,8 @@ class Transport:
         spool_max_bytes: disk budget of the spool; beyond it events are dropped (counted).
         flush_interval: seconds between sends; larger batches cost less per event.
         token: bearer token for collectors that require one.
+        poll: called by the sender thread before each send; returns events that became ready
+            there (step records whose device values have landed).
     """
 
     def __init__(
@@ -114,7 +117,9 @@ class Transport:
         flush_interval: float = 0.5,
         token: str | None = None,
         timeout: float = 5.0,
+        poll: Callable[[], list[dict]] | None = None,
     ) -> None:
+        self._poll = poll  # called on the sender thread before each drain: events completed there
         self._queue: collections.deque[dict] = collections.deque()
         self._seq = 0  # numbered here, in queue order, so producers on several threads stay ordered
         self._cap = queue_size
@@ -207,6 +212,9 @@ class Transport:
         return lines
 
     def _drain(self, final: bool) -> None:
+        if self._poll is not None:
+            for event in self._poll():
+                self.put(event)
         while self._queue:
             lines = self._take()
             if self._file is not None:

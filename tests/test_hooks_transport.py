@@ -67,30 +67,32 @@ def test_every_signal_of_a_plain_loop_arrives(live_collector, tmp_path: Path) ->
     assert tuple(end) == ("finished", 0)
 
 
-def test_clip_wrapper_matches_torch_exactly() -> None:
-    def params() -> list[torch.nn.Parameter]:
+def test_clip_wrapper_matches_torch_exactly(tmp_path: Path) -> None:
+    def model() -> torch.nn.Module:
         torch.manual_seed(1)
-        ps = [torch.nn.Parameter(torch.randn(50)) for _ in range(3)]
-        for p in ps:
-            p.grad = torch.randn(50) * 10
-        return ps
+        m = torch.nn.Sequential(torch.nn.Linear(10, 5), torch.nn.Linear(5, 3))
+        for p in m.parameters():
+            p.grad = torch.randn_like(p) * 10
+        return m
 
-    theirs, ours = params(), params()
-    reference = [p.grad.clone() for p in ours]
-    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
-    mon = TrainMonitor("clip", collector="file:///dev/null")
-    returned = mon.clip_grad_norm_(ours, 1.0)
-    assert torch.equal(returned, expected)
-    assert all(torch.equal(a.grad, b.grad) for a, b in zip(theirs, ours, strict=True))
-    pre, post, coef, per_param, names = mon._clip
-    actual_post = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ours]))
-    assert pre.item() == expected.item() > 1.0
-    assert post.item() == pytest.approx(actual_post.item(), rel=1e-6)
-    assert post.item() == pytest.approx(1.0, rel=1e-5)
-    assert coef.item() == pytest.approx(1.0 / (expected.item() + 1e-6), rel=1e-6)
-    assert per_param.tolist() == pytest.approx([g.norm().item() for g in reference], rel=1e-6)
-    assert names == ["param0", "param1", "param2"]  # not watched: positional names
+    theirs, ours = model(), model()
+    reference = {n: p.grad.norm().item() for n, p in ours.named_parameters()}
+    expected = torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+    path = tmp_path / "e.jsonl"
+    mon = TrainMonitor("clip", collector=f"file://{path}", detail_every=1, health_interval=0, heartbeat_interval=0)
+    mon.watch(ours)
+    returned = mon.clip_grad_norm_(ours.parameters(), 1.0)
+    assert torch.equal(returned, expected)  # the same total norm ...
+    for a, b in zip(theirs.parameters(), ours.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)  # ... and bit-identical clipped gradients
+    mon.step_end(0)
     mon.close()
+    (step,) = [json.loads(x)["fields"] for x in path.read_text().splitlines() if '"kind":"step"' in x]
+    actual_post = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ours.parameters()])).item()
+    assert step["grad_norm"] == expected.item() > 1.0
+    assert step["grad_norm_clipped"] == pytest.approx(actual_post, rel=1e-6)
+    assert step["clip_coef"] == (1.0 / (expected + 1e-6)).item()  # torch's float32 arithmetic, exactly
+    assert step["layer_grad_norms"] == pytest.approx(reference, rel=1e-6)  # names from watch()
 
 
 def test_file_mode_writes_wire_format_jsonl(tmp_path: Path) -> None:
