@@ -25,6 +25,7 @@ from monitor.engine import Engine
 from monitor.exporter import CollectorMetrics, TrainingCollector
 from monitor.ingest import IngestError, Ingestor
 from monitor.live import LiveState
+from monitor.notify import Notifier
 from monitor.queries import anomaly_rows, run_rows
 from monitor.storage import Storage, anomalies, runs
 
@@ -43,6 +44,7 @@ class Collector:
     ingestor: Ingestor
     registry: CollectorRegistry
     metrics: CollectorMetrics
+    notifier: Notifier | None = None
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -53,14 +55,19 @@ class Collector:
         # Detectors that fire on silence (a hung rank sends nothing) need a clock of their own.
         while not self._stop.wait(1.0):
             try:
-                for ch in self.ingestor.engine.tick():
+                changes = self.ingestor.engine.tick()
+                for ch in changes:
                     self.live.anomaly(ch.run, ch.finding.kind, ch.finding.severity, ch.action)
+                if self.notifier is not None:
+                    self.notifier.submit(changes)
             except Exception:
                 log.exception("detector tick failed; continuing")
 
     def close(self) -> None:
         self._stop.set()
         self._ticker.join(5)
+        if self.notifier is not None:
+            self.notifier.close()
         self.storage.close()
 
     @classmethod
@@ -79,7 +86,10 @@ class Collector:
         engine = Engine(storage, config.detectors)
         registry = CollectorRegistry()
         registry.register(TrainingCollector(live))
-        return cls(config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry))
+        notifier = Notifier(config.notify, registry)
+        return cls(
+            config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry), notifier
+        )
 
 
 def _reject(metrics: CollectorMetrics, status: int, reason: str, message: str, field: str | None = None) -> None:
@@ -143,6 +153,8 @@ def create_app(collector: Collector) -> FastAPI:
             _reject(metrics, 409, "conflict", str(exc))
         finally:
             metrics.inflight.dec()
+        if collector.notifier is not None:
+            collector.notifier.submit(result.changes)
         metrics.latency.observe(time.perf_counter() - t0)
         metrics.batches.inc()
         metrics.duplicates.inc(result.duplicates)
