@@ -18,8 +18,8 @@ What ``watch`` installs, and what each phase means:
 
 - ``forward``: module forward pre/post hooks on the model, counted only with grad enabled
   (an eval forward under ``no_grad`` is not training); one per micro-batch.
-- ``backward``: from the moment autograd reaches the model's output (a tensor hook) to the end
-  of the gradient computation (an autograd-engine callback), per micro-batch.
+- ``backward``: from the end of each forward to the end of its gradient computation (an
+  autograd-engine callback queued from parameter gradient hooks), per micro-batch.
 - ``comm``: DDP all-reduce time not hidden behind backward (a DDP comm hook wrapping the
   default all-reduce).
 - ``optimizer``: ``optimizer.step`` (step pre/post hooks) plus clipping.
@@ -181,6 +181,12 @@ class TrainMonitor:
         self._clock = _Clock(cuda=first is not None and first.is_cuda)
         self._handles.append(model.register_forward_pre_hook(self._on_forward_start))
         self._handles.append(model.register_forward_hook(self._on_forward_end))
+        # The end of backward is an autograd-engine callback, queued from a gradient hook on a few
+        # parameters registered once here (per-forward tensor hooks cost ~40 us each): the last
+        # ones in module order usually get their gradient first, the first one is a fallback.
+        trainable = [p for p in inner.parameters() if p.requires_grad]
+        for p in {id(p): p for p in [*trainable[-2:], *trainable[:1]]}.values():
+            self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_optimizer_start))
             self._handles.append(optimizer.register_step_post_hook(self._on_optimizer_end))
@@ -248,6 +254,7 @@ class TrainMonitor:
         self._update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._comm_end = 0.0
         self._backward_end = 0.0
+        self._in_backward = False
 
     def _close_gap(self, now: float) -> None:
         # Host time between phases before a forward is time spent waiting for the next batch.
@@ -275,34 +282,30 @@ class TrainMonitor:
         self._open["forward"] = self._clock.mark()
         self.overhead_s += time.perf_counter() - t0
 
-    def _on_forward_end(self, _module: Any, _args: Any, output: Any) -> None:
+    def _on_forward_end(self, _module: Any, _args: Any, _output: Any) -> None:
         start = self._open.pop("forward", None)
         if start is None:
             return
         t0 = time.perf_counter()
-        self._add("forward", start, self._clock.mark())
-        root = _first_grad_tensor(output)
-        if root is not None:
-            # A pre-hook on the output's grad_fn fires when autograd reaches the model's output:
-            # the start of its backward. Cheaper than a tensor hook.
-            if root.grad_fn is not None:
-                root.grad_fn.register_prehook(self._on_backward_start)
-            else:
-                root.register_hook(self._on_backward_start)
-        self._gap_start = time.perf_counter()
-        self.overhead_s += self._gap_start - t0
-
-    def _on_backward_start(self, _grads: Any) -> None:
-        t0 = time.perf_counter()
+        end = self._clock.mark()
+        self._add("forward", start, end)
+        # Backward is timed from here to the end of gradient computation, so it includes a loss
+        # computed outside the model (usually negligible next to the backward pass itself).
+        self._open["backward"] = end
         self._gap_start = None
-        self._open["backward"] = self._clock.mark()
-        # Runs once autograd has computed every gradient, before DDP's own callback waits on
-        # the all-reduce: the boundary between backward compute and exposed communication.
-        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
         self.overhead_s += time.perf_counter() - t0
+
+    def _on_grad_ready(self, _param: torch.Tensor) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            # Runs once autograd has computed every gradient, before DDP's own callback (queued
+            # when its last bucket is ready) waits on the all-reduce: the boundary between
+            # backward compute and exposed communication.
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
 
     def _on_backward_end(self) -> None:
         t0 = time.perf_counter()
+        self._in_backward = False
         start = self._open.pop("backward", None)
         if start is not None:
             self._add("backward", start, self._clock.mark())
@@ -420,8 +423,11 @@ class TrainMonitor:
         grads = [p.grad for p in params if p.grad is not None]
         per_param = None
         if grads and len({(g.device, g.dtype) for g in grads}) == 1 and hasattr(torch.nn.utils, "get_total_norm"):
+            # What get_total_norm does for one device and dtype, keeping the per-parameter norms.
             per_param = torch._foreach_norm(grads, norm_type)
-            total = torch.nn.utils.get_total_norm(per_param, norm_type, error_if_nonfinite, foreach)
+            total = torch.linalg.vector_norm(torch.stack(per_param), norm_type)
+            if error_if_nonfinite and not torch.isfinite(total):  # SYNC: only when asked for, as in torch
+                raise RuntimeError(f"The total norm of order {norm_type} for gradients is non-finite")
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach)
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
@@ -626,22 +632,3 @@ def _f32(x: float) -> float:
         return struct.unpack("f", struct.pack("f", x))[0]
     except OverflowError:  # beyond float32's range: torch would give inf too
         return math.copysign(math.inf, x)
-
-
-def _first_grad_tensor(output: Any) -> torch.Tensor | None:
-    """The first floating tensor requiring grad in a model output (tensor, tuple, dict, dataclass)."""
-    if isinstance(output, torch.Tensor):
-        return output if output.requires_grad else None
-    if isinstance(output, dict):
-        items: Iterable[Any] = output.values()
-    elif isinstance(output, (list, tuple)):
-        items = output
-    elif hasattr(output, "__dataclass_fields__"):
-        items = (getattr(output, f) for f in output.__dataclass_fields__)
-    else:
-        return None
-    for item in items:
-        found = _first_grad_tensor(item)
-        if found is not None:
-            return found
-    return None
