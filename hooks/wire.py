@@ -245,6 +245,11 @@ def decode_float(value: Any, path: str, nonfinite: bool = True) -> float:
     return x
 
 
+def _name(key: str) -> str:
+    """A key as it appears in an error path: quoted when it is not a plain name."""
+    return key if key.isidentifier() else repr(key)
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -300,7 +305,7 @@ def validate_event(raw: Any, path: str = "event") -> Event:
         raise WireError(path, f"expected an object, got {_show(raw)}")
     for key in raw:
         if key not in HEADER_FIELDS:
-            raise WireError(f"{path}.{key}", "unknown field")
+            raise WireError(f"{path}.{_name(key)}", "unknown field")
     header = {}
     for key, spec in HEADER_FIELDS.items():
         if key not in raw:
@@ -318,7 +323,7 @@ def validate_event(raw: Any, path: str = "event") -> Event:
     for key, value in header["fields"].items():
         spec = specs.get(key)
         if spec is None:
-            raise WireError(f"{path}.fields.{key}", f"unknown field for kind {kind!r}")
+            raise WireError(f"{path}.fields.{_name(key)}", f"unknown field for kind {kind!r}")
         if value is None and not spec.required:
             continue
         fields[key] = _check(value, spec, f"{path}.fields.{key}")
@@ -338,7 +343,7 @@ def validate_batch(raw: Any) -> list[Event]:
         raise WireError("batch", f"expected an object with 'version' and 'events', got {_show(raw)}")
     for key in raw:
         if key not in ("version", "events"):
-            raise WireError(key, "unknown field")
+            raise WireError(_name(key), "unknown field")
     if "version" not in raw:
         raise WireError("version", "missing required field")
     version = raw["version"]
