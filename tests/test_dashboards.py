@@ -1,0 +1,236 @@
+"""Grafana dashboards as code: the JSON model is well formed, and every query returns data.
+
+No Grafana server runs here, so the dashboards are checked through what Grafana would do with
+them: the JSON model (ids, grid, datasource references, variables) statically, and every PromQL
+expression (panels, variables, annotations) against a real Prometheus that scraped a live
+collector fed by the reference trainer with faults injected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from conftest import start_collector
+from prometheus import REPO, Prometheus, fake_nvml_env, needs_prometheus, start_prometheus, stopping, write_test_rules
+
+DASHBOARDS = REPO / "dashboards"
+FILES = ("trainmon-run.json", "trainmon-fleet.json")
+RUN = "dash-run"
+
+# Grafana's built-in variables may appear in queries without being defined by the dashboard.
+BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms", "__dashboard"}
+# What the built-ins and the dashboards' variables become when a query is run by hand.
+SUBSTITUTE = {"__rate_interval": "5s", "__interval": "1s", "__range": "1m", "run": RUN, "rank": "0"}
+
+# Series a CPU run of the reference trainer cannot produce (the panels stay, the data comes on
+# GPU runs): MFU needs peak_flops in run_start, which the reference trainer does not declare;
+# peak device memory is only measured on CUDA.
+NO_DATA_ON_CPU = {
+    "trainmon_mfu_ratio": "reference trainer declares no peak_flops/flops_per_token",
+    "trainmon_device_memory_peak_bytes": "peak memory is measured on CUDA only",
+}
+
+_VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((DASHBOARDS / name).read_text())
+
+
+def all_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", ())  # panels inside collapsed rows
+
+
+def provisioned_uid() -> str:
+    doc = yaml.safe_load((DASHBOARDS / "provisioning" / "datasources" / "trainmon.yml").read_text())
+    (source,) = doc["datasources"]
+    assert source["type"] == "prometheus"
+    return source["uid"]
+
+
+def expressions(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) for every query the dashboard makes: panels, variables, annotations."""
+    out = []
+    for panel in all_panels(dashboard):
+        for target in panel.get("targets", ()):
+            out.append((f"panel {panel['id']} '{panel['title']}' {target['refId']}", target["expr"]))
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            out.append((f"variable {var['name']}", var["query"]["query"]))
+    for ann in dashboard["annotations"]["list"]:
+        if "expr" in ann:
+            out.append((f"annotation {ann['name']}", ann["expr"]))
+    return out
+
+
+def variables_used(text: str) -> set[str]:
+    return {next(g for g in m.groups() if g) for m in _VAR.finditer(text)}
+
+
+def substitute(expr: str) -> str:
+    return _VAR.sub(lambda m: SUBSTITUTE[next(g for g in m.groups() if g)], expr)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_committed_json_is_what_generate_py_writes(name: str) -> None:
+    """The JSON is generated; a hand edit would be lost at the next generation."""
+    sys.path.insert(0, str(DASHBOARDS))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(DASHBOARDS))
+    assert (DASHBOARDS / name).read_text() == generate.render(generate.DASHBOARDS[name]), (
+        "run python dashboards/generate.py"
+    )
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_dashboard_model(name: str) -> None:
+    d = load(name)
+    assert d["schemaVersion"] >= 39
+    assert d["uid"] and d["title"]
+    ids = [p["id"] for p in all_panels(d)]
+    assert len(ids) == len(set(ids)), f"duplicate panel ids in {name}"
+    uid = provisioned_uid()
+    for panel in all_panels(d):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": uid}, panel["title"]
+        assert panel["targets"], f"panel {panel['title']} has no query"
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == uid, (panel["title"], target["refId"])
+            assert target["expr"].strip()
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+    for var in d["templating"]["list"]:
+        assert var["datasource"]["uid"] == uid, var["name"]
+    for ann in d["annotations"]["list"]:
+        if not ann.get("builtIn"):
+            assert ann["datasource"]["uid"] == uid, ann["name"]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_variable_used_is_defined(name: str) -> None:
+    d = load(name)
+    defined = {v["name"] for v in d["templating"]["list"]} | BUILTINS
+    for where, expr in expressions(d):
+        assert variables_used(expr) <= defined, f"{name} {where}: undefined {variables_used(expr) - defined}"
+    for panel in all_panels(d):
+        for text in (panel.get("title", ""), panel.get("description", "")):
+            assert variables_used(text) <= defined, (name, text)
+    if name == "trainmon-run.json":
+        assert {"run", "rank"} <= defined
+        for var in d["templating"]["list"]:
+            assert var["query"]["query"].startswith("label_values("), var
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_grid_positions_are_sane(name: str) -> None:
+    """Inside the 24-column grid, positive sizes, and no two panels on the same cells."""
+    taken: dict[tuple[int, int], str] = {}
+    for panel in load(name)["panels"]:
+        g = panel["gridPos"]
+        assert g["w"] >= 1 and g["h"] >= 1 and g["x"] >= 0 and g["y"] >= 0, panel["title"]
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = panel["title"]
+
+
+def test_run_dashboard_covers_the_required_signals() -> None:
+    exprs = " ".join(e for _, e in expressions(load("trainmon-run.json")))
+    for metric in (
+        "trainmon_loss",
+        "trainmon_eval_loss",
+        "trainmon_anomalies_total",
+        "trainmon_learning_rate_expected",
+        "trainmon_grad_norm_clipped",
+        "trainmon_grad_clip_coefficient",
+        "trainmon_tokens_total",
+        "trainmon_mfu_ratio",
+        "trainmon_phase_seconds",
+        "trainmon_step_time_seconds",
+        "trainmon_gpu_temperature_celsius",
+        "trainmon_host_memory_used_bytes",
+    ):
+        assert metric in exprs, metric
+    types = {p["type"] for p in load("trainmon-run.json")["panels"]}
+    assert "heatmap" in types
+
+
+def test_provisioning_matches_the_compose_example() -> None:
+    """The provider path is where docker-compose mounts the JSON; the datasource uid is the panels'."""
+    provider = yaml.safe_load((DASHBOARDS / "provisioning" / "dashboards" / "trainmon.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    compose = yaml.safe_load((DASHBOARDS / "docker-compose.yml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    for name in FILES:
+        assert f"./{name}:{path}/{name}:ro" in mounts
+    sys.path.insert(0, str(DASHBOARDS))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(DASHBOARDS))
+    assert provisioned_uid() == generate.DATASOURCE_UID
+    prom = yaml.safe_load((DASHBOARDS / "prometheus.yml").read_text())
+    assert prom["scrape_configs"][0]["job_name"] == "trainmon"  # TrainmonCollectorDown's job
+
+
+# --- every query against a real Prometheus --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, float, float]]:
+    """Prometheus (with the trainmon rules, for the recording rules) that scraped a faulted run.
+
+    The run covers every panel: fp16 (loss scale), evaluation (eval loss), a data stall and a NaN
+    (anomalies), a fake NVML GPU (GPU panels) and psutil (host panels)."""
+    tmp = tmp_path_factory.mktemp("dashboards")
+    collector = start_collector(tmp / "trainmon.sqlite")
+    rules = write_test_rules(tmp / "rules.yml", for_="0s")
+    prom = start_prometheus(tmp / "prom", [collector.url.removeprefix("http://")], [rules])
+    with stopping(collector, prom):
+        start = time.time()
+        cmd = [sys.executable, "-m", "reference_trainer", "--run", RUN, "--steps", "160", "--out", str(tmp / "out")]
+        cmd += ["--collector", collector.url, "--threads", "1", "--seq-len", "32", "--precision", "fp16"]
+        cmd += ["--heartbeat-interval", "1", "--health-interval", "1", "--eval-every", "20"]
+        cmd += ["--inject", "data_stall@100:seconds=1,steps=3", "--inject", "nan@140"]
+        env = fake_nvml_env(tmp / "fake_nvml", temperature_c=80, throttle=0x4)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        time.sleep(3)  # a few more scrapes and rule evaluations after the run's last events
+        yield prom, start, time.time()
+
+
+@pytest.mark.slow
+@needs_prometheus
+@pytest.mark.parametrize("name", FILES)
+def test_every_query_returns_data(scraped: tuple[Prometheus, float, float], name: str) -> None:
+    prom, start, end = scraped
+    empty = []
+    for where, expr in expressions(load(name)):
+        if where.startswith("variable"):
+            # label_values(metric, label): Grafana lists that label's values among the metric's series.
+            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", substitute(expr))
+            assert m, expr
+            values = {s["metric"].get(m[2]) for s in prom.query(m[1])}
+            assert {"run": RUN, "rank": "0"}[m[2]] in values, (where, values)
+            continue
+        query = substitute(expr)
+        result = prom.query_range(query, start, end, step=1.0)
+        if not any(series["values"] for series in result):
+            if any(metric in query for metric in NO_DATA_ON_CPU):
+                continue
+            empty.append(f"{where}: {query}")
+    assert not empty, "queries without data:\n" + "\n".join(empty)
