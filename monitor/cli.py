@@ -78,6 +78,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out=Path(args.out), steps=args.steps, injects=args.inject)
 
 
+def _cmd_grafana_provision(args: argparse.Namespace) -> int:
+    from monitor.grafana import provision_command
+
+    return provision_command(args.url, args.token, args.folder, args.datasource_uid, args.dashboards)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainmon", description="Training-run monitoring for PyTorch.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -114,6 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault to inject (repeatable); default: a small set of faults",
     )
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("grafana", help="Grafana integration")
+    grafana = p.add_subparsers(dest="grafana_command", required=True)
+    p = grafana.add_parser("provision", help="create a folder and upload the trainmon dashboards (overwrite)")
+    p.add_argument("--url", required=True, help="Grafana base URL, e.g. http://grafana:3000")
+    p.add_argument("--token", help="service account token (default: $GRAFANA_TOKEN); never printed")
+    p.add_argument("--folder", default="trainmon", help="folder to put the dashboards in (default trainmon)")
+    p.add_argument("--datasource-uid", help="uid of your Prometheus datasource (default trainmon-prometheus)")
+    p.add_argument("--dashboards", help="folder holding the dashboard JSON (default: the repository's dashboards/)")
+    p.set_defaults(func=_cmd_grafana_provision)
     return parser
 
 

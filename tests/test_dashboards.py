@@ -12,14 +12,18 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 import yaml
 from conftest import start_collector
 from prometheus import REPO, Prometheus, fake_nvml_env, needs_prometheus, start_prometheus, stopping, write_test_rules
+
+from monitor.cli import main as cli_main
 
 DASHBOARDS = REPO / "dashboards"
 FILES = ("trainmon-run.json", "trainmon-fleet.json")
@@ -234,3 +238,123 @@ def test_every_query_returns_data(scraped: tuple[Prometheus, float, float], name
                 continue
             empty.append(f"{where}: {query}")
     assert not empty, "queries without data:\n" + "\n".join(empty)
+
+
+# --- trainmon grafana provision against a fake Grafana HTTP API ----------------------------
+
+
+class FakeGrafana:
+    """The three Grafana API calls provisioning makes, on loopback, recording every request.
+
+    There is no Grafana server here (no Debian package, no Docker), so this stands in for it; the
+    payload assertions are what a real Grafana's API reference requires."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.folders: list[dict[str, Any]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _record(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                fake.requests.append(
+                    {"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"), "json": body}
+                )
+                return body
+
+            def do_GET(self) -> None:
+                self._record()
+                if self.path.split("?")[0] == "/api/folders":
+                    return self._answer(200, fake.folders)
+                return self._answer(404, {"message": "not found"})
+
+            def do_POST(self) -> None:
+                body = self._record()
+                if self.path == "/api/folders":
+                    folder = {"id": len(fake.folders) + 1, "uid": body.get("uid") or "gen", "title": body["title"]}
+                    fake.folders.append(folder)
+                    return self._answer(200, folder)
+                if self.path == "/api/dashboards/db":
+                    uid = body["dashboard"]["uid"]
+                    return self._answer(200, {"status": "success", "uid": uid, "url": f"/d/{uid}/x", "version": 1})
+                return self._answer(404, {"message": "not found"})
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_grafana() -> Iterator[FakeGrafana]:
+    fake = FakeGrafana()
+    yield fake
+    fake.stop()
+
+
+TOKEN = "glsa_s3cret-token-for-the-test"
+
+
+def test_grafana_provision_creates_the_folder_and_uploads_both_dashboards(
+    fake_grafana: FakeGrafana, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    assert cli_main(["grafana", "provision", "--url", fake_grafana.url, "--folder", "ML runs"]) == 0
+    reqs = fake_grafana.requests
+    assert [(r["method"], r["path"].split("?")[0]) for r in reqs] == [
+        ("GET", "/api/folders"),
+        ("POST", "/api/folders"),
+        ("POST", "/api/dashboards/db"),
+        ("POST", "/api/dashboards/db"),
+    ]
+    assert all(r["auth"] == f"Bearer {TOKEN}" for r in reqs)
+    assert reqs[1]["json"] == {"title": "ML runs", "uid": "ml-runs"}
+    uploaded = {r["json"]["dashboard"]["uid"]: r["json"] for r in reqs[2:]}
+    assert set(uploaded) == {"trainmon-run", "trainmon-fleet"}
+    for name in FILES:
+        payload = uploaded[load(name)["uid"]]
+        assert payload["folderUid"] == "ml-runs" and payload["overwrite"] is True
+        assert payload["dashboard"] == {**load(name), "id": None}
+    out = capsys.readouterr()
+    assert TOKEN not in out.out + out.err
+    assert "folder 'ML runs' (created, uid ml-runs)" in out.out
+
+    # Second run: the folder exists, the dashboards are overwritten; the token from --token wins.
+    fake_grafana.requests.clear()
+    monkeypatch.delenv("GRAFANA_TOKEN")
+    args = ["grafana", "provision", "--url", fake_grafana.url, "--token", "other", "--folder", "ML runs"]
+    assert cli_main([*args, "--datasource-uid", "my-prom"]) == 0
+    reqs = fake_grafana.requests
+    assert [r["method"] for r in reqs] == ["GET", "POST", "POST"]
+    assert all(r["auth"] == "Bearer other" for r in reqs)
+    text = json.dumps([r["json"] for r in reqs[1:]])
+    assert '"uid": "my-prom"' in text and "trainmon-prometheus" not in text
+    assert "(existing, uid ml-runs)" in capsys.readouterr().out
+
+
+def test_grafana_provision_needs_a_token_and_hides_it_in_errors(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
+    assert cli_main(["grafana", "provision", "--url", "http://127.0.0.1:9"]) == 2
+    assert "GRAFANA_TOKEN" in capsys.readouterr().err
+    # Nothing listens on the discard port: a connection error, reported without the token.
+    assert cli_main(["grafana", "provision", "--url", "http://127.0.0.1:9", "--token", TOKEN]) == 1
+    out = capsys.readouterr()
+    assert "trainmon grafana provision:" in out.err
+    assert TOKEN not in out.out + out.err
