@@ -69,6 +69,10 @@ def _key(alert: dict[str, Any], names: tuple[str, ...]) -> tuple[tuple[str, str]
     return tuple(sorted((n, alert["labels"].get(n, "")) for n in names))
 
 
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in (tmp_path / "logs").iterdir())
+
+
 def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
     """Start both trainer runs; they run alongside the polling below."""
     env = fake_nvml_env(tmp_path / "fake_nvml", temperature_c=95, throttle=0x40, ecc_uncorrected=1)
@@ -94,8 +98,7 @@ def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
     hang = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "reference_trainer"]
     hang += ["--run-id", HANG, "--steps", "60", "--out", str(tmp_path / "hang"), "--collector", collector_url]
     hang += [*COMMON, "--inject", "hang@20:rank=1,seconds=12"]
-    hang_env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "FAKE_NVML_TEMPERATURE")}
-    hang_env.update(FAKE_NVML_TEMPERATURE="60", FAKE_NVML_THROTTLE="0", FAKE_NVML_ECC_UNCORRECTED="0")
+    hang_env = fake_nvml_env(tmp_path / "fake_nvml")  # a healthy GPU: this run only hangs
     logs = tmp_path / "logs"
     logs.mkdir()
     procs = []
@@ -135,15 +138,15 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
                     break
                 time.sleep(0.5)
             missing = EXPECTED_FIRING - set(seen)
-            logs = {p.name: p.read_text(errors="replace")[-1500:] for p in (tmp_path / "logs").iterdir()}
-            assert not missing, f"never firing in Prometheus: {sorted(missing)}\nfiring: {sorted(seen)}\n{logs}"
+            detail = f"firing: {sorted(seen)}\n{_logs(tmp_path)}"
+            assert not missing, f"never firing in Prometheus: {sorted(missing)}\n{detail}"
         finally:
             for proc in procs:
                 try:
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-        assert [p.returncode for p in procs] == [0, 0], logs
+        assert [p.returncode for p in procs] == [0, 0], _logs(tmp_path)
 
         # Prometheus side: templated annotations, severity from the rule.
         nan = seen[("TrainmonLossNotFinite", (("rank", "0"), ("run", FAULTS)))]
