@@ -376,8 +376,8 @@ class Notifier:
             st.alert = _merge(st.alert, change)
             if st.notified:
                 if f.severity != st.notified_severity:
-                    st.notified_severity = f.severity
-                    self._emit(key, dataclasses.replace(st.alert, action="updated"), mono)
+                    previous, st.notified_severity = st.notified_severity, f.severity
+                    self._emit(key, dataclasses.replace(st.alert, action="updated", previous_severity=previous), mono)
             elif st.hold_until is None and self._loud(f.severity):
                 self._announce(key, st, mono)  # it rose to min_severity
             return
@@ -410,7 +410,11 @@ class Notifier:
             group = self._groups[alert.run] = _Group(now + self.config.group_wait, {})
         earlier = group.alerts.pop(key, None)
         if earlier is not None and earlier.action == "opened" and alert.action == "updated":
-            alert = dataclasses.replace(alert, action="opened")  # receivers have not heard of it yet
+            alert = dataclasses.replace(alert, action="opened", previous_severity=None)  # not announced yet
+        elif earlier is not None and earlier.action == "updated" and alert.action != "opened":
+            # Two changes in one message: receivers still know the severity from before the first.
+            previous = earlier.previous_severity
+            alert = dataclasses.replace(alert, previous_severity=None if previous == alert.severity else previous)
         group.alerts[key] = dataclasses.replace(alert, evidence=dict(alert.evidence))
 
     def _release_holds(self, now: float) -> None:

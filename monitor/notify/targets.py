@@ -8,8 +8,10 @@ texts pass through :meth:`Target.scrub` before they are logged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -55,6 +57,8 @@ class Alert:
     """Wall time the anomaly opened (as first seen by the notifier)."""
     ended_at: float | None = None
     """Wall time it resolved; None while open."""
+    previous_severity: str | None = None
+    """The severity receivers knew before this change, when it changed (Alertmanager keys alerts by it)."""
 
     @property
     def status(self) -> str:
@@ -149,6 +153,7 @@ class WebhookTarget(Target):
                     "kind": a.kind,
                     "rank": a.rank,
                     "severity": a.severity,
+                    "previous_severity": a.previous_severity,
                     "status": a.status,
                     "action": a.action,
                     "steps": {"first": a.first_step, "last": a.last_step},
@@ -188,8 +193,9 @@ class SlackTarget(Target):
         ]
         for a in alerts[:_SLACK_MAX_SECTIONS]:
             emoji = ":white_check_mark:" if a.action == "resolved" else _SLACK_EMOJI.get(a.severity, "")
+            was = f" (was {a.previous_severity.upper()})" if a.previous_severity else ""
             text = (
-                f"{emoji} *{a.severity.upper()} {esc(a.kind)}* {a.action} on run `{esc(run)}`, "
+                f"{emoji} *{a.severity.upper()} {esc(a.kind)}* {a.action}{was} on run `{esc(run)}`, "
                 f"{a.rank_text()}, {a.steps_text()}\n{esc(a.message)}"
             )
             if a.hint:
@@ -209,7 +215,9 @@ class AlertmanagerTarget(Target):
 
     An alert without ``endsAt`` is resolved by Alertmanager after its ``resolve_timeout``
     (5 minutes by default) unless it is posted again, so open anomalies are re-posted every
-    ``resend_interval``; a resolved one is posted once with ``endsAt``.
+    ``resend_interval``; a resolved one is posted once with ``endsAt``. Severity is a label, so
+    Alertmanager sees a severity change as a new alert: the one under the old severity is
+    resolved in the same request rather than left to time out.
     """
 
     type = "alertmanager"
@@ -241,7 +249,12 @@ class AlertmanagerTarget(Target):
         return out
 
     def render(self, run: str, alerts: list[Alert]) -> bytes:
-        return _dumps([self._alert(a) for a in alerts])
+        out = [self._alert(a) for a in alerts]
+        for a in alerts:
+            if a.previous_severity is not None and a.previous_severity != a.severity:
+                ended = a.ended_at if a.ended_at is not None else time.time()
+                out.append(self._alert(dataclasses.replace(a, severity=a.previous_severity, ended_at=ended)))
+        return _dumps(out)
 
     def render_resend(self, alerts: list[Alert]) -> bytes | None:
         return _dumps([self._alert(a) for a in alerts]) if alerts else None
