@@ -25,7 +25,7 @@ from monitor.engine import Engine
 from monitor.exporter import CollectorMetrics, TrainingCollector
 from monitor.ingest import IngestError, Ingestor
 from monitor.live import LiveState
-from monitor.notify import Notifier
+from monitor.notify import Notifier, open_anomalies
 from monitor.queries import anomaly_rows, run_rows
 from monitor.storage import Storage, anomalies, runs
 
@@ -86,7 +86,7 @@ class Collector:
         engine = Engine(storage, config.detectors)
         registry = CollectorRegistry()
         registry.register(TrainingCollector(live))
-        notifier = Notifier(config.notify, registry)
+        notifier = Notifier(config.notify, registry, open_anomalies(storage) if config.notify.targets else ())
         return cls(
             config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry), notifier
         )
