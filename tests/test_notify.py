@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -512,7 +513,7 @@ def test_bad_notify_fields_are_named(tmp_path: Path, toml: str, error: str) -> N
 )
 def test_bad_notify_values_are_refused_when_the_notifier_is_built(config: NotifyConfig, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
-        Notifier(config, environ={})
+        Notifier(config, None, environ={})
 
 
 def test_without_targets_the_notifier_is_inert() -> None:
@@ -546,6 +547,10 @@ def test_collector_notifies_a_nan_step_end_to_end(tmp_path: Path, receiver: Rece
         assert f'trainmon_notifications_sent_total{{target="webhook"}} {len(receiver.delivered())}.0' in text.decode()
     finally:
         lc.stop()
+
+
+def _parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _free_port() -> int:
@@ -637,3 +642,34 @@ def test_real_alertmanager_receives_and_routes_the_anomaly(alertmanager: str, re
     resolved = receiver.wait_delivered(2, "/am", timeout=20)[-1]
     assert resolved.body["status"] == "resolved"
     assert resolved.body["alerts"][0]["labels"]["run"] == "am-run"
+
+
+def test_after_a_restart_open_anomalies_are_not_paged_again_but_still_reposted(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    notify = NotifyConfig(
+        targets=[target(receiver.url("/hook")), target(receiver.url(""), "alertmanager")],
+        group_wait=0.0,
+        resend_interval=0.3,
+    )
+    db = tmp_path / "trainmon.sqlite"
+    lc = start_collector(db, notify=notify)
+    try:
+        run_start = event("run_start", {"world_size": 1, "vocab_size": 64, "planned_steps": 100}, run="rs", seq=0)
+        lc.post(batch([run_start, *step_events(30, run="rs", loss=lambda i: "NaN" if i == 25 else 4.0)]))
+        receiver.wait_delivered(1, "/hook")
+        started = receiver.wait_delivered(1, "/api/v2/alerts")[0].body[0]["startsAt"]
+    finally:
+        lc.stop()
+    pages = len(receiver.delivered("/hook"))
+    posts = len(receiver.delivered("/api/v2/alerts"))
+    lc = start_collector(db, notify=notify)
+    try:
+        reposted = receiver.wait_delivered(posts + 1, "/api/v2/alerts")[-1].body
+        (nan,) = [a for a in reposted if a["labels"]["kind"] == "nan_inf"]
+        assert nan["labels"]["run"] == "rs" and "endsAt" not in nan
+        # When it opened (stored time), not when the collector restarted.
+        assert abs(_parse_time(nan["startsAt"]) - _parse_time(started)) < 1.0
+        assert len(receiver.delivered("/hook")) == pages  # no second page for the same anomaly
+    finally:
+        lc.stop()

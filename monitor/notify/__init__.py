@@ -5,7 +5,7 @@ hints in the page). See :mod:`monitor.notify.notifier` for the policy (dedupe, g
 cooldown, retry) and :mod:`monitor.notify.targets` for the payloads.
 """
 
-from monitor.notify.notifier import Notifier
+from monitor.notify.notifier import Notifier, open_anomalies
 from monitor.notify.targets import TARGET_TYPES, Alert, redact
 
-__all__ = ["TARGET_TYPES", "Alert", "Notifier", "redact"]
+__all__ = ["TARGET_TYPES", "Alert", "Notifier", "open_anomalies", "redact"]

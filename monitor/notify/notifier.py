@@ -33,13 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
+from sqlalchemy import select
 
 from monitor.config import ConfigError, NotifyConfig
 from monitor.detectors.base import SEVERITIES
 from monitor.engine import AnomalyChange
 from monitor.notify.targets import Alert, Target, make_target
+from monitor.storage import Storage, anomalies
 
-__all__ = ["Notifier"]
+__all__ = ["Notifier", "open_anomalies"]
 
 log = logging.getLogger("trainmon.notify")
 
@@ -191,8 +193,17 @@ class Notifier:
     """
 
     def __init__(
-        self, config: NotifyConfig, registry: CollectorRegistry | None = None, environ: dict[str, str] | None = None
+        self,
+        config: NotifyConfig,
+        registry: CollectorRegistry | None = None,
+        open_alerts: Iterable[Alert] = (),
+        environ: dict[str, str] | None = None,
     ) -> None:
+        """``open_alerts``: anomalies still open from before a collector restart (:func:`open_anomalies`).
+
+        They count as announced already (no second page after a restart), so their severity
+        changes and resolves are news, and Alertmanager keeps getting them re-posted.
+        """
         _check(config)
         self.config = config
         self.targets = [make_target(t, i, config.collector_url, environ) for i, t in enumerate(config.targets)]
@@ -220,6 +231,11 @@ class Notifier:
         self._states: dict[Key, _State] = {}
         self._groups: dict[str, _Group] = {}
         self._held: set[Key] = set()
+        for alert in open_alerts if config.targets else ():
+            loud = self._loud(alert.severity)
+            self._states[(alert.run, alert.kind, alert.rank)] = _State(
+                alert, True, loud, alert.severity if loud else None
+            )
         self._pending = 0
         self._idle = threading.Condition()
         self._closing = threading.Event()
@@ -453,6 +469,29 @@ class Notifier:
         cooldown = self.config.cooldown
         for key in [k for k, st in self._states.items() if not st.open and (st.resolved_at or 0.0) + cooldown < now]:
             del self._states[key]
+
+
+def open_anomalies(storage: Storage) -> list[Alert]:
+    """The anomalies stored as open, as the notifier's starting point after a restart."""
+    with storage.connect() as conn:
+        rows = conn.execute(select(anomalies).where(anomalies.c.status == "open").order_by(anomalies.c.id)).all()
+    return [
+        Alert(
+            id=r.id,
+            run=r.run,
+            kind=r.kind,
+            rank=r.rank,
+            severity=r.severity,
+            action="opened",
+            first_step=r.first_step,
+            last_step=r.last_step,
+            message=r.message,
+            hint=r.hint,
+            evidence=dict(r.evidence or {}),
+            started_at=r.opened_at,
+        )
+        for r in rows
+    ]
 
 
 def _alert(change: AnomalyChange, action: str, wall: float) -> Alert:
