@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,10 @@ __all__ = ["main"]
 def _cmd_serve(args: argparse.Namespace) -> int:
     from monitor.server import serve
 
-    config = load_config(args.config, db=args.db, host=args.host, port=args.port)
+    # Flag, then environment, then the config file; the token is never echoed back.
+    token = args.token or os.environ.get("TRAINMON_TOKEN") or None
+    insecure = True if args.insecure else None
+    config = load_config(args.config, db=args.db, host=args.host, port=args.port, token=token, insecure=insecure)
     serve(config)
     return 0
 
@@ -84,6 +88,39 @@ def _cmd_grafana_provision(args: argparse.Namespace) -> int:
     return provision_command(args.url, args.token, args.folder, args.datasource_uid, args.dashboards)
 
 
+def _cmd_budget(args: argparse.Namespace) -> int:
+    from monitor.budget import BudgetError, plan, render
+
+    names = [a.dest for a in _budget_actions]
+    try:
+        result = plan(**{n: getattr(args, n) for n in names})
+    except BudgetError as exc:
+        print(f"trainmon budget: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, allow_nan=False))
+    else:
+        render(result)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from monitor.compare import CompareError, compare, load_run, render
+
+    try:
+        a = load_run(args.a, args.db, args.run_a)
+        b = load_run(args.b, args.db, args.run_b)
+        result = compare(a, b, by=args.by)
+    except CompareError as exc:
+        print(f"trainmon compare: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(json_safe(result), allow_nan=False))
+    else:
+        render(result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainmon", description="Training-run monitoring for PyTorch.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -94,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind (default 9400)")
     p.add_argument("--config", help="TOML file with collector and detector settings")
+    p.add_argument(
+        "--token",
+        help="bearer token required on every endpoint but /healthz (default: $TRAINMON_TOKEN; prefer the "
+        "environment, a flag is visible in ps); required to bind a non-loopback address",
+    )
+    p.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without a token (trusted networks only)"
+    )
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("postmortem", help="explain a run from a store (RUN --db) or a log FILE or folder")
@@ -130,7 +175,72 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasource-uid", help="uid of your Prometheus datasource (default trainmon-prometheus)")
     p.add_argument("--dashboards", help="folder holding the dashboard JSON (default: the repository's dashboards/)")
     p.set_defaults(func=_cmd_grafana_provision)
+    _add_budget(sub)
+    _add_compare(sub)
     return parser
+
+
+_budget_actions: list[argparse.Action] = []
+
+
+def _add_budget(sub: argparse._SubParsersAction) -> None:
+    from monitor.budget import RECIPES
+
+    p = sub.add_parser(
+        "budget",
+        help="memory, FLOPs, MFU, pipeline bubble and checkpoint arithmetic (the seeds' formulas)",
+        description="Give what you know; every quantity those inputs determine is printed. "
+        "Sizes take units (80GB = 80e9 B, 80GiB = 80*2^30 B); counts take k/M/B/T (7B, 300B, 312T).",
+    )
+    add = p.add_argument
+    _budget_actions[:] = [
+        add("--layers", type=int, help="transformer blocks N"),
+        add("--d-model", type=int, help="model width d"),
+        add("--vocab", type=int, help="vocabulary size V"),
+        add("--heads", type=int, help="attention heads a"),
+        add("--seq", type=int, help="sequence length s"),
+        add("--learned-positions", action="store_true", default=None, help="count learned position embeddings"),
+        add("--precision", choices=list(RECIPES), help="bytes-per-parameter recipe (default fp32)"),
+        add("--gpu-memory", help="memory of one GPU, e.g. 80GB (-> max_micro_batch)"),
+        add("--micro-batch", type=int, help="sequences per micro-batch per GPU"),
+        add("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (needs --ranks)"),
+        add("--ranks", type=int, help="data-parallel ranks"),
+        add("--grad-accum", type=int, help="gradient-accumulation micro-batches per step (default 1)"),
+        add("--params", help="parameter count, e.g. 7B (instead of the shape)"),
+        add("--tokens", help="training tokens, e.g. 300B (-> train_flops)"),
+        add("--gpus", type=int, help="GPUs for the MFU / time (default 1)"),
+        add("--peak-flops", help="peak FLOP/s of one GPU, e.g. 312T"),
+        add("--days", type=float, help="wall-clock days the training took (-> mfu)"),
+        add("--mfu", type=float, help="assumed MFU, 0-1 (-> train_seconds)"),
+        add("--stages", type=int, help="pipeline stages p (-> bubble_fraction)"),
+        add("--micro-batches", type=int, help="micro-batches per pipeline flush m"),
+        add("--bandwidth", help="all-reduce bandwidth per GPU, e.g. 200GB/s (-> allreduce_seconds)"),
+        add("--allreduce-bytes", help="all-reduce payload, e.g. 14GB (default: the gradients)"),
+        add("--step-seconds", type=float, help="seconds per optimizer step"),
+        add("--checkpoint-seconds", type=float, help="seconds to save one checkpoint"),
+        add("--checkpoint-every", type=int, help="steps between checkpoints (-> checkpoint_overhead)"),
+        add("--mtbf-hours", type=float, help="mean time between failures (-> optimal_checkpoint_every)"),
+    ]
+    add("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_budget)
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="align two runs by step or tokens and say where and how they diverge",
+        description="A and B are run ids in --db, or log files/folders (imported into memory).",
+    )
+    p.add_argument("a", metavar="A", help="the reference run: a run id in --db, or a log file or folder")
+    p.add_argument("b", metavar="B", help="the run compared with it")
+    p.add_argument("--db", help="store holding run ids A and/or B (SQLite path or SQLAlchemy URL)")
+    p.add_argument("--run-a", help="which run of a multi-run file A")
+    p.add_argument("--run-b", help="which run of a multi-run file B")
+    p.add_argument(
+        "--by", choices=["step", "tokens"], default="step", help="align by optimizer step (default) or tokens"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_compare)
 
 
 def main(argv: list[str] | None = None) -> int:

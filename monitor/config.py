@@ -443,6 +443,19 @@ class CollectorConfig:
     port: int = 9400
     max_body_bytes: int = 8 << 20
     """Largest accepted POST body; bigger batches get 413 and the sender splits them."""
+    token: str = field(default="", repr=False)
+    """Bearer token every endpoint but ``/healthz`` requires when set (``--token``, ``$TRAINMON_TOKEN``).
+    Required to bind a non-loopback address unless ``insecure`` is set. Never logged or printed."""
+    insecure: bool = False
+    """Allow a non-loopback bind without a token (trusted network only); must be asked for explicitly."""
+    metrics_public: bool = False
+    """Serve ``/metrics`` without the token (for scrapers that cannot send one); Prometheus can:
+    ``authorization: {credentials: TOKEN}`` in the scrape config, so it stays protected by default."""
+    evict_after_seconds: float = 600.0
+    """A run that ended (rank 0 sent ``run_end``) leaves memory (detectors, live state) this long
+    after its last event; it stays in storage. Keep it above the exporter's 300 s final-scrape window."""
+    evict_idle_seconds: float = 86400.0
+    """A run that sent nothing for this long leaves memory too (crashed without ``run_end``)."""
     detectors: DetectorsConfig = field(default_factory=DetectorsConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 

@@ -80,6 +80,13 @@ class Engine:
             if not new_ranks:
                 return
             with self._storage.connect() as conn:
+                for run in new_runs:  # a run evicted earlier comes back with its open anomalies
+                    rows = conn.execute(
+                        select(anomalies.c.id, anomalies.c.kind, anomalies.c.rank).where(
+                            anomalies.c.run == run, anomalies.c.status == "open"
+                        )
+                    )
+                    self._open.update({(run, r.kind, r.rank): r.id for r in rows})
                 for run, rank in new_ranks:
                     dets = self._make(self._rank_classes)
                     _feed(dets, recent_events(conn, run, rank, self._config.replay_window))
@@ -181,11 +188,17 @@ class Engine:
         return AnomalyChange("updated", open_id, run, rank, f)
 
     def forget(self, run: str) -> None:
-        """Drop a finished run's detector state (bounded memory)."""
+        """Drop a finished run's detector state and open-anomaly index entries (bounded memory).
+
+        If the run sends again, :meth:`prime` replays its stored tail and reloads its open
+        anomalies, exactly as after a collector restart.
+        """
         with self._lock:
             for key in [k for k in self._rank_dets if k[0] == run]:
                 del self._rank_dets[key]
             self._run_dets.pop(run, None)
+            for key in [k for k in self._open if k[0] == run]:
+                del self._open[key]
 
 
 def _rank(f: Finding, default: int) -> int:

@@ -107,6 +107,24 @@ class Ingestor:
                 self.live.anomaly(ch.run, ch.finding.kind, ch.finding.severity, ch.action)
         return IngestResult(len(fresh), len(events) - len(fresh), changes)
 
+    def evict(self, ended_after: float, idle_after: float) -> list[str]:
+        """Forget runs that ended (or went silent) long enough ago: detectors, live values, stream cache.
+
+        Held under the ingest lock, so a batch of the run cannot interleave; if the run sends
+        again, it is primed from storage like after a restart.
+        """
+        with self._lock:
+            gone = self.live.idle_runs(ended_after, idle_after)
+            if not gone:
+                return []
+            dropped = set(gone)
+            for key in [k for k, st in self._streams.items() if st.run in dropped]:
+                del self._streams[key]
+            for run in gone:
+                self.engine.forget(run)
+                self.live.forget(run)
+            return gone
+
     def _load_streams(self, conn: Connection, events: list[Event]) -> dict[str, _Stream]:
         known: dict[str, _Stream] = {}
         for ev in events:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ class RunState:
     eval_loss: float | None = None
     anomalies_total: collections.Counter = field(default_factory=collections.Counter)  # (kind, severity)
     anomalies_active: collections.Counter = field(default_factory=collections.Counter)
+    received_at: float = field(default_factory=time.monotonic)  # collector clock of the latest event (eviction)
 
 
 class LiveState:
@@ -70,6 +72,7 @@ class LiveState:
             rank = run.ranks.get(event.rank)
             if rank is None:
                 rank = run.ranks[event.rank] = RankState()
+            run.received_at = time.monotonic()
             rank.host = event.host
             rank.last_seen = max(rank.last_seen, event.time)
             last_seq = rank.seqs.get(event.stream, -1)
@@ -104,6 +107,21 @@ class LiveState:
                 run.eval_loss = f["loss"]
             elif event.kind == "run_end" and event.rank == 0:
                 run.status = f["status"]
+
+    def idle_runs(self, ended_after: float, idle_after: float, now: float | None = None) -> list[str]:
+        """Runs to evict: ended ones quiet for ``ended_after`` seconds, any quiet for ``idle_after``."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            return [
+                r.run
+                for r in self.runs.values()
+                if now - r.received_at > (ended_after if r.status != "running" else idle_after)
+            ]
+
+    def forget(self, run: str) -> None:
+        """Drop a run's live values (bounded memory); its stored history is untouched."""
+        with self.lock:
+            self.runs.pop(run, None)
 
     def load_anomalies(self, rows: list[tuple[str, str, str, str]]) -> None:
         """Restore anomaly counters from storage: (run, kind, severity, status) per anomaly."""

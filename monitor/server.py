@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hmac
+import ipaddress
 import json
 import logging
 import signal
@@ -20,7 +22,7 @@ from sqlalchemy import select, text
 from starlette.concurrency import run_in_threadpool
 
 from hooks import wire
-from monitor.config import CollectorConfig
+from monitor.config import CollectorConfig, ConfigError
 from monitor.engine import Engine
 from monitor.exporter import CollectorMetrics, TrainingCollector
 from monitor.ingest import IngestError, Ingestor
@@ -29,7 +31,7 @@ from monitor.notify import Notifier, open_anomalies
 from monitor.queries import anomaly_rows, run_rows
 from monitor.storage import Storage, anomalies, runs
 
-__all__ = ["Collector", "create_app", "serve"]
+__all__ = ["Collector", "check_bind", "create_app", "serve"]
 
 log = logging.getLogger("trainmon.collector")
 
@@ -62,6 +64,11 @@ class Collector:
                     self.notifier.submit(changes)
             except Exception:
                 log.exception("detector tick failed; continuing")
+            try:
+                for run in self.ingestor.evict(self.config.evict_after_seconds, self.config.evict_idle_seconds):
+                    log.info("run %s evicted from memory (ended or idle); it stays in storage", run)
+            except Exception:
+                log.exception("eviction failed; continuing")
 
     def close(self) -> None:
         self._stop.set()
@@ -100,6 +107,43 @@ def _reject(metrics: CollectorMetrics, status: int, reason: str, message: str, f
     raise HTTPException(status_code=status, detail=detail)
 
 
+class _BearerAuth:
+    """Requires ``Authorization: Bearer TOKEN`` on every path but ``open_paths`` (plain ASGI: no
+    per-request overhead beyond a header scan). The comparison is constant-time, so response
+    timing does not reveal how much of a guess was right; a refusal is a 401 counted as ``auth``."""
+
+    def __init__(self, app: Any, token: str, open_paths: frozenset[str], metrics: CollectorMetrics) -> None:
+        self.app = app
+        self._token = token.encode()
+        self._open = open_paths
+        self._metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in self._open:
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        scheme, _, credential = (given or b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self._token):
+            await self.app(scope, receive, send)
+            return
+        self._metrics.rejected.labels("auth").inc()
+        problem = "missing" if given is None else "invalid"
+        body = json.dumps(
+            {
+                "error": f"{problem} bearer token: this collector requires 'Authorization: Bearer <token>' "
+                "(the token it was started with, --token or $TRAINMON_TOKEN)"
+            }
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b'Bearer realm="trainmon"'),
+        ]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
 def create_app(collector: Collector) -> FastAPI:
     app = FastAPI(
         title="trainmon collector",
@@ -108,6 +152,9 @@ def create_app(collector: Collector) -> FastAPI:
     )
     app.state.collector = collector
     metrics = collector.metrics
+    if collector.config.token:
+        open_paths = {"/healthz"} | ({"/metrics"} if collector.config.metrics_public else set())
+        app.add_middleware(_BearerAuth, token=collector.config.token, open_paths=frozenset(open_paths), metrics=metrics)
     limit = collector.config.max_body_bytes
 
     @app.exception_handler(HTTPException)
@@ -232,11 +279,42 @@ class _DaemonServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve to anything: treat it as exposed
+
+
+def check_bind(config: CollectorConfig) -> None:
+    """Refuse a non-loopback bind without a token unless ``insecure`` was asked for explicitly:
+    anyone on the network could otherwise write runs or read them."""
+    if _is_loopback(config.host) or config.token:
+        return
+    if not config.insecure:
+        raise ConfigError(
+            f"refusing to listen on {config.host}: a non-loopback address requires a bearer token "
+            "(--token or $TRAINMON_TOKEN, or token in the config file); pass --insecure to serve it "
+            "without authentication on a network you trust"
+        )
+    log.warning("listening on %s without a token (--insecure): anyone who can reach it can write", config.host)
+
+
 def serve(config: CollectorConfig) -> None:
     """Run the collector in the foreground until SIGTERM or SIGINT."""
+    check_bind(config)
     collector = Collector.open(config)
     server = _DaemonServer(
-        uvicorn.Config(create_app(collector), host=config.host, port=config.port, log_level="info", lifespan="off")
+        uvicorn.Config(
+            create_app(collector),
+            host=config.host,
+            port=config.port,
+            log_level="info",
+            lifespan="off",
+            access_log=False,  # one line per batch from every rank costs more than the batch; metrics count them
+        )
     )
     try:
         server.run()
