@@ -90,6 +90,16 @@ class _Outcome:
 
 
 _STOP = object()
+_LOG_EVERY = 10.0
+"""Seconds between two log lines about a full queue: a storm is counted, not logged line by line."""
+
+
+def _log_allowed(owner: object, attr: str) -> bool:
+    now = time.monotonic()
+    if now - getattr(owner, attr, -_LOG_EVERY) < _LOG_EVERY:
+        return False
+    setattr(owner, attr, now)
+    return True
 
 
 def _post(target: Target, body: bytes) -> _Outcome:
@@ -132,7 +142,8 @@ class _Sender:
         except queue.Full:
             n._busy(-1)
             n._failed.labels(self.target.type).inc()
-            log.warning("notification to %s dropped: its queue is full (%s)", self.target.label, message.what)
+            if _log_allowed(self, "_full_logged_at"):
+                log.warning("notification to %s dropped: its queue is full (%s)", self.target.label, message.what)
 
     def _run(self) -> None:
         while True:
@@ -268,7 +279,12 @@ class Notifier:
             except queue.Full:
                 self._busy(-1)
                 self._dropped.inc()
-                log.warning("notifier queue full: %s of run %s not notified", change.finding.kind, change.run)
+                if _log_allowed(self, "_dropped_logged_at"):
+                    log.warning(
+                        "notifier queue full: %s of run %s not notified (and more are counted, not logged)",
+                        change.finding.kind,
+                        change.run,
+                    )
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every submitted change is handled and every message delivered or dropped.

@@ -207,7 +207,7 @@ class SlackTarget(Target):
         link = self.run_link(run)
         if link is not None:
             blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{link}|All anomalies>"}]})
-        return _dumps({"text": "\n".join(lines), "blocks": blocks})
+        return _dumps({"text": "\n".join(lines)[:3000], "blocks": blocks})
 
 
 class AlertmanagerTarget(Target):
