@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.fingerprint import batch_fingerprint, state_fingerprint
+from hooks.flops import peak_flops_for, training_flops_per_token
 from hooks.schedules import Schedule
 from hooks.train_monitor import TrainMonitor
 from reference_trainer.checkpoint import (
@@ -278,6 +279,18 @@ def train(cfg: TrainConfig) -> str:
         resumed=resuming,
         resume_path=str(ckpt_dir) if ckpt_dir else None,
         config_hash=cfg.config_hash(),
+        # MFU inputs (hooks.flops, shared with monitor.budget): lookups (wte, wpe) cost no FLOPs, the head does.
+        flops_per_token=training_flops_per_token(
+            sum(p.numel() for p in model.parameters()) - model.wte.weight.numel() - model.wpe.weight.numel(),
+            cfg.n_layer,
+            cfg.n_embd,
+            cfg.seq_len,
+        ),
+        **(
+            {"peak_flops": peak}
+            if d.device.type == "cuda" and (peak := peak_flops_for(torch.cuda.get_device_name(d.device), precision))
+            else {}
+        ),
     )
     if resuming:
         assert meta is not None
