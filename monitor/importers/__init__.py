@@ -1,35 +1,143 @@
 """Turn logs on disk into wire-format events, so stored and imported runs share one analysis.
 
-Only trainmon's own JSONL (written by ``file://`` collectors and by the transport's spool)
-is read so far; other formats (HF ``trainer_state.json``, TensorBoard, CSV, llm.c and nanoGPT
-logs) come with the post-mortem work.
+``read_events(path)`` is the one entry point. The format is detected from the content (the
+extension only breaks ties), one module per format:
+
+========================  =======================================================
+trainmon JSONL            ``jsonl``: one wire event per line (spool, ``file://``)
+HF ``trainer_state.json`` ``hf``: the Trainer's ``log_history``
+TensorBoard event files   ``tensorboard``: scalars, read without TensorBoard
+CSV                       ``csv``: W&B exports, Lightning ``metrics.csv``
+llm.c / nanoGPT logs      ``textlog``: ``s:N trl:X``, ``step N | loss X``, ...
+========================  =======================================================
+
+Foreign formats go through :func:`monitor.importers.common.build_events`, which makes the
+``run_start`` (with ``config.imported_from``, ``format``, ``synthetic_time`` and
+``missing_signals``), the steps, evals and a ``run_end``. A folder is read as a folder of
+trainmon JSONL files (one per rank, merged by time) or of TensorBoard event files (one run).
 """
 
 from __future__ import annotations
 
 import heapq
+import json
+import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
-from hooks.wire import Event
+from hooks.wire import RUN_ID_PATTERN, Event
+from monitor.importers.common import ImportFormatError, build_events, file_digest, mtime_of, run_id_from_path
+from monitor.importers.csv import looks_like_csv, parse_csv, parse_mapping
+from monitor.importers.hf import looks_like_hf, parse_hf
 from monitor.importers.jsonl import read_jsonl
+from monitor.importers.tensorboard import is_event_file, looks_like_tfrecord, parse_tensorboard
+from monitor.importers.textlog import looks_like_textlog, parse_textlog
 
-__all__ = ["read_events"]
+__all__ = ["FORMATS", "ImportFormatError", "detect_format", "parse_mapping", "read_events"]
+
+FORMATS = ("jsonl", "hf_trainer_state", "tensorboard", "csv", "textlog")
+
+_HEAD = 64 * 1024
 
 
-def read_events(path: str | Path) -> Iterator[Event]:
-    """Events of a log file, or of every ``*.jsonl`` in a folder merged in time order.
+def _looks_like_jsonl(head: str) -> bool:
+    for line in head.splitlines()[:5]:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return False
+        return isinstance(obj, dict) and "kind" in obj and "run" in obj and "fields" in obj
+    return False
 
-    A multi-rank run writes one file per rank; merging by time lets cross-rank detectors
-    (stragglers, hangs) see the ranks side by side, as the live collector does.
-    Raises ``ValueError`` for an unknown format or an empty folder.
+
+def detect_format(path: str | Path) -> str:
+    """The format of a file (one of ``FORMATS``), judged by its content.
+
+    Raises :class:`ImportFormatError` naming what was expected when nothing matches.
     """
     path = Path(path)
     if path.is_dir():
-        files = sorted(path.glob("*.jsonl"))
-        if not files:
-            raise ValueError(f"{path}: no *.jsonl files in this folder")
-        return heapq.merge(*(read_jsonl(f) for f in files), key=lambda e: e.time)
+        if any(path.glob("*.jsonl")):
+            return "jsonl"
+        if any(is_event_file(p) for p in path.iterdir() if p.is_file()):
+            return "tensorboard"
+        raise ImportFormatError(f"{path}: no *.jsonl or TensorBoard event files in this folder")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_HEAD)
+    except OSError as exc:
+        raise ImportFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if not raw.strip():
+        raise ImportFormatError(f"{path}: empty file")
+    if looks_like_tfrecord(raw):
+        return "tensorboard"
+    head = raw.decode("utf-8", errors="replace")
+    if looks_like_hf(head):
+        return "hf_trainer_state"
+    if _looks_like_jsonl(head):
+        return "jsonl"
+    if looks_like_csv(head):
+        return "csv"
+    if looks_like_textlog(head):
+        return "textlog"
+    if is_event_file(path):
+        return "tensorboard"  # damaged from its first record: let the reader say so
     if path.suffix == ".jsonl":
-        return read_jsonl(path)
-    raise ValueError(f"{path}: unrecognised log format (expected trainmon JSONL or a folder of it)")
+        return "jsonl"  # every line corrupt: the JSONL reader warns line by line
+    raise ImportFormatError(
+        f"{path}: unrecognised log format (expected trainmon JSONL, a HF trainer_state.json, TensorBoard "
+        "event files, a CSV with a step column, or an llm.c / nanoGPT text log)"
+    )
+
+
+def read_events(
+    path: str | Path,
+    *,
+    run: str | None = None,
+    mapping: str | dict[str, str] | None = None,
+) -> Iterator[Event]:
+    """Events of a log file or folder, in time order.
+
+    ``run`` names the run (default: from the file name; trainmon JSONL keeps its own ids unless
+    given). ``mapping`` overrides CSV column names (``"loss=train_loss,step=_step"``).
+    A multi-rank JSONL folder is merged by time so cross-rank detectors (stragglers, hangs) see
+    the ranks side by side, as the live collector does. Raises :class:`ImportFormatError` (a
+    ``ValueError``) for an unknown or unreadable format; damaged lines or records inside a known
+    format are skipped with a warning.
+    """
+    path = Path(path)
+    if run is not None and not re.match(RUN_ID_PATTERN, run):
+        raise ImportFormatError(f"run name {run!r} is not a valid run id (must match {RUN_ID_PATTERN})")
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        if path.is_dir():
+            files = sorted(path.glob("*.jsonl"))
+            events = heapq.merge(*(read_jsonl(f) for f in files), key=lambda e: e.time)
+        else:
+            events = read_jsonl(path)
+        return _renamed(events, run) if run else events
+    if fmt == "tensorboard":
+        files = sorted(p for p in path.iterdir() if p.is_file() and is_event_file(p)) if path.is_dir() else [path]
+        items, meta = parse_tensorboard(files)
+        digest = "|".join(file_digest(f) for f in files)
+        mtime = max((mtime_of(f) or 0.0) for f in files)
+    else:
+        if fmt == "hf_trainer_state":
+            items, meta = parse_hf(path)
+        elif fmt == "csv":
+            items, meta = parse_csv(path, parse_mapping(mapping))
+        else:
+            items, meta = parse_textlog(path)
+        digest = file_digest(path)
+        mtime = mtime_of(path)
+    name = run or run_id_from_path(path)
+    return build_events(items, meta, run=name, source=path, digest=digest, mtime=mtime)
+
+
+def _renamed(events: Iterator[Event], run: str) -> Iterator[Event]:
+    for ev in events:
+        yield replace(ev, run=run)

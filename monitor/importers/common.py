@@ -1,0 +1,370 @@
+"""What every foreign-log importer shares: parsed points in, wire-format events out.
+
+Each format module only parses its file into :class:`TrainPoint` / :class:`EvalPoint` items and
+a :class:`LogMeta`; :func:`build_events` turns them into the events trainmon's own hooks would
+have sent (``run_start``, one ``step`` per logged training step, ``eval``, ``run_end``). Keeping
+that in one place is what makes every import look the same to the detectors, and what keeps
+the rules honest in one place too: a signal the log does not hold is left out and named in
+``run_start.config["missing_signals"]``, never invented, and a clock the log does not have is
+synthesised (one second per logged entry, ordinal only) and flagged ``synthetic_time``.
+
+A log can hold more than one attempt of a run: the step counter going back (a restart from a
+checkpoint appended to the same log) or a format-specific sign of a resume (HF's epoch counter
+resetting) starts a new producer stream with ``run_start.resumed``, exactly as a resumed
+trainer would, so attempts are counted and the detectors keep their baselines across it.
+No ``resume`` or ``checkpoint`` event is made up: the log does not say which checkpoint was
+loaded, only that the run went on from somewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hooks.wire import Event, validate_event
+
+__all__ = [
+    "EvalPoint",
+    "ImportFormatError",
+    "LogMeta",
+    "ResumeMark",
+    "TrainPoint",
+    "build_events",
+    "file_digest",
+    "run_id_from_path",
+]
+
+log = logging.getLogger("trainmon.import")
+
+HOST = "imported"
+"""Host name of imported events: the log does not say which machine wrote it."""
+
+# Signals a trainmon hook records and a foreign log may lack; named when absent.
+_OPTIONAL_SIGNALS = ("loss", "grad_norm", "lr", "tokens", "step_time")
+# Never present in any foreign format we read: always named, so nobody looks for them.
+_NEVER = ("phases", "memory", "node_health", "checkpoints", "batch_fingerprints")
+
+_GENERIC_STEMS = {"trainer_state", "metrics", "log", "main", "train", "events", "history", "output", "stdout"}
+
+
+class ImportFormatError(ValueError):
+    """The file is not in a format we read, or too damaged to read anything from."""
+
+
+@dataclass
+class TrainPoint:
+    """One logged training step. ``time`` is wall time when the log has it."""
+
+    step: int
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: list[float] | None = None
+    tokens: int | None = None
+    step_time: float | None = None
+    time: float | None = None
+
+
+@dataclass
+class EvalPoint:
+    """One evaluation: the loss it reported and any other numbers it logged."""
+
+    step: int
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    duration: float | None = None
+    time: float | None = None
+
+
+@dataclass
+class ResumeMark:
+    """The log shows the run went on from a checkpoint here (e.g. HF's epoch reset)."""
+
+    after_step: int
+    reason: str
+
+
+Item = TrainPoint | EvalPoint | ResumeMark
+
+
+@dataclass
+class LogMeta:
+    """What the file says about the run as a whole."""
+
+    format: str
+    framework: str
+    planned_steps: int | None = None
+    status: str | None = None
+    """``finished`` when the log shows the run completed, ``interrupted`` when it stops short of its
+    planned steps, None when the log cannot tell (the ``run_end`` then says ``unknown``)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Extra facts from the file (logging interval, epochs, ...), copied into ``run_start.config``."""
+    notes: list[str] = field(default_factory=list)
+    """Caveats a reader of the post-mortem should know (window-averaged losses, truncation...)."""
+    world_size: int | None = None
+
+
+def file_digest(path: Path) -> str:
+    """Content hash of a file: the same log imported twice gets the same stream ids (stored once)."""
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run_id_from_path(path: Path) -> str:
+    """A stable run id from the file name; generic names (``trainer_state.json``) take their folder's.
+
+    ``out/checkpoint-6000/trainer_state.json`` becomes ``out-checkpoint-6000`` rather than a run
+    called ``trainer_state`` that every HF import would share.
+    """
+    path = Path(path)
+    stem = path.name if path.is_dir() else path.stem
+    if stem.startswith("events.out.tfevents") or path.name.startswith("events.out.tfevents"):
+        stem = ""
+    parts = [stem] if stem and stem.lower() not in _GENERIC_STEMS else []
+    parent = path if path.is_dir() else path.parent
+    parent = parent.resolve()
+    while not parts or (len(parts) < 3 and parts[0].lower().startswith(("checkpoint", "version_"))):
+        if parent.name == "":
+            break
+        parts.insert(0, parent.name)
+        parent = parent.parent
+    raw = "-".join(parts) or "imported"
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-._")
+    clean = clean[-128:].lstrip("-._") or "imported"
+    return clean
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def build_events(
+    items: list[Item],
+    meta: LogMeta,
+    *,
+    run: str,
+    source: Path,
+    digest: str,
+    mtime: float | None = None,
+) -> Iterator[Event]:
+    """Wire-format events for a parsed log, in time order, one stream per attempt.
+
+    ``digest`` (the file's content hash) seeds the stream ids, so re-importing a file is
+    idempotent. Raises :class:`ImportFormatError` at once (not on iteration) when the log holds
+    no training step at all.
+    """
+    train = [it for it in items if isinstance(it, TrainPoint)]
+    if not train:
+        raise ImportFormatError(f"{source}: no training steps found in this {meta.format} log")
+    return _events(items, train, meta, run=run, source=source, digest=digest, mtime=mtime)
+
+
+def _events(
+    items: list[Item],
+    train: list[TrainPoint],
+    meta: LogMeta,
+    *,
+    run: str,
+    source: Path,
+    digest: str,
+    mtime: float | None,
+) -> Iterator[Event]:
+    real_time = all(p.time is not None for p in train)
+    missing = [
+        name for name in _OPTIONAL_SIGNALS if not any(getattr(p, name) is not None for p in train) and name != "loss"
+    ]
+    if not any(p.loss is not None for p in train):
+        missing.insert(0, "loss")
+    if not real_time:
+        missing.append("wall_time")
+    missing += list(_NEVER)
+
+    # The synthetic clock ends at the file's modification time and ticks once per logged entry.
+    if not real_time:
+        mtime = mtime if mtime is not None else 0.0
+        span = 0.0
+        prev = None
+        for p in train:
+            span += _advance(prev, p)
+            prev = p.step
+        t0 = mtime - span - 1.0
+    config_base: dict[str, Any] = {
+        "imported_from": str(source),
+        "format": meta.format,
+        "synthetic_time": not real_time,
+        "missing_signals": missing,
+        **meta.config,
+    }
+    if not real_time:
+        config_base["time_source"] = "synthetic: one second per logged entry, ending at the file's modification time"
+    if meta.notes:
+        config_base["notes"] = list(meta.notes)
+
+    emitter = _Emitter(run, digest, meta, config_base)
+    clock = t0 if not real_time else None
+    prev_step: int | None = None
+    last_time = -math.inf
+    first_step = train[0].step
+    for it in items:
+        if isinstance(it, ResumeMark):
+            emitter.new_attempt(resumed=True, reason=it.reason, after_step=it.after_step, time=last_time)
+            continue
+        if isinstance(it, TrainPoint):
+            if prev_step is not None and it.step <= prev_step:
+                fresh = it.step <= first_step
+                reason = f"step went back from {prev_step} to {it.step}"
+                emitter.new_attempt(resumed=not fresh, reason=reason, after_step=it.step - 1, time=last_time)
+            if real_time:
+                t = float(it.time)  # type: ignore[arg-type]
+            else:
+                clock += _advance(prev_step, it)
+                t = clock
+            t = max(t, last_time)
+            last_time = t
+            prev_step = it.step
+            yield from emitter.step(it, t)
+        else:
+            if it.time is not None and real_time:
+                t = max(float(it.time), last_time)
+            else:
+                t = last_time + 1e-3 if last_time > -math.inf else (clock if clock is not None else 0.0)
+            last_time = t
+            yield from emitter.eval(it, t)
+    yield from emitter.end(last_time, prev_step)
+
+
+def _advance(prev_step: int | None, p: TrainPoint) -> float:
+    """Seconds the synthetic clock moves for this point: one per logged entry.
+
+    Deliberately ordinal, not proportional to steps or logged durations: the clock is made up,
+    so it must not look irregular to silence-based detectors (``hang`` learns step intervals),
+    and a log printed every N steps must not look like N-second stalls.
+    """
+    return 1.0
+
+
+class _Emitter:
+    """Stream ids, sequence numbers and the run_start of each attempt."""
+
+    def __init__(self, run: str, digest: str, meta: LogMeta, config: dict[str, Any]) -> None:
+        self.run = run
+        self.digest = digest
+        self.meta = meta
+        self.config = config
+        self.attempt = -1
+        self.stream = ""
+        self.seq = 0
+        self.started = False
+        self.pending: dict[str, Any] | None = None
+        self.new_attempt(resumed=False, reason=None, after_step=None, time=None)
+
+    def new_attempt(self, *, resumed: bool, reason: str | None, after_step: int | None, time: float | None) -> None:
+        self.attempt += 1
+        key = f"{self.run}|{self.digest}|{self.attempt}".encode()
+        self.stream = "imp-" + hashlib.sha1(key).hexdigest()[:24]
+        self.seq = 0
+        config = dict(self.config)
+        if reason is not None:
+            config["attempt_inferred_from"] = reason
+            if resumed and after_step is not None:
+                config["resumed_after_step"] = after_step
+        fields: dict[str, Any] = {"config": config, "framework": self.meta.framework, "resumed": resumed}
+        if self.meta.planned_steps:
+            fields["planned_steps"] = int(self.meta.planned_steps)
+        if self.meta.world_size:
+            fields["world_size"] = int(self.meta.world_size)
+        self.pending = fields  # sent with the attempt's first event, at its time
+        if self.attempt > 0:
+            log.info("%s: attempt %d starts (%s)", self.run, self.attempt, reason)
+
+    def _event(self, kind: str, t: float, fields: dict[str, Any]) -> Event:
+        raw = {
+            "kind": kind,
+            "run": self.run,
+            "rank": 0,
+            "host": HOST,
+            "stream": self.stream,
+            "seq": self.seq,
+            "time": t,
+            "fields": fields,
+        }
+        self.seq += 1
+        return validate_event(raw, f"{self.run} {kind}")
+
+    def _start(self, t: float) -> Iterator[Event]:
+        if self.pending is not None:
+            fields, self.pending = self.pending, None
+            yield self._event("run_start", t, fields)
+
+    def step(self, p: TrainPoint, t: float) -> Iterator[Event]:
+        yield from self._start(t)
+        fields: dict[str, Any] = {"step": p.step}
+        if p.loss is not None:
+            fields["loss"] = _wire_float(p.loss)
+        if p.grad_norm is not None:
+            fields["grad_norm"] = _wire_float(p.grad_norm)
+        if p.lr:
+            fields["lr"] = [_wire_float(x) for x in p.lr]
+        if p.tokens is not None and p.tokens >= 0:
+            fields["tokens"] = int(p.tokens)
+        if p.step_time is not None and math.isfinite(p.step_time) and p.step_time >= 0:
+            fields["step_time"] = float(p.step_time)
+        yield self._event("step", t, fields)
+
+    def eval(self, p: EvalPoint, t: float) -> Iterator[Event]:
+        yield from self._start(t)
+        fields: dict[str, Any] = {"step": p.step, "loss": _wire_float(p.loss)}
+        metrics = {k: v for k, v in p.metrics.items() if _finite(v)}
+        if metrics:
+            fields["metrics"] = metrics
+        if p.duration is not None and math.isfinite(p.duration) and p.duration >= 0:
+            fields["duration"] = float(p.duration)
+        yield self._event("eval", t, fields)
+
+    def end(self, t: float, last_step: int | None) -> Iterator[Event]:
+        # "unknown" when the log cannot tell how the run ended: an imported run is not running,
+        # but claiming it finished (or failed) would be a guess.
+        fields: dict[str, Any] = {"status": self.meta.status or "unknown"}
+        if last_step is not None:
+            fields["step"] = last_step
+        yield self._event("run_end", t + 1e-3, fields)
+
+
+def _wire_float(x: float) -> float | str:
+    """Floats as the wire format encodes them (NaN/inf as its string markers)."""
+    if math.isfinite(x):
+        return float(x)
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def to_float(value: Any) -> float | None:
+    """A logged number, or None for blanks and text ("nan"/"inf" strings count as numbers)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        s = value.strip()
+        if not s:
+            return None
+        try:
+            return float(s)
+        except ValueError:
+            return None
+    return None
+
+
+def mtime_of(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None

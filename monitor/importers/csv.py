@@ -1,0 +1,205 @@
+"""CSV metric tables: W&B exports, Lightning's ``metrics.csv``, anything with a step column.
+
+Columns are mapped to wire fields by name. The default mapping knows the common spellings
+(``_step``/``step``/``global_step``/``trainer/global_step``; ``train/loss``/``train_loss_step``/
+``loss``; ``train/grad_norm``; ``train/learning_rate``/``lr-AdamW``; ``eval/loss``/``val_loss``;
+``_timestamp``) and a user mapping (``--map loss=train_loss,step=_step``) overrides it field by
+field. W&B panel exports prefix every column with the run name (``myrun - train/loss``) and add
+``__MIN``/``__MAX`` columns: the prefix is dropped and the min/max columns ignored.
+
+Lightning's ``CSVLogger`` writes sparse rows: the step's loss, the LR monitor, validation and
+epoch aggregates land in separate rows that share a ``step``. A row with any training field is
+a training point, adjacent rows of the same step are merged, a row with a validation loss is an
+eval; epoch aggregates (``train_loss_epoch``) are not step losses and are ignored. Lightning's
+``step`` is the 0-based global step, kept as is.
+
+A malformed row (wrong column count, text where a number belongs) is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint, to_float
+
+__all__ = ["DEFAULT_COLUMNS", "FIELDS", "looks_like_csv", "parse_csv", "parse_mapping"]
+
+log = logging.getLogger("trainmon.import")
+
+FIELDS = ("step", "loss", "grad_norm", "lr", "eval_loss", "time", "tokens", "step_time")
+
+# Candidates per field, lower-cased, most specific first.
+DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "step": ("trainer/global_step", "global_step", "_step", "step", "iter", "iteration"),
+    "loss": (
+        "train/loss",
+        "train/loss_step",
+        "train_loss_step",
+        "train_loss",
+        "training_loss",
+        "loss/train",
+        "loss_step",
+        "loss",
+    ),
+    "grad_norm": ("train/grad_norm", "grad_norm", "train/gradient_norm", "gradient_norm", "grad_norm/total", "norm"),
+    "lr": ("train/learning_rate", "train/lr", "learning_rate", "lr", "lr-adamw", "lr-adam", "lr-sgd"),
+    "eval_loss": (
+        "eval/loss",
+        "val/loss",
+        "val_loss",
+        "val_loss_epoch",
+        "eval_loss",
+        "validation/loss",
+        "valid/loss",
+        "loss/val",
+    ),
+    "time": ("_timestamp", "timestamp", "wall_time", "time"),
+    "tokens": ("train/tokens", "tokens"),
+    "step_time": ("step_time", "train/step_time", "perf/step_time"),
+}
+
+_WANDB_PREFIX = re.compile(r"^.+? - (.+)$")
+
+
+def looks_like_csv(head: str) -> bool:
+    """A header line of comma-separated names, one of them a step column we know."""
+    first = head.splitlines()[0] if head else ""
+    if "," not in first:
+        return False
+    cols = {_clean(c).lower() for c in next(csv.reader([first]))}
+    return any(c in cols for c in DEFAULT_COLUMNS["step"])
+
+
+def parse_mapping(spec: str | dict[str, str] | None) -> dict[str, str]:
+    """``"loss=train_loss,step=_step"`` -> ``{"loss": "train_loss", "step": "_step"}``; names checked."""
+    if spec is None:
+        return {}
+    if isinstance(spec, dict):
+        pairs = list(spec.items())
+    else:
+        pairs = []
+        for part in spec.split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ValueError(f"--map: expected FIELD=COLUMN, got {part.strip()!r}")
+            k, v = part.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    out = {}
+    for k, v in pairs:
+        if k not in FIELDS:
+            raise ValueError(f"--map: unknown field {k!r}, expected one of {', '.join(FIELDS)}")
+        out[k] = v
+    return out
+
+
+def _clean(col: str) -> str:
+    """A W&B panel-export column without its run-name prefix."""
+    col = col.strip()
+    m = _WANDB_PREFIX.match(col)
+    return m.group(1) if m else col
+
+
+def _resolve(header: list[str], user: dict[str, str]) -> dict[str, int]:
+    """Column index per field: the user's names first, then the default candidates."""
+    cleaned = [_clean(c) for c in header]
+    usable = [(i, c) for i, c in enumerate(cleaned) if not c.endswith(("__MIN", "__MAX"))]
+    exact = {c: i for i, c in reversed(usable)}
+    lower = {c.lower(): i for i, c in reversed(usable)}
+    out: dict[str, int] = {}
+    for fld, name in user.items():
+        idx = exact.get(name, exact.get(_clean(name), lower.get(name.lower())))
+        if idx is None:
+            raise ImportFormatError(f"--map {fld}={name}: no such column; the columns are {header}")
+        out[fld] = idx
+    taken = set(out.values())
+    for fld, cands in DEFAULT_COLUMNS.items():
+        if fld in out:
+            continue
+        for c in cands:
+            idx = lower.get(c)
+            if idx is not None and idx not in taken:
+                out[fld] = idx
+                taken.add(idx)
+                break
+        else:
+            if fld == "lr":
+                idx = next((i for c, i in lower.items() if c.startswith("lr-") and i not in taken), None)
+                if idx is not None:
+                    out[fld] = idx
+                    taken.add(idx)
+    return out
+
+
+def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise ImportFormatError(f"{path}: empty CSV file") from None
+    cols = _resolve(header, mapping or {})
+    if "step" not in cols:
+        raise ImportFormatError(
+            f"{path}: no step column among {header}; name it with --map step=COLUMN "
+            f"(known: {', '.join(DEFAULT_COLUMNS['step'])})"
+        )
+    if not ({"loss", "grad_norm"} & cols.keys()):
+        raise ImportFormatError(
+            f"{path}: no training-loss column among {header}; name it with --map loss=COLUMN "
+            f"(known: {', '.join(DEFAULT_COLUMNS['loss'])})"
+        )
+    lightning = "epoch" in {h.strip() for h in header} and any(h.strip().endswith(("_step", "_epoch")) for h in header)
+    items: list[Item] = []
+    last: TrainPoint | None = None
+    bad = 0
+    for n, row in enumerate(reader, 2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            bad += 1
+            log.warning("%s: line %d has %d fields, the header %d; skipped", path, n, len(row), len(header))
+            continue
+        vals: dict[str, float | None] = {fld: to_float(row[i]) for fld, i in cols.items()}
+        step_v = vals.get("step")
+        if step_v is None or step_v < 0 or step_v != step_v:
+            if any(row[i].strip() for fld, i in cols.items() if fld != "step"):
+                bad += 1
+                log.warning("%s: line %d has no usable step; skipped", path, n)
+            continue
+        step = int(step_v)
+        t = vals.get("time")
+        if vals.get("eval_loss") is not None:
+            items.append(EvalPoint(step, vals["eval_loss"], time=t))  # type: ignore[arg-type]
+        train: dict[str, Any] = {
+            k: vals.get(k) for k in ("loss", "grad_norm", "lr", "tokens", "step_time") if vals.get(k) is not None
+        }
+        if not train:
+            continue
+        if last is not None and last.step == step and items and items[-1] is last:
+            point = last  # a sparse row of the same step (Lightning's LR monitor): merge
+        else:
+            point = TrainPoint(step=step, time=t)
+            items.append(point)
+        for k, v in train.items():
+            if k == "lr":
+                point.lr = [v]
+            elif k == "tokens":
+                point.tokens = round(v)
+            else:
+                setattr(point, k, v)
+        last = point
+    fmt = "lightning_csv" if lightning else "csv"
+    notes = [f"{bad} malformed rows skipped"] if bad else []
+    meta = LogMeta(
+        format=fmt,
+        framework="lightning" if lightning else "csv",
+        config={"column_mapping": {fld: header[i] for fld, i in cols.items()}},
+        notes=notes,
+    )
+    return items, meta

@@ -1,0 +1,242 @@
+"""Hugging Face ``trainer_state.json``: the ``log_history`` a ``Trainer`` saves with each checkpoint.
+
+What the file holds and how it maps (transformers ``Trainer``, TRL, ms-swift, LLaMA-Factory
+all write the same shape):
+
+* Training entries (``loss`` with ``learning_rate``, or ``lr`` in some custom trainers, and
+  ``grad_norm`` since transformers 4.38) become one ``step`` each. ``step`` is the
+  ``global_step`` as logged (optimizer steps done, 1-based), kept as is so the post-mortem
+  names the steps the user sees in their own logs. With ``logging_steps`` > 1 the loss is the
+  mean over the logging window, not one step's loss: said in the notes.
+* Entries with ``eval_loss`` become ``eval`` events (other ``eval_*`` numbers as metrics,
+  ``eval_runtime`` as duration). The closing ``train_runtime`` entry marks a finished run.
+* ``max_steps`` is the planned length. The file has no clock, no schedule declaration, no
+  phase times: the LR schedule is left for the detector to infer, the time is synthetic.
+* A resumed streaming run shows its resume only as ``epoch`` going back to 0 while the step
+  goes on; the step going back shows a restart. Either starts a new attempt.
+* ``num_input_tokens_seen`` (Trainer) or ``num_tokens`` (TRL) are cumulative: tokens per step
+  are their difference over the steps between two entries.
+
+A truncated file (a checkpoint copied while being written) is salvaged entry by entry up to the
+damage, with a warning; anything after ``log_history`` (``max_steps`` ...) is then unknown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from monitor.importers.common import (
+    EvalPoint,
+    ImportFormatError,
+    Item,
+    LogMeta,
+    ResumeMark,
+    TrainPoint,
+    to_float,
+)
+
+__all__ = ["looks_like_hf", "parse_hf"]
+
+log = logging.getLogger("trainmon.import")
+
+_LR_KEYS = ("learning_rate", "lr")
+_TOKEN_KEYS = ("num_input_tokens_seen", "num_tokens")
+_META_KEYS = ("global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "num_train_epochs", "epoch")
+_KNOWN_TRAIN_KEYS = {"loss", "grad_norm", "epoch", "step", *_LR_KEYS, *_TOKEN_KEYS}
+
+
+def looks_like_hf(head: str) -> bool:
+    """A JSON object with a ``log_history`` key near its start (HF sorts keys; it comes early)."""
+    return head.lstrip().startswith("{") and '"log_history"' in head
+
+
+def _load(path: Path) -> tuple[dict[str, Any], bool]:
+    """The state as a dict, and whether it had to be salvaged from a truncated file."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        salvaged = _salvage(text)
+        if salvaged is None:
+            raise ImportFormatError(f"{path}: not valid JSON and no log_history to salvage ({exc})") from exc
+        log.warning("%s: damaged JSON (%s); read %d log entries before the damage", path, exc, len(salvaged))
+        head = _header_fields(text)
+        return {**head, "log_history": salvaged}, True
+    if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
+        raise ImportFormatError(f"{path}: JSON without a log_history list: not a trainer_state.json")
+    return state, False
+
+
+def _salvage(text: str) -> list[dict[str, Any]] | None:
+    """Entries of ``log_history`` decodable one by one, up to the first damaged one."""
+    key = text.find('"log_history"')
+    if key < 0:
+        return None
+    start = text.find("[", key)
+    if start < 0:
+        return None
+    dec = json.JSONDecoder()
+    pos = start + 1
+    out: list[dict[str, Any]] = []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            break
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def _header_fields(text: str) -> dict[str, Any]:
+    """Top-level scalars written before ``log_history`` (HF sorts keys), from a damaged file."""
+    out: dict[str, Any] = {}
+    head = text[: max(0, text.find('"log_history"'))]
+    for key in _META_KEYS:
+        i = head.find(f'"{key}"')
+        if i < 0:
+            continue
+        j = head.find(":", i) + 1
+        while j < len(head) and head[j] in " \t\r\n":
+            j += 1
+        try:
+            out[key], _ = json.JSONDecoder().raw_decode(head, j)
+        except (json.JSONDecodeError, ValueError):
+            continue
+    return out
+
+
+def _lr(entry: dict[str, Any]) -> list[float] | None:
+    for key in _LR_KEYS:
+        v = entry.get(key)
+        if isinstance(v, list):
+            vals = [to_float(x) for x in v]
+            if vals and all(x is not None for x in vals):
+                return vals  # type: ignore[return-value]
+        x = to_float(v)
+        if x is not None:
+            return [x]
+    return None
+
+
+def _int(v: Any) -> int | None:
+    x = to_float(v)
+    if x is None or not math.isfinite(x) or x < 0:
+        return None
+    return int(x)
+
+
+def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
+    state, salvaged = _load(path)
+    history = state["log_history"]
+    items: list[Item] = []
+    ignored: set[str] = set()
+    prev_epoch: float | None = None
+    prev_train_step: int | None = None
+    prev_tokens: tuple[int, float] | None = None
+    finished = False
+    runtime: float | None = None
+    skipped = 0
+    for n, entry in enumerate(history):
+        if not isinstance(entry, dict):
+            skipped += 1
+            continue
+        step = _int(entry.get("step"))
+        if step is None:
+            skipped += 1
+            log.warning("%s: log_history[%d] has no usable step; skipped", path, n)
+            continue
+        if "train_runtime" in entry:
+            finished = True  # the Trainer writes this closing entry when train() returns
+            runtime = to_float(entry.get("train_runtime"))
+            continue
+        if "eval_loss" in entry:
+            loss = to_float(entry.get("eval_loss"))
+            if loss is None:
+                skipped += 1
+                continue
+            metrics = {}
+            for k, v in entry.items():
+                x = to_float(v)
+                if k.startswith("eval_") and k not in ("eval_loss", "eval_runtime") and x is not None:
+                    metrics[k.removeprefix("eval_")] = x
+            items.append(EvalPoint(step, loss, metrics, duration=to_float(entry.get("eval_runtime"))))
+            continue
+        loss = to_float(entry.get("loss"))
+        lr = _lr(entry)
+        norm = to_float(entry.get("grad_norm"))
+        if loss is None and lr is None and norm is None:
+            continue  # another callback's numbers (e.g. only eval metrics without a loss)
+        epoch = to_float(entry.get("epoch"))
+        if (
+            epoch is not None
+            and prev_epoch is not None
+            and prev_train_step is not None
+            and step > prev_train_step
+            and epoch < prev_epoch - 1e-9
+        ):
+            why = f"epoch went back from {prev_epoch:g} to {epoch:g} after step {prev_train_step}"
+            items.append(ResumeMark(prev_train_step, why))
+        tokens = None
+        for key in _TOKEN_KEYS:
+            seen = to_float(entry.get(key))
+            if seen is None or seen <= 0:
+                continue
+            if prev_tokens is not None and step > prev_tokens[0] and seen >= prev_tokens[1]:
+                tokens = round((seen - prev_tokens[1]) / (step - prev_tokens[0]))
+            prev_tokens = (step, seen)
+            break
+        ignored.update(k for k in entry if k not in _KNOWN_TRAIN_KEYS)
+        items.append(TrainPoint(step=step, loss=loss, grad_norm=norm, lr=lr, tokens=tokens))
+        prev_train_step = step
+        if epoch is not None:
+            prev_epoch = epoch
+
+    max_steps = _int(state.get("max_steps"))
+    global_step = _int(state.get("global_step"))
+    logging_steps = to_float(state.get("logging_steps"))
+    train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
+    if logging_steps is None and len(train_steps) >= 2:
+        gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
+        logging_steps = float(gaps[len(gaps) // 2]) if gaps else None
+    last = train_steps[-1] if train_steps else None
+    if finished or (max_steps and global_step is not None and global_step >= max_steps):
+        status: str | None = "finished"
+    elif max_steps and last is not None and not salvaged:
+        status = "interrupted"
+    else:
+        status = None
+    config: dict[str, Any] = {k: state[k] for k in _META_KEYS if k in state and state[k] is not None}
+    if ignored:
+        config["ignored_keys"] = sorted(ignored)
+    if runtime is not None:
+        config["train_runtime_seconds"] = runtime
+    notes: list[str] = []
+    if logging_steps and logging_steps > 1:
+        notes.append(
+            f"each logged loss is the mean over {logging_steps:g} optimizer steps (logging_steps), not one step's loss"
+        )
+    if status == "interrupted":
+        notes.append(f"the log ends at step {last} of max_steps {max_steps}: a partial checkpoint or a stopped run")
+    if salvaged:
+        notes.append("the file is truncated or damaged: entries after the damage and max_steps may be missing")
+    if skipped:
+        notes.append(f"{skipped} log_history entries could not be read and were skipped")
+    meta = LogMeta(
+        format="hf_trainer_state",
+        framework="hf",
+        planned_steps=max_steps,
+        status=status,
+        config=config,
+        notes=notes,
+    )
+    return items, meta

@@ -1,0 +1,213 @@
+"""Plain-text training logs of llm.c and nanoGPT-style trainers, read line by line.
+
+Line shapes recognised (anything else is ignored, so interleaved prints do not break a read):
+
+* llm.c ``main.log``: ``s:N trl:X`` (train loss), newer ``s:N trl:X lr:Y norm:Z``,
+  ``s:N tel:X`` (validation loss), ``s:N eval:X`` (HellaSwag accuracy, kept as an eval metric).
+* llm.c and build-nanogpt stdout: ``step N[/M] | loss X | lr Y | norm Z | dt Tms | tok/sec R``
+  (also ``train loss X``, ``(T ms | R tok/s)``); ``/M`` gives the planned steps.
+* build-nanogpt ``log.txt``: ``N train X``, ``N val X``, ``N hella X``.
+* nanoGPT ``train.py``: ``iter N: loss X, time Tms, mfu P%`` and ``step N: train loss X, val loss Y``.
+
+Step durations (``dt``, ``time``) become ``step_time`` and drive the synthetic clock; tokens per
+step are ``tok/sec x dt`` when both are printed (rounded: the log prints them rounded). A line
+that matches a shape but carries a damaged number is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+
+from monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+
+__all__ = ["looks_like_textlog", "parse_textlog"]
+
+log = logging.getLogger("trainmon.import")
+
+_NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf|-nan|-inf)"
+
+_LLMC = re.compile(r"^s:(\d+)\s+(trl|tel|eval):(\S+)(.*)$")
+_LLMC_KV = re.compile(r"(\w+):(\S+)")
+_BUILD = re.compile(r"^(\d+)\s+(train|val|hella)\s+(\S+)\s*$")
+_PIPE = re.compile(r"^step\s+(\d+)(?:\s*/\s*(\d+))?\s*[:|]\s*(.*)$")
+_ITER = re.compile(r"^iter\s+(\d+):\s*loss\s+(\S+?),\s*time\s+(" + _NUM + r")\s*ms(.*)$")
+_NANO_EVAL = re.compile(r"^step\s+(\d+):\s*train loss\s+(\S+?),\s*val loss\s+(\S+?)\s*$")
+_PIPE_PARTS = {
+    "loss": re.compile(r"^(?:train\s+)?loss[:\s]\s*(" + _NUM + r")$"),
+    "val_loss": re.compile(r"^val(?:idation)?\s+loss[:\s]\s*(" + _NUM + r")$"),
+    "lr": re.compile(r"^lr[:\s]\s*(" + _NUM + r")$"),
+    "norm": re.compile(r"^(?:grad\s+)?norm[:\s]\s*(" + _NUM + r")$"),
+    "dt_ms": re.compile(r"^(?:dt[:\s]\s*)?(" + _NUM + r")\s*ms$"),
+    "dt_s": re.compile(r"^dt[:\s]\s*(" + _NUM + r")\s*s$"),
+    "tok_s": re.compile(r"^(?:tok/sec[:\s]\s*(" + _NUM + r")|(" + _NUM + r")\s*tok/s)$"),
+}
+
+
+def _f(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def _kind(line: str) -> str | None:
+    if _LLMC.match(line):
+        return "llmc_main_log"
+    if _BUILD.match(line):
+        return "nanogpt_build_log"
+    if _ITER.match(line) or _NANO_EVAL.match(line):
+        return "nanogpt_stdout"
+    if _PIPE.match(line) and "|" in line:
+        return "step_pipe_log"
+    return None
+
+
+def looks_like_textlog(head: str) -> bool:
+    """Some of the first lines match one of the recognised shapes."""
+    lines = [ln.strip() for ln in head.splitlines()[:200] if ln.strip()]
+    return any(_kind(ln) for ln in lines)
+
+
+def parse_textlog(path: Path) -> tuple[list[Item], LogMeta]:
+    items: list[Item] = []
+    kinds: dict[str, int] = {}
+    planned: int | None = None
+    bad = 0
+    pending_eval: dict[int, EvalPoint] = {}  # llm.c prints tel and eval for the same step
+    hella: dict[int, float] = {}
+    last_train: TrainPoint | None = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line:
+                continue
+            kind = _kind(line)
+            if kind is None:
+                continue
+            kinds[kind] = kinds.get(kind, 0) + 1
+            try:
+                point = _parse_line(line, kind, pending_eval, hella)
+            except ValueError as exc:
+                bad += 1
+                log.warning("%s: line %d: %s; skipped", path, n, exc)
+                continue
+            if point is None:
+                continue
+            if isinstance(point, tuple):  # (TrainPoint, planned total) from a pipe line
+                point, total = point
+                planned = total or planned
+            if isinstance(point, TrainPoint) and last_train is not None and point.step == last_train.step:
+                # the same step printed twice (two log shapes in one file): fill in what was missing
+                for k in ("loss", "grad_norm", "lr", "tokens", "step_time"):
+                    if getattr(last_train, k) is None:
+                        setattr(last_train, k, getattr(point, k))
+                continue
+            items.append(point)
+            if isinstance(point, TrainPoint):
+                last_train = point
+    if not kinds:
+        raise ImportFormatError(f"{path}: no llm.c or nanoGPT log lines found")
+    for step, acc in hella.items():  # accuracies whose step had no validation loss line
+        ev = pending_eval.get(step)
+        if ev is not None:
+            ev.metrics.setdefault("hellaswag_acc", acc)
+    fmt = max(kinds, key=lambda k: kinds[k])
+    framework = "llm.c" if fmt == "llmc_main_log" else "nanogpt"
+    notes = [f"{bad} damaged log lines skipped"] if bad else []
+    meta = LogMeta(format=fmt, framework=framework, planned_steps=planned, notes=notes)
+    meta.config["line_shapes"] = kinds
+    return items, meta
+
+
+def _num(s: str, what: str) -> float:
+    x = _f(s)
+    if x is None:
+        raise ValueError(f"{what} {s!r} is not a number")
+    return x
+
+
+def _parse_line(
+    line: str, kind: str, pending_eval: dict[int, EvalPoint], hella: dict[int, float]
+) -> Item | tuple[TrainPoint, int | None] | None:
+    if kind == "llmc_main_log":
+        m = _LLMC.match(line)
+        assert m is not None
+        step, tag, value = int(m.group(1)), m.group(2), _num(m.group(3), m.group(2))
+        if tag == "trl":
+            kv = dict(_LLMC_KV.findall(m.group(4)))
+            lr = _f(kv["lr"]) if "lr" in kv else None
+            norm = _f(kv["norm"]) if "norm" in kv else None
+            return TrainPoint(step=step, loss=value, lr=[lr] if lr is not None else None, grad_norm=norm)
+        if tag == "tel":
+            ev = EvalPoint(step, value)
+            if step in hella:
+                ev.metrics["hellaswag_acc"] = hella.pop(step)
+            pending_eval[step] = ev
+            return ev
+        ev = pending_eval.get(step)
+        if ev is not None:
+            ev.metrics["hellaswag_acc"] = value
+        else:
+            hella[step] = value
+        return None
+    if kind == "nanogpt_build_log":
+        m = _BUILD.match(line)
+        assert m is not None
+        step, tag, value = int(m.group(1)), m.group(2), _num(m.group(3), m.group(2))
+        if tag == "train":
+            return TrainPoint(step=step, loss=value)
+        if tag == "val":
+            ev = EvalPoint(step, value)
+            if step in hella:
+                ev.metrics["hellaswag_acc"] = hella.pop(step)
+            pending_eval[step] = ev
+            return ev
+        ev = pending_eval.get(step)
+        if ev is not None:
+            ev.metrics["hellaswag_acc"] = value
+        else:
+            hella[step] = value
+        return None
+    if kind == "nanogpt_stdout":
+        m = _ITER.match(line)
+        if m is not None:
+            ms = _num(m.group(3), "time")
+            return TrainPoint(step=int(m.group(1)), loss=_num(m.group(2), "loss"), step_time=ms / 1000.0)
+        m = _NANO_EVAL.match(line)
+        assert m is not None
+        ev = EvalPoint(int(m.group(1)), _num(m.group(3), "val loss"), {"train_loss": _num(m.group(2), "train loss")})
+        return ev
+    m = _PIPE.match(line)
+    assert m is not None
+    step = int(m.group(1))
+    total = int(m.group(2)) if m.group(2) else None
+    vals: dict[str, float] = {}
+    for part in m.group(3).split("|"):
+        part = part.strip().strip("()").strip()
+        for sub in re.split(r"\s*\(\s*|\s*\)\s*", part):  # "1286.05 ms (407672 tok/s)"
+            sub = sub.strip()
+            for name, rx in _PIPE_PARTS.items():
+                pm = rx.match(sub)
+                if pm is not None:
+                    vals[name] = float(next(g for g in pm.groups() if g is not None))
+                    break
+    if "val_loss" in vals and "loss" not in vals:
+        return EvalPoint(step, vals["val_loss"])
+    if "loss" not in vals and "norm" not in vals:
+        raise ValueError("a step line without a loss")
+    dt = vals["dt_ms"] / 1000.0 if "dt_ms" in vals else vals.get("dt_s")
+    tokens = None
+    if dt is not None and "tok_s" in vals and math.isfinite(vals["tok_s"]) and dt > 0:
+        tokens = round(vals["tok_s"] * dt)
+    point = TrainPoint(
+        step=step,
+        loss=vals.get("loss"),
+        grad_norm=vals.get("norm"),
+        lr=[vals["lr"]] if "lr" in vals else None,
+        tokens=tokens,
+        step_time=dt,
+    )
+    return point, (total if total else None)
