@@ -61,6 +61,25 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from monitor.importers import ImportFormatError
+    from monitor.importers.store import import_log
+    from monitor.storage import Storage
+
+    path = Path(args.file)
+    if not path.exists():
+        print(f"trainmon import: {args.file} is not a file or folder", file=sys.stderr)
+        return 2
+    try:
+        result = import_log(path, Storage(args.db), load_config(args.config), run=args.run, mapping=args.map)
+    except (ImportFormatError, ValueError) as exc:
+        print(f"trainmon import: {exc}", file=sys.stderr)
+        return 2
+    again = "" if result.stored else " (already imported: nothing new)"
+    print(f"imported {', '.join(result.runs)}: {result.stored} of {result.events} events stored in {args.db}{again}")
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from monitor.queries import run_rows
     from monitor.storage import Storage
@@ -148,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--config", help="TOML file with detector settings (for FILE)")
     p.set_defaults(func=_cmd_postmortem)
+
+    p = sub.add_parser("import", help="store a log FILE (JSONL, trainer_state.json, TensorBoard, CSV, llm.c/nanoGPT)")
+    p.add_argument("file", metavar="FILE", help="log file or folder; the format is detected from its content")
+    p.add_argument("--db", required=True, help="SQLite path or SQLAlchemy URL to store the run in")
+    p.add_argument("--run", help="run id to store it under (default: from the file name)")
+    p.add_argument("--map", metavar="FIELD=COLUMN,...", help="CSV column mapping, e.g. loss=train_loss,step=_step")
+    p.add_argument("--config", help="TOML file with detector settings")
+    p.set_defaults(func=_cmd_import)
 
     p = sub.add_parser("runs", help="list the runs in a store")
     p.add_argument("--db", default="trainmon.sqlite", help="SQLite path or SQLAlchemy URL")
