@@ -42,6 +42,8 @@ class AnomalyChange:
     run: str
     rank: int
     finding: Finding
+    severity: str  # the anomaly's severity after the change
+    previous: str | None = None  # its severity before (updated, resolved)
 
 
 class Engine:
@@ -59,11 +61,14 @@ class Engine:
         self._lock = threading.Lock()
         with storage.connect() as conn:
             rows = conn.execute(
-                select(anomalies.c.id, anomalies.c.run, anomalies.c.kind, anomalies.c.rank).where(
+                select(anomalies.c.id, anomalies.c.run, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity).where(
                     anomalies.c.status == "open"
                 )
             )
-            self._open: dict[tuple[str, str, int], int] = {(r.run, r.kind, r.rank): r.id for r in rows}
+            # (run, kind, rank) -> (id, stored severity) of each open anomaly
+            self._open: dict[tuple[str, str, int], tuple[int, str]] = {
+                (r.run, r.kind, r.rank): (r.id, r.severity) for r in rows
+            }
 
     def _make(self, classes: list[type[Detector]]) -> list[Detector]:
         return [cls(getattr(self._config, cls.kind)) for cls in classes]
@@ -82,11 +87,11 @@ class Engine:
             with self._storage.connect() as conn:
                 for run in new_runs:  # a run evicted earlier comes back with its open anomalies
                     rows = conn.execute(
-                        select(anomalies.c.id, anomalies.c.kind, anomalies.c.rank).where(
+                        select(anomalies.c.id, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity).where(
                             anomalies.c.run == run, anomalies.c.status == "open"
                         )
                     )
-                    self._open.update({(run, r.kind, r.rank): r.id for r in rows})
+                    self._open.update({(run, r.kind, r.rank): (r.id, r.severity) for r in rows})
                 for run, rank in new_ranks:
                     dets = self._make(self._rank_classes)
                     _feed(dets, recent_events(conn, run, rank, self._config.replay_window))
@@ -144,10 +149,10 @@ class Engine:
     def _record(self, conn: Connection, run: str, rank: int, f: Finding) -> AnomalyChange | None:
         now = time.time()
         key = (run, f.kind, rank)
-        open_id = self._open.get(key)
-        if open_id is None and f.resolved:
+        current = self._open.get(key)
+        if current is None and f.resolved:
             return None
-        if open_id is None:
+        if current is None:
             result = conn.execute(
                 anomalies.insert().values(
                     run=run,
@@ -165,8 +170,9 @@ class Engine:
                 )
             )
             new_id = result.inserted_primary_key[0]
-            self._open[key] = new_id
-            return AnomalyChange("opened", new_id, run, rank, f)
+            self._open[key] = (new_id, f.severity)
+            return AnomalyChange("opened", new_id, run, rank, f, f.severity)
+        open_id, severity = current
         if f.resolved:
             conn.execute(
                 update(anomalies)
@@ -174,7 +180,7 @@ class Engine:
                 .values(status="resolved", resolved_at=now, updated_at=now)
             )
             del self._open[key]
-            return AnomalyChange("resolved", open_id, run, rank, f)
+            return AnomalyChange("resolved", open_id, run, rank, f, severity, severity)
         values = {
             "updated_at": now,
             "evidence": f.evidence,
@@ -185,7 +191,8 @@ class Engine:
         if f.step is not None:
             values["last_step"] = f.step
         conn.execute(update(anomalies).where(anomalies.c.id == open_id).values(**values))
-        return AnomalyChange("updated", open_id, run, rank, f)
+        self._open[key] = (open_id, f.severity)
+        return AnomalyChange("updated", open_id, run, rank, f, f.severity, severity)
 
     def forget(self, run: str) -> None:
         """Drop a finished run's detector state and open-anomaly index entries (bounded memory).

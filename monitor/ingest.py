@@ -104,7 +104,7 @@ class Ingestor:
                 self.live.apply(ev, attempt)
             changes = self.engine.observe(fresh)
             for ch in changes:
-                self.live.anomaly(ch.run, ch.finding.kind, ch.finding.severity, ch.action)
+                self.live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
         return IngestResult(len(fresh), len(events) - len(fresh), changes)
 
     def evict(self, ended_after: float, idle_after: float) -> list[str]:

@@ -132,11 +132,17 @@ class LiveState:
                 if status == "open":
                     state.anomalies_active[(kind, severity)] += 1
 
-    def anomaly(self, run: str, kind: str, severity: str, action: str) -> None:
+    def anomaly(self, run: str, kind: str, action: str, severity: str, previous: str | None = None) -> None:
+        """Count an anomaly change; the active count moves with the anomaly's stored severity."""
         with self.lock:
             state = self.runs.setdefault(run, RunState(run))
+            active = state.anomalies_active
             if action == "opened":
                 state.anomalies_total[(kind, severity)] += 1
-                state.anomalies_active[(kind, severity)] += 1
-            elif action == "resolved" and state.anomalies_active[(kind, severity)] > 0:
-                state.anomalies_active[(kind, severity)] -= 1
+                active[(kind, severity)] += 1
+            elif (
+                previous is not None and active[(kind, previous)] > 0 and (action == "resolved" or previous != severity)
+            ):
+                active[(kind, previous)] -= 1
+                if action == "updated":
+                    active[(kind, severity)] += 1

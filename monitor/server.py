@@ -59,7 +59,7 @@ class Collector:
             try:
                 changes = self.ingestor.engine.tick()
                 for ch in changes:
-                    self.live.anomaly(ch.run, ch.finding.kind, ch.finding.severity, ch.action)
+                    self.live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
                 if self.notifier is not None:
                     self.notifier.submit(changes)
             except Exception:

@@ -59,3 +59,19 @@ def test_a_new_fault_after_resolution_opens_a_new_anomaly(tmp_path: Path) -> Non
         assert [(a["first_step"], a["last_step"], a["status"]) for a in found] == [(5, 5, "resolved"), (50, 50, "open")]
     finally:
         lc.stop()
+
+
+def test_active_gauge_follows_the_stored_severity(tmp_path: Path) -> None:
+    """An anomaly opened as critical and resolved by a finding of another severity leaves 0 active."""
+    from monitor.live import LiveState
+
+    live = LiveState()
+    live.anomaly("r", "throughput_collapse", "opened", "warning")
+    live.anomaly("r", "throughput_collapse", "updated", "critical", "warning")  # escalated
+    assert live.runs["r"].anomalies_active == {
+        ("throughput_collapse", "warning"): 0,
+        ("throughput_collapse", "critical"): 1,
+    }
+    live.anomaly("r", "throughput_collapse", "resolved", "critical", "critical")
+    assert sum(live.runs["r"].anomalies_active.values()) == 0
+    assert live.runs["r"].anomalies_total == {("throughput_collapse", "warning"): 1}

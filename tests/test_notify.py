@@ -143,7 +143,7 @@ def change(
 ) -> AnomalyChange:
     evidence = {"loss": float("nan"), "grad_norm": 3.5}
     finding = Finding(kind, severity, step, message, hint, evidence, resolved=action == "resolved")
-    return AnomalyChange(action, id, run, rank, finding)
+    return AnomalyChange(action, id, run, rank, finding, severity)
 
 
 def target(url: str, type: str = "webhook", **kw: Any) -> NotifyTargetConfig:
