@@ -386,7 +386,7 @@ class Notifier:
                 # Opened before a collector restart: it may have been announced, so its end is news.
                 alert = _alert(change, "resolved", wall)
                 alert.ended_at = wall
-                if self._loud(f.severity):
+                if self._loud(change.severity):
                     self._emit(key, alert, mono)
                     self._states[key] = _State(alert, False, resolved_at=mono)
                 return
@@ -401,16 +401,16 @@ class Notifier:
             return
         if st is None and change.action == "updated":
             # Opened before a collector restart: assume it was announced then, and say nothing now.
-            self._states[key] = _State(_alert(change, "opened", wall), True, True, f.severity)
+            self._states[key] = _State(_alert(change, "opened", wall), True, True, change.severity)
             return
         if st is not None and st.open:
             # An update (or an opening seen twice): news only if the severity changed.
             st.alert = _merge(st.alert, change)
             if st.notified:
-                if f.severity != st.notified_severity:
-                    previous, st.notified_severity = st.notified_severity, f.severity
+                if change.severity != st.notified_severity:
+                    previous, st.notified_severity = st.notified_severity, change.severity
                     self._emit(key, dataclasses.replace(st.alert, action="updated", previous_severity=previous), mono)
-            elif st.hold_until is None and self._loud(f.severity):
+            elif st.hold_until is None and self._loud(change.severity):
                 self._announce(key, st, mono)  # it rose to min_severity
             return
         # Opened (again).
@@ -425,7 +425,7 @@ class Notifier:
                 change.run,
                 st.hold_until - mono,
             )
-        elif self._loud(f.severity):
+        elif self._loud(change.severity):
             self._announce(key, st, mono)
 
     def _loud(self, severity: str) -> bool:
@@ -517,7 +517,7 @@ def _alert(change: AnomalyChange, action: str, wall: float) -> Alert:
         run=change.run,
         kind=f.kind,
         rank=change.rank,
-        severity=f.severity,
+        severity=change.severity,
         action=action,
         first_step=f.step,
         last_step=f.step,
@@ -538,7 +538,7 @@ def _merge(alert: Alert, change: AnomalyChange) -> Alert:
     return dataclasses.replace(
         alert,
         id=change.id,
-        severity=f.severity,
+        severity=change.severity,
         first_step=first,
         last_step=last,
         message=f.message or alert.message,
