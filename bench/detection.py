@@ -79,6 +79,9 @@ RELATED = {  # kinds a fault legitimately raises besides its expected one
     "hang": {"throughput_collapse", "straggler"},
     "memory_leak": {"throughput_collapse", "node_health"},
     "labels_unshifted": {"loss_spike", "divergence", "eval_regression"},
+    "gpu_overheat": {"throughput_collapse"},
+    "overflow_storm": {"loss_spike", "grad_explosion"},
+    "overfit": set(),
     "bad_init": {"loss_spike", "grad_explosion"},
 }
 for _kind in (
@@ -224,7 +227,8 @@ def trainer_scenarios(quick: bool, workdir: Path) -> list[Result]:
 
             def resume_job(name=name, fault=fault) -> Result:
                 out = workdir / name
-                fp16 = ["--precision", "fp16"] if fault == "resume_no_scaler" else []
+                # the scale must have backed off before the crash for a fresh scaler to differ
+                fp16 = ["--precision", "fp16", "--init-scale", "16777216"] if fault == "resume_no_scaler" else []
                 _trainer(out, name, 60, "--checkpoint-every", "20", "--stop-at", "45", *fp16)
                 inject = ["--inject", f"{fault}@0"] if fault else []
                 _trainer(out, name, 60, "--checkpoint-every", "20", "--resume", str(out), *inject, *fp16)

@@ -74,8 +74,13 @@ def _trace(
     epoch: int = 0,
     eval_every: int = 0,
     ckpt_every: int = 0,
+    health_every: int = 0,
+    fp16: bool = False,
+    edit_eval: Any = None,
+    edit_health: Any = None,
 ) -> list[dict[str, Any]]:
-    """Events of a run; ``edit(rank, t, fields)`` may change a step's fields in place."""
+    """Events of a run; ``edit(rank, t, fields)`` may change a step's fields in place, and
+    ``edit_eval(t, fields)`` / ``edit_health(rank, t, fields)`` the eval and health events."""
     rng = random.Random(seed)
     schedule = Schedule(
         schedule_name, peak_lr=rng.choice([3e-4, 1e-3, 6e-4]), total_steps=steps, warmup_steps=rng.choice([0, 20, 50])
@@ -138,18 +143,44 @@ def _trace(
                 "tokens": 4096,
                 "phases": phases,
             }
+            if fp16:  # a healthy dynamic scale: one overflow (a halving, a skipped step) now and then
+                overflow = t % 250 == 137
+                fields["loss_scale"] = 32768.0 if (t % 250) >= 137 else 65536.0
+                fields["skipped"] = overflow
             if edit is not None:
                 edit(r, t, fields)
             fields["step_time"] = sum(fields["phases"].values())
             clock[r] += fields["step_time"]
             emit(r, "step", clock[r], fields)
             if eval_every and t and t % eval_every == 0 and r == 0:
-                emit(
-                    r,
-                    "eval",
-                    clock[r],
-                    {"step": t, "loss": run.floor + (run.l0 - run.floor) * math.exp(-t / run.tau) + 0.05},
-                )
+                ev = {"step": t, "loss": run.floor + (run.l0 - run.floor) * math.exp(-t / run.tau) + 0.05}
+                if edit_eval is not None:
+                    edit_eval(t, ev)
+                emit(r, "eval", clock[r], ev)
+            if health_every and t % health_every == 0:
+                gpu = {
+                    "index": 0,
+                    "uuid": f"GPU-{r}",
+                    "temperature_c": 64 + 3 * run.rng.random(),
+                    "utilization_ratio": 0.97,
+                    "mem_used_bytes": 61 * 10**9,
+                    "mem_total_bytes": 80 * 10**9,
+                    "power_w": 520.0,
+                    "sm_clock_hz": 1.98e9,
+                    "throttle_reasons": 0,
+                    "ecc_corrected": 0,
+                    "ecc_uncorrected": 0,
+                }
+                health = {
+                    "cpu_percent": 105.0,
+                    "rss_bytes": 9 * 10**9,
+                    "host_mem_used_bytes": 21 * 10**10,
+                    "host_mem_total_bytes": 10**12,
+                    "gpus": [gpu],
+                }
+                if edit_health is not None:
+                    edit_health(r, t, health)
+                emit(r, "health", clock[r], health)
     for r in range(ranks):
         emit(r, "run_end", clock[r], {"status": "finished", "step": steps - 1})
     return events
@@ -161,7 +192,7 @@ def clean_controls(n: int, seed: int = 0) -> list[Trace]:
     out = []
     for i in range(n):
         kind = i % 5
-        kw: dict[str, Any] = {"noise": rng.choice([0.005, 0.02, 0.05])}
+        kw: dict[str, Any] = {"noise": rng.choice([0.005, 0.02, 0.05]), "health_every": 10, "fp16": i % 2 == 0}
         if kind == 1:
             kw["epoch"] = rng.choice([100, 150])
         elif kind == 2:
@@ -272,6 +303,55 @@ def fault_traces(n_per_kind: int, seed: int = 1) -> list[Trace]:
                 name,
                 _trace(name, base + 6, noise=noise, edit=frozen),
                 [_label("lr_frozen", at, 599, "lr_schedule_drift")],
+            )
+        )
+
+        # GPU overheating: temperature climbs past 90 C and the driver throttles (HW thermal)
+        def hot(r: int, t: int, f: dict, at=at) -> None:
+            if t >= at:
+                g = f["gpus"][0]
+                g["temperature_c"] = min(96.0, 70 + 0.5 * (t - at))
+                g["throttle_reasons"] = 0x40 if g["temperature_c"] >= 90 else 0
+
+        name = f"gpuhot-{i}"
+        hot_from = at + 40  # when it reaches 90 C
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 7, noise=noise, health_every=10, edit_health=hot),
+                [_label("gpu_overheat", hot_from, 599, "node_health")],
+            )
+        )
+
+        # fp16 overflow storm: the scale halves on every other step
+        def storm(r: int, t: int, f: dict, at=at) -> None:
+            if t >= at:
+                f["loss_scale"] = max(1.0, 65536.0 / 2 ** ((t - at) // 2 + 1))
+                f["skipped"] = (t - at) % 2 == 0
+
+        name = f"scalestorm-{i}"
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 8, noise=noise, fp16=True, edit=storm),
+                [_label("overflow_storm", at, 599, "loss_scale_collapse")],
+            )
+        )
+
+        # overfitting: eval loss turns up while the train loss keeps falling
+        rise = rng.choice([0.05, 0.1, 0.2])  # eval loss gained per evaluation (every 25 steps)
+        at = min(at, 350)  # leave at least ten evaluations after the turn
+
+        def overfit(t: int, f: dict, at=at, rise=rise) -> None:
+            if t > at:
+                f["loss"] += rise * (t - at) / 25
+
+        name = f"overfit-{i}"
+        out.append(
+            Trace(
+                name,
+                _trace(name, base + 9, noise=noise, eval_every=25, edit_eval=overfit),
+                [_label("overfit", at, 599, "eval_regression")],
             )
         )
     return out
