@@ -54,8 +54,11 @@ def _looks_like_jsonl(head: str) -> bool:
     return False
 
 
-def detect_format(path: str | Path) -> str:
+def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
     """The format of a file (one of ``FORMATS``), judged by its content.
+
+    ``csv_hint`` (a column mapping was given) accepts a CSV whose step column has an unknown name;
+    so does a ``.csv`` extension. Otherwise the extension is only a tie-breaker.
 
     Raises :class:`ImportFormatError` naming what was expected when nothing matches.
     """
@@ -80,7 +83,7 @@ def detect_format(path: str | Path) -> str:
         return "hf_trainer_state"
     if _looks_like_jsonl(head):
         return "jsonl"
-    if looks_like_csv(head):
+    if looks_like_csv(head, csv_hint or path.suffix.lower() == ".csv"):
         return "csv"
     if looks_like_textlog(head):
         return "textlog"
@@ -112,7 +115,7 @@ def read_events(
     path = Path(path)
     if run is not None and not re.match(RUN_ID_PATTERN, run):
         raise ImportFormatError(f"run name {run!r} is not a valid run id (must match {RUN_ID_PATTERN})")
-    fmt = detect_format(path)
+    fmt = detect_format(path, csv_hint=bool(mapping))
     if fmt == "jsonl":
         if path.is_dir():
             files = sorted(path.glob("*.jsonl"))

@@ -66,13 +66,17 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
 _WANDB_PREFIX = re.compile(r"^.+? - (.+)$")
 
 
-def looks_like_csv(head: str) -> bool:
-    """A header line of comma-separated names, one of them a step column we know."""
+def looks_like_csv(head: str, named_csv: bool = False) -> bool:
+    """A header line of comma-separated names; one of them a step column we know, unless the file
+    is named ``.csv`` or a column mapping was given (``named_csv``): then any header will do."""
     first = head.splitlines()[0] if head else ""
     if "," not in first:
         return False
-    cols = {_clean(c).lower() for c in next(csv.reader([first]))}
-    return any(c in cols for c in DEFAULT_COLUMNS["step"])
+    names = [_clean(c) for c in next(csv.reader([first]))]
+    if len(names) < 2 or any(to_float(c) is not None for c in names):
+        return False  # a data line, not a header
+    cols = {c.lower() for c in names}
+    return named_csv or any(c in cols for c in DEFAULT_COLUMNS["step"])
 
 
 def parse_mapping(spec: str | dict[str, str] | None) -> dict[str, str]:
