@@ -38,6 +38,7 @@ __all__ = ["CompareError", "RunSeries", "compare", "load_run", "noise_sigma", "r
 
 LR_TOLERANCE = 0.01  # relative LR difference that counts as "different"
 K_SIGMA = 3.0  # how far beyond the smoothed gap's noise a gap must be
+_MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)  # noise of a median over that of a mean (normal data)
 _IGNORED_CONFIG = {"run", "run_id", "out", "collector", "resume"}  # differ between any two runs
 
 
@@ -205,14 +206,18 @@ def noise_sigma(values: np.ndarray) -> float:
 
 
 def _smooth(x: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Centred moving average and the number of points behind each value (shorter at the ends)."""
+    """Rolling median over ``window`` points, centred except at the ends, where the window stays
+    inside the series (same noise everywhere: an end value is not judged on half the points).
+    Also returns the number of points behind each value.
+
+    A median, not a mean: one loss spike in either run must not read as a gap for a whole window.
+    """
     n = len(x)
-    c = np.concatenate([[0.0], np.cumsum(x)])
-    half = window // 2
-    lo = np.clip(np.arange(n) - half, 0, n)
-    hi = np.clip(np.arange(n) + window - half, 0, n)
-    count = hi - lo
-    return (c[hi] - c[lo]) / count, count
+    if n <= window:
+        return np.full(n, float(np.median(x))), np.full(n, n)
+    lo = np.clip(np.arange(n) - window // 2, 0, n - window)
+    medians = np.median(np.lib.stride_tricks.sliding_window_view(x, window), axis=1)
+    return medians[lo], np.full(n, window)
 
 
 def _segments(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -310,8 +315,9 @@ def _loss_report(al: _Aligned, a: RunSeries, b: RunSeries, k: float) -> dict[str
     window = int(np.clip(len(gap) // 10, 5, 50))
     smooth, count = _smooth(gap, window)
     sigma_pair = math.hypot(sigma_a, sigma_b)
-    threshold = k * max(sigma_pair, 1e-12) / np.sqrt(count)  # per point: fewer points at the ends
-    out.update(window=window, threshold=float(k * sigma_pair / math.sqrt(window)))
+    # The median of w points has ~1.2533 sigma/sqrt(w) noise; fewer points behind it at the ends.
+    threshold = k * _MEDIAN_EFFICIENCY * max(sigma_pair, 1e-12) / np.sqrt(count)
+    out.update(window=window, threshold=float(k * _MEDIAN_EFFICIENCY * sigma_pair / math.sqrt(window)))
     beyond = np.abs(smooth) > threshold
     sign = np.sign(smooth)
     imax = int(np.argmax(np.abs(smooth)))
