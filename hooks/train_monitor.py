@@ -524,8 +524,11 @@ class TrainMonitor:
         self._step_start = self._gap_start = time.perf_counter()  # the next step starts after ours
 
     def _completed(self) -> list[dict[str, Any]]:
-        """Sender thread: step events whose values have arrived."""
-        return [self._finish(record) for record in self._readback.ready()]
+        """Sender thread: events whose values have arrived, in the order they were emitted."""
+        return [self._to_event(r) for r in self._readback.ready()]
+
+    def _to_event(self, record: dict[str, Any]) -> dict[str, Any]:
+        return record["_event"] if "_event" in record else self._finish(record)
 
     def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
         """Complete a step record off the training thread and make it an event."""
@@ -575,10 +578,11 @@ class TrainMonitor:
     def emit(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue one event of the wire format (``None`` fields are left out). Thread-safe.
 
-        The sequence number is assigned by the sender thread, in queue order, so events
-        emitted from several threads (training, health) still arrive in sequence.
+        Events queue behind the step records still in flight, so an eval after step 9 never
+        reaches the collector before step 9 does. The sequence number is assigned by the sender
+        thread, in queue order, so events from several threads (training, health) stay ordered.
         """
-        self.transport.put(self._event(kind, fields, time.time()))
+        self._readback.submit({"_event": self._event(kind, fields, time.time())}, {})
 
     def _event(self, kind: str, fields: dict[str, Any], t: float) -> dict[str, Any]:
         return {
@@ -602,7 +606,7 @@ class TrainMonitor:
         if self._health is not None:
             self._health.stop()
         for ready in self._readback.drain():
-            self.transport.put(self._finish(ready))
+            self.transport.put(self._to_event(ready))
         self.emit(
             "run_end",
             {

@@ -177,3 +177,31 @@ def test_sigterm_flushes_and_reports_interrupted(tmp_path: Path) -> None:
     steps = [e["fields"]["step"] for e in events if e["kind"] == "step"]
     assert steps == list(range(len(steps))) and len(steps) >= 20  # flush_interval=60: only close() wrote
     assert events[-1]["kind"] == "run_end" and events[-1]["fields"]["status"] == "interrupted"
+
+
+def test_events_keep_the_order_they_were_emitted_in(tmp_path: Path) -> None:
+    """Step records finish on the sender thread; an eval emitted after step s must still follow it."""
+    path = tmp_path / "e.jsonl"
+    mon = TrainMonitor("order", collector=f"file://{path}", health_interval=0, heartbeat_interval=0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)
+    mon.start()
+    for step in range(12):
+        loss = model(torch.randn(4, 16)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.step_end(step, loss=loss)
+        if step % 3 == 2:
+            mon.eval(step, loss=1.0)
+    mon.close()
+    events = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    last_step = -1
+    for e in events:
+        if e["kind"] == "step":
+            last_step = e["fields"]["step"]
+        elif e["kind"] == "eval":
+            assert last_step == e["fields"]["step"]  # the step it evaluated came first
+    assert events[-1]["kind"] == "run_end"
