@@ -2,72 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
 
 import pytest
-from trainer_helpers import run_trainer
+from detector_helpers import curve, ev, run_reference, start
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors.eval_regression import EvalRegression
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
-
-
-def _ev(kind: str, fields: dict, t: float = 0.0) -> Event:
-    return Event(kind, "r", 0, "h", "s", 0, t, fields)
-
-
-def _start(**fields) -> Event:
-    base = {"vocab_size": 256, "world_size": 1, "accum_steps": 1, "resumed": False}
-    base.update(fields)
-    return _ev("run_start", base)
-
-
-def _curve(n: int, seed: int, noise: float, warmup: int = 20) -> list[float]:
-    """A tiny model's loss: exponential decay from ln V to a floor, multiplicative noise."""
-    rng = random.Random(seed)
-    l0, floor, tau = math.log(256), rng.uniform(1.2, 2.5), rng.uniform(n / 8, n / 3)
-    return [(floor + (l0 - floor) * math.exp(-t / tau)) * math.exp(noise * rng.gauss(0, 1)) for t in range(n)]
-
-
-def _feed(det, events) -> list:
-    out = []
-    for ev in events:
-        out.extend(det.observe(ev, 0))
-    return out
-
-
-def _run_reference(tmp_path: Path, name: str, *args: str, steps: int = 120) -> tuple[list[dict], list[dict]]:
-    out = tmp_path / name
-    run_trainer(out, "--threads", "1", *args, steps=steps, run=name, timeout=180)
-    storage = Storage("sqlite://")
-    import_file(out / "events.jsonl", storage)
-    anomalies = summarize(storage, name)["anomalies"]
-    labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
-    return anomalies, labels
 
 
 def _run(train, evals, every: int, resume_at: int | None = None) -> list[Event]:
-    evs = [_start()]
+    evs = [start()]
     for t, v in enumerate(train):
         if resume_at is not None and t == resume_at:
-            evs.append(_start(resumed=True))
-        evs.append(_ev("step", {"step": t, "loss": v}, float(t)))
+            evs.append(start(resumed=True))
+        evs.append(ev("step", {"step": t, "loss": v}, float(t)))
         if t and t % every == 0:
-            evs.append(_ev("eval", {"step": t, "loss": evals(t)}, float(t)))
+            evs.append(ev("eval", {"step": t, "loss": evals(t)}, float(t)))
     return evs
 
 
 def _feed_attempts(det, events) -> list:
     out, attempt = [], -1
-    for ev in events:
-        if ev.kind == "run_start":
+    for e in events:
+        if e.kind == "run_start":
             attempt += 1
-        out.extend(det.observe(ev, attempt))
+        out.extend(det.observe(e, attempt))
     return out
 
 
@@ -76,14 +39,14 @@ def _det() -> EvalRegression:
 
 
 def test_overfitting_fires_on_the_second_consecutive_rise() -> None:
-    train = _curve(400, 1, 0.02)
+    train = curve(400, 1, 0.02)
     found = _feed_attempts(_det(), _run(train, lambda t: 2.0 if t <= 200 else 2.0 + 0.004 * (t - 200), every=25))
     assert found and found[0].step == 250 and found[0].severity == "warning"
     assert "overfitting" in found[0].hint
 
 
 def test_jump_after_resume() -> None:
-    train = _curve(300, 2, 0.02)
+    train = curve(300, 2, 0.02)
     found = _feed_attempts(
         _det(), _run(train, lambda t: 2.0 - 0.001 * t + (0.6 if t > 150 else 0.0), every=25, resume_at=151)
     )
@@ -93,7 +56,7 @@ def test_jump_after_resume() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_clean_evals_are_silent(seed: int) -> None:
     rng = random.Random(seed)
-    train = _curve(600, seed, 0.02)
+    train = curve(600, seed, 0.02)
     evs = _run(train, lambda t: 1.5 + 3 * math.exp(-t / 150) + rng.gauss(0, 0.01), every=50, resume_at=300)
     assert _feed_attempts(_det(), evs) == []
 
@@ -104,8 +67,8 @@ def test_reference_trainer_overfits_tiny_dataset(tmp_path: Path) -> None:
     rng.integers(0, 64, 3000).astype(np.uint16).tofile(tmp_path / "train.bin")
     rng.integers(0, 64, 3000).astype(np.uint16).tofile(tmp_path / "val.bin")
     args = ["--data", str(tmp_path / "train.bin"), "--val-data", str(tmp_path / "val.bin"), "--eval-every", "10"]
-    anomalies, _ = _run_reference(tmp_path, "over", *args, "--lr", "0.01", "--dropout", "0", steps=150)
+    anomalies, _ = run_reference(tmp_path, "over", *args, "--lr", "0.01", "--dropout", "0", steps=150)
     hits = [a for a in anomalies if a["kind"] == "eval_regression"]
     assert hits and hits[0]["first_step"] <= 149, anomalies
-    anomalies, _ = _run_reference(tmp_path, "clean", "--eval-every", "20", steps=100)
+    anomalies, _ = run_reference(tmp_path, "clean", "--eval-every", "20", steps=100)
     assert [a for a in anomalies if a["kind"] == "eval_regression"] == []

@@ -2,53 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
 
 import pytest
-from trainer_helpers import run_trainer
+from detector_helpers import ev, feed, run_reference, start
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors.grad_explosion import GradExplosion
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
-
-
-def _ev(kind: str, fields: dict, t: float = 0.0) -> Event:
-    return Event(kind, "r", 0, "h", "s", 0, t, fields)
-
-
-def _start(**fields) -> Event:
-    base = {"vocab_size": 256, "world_size": 1, "accum_steps": 1, "resumed": False}
-    base.update(fields)
-    return _ev("run_start", base)
-
-
-def _curve(n: int, seed: int, noise: float, warmup: int = 20) -> list[float]:
-    """A tiny model's loss: exponential decay from ln V to a floor, multiplicative noise."""
-    rng = random.Random(seed)
-    l0, floor, tau = math.log(256), rng.uniform(1.2, 2.5), rng.uniform(n / 8, n / 3)
-    return [(floor + (l0 - floor) * math.exp(-t / tau)) * math.exp(noise * rng.gauss(0, 1)) for t in range(n)]
-
-
-def _feed(det, events) -> list:
-    out = []
-    for ev in events:
-        out.extend(det.observe(ev, 0))
-    return out
-
-
-def _run_reference(tmp_path: Path, name: str, *args: str, steps: int = 120) -> tuple[list[dict], list[dict]]:
-    out = tmp_path / name
-    run_trainer(out, "--threads", "1", *args, steps=steps, run=name, timeout=180)
-    storage = Storage("sqlite://")
-    import_file(out / "events.jsonl", storage)
-    anomalies = summarize(storage, name)["anomalies"]
-    labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
-    return anomalies, labels
 
 
 def _norms(n: int, seed: int, sigma: float = 0.15, warm: int = 20) -> list[float]:
@@ -58,13 +21,13 @@ def _norms(n: int, seed: int, sigma: float = 0.15, warm: int = 20) -> list[float
 
 
 def _steps(norms, clip=1.0, layers=None) -> list[Event]:
-    evs = [_start()]
+    evs = [start()]
     for t, g in enumerate(norms):
         c = min(1.0, clip / g)
         f = {"step": t, "loss": 2.0, "grad_norm": g, "clip_coef": c, "grad_norm_clipped": g * c}
         if layers and t in layers:
             f["layer_grad_norms"] = layers[t]
-        evs.append(_ev("step", f, float(t)))
+        evs.append(ev("step", f, float(t)))
     return evs
 
 
@@ -77,7 +40,7 @@ def test_spike_fires_on_the_step_and_resolves(mag: float) -> None:
     norms = _norms(400, 1)
     for t in (250, 251, 252):
         norms[t] *= mag
-    found = _feed(_det(), _steps(norms, clip=1e9))
+    found = feed(_det(), _steps(norms, clip=1e9))
     assert found[0].step == 250 and not found[0].resolved
     assert found[0].severity == ("critical" if mag >= 100 else "warning")
     assert "leads the loss" in found[0].hint
@@ -88,7 +51,7 @@ def test_layer_with_largest_growth_is_named() -> None:
     norms = _norms(300, 2)
     norms[200] *= 30
     layers = {100: {"h.0.attn": 0.1, "h.1.mlp": 0.2}, 200: {"h.0.attn": 0.15, "h.1.mlp": 8.0}}
-    found = _feed(_det(), _steps(norms, clip=1e9, layers=layers))
+    found = feed(_det(), _steps(norms, clip=1e9, layers=layers))
     assert found[0].step == 200 and found[0].evidence["layer"] == "h.1.mlp" and "h.1.mlp" in found[0].hint
 
 
@@ -96,18 +59,18 @@ def test_rising_clip_rate() -> None:
     rng = random.Random(3)
     norms = [0.5 * math.exp(0.1 * rng.gauss(0, 1)) for _ in range(400)]
     norms[300:] = [1.2 * math.exp(0.1 * rng.gauss(0, 1)) for _ in range(100)]  # 2.4x: a drift, not a spike
-    found = _feed(_det(), _steps(norms, clip=1.0))
+    found = feed(_det(), _steps(norms, clip=1.0))
     assert found and "clipping on" in found[0].message and 300 < found[0].step <= 340
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_clean_runs_are_silent(seed: int) -> None:
-    assert _feed(_det(), _steps(_norms(600, seed, warm=[1, 20, 50][seed % 3]), clip=1.0)) == []
+    assert feed(_det(), _steps(_norms(600, seed, warm=[1, 20, 50][seed % 3]), clip=1.0)) == []
 
 
 def test_reference_trainer(tmp_path: Path) -> None:
-    anomalies, labels = _run_reference(tmp_path, "burst", "--inject", "lr_burst@60", steps=80)
+    anomalies, labels = run_reference(tmp_path, "burst", "--inject", "lr_burst@60", steps=80)
     hits = [a for a in anomalies if a["kind"] == "grad_explosion"]
     assert hits and labels[0]["first_step"] <= hits[0]["first_step"] <= labels[0]["last_step"] + 1
-    anomalies, _ = _run_reference(tmp_path, "clean", "--eval-every", "30", "--checkpoint-every", "40", steps=90)
+    anomalies, _ = run_reference(tmp_path, "clean", "--eval-every", "30", "--checkpoint-every", "40", steps=90)
     assert [a for a in anomalies if a["kind"] == "grad_explosion"] == []

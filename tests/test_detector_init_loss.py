@@ -2,57 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import math
-import random
 from pathlib import Path
 
 import pytest
-from trainer_helpers import run_trainer
+from detector_helpers import curve, ev, feed, run_reference
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors.init_loss import InitLoss
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
-
-
-def _ev(kind: str, fields: dict, t: float = 0.0) -> Event:
-    return Event(kind, "r", 0, "h", "s", 0, t, fields)
-
-
-def _start(**fields) -> Event:
-    base = {"vocab_size": 256, "world_size": 1, "accum_steps": 1, "resumed": False}
-    base.update(fields)
-    return _ev("run_start", base)
-
-
-def _curve(n: int, seed: int, noise: float, warmup: int = 20) -> list[float]:
-    """A tiny model's loss: exponential decay from ln V to a floor, multiplicative noise."""
-    rng = random.Random(seed)
-    l0, floor, tau = math.log(256), rng.uniform(1.2, 2.5), rng.uniform(n / 8, n / 3)
-    return [(floor + (l0 - floor) * math.exp(-t / tau)) * math.exp(noise * rng.gauss(0, 1)) for t in range(n)]
-
-
-def _feed(det, events) -> list:
-    out = []
-    for ev in events:
-        out.extend(det.observe(ev, 0))
-    return out
-
-
-def _run_reference(tmp_path: Path, name: str, *args: str, steps: int = 120) -> tuple[list[dict], list[dict]]:
-    out = tmp_path / name
-    run_trainer(out, "--threads", "1", *args, steps=steps, run=name, timeout=180)
-    storage = Storage("sqlite://")
-    import_file(out / "events.jsonl", storage)
-    anomalies = summarize(storage, name)["anomalies"]
-    labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
-    return anomalies, labels
 
 
 def _steps(losses, **start) -> list[Event]:
-    return [_start(**start)] + [_ev("step", {"step": t, "loss": v}, float(t)) for t, v in enumerate(losses)]
+    return [start(**start)] + [ev("step", {"step": t, "loss": v}, float(t)) for t, v in enumerate(losses)]
 
 
 def _det() -> InitLoss:
@@ -60,7 +22,7 @@ def _det() -> InitLoss:
 
 
 def test_high_initial_loss_warns_and_resolves() -> None:
-    found = _feed(_det(), _steps([14.0, 12.0, 10.0, 8.0, 6.0, 5.5, 5.0]))
+    found = feed(_det(), _steps([14.0, 12.0, 10.0, 8.0, 6.0, 5.5, 5.0]))
     assert (found[0].step, found[0].severity) == (0, "warning")
     assert "logit scale" in found[0].hint and found[0].evidence["loss0"] == 14.0
     assert found[-1].resolved and found[-1].step == 4
@@ -68,29 +30,29 @@ def test_high_initial_loss_warns_and_resolves() -> None:
 
 def test_summed_over_accumulation_is_named() -> None:
     ln_v = math.log(256)
-    found = _feed(_det(), _steps([8 * ln_v, 8 * ln_v - 0.1, 8 * ln_v - 0.2], accum_steps=8))
+    found = feed(_det(), _steps([8 * ln_v, 8 * ln_v - 0.1, 8 * ln_v - 0.2], accum_steps=8))
     assert "accum_steps = 8" in found[0].hint and "summed" in found[0].hint
 
 
 def test_low_initial_loss_points_to_leakage_or_pretrained() -> None:
-    found = _feed(_det(), _steps([2.0, 1.9, 1.8]))
+    found = feed(_det(), _steps([2.0, 1.9, 1.8]))
     assert found[0].severity == "warning" and "leakage" in found[0].hint and "pretrained" in found[0].hint
 
 
 def test_resumed_run_is_not_checked() -> None:
-    assert _feed(_det(), _steps([14.0, 13.0, 12.0], resumed=True)) == []
+    assert feed(_det(), _steps([14.0, 13.0, 12.0], resumed=True)) == []
 
 
 def test_labels_not_shifted_is_critical() -> None:
     losses = [math.log(256) * math.exp(-t / 10) for t in range(80)]
-    found = _feed(_det(), _steps(losses))
+    found = feed(_det(), _steps(losses))
     assert len(found) == 1 and found[0].severity == "critical" and "Labels not shifted" in found[0].hint
     assert found[0].step == next(t for t in range(80) if losses[t] < 0.1) + 2
 
 
 def test_declared_entropy_floor_is_used() -> None:
     losses = [4.1 - 0.05 * t for t in range(80)]
-    found = _feed(_det(), _steps(losses, vocab_size=64, loss_floor=1.07))
+    found = feed(_det(), _steps(losses, vocab_size=64, loss_floor=1.07))
     first_under = next(t for t in range(80) if losses[t] < 0.85 * 1.07)
     assert found[0].step == first_under + 2 and "entropy floor" in found[0].message
 
@@ -98,15 +60,15 @@ def test_declared_entropy_floor_is_used() -> None:
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("noise", [0.005, 0.02, 0.05])
 def test_clean_runs_are_silent(seed: int, noise: float) -> None:
-    assert _feed(_det(), _steps(_curve(600, seed, noise))) == []
+    assert feed(_det(), _steps(curve(600, seed, noise))) == []
 
 
 def test_reference_trainer(tmp_path: Path) -> None:
-    anomalies, labels = _run_reference(tmp_path, "init", "--inject", "bad_init@0", steps=20)
+    anomalies, labels = run_reference(tmp_path, "init", "--inject", "bad_init@0", steps=20)
     hits = [a for a in anomalies if a["kind"] == "init_loss"]
     assert hits and hits[0]["first_step"] == labels[0]["first_step"] == 0 and hits[0]["severity"] == "warning"
-    anomalies, labels = _run_reference(tmp_path, "leak", "--inject", "labels_unshifted@0", steps=60)
+    anomalies, labels = run_reference(tmp_path, "leak", "--inject", "labels_unshifted@0", steps=60)
     hits = [a for a in anomalies if a["kind"] == "init_loss"]
     assert hits and hits[0]["severity"] == "critical" and hits[0]["first_step"] <= labels[0]["first_step"] + 50
-    anomalies, _ = _run_reference(tmp_path, "clean", steps=60)
+    anomalies, _ = run_reference(tmp_path, "clean", steps=60)
     assert [a for a in anomalies if a["kind"] == "init_loss"] == []

@@ -2,61 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import math
-import random
 from pathlib import Path
 
-from trainer_helpers import run_trainer
+from detector_helpers import ev, feed, run_reference
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors.loss_scale_collapse import LossScaleCollapse
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
-
-
-def _ev(kind: str, fields: dict, t: float = 0.0) -> Event:
-    return Event(kind, "r", 0, "h", "s", 0, t, fields)
-
-
-def _start(**fields) -> Event:
-    base = {"vocab_size": 256, "world_size": 1, "accum_steps": 1, "resumed": False}
-    base.update(fields)
-    return _ev("run_start", base)
-
-
-def _curve(n: int, seed: int, noise: float, warmup: int = 20) -> list[float]:
-    """A tiny model's loss: exponential decay from ln V to a floor, multiplicative noise."""
-    rng = random.Random(seed)
-    l0, floor, tau = math.log(256), rng.uniform(1.2, 2.5), rng.uniform(n / 8, n / 3)
-    return [(floor + (l0 - floor) * math.exp(-t / tau)) * math.exp(noise * rng.gauss(0, 1)) for t in range(n)]
-
-
-def _feed(det, events) -> list:
-    out = []
-    for ev in events:
-        out.extend(det.observe(ev, 0))
-    return out
-
-
-def _run_reference(tmp_path: Path, name: str, *args: str, steps: int = 120) -> tuple[list[dict], list[dict]]:
-    out = tmp_path / name
-    run_trainer(out, "--threads", "1", *args, steps=steps, run=name, timeout=180)
-    storage = Storage("sqlite://")
-    import_file(out / "events.jsonl", storage)
-    anomalies = summarize(storage, name)["anomalies"]
-    labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
-    return anomalies, labels
 
 
 def _steps(scales, skips=None, start=0) -> list[Event]:
-    evs = [_start()]
+    evs = [start()]
     for i, s in enumerate(scales):
         f = {"step": start + i, "loss": 2.0, "loss_scale": s}
         if skips is not None:
             f["skipped"] = skips[i]
-        evs.append(_ev("step", f, float(i)))
+        evs.append(ev("step", f, float(i)))
     return evs
 
 
@@ -77,37 +38,37 @@ def _halving_run(at: list[int], n: int = 300, s0: float = 65536.0) -> tuple[list
 
 def test_repeated_halvings_warn() -> None:
     scales, skips = _halving_run([150, 160, 175])
-    found = _feed(_det(), _steps(scales, skips))
+    found = feed(_det(), _steps(scales, skips))
     assert (found[0].step, found[0].severity) == (175, "warning") and "overflow" in found[0].hint
     assert found[-1].resolved and found[-1].step == 275
 
 
 def test_consecutive_skips_and_tiny_scale_are_critical() -> None:
     scales, skips = _halving_run(list(range(100, 120)), n=200, s0=1024.0)
-    found = _feed(_det(), _steps(scales, skips))
+    found = feed(_det(), _steps(scales, skips))
     assert found[0].step == 102 and found[0].severity == "warning"
     assert found[1].step == 104 and found[1].severity == "critical"
 
 
 def test_without_skipped_field_uses_scale_decreases() -> None:
     scales, _ = _halving_run([50, 55, 60])
-    found = _feed(_det(), _steps(scales))
+    found = feed(_det(), _steps(scales))
     assert found[0].step == 60
 
 
 def test_startup_calibration_is_not_a_collapse() -> None:
     scales, skips = _halving_run([*range(20), 40], s0=2.0**40)
-    assert _feed(_det(), _steps(scales, skips)) == []
+    assert feed(_det(), _steps(scales, skips)) == []
 
 
 def test_occasional_overflow_is_silent() -> None:
     scales, skips = _halving_run([100, 400, 700], n=1000)
-    assert _feed(_det(), _steps(scales, skips)) == []
+    assert feed(_det(), _steps(scales, skips)) == []
 
 
 def test_reference_trainer(tmp_path: Path) -> None:
-    anomalies, _ = _run_reference(tmp_path, "ws16", "--precision", "fp16", "--inject", "weight_scale@40", steps=60)
+    anomalies, _ = run_reference(tmp_path, "ws16", "--precision", "fp16", "--inject", "weight_scale@40", steps=60)
     hits = [a for a in anomalies if a["kind"] == "loss_scale_collapse"]
     assert hits and 40 <= hits[0]["first_step"] <= 45, anomalies
-    anomalies, _ = _run_reference(tmp_path, "clean16", "--precision", "fp16", "--init-scale", "1e9", steps=60)
+    anomalies, _ = run_reference(tmp_path, "clean16", "--precision", "fp16", "--init-scale", "1e9", steps=60)
     assert [a for a in anomalies if a["kind"] == "loss_scale_collapse"] == []

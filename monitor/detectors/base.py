@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -10,6 +11,11 @@ from hooks.wire import Event
 __all__ = ["SEVERITIES", "Detector", "Finding"]
 
 SEVERITIES = ("info", "warning", "critical")
+
+
+def finite(x: Any) -> bool:
+    """A real number that is not NaN or infinite (fields are optional: None is not finite)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,19 +20,13 @@ It resolves when the smoothed loss is back near its minimum.
 from __future__ import annotations
 
 import collections
-import math
-from typing import Any
 
 from hooks.wire import Event
 from monitor.config import DivergenceConfig
-from monitor.detectors.base import Detector, Finding
+from monitor.detectors.base import Detector, Finding, finite
 from monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Divergence"]
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class Divergence(Detector):
@@ -65,7 +59,7 @@ class Divergence(Detector):
             return []
         f = event.fields
         loss = f.get("loss")
-        if not _finite(loss):
+        if not finite(loss):
             return []
         cfg = self.config
         step = f["step"]
@@ -80,7 +74,7 @@ class Divergence(Detector):
         s = self._ema
         self._smooth.append(s)
         gn = f.get("grad_norm")
-        if _finite(gn):
+        if finite(gn):
             self._grad_norms.append(gn)
         if step < max(cfg.min_steps, self._warmup_end):
             return []

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 from typing import Any
 
 from hooks.wire import Event
 from monitor.config import EvalRegressionConfig
-from monitor.detectors.base import Detector, Finding
+from monitor.detectors.base import Detector, Finding, finite
 from monitor.detectors.rolling import RollingWindow
 
 __all__ = ["EvalRegression"]
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class EvalRegression(Detector):
@@ -53,13 +48,13 @@ class EvalRegression(Detector):
             return []
         if event.kind == "step":
             loss = f.get("loss")
-            if _finite(loss):
+            if finite(loss):
                 self._train.add(loss)
             return []
         if event.kind != "eval":
             return []
         loss = f.get("loss")
-        if not _finite(loss):
+        if not finite(loss):
             return []
         step = f["step"]
         train = self._train.median() if len(self._train) else None

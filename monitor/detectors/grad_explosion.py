@@ -21,14 +21,10 @@ from typing import Any
 
 from hooks.wire import Event
 from monitor.config import GradExplosionConfig
-from monitor.detectors.base import Detector, Finding
+from monitor.detectors.base import Detector, Finding, finite
 from monitor.detectors.rolling import RollingWindow
 
 __all__ = ["GradExplosion"]
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class GradExplosion(Detector):
@@ -85,7 +81,7 @@ class GradExplosion(Detector):
         norm = f.get("grad_norm")
         layers = f.get("layer_grad_norms")
         out: list[Finding] = []
-        if not _finite(norm) or norm <= 0:
+        if not finite(norm) or norm <= 0:
             return out  # non-finite norms are nan_inf's business
         x = math.log(norm)
         cfg = self.config
@@ -120,9 +116,9 @@ class GradExplosion(Detector):
         if not spike:
             self._accept(x)
         if isinstance(layers, dict):
-            self._layers = {k: v for k, v in layers.items() if _finite(v)}
+            self._layers = {k: v for k, v in layers.items() if finite(v)}
         coef = f.get("clip_coef")
-        if _finite(coef):
+        if finite(coef):
             self._push_clip(coef < 1.0)
             if self._open != "spike":
                 out.extend(self._clip_rate(step))
@@ -183,7 +179,7 @@ class GradExplosion(Detector):
             best = None
             for name, v in layers.items():
                 was = self._layers.get(name)
-                if _finite(v) and was and was > 0:
+                if finite(v) and was and was > 0:
                     r = v / was
                     if best is None or r > best[1]:
                         best = (name, r, was, v)
@@ -192,7 +188,7 @@ class GradExplosion(Detector):
                 evidence["layer_ratio"] = round(best[1], 2)
                 where = f" The largest growth is in {best[0]} ({best[2]:.3g} -> {best[3]:.3g}, {best[1]:.0f}x)."
         elif isinstance(layers, dict) and layers:
-            name, v = max(((k, v) for k, v in layers.items() if _finite(v)), key=lambda kv: kv[1], default=("", 0))
+            name, v = max(((k, v) for k, v in layers.items() if finite(v)), key=lambda kv: kv[1], default=("", 0))
             if name:
                 evidence["layer"] = name
                 where = f" The largest per-parameter norm is {name} ({v:.3g})."

@@ -17,17 +17,12 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from hooks.wire import Event
 from monitor.config import InitLossConfig
-from monitor.detectors.base import Detector, Finding
+from monitor.detectors.base import Detector, Finding, finite
 
 __all__ = ["InitLoss"]
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class InitLoss(Detector):
@@ -59,12 +54,12 @@ class InitLoss(Detector):
             cfg = f.get("config")
             if floor is None and isinstance(cfg, dict):
                 floor = cfg.get("entropy_floor")  # older reference-trainer logs
-            self._floor = floor if _finite(floor) and floor > 0 else None
+            self._floor = floor if finite(floor) and floor > 0 else None
             return []
         if event.kind != "step":
             return []
         loss = f.get("loss")
-        if not _finite(loss):
+        if not finite(loss):
             return []
         step = f["step"]
         out: list[Finding] = []

@@ -16,18 +16,13 @@ resumed attempt) has taken its first non-skipped step. A scale reset on resume i
 from __future__ import annotations
 
 import collections
-import math
 from typing import Any
 
 from hooks.wire import Event
 from monitor.config import LossScaleCollapseConfig
-from monitor.detectors.base import Detector, Finding
+from monitor.detectors.base import Detector, Finding, finite
 
 __all__ = ["LossScaleCollapse"]
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class LossScaleCollapse(Detector):
@@ -57,11 +52,11 @@ class LossScaleCollapse(Detector):
         f = event.fields
         scale = f.get("loss_scale")
         skipped = f.get("skipped")
-        if not _finite(scale) and not isinstance(skipped, bool):
+        if not finite(scale) and not isinstance(skipped, bool):
             return []
         step = f["step"]
-        halved = _finite(scale) and self._scale is not None and scale < self._scale
-        if _finite(scale):
+        halved = finite(scale) and self._scale is not None and scale < self._scale
+        if finite(scale):
             self._scale = scale
         skip = bool(skipped) if isinstance(skipped, bool) else halved
         if not self._calibrated:
@@ -71,7 +66,7 @@ class LossScaleCollapse(Detector):
         self._push(halved, skip)
         self._consecutive = self._consecutive + 1 if skip else 0
         self._quiet = 0 if (skip or halved) else self._quiet + 1
-        return self._judge(step, scale if _finite(scale) else None, skip or halved)
+        return self._judge(step, scale if finite(scale) else None, skip or halved)
 
     def _push(self, halved: bool, skip: bool) -> None:
         d = self._events

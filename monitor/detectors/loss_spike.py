@@ -25,14 +25,10 @@ from typing import Any
 
 from hooks.wire import Event
 from monitor.config import LossSpikeConfig
-from monitor.detectors.base import Detector, Finding
+from monitor.detectors.base import Detector, Finding, finite
 from monitor.detectors.rolling import RollingWindow
 
 __all__ = ["LossSpike"]
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class LossSpike(Detector):
@@ -85,9 +81,9 @@ class LossSpike(Detector):
         step = f["step"]
         loss = f.get("loss")
         norm = f.get("grad_norm")
-        norm = norm if _finite(norm) and norm > 0 else None
+        norm = norm if finite(norm) and norm > 0 else None
         out: list[Finding] = []
-        if not _finite(loss):
+        if not finite(loss):
             self._recent.append((step, None, norm))
             return out  # non-finite values are nan_inf's business
         if self._spike is not None:
@@ -126,7 +122,7 @@ class LossSpike(Detector):
                 if len(cur) != len(base):
                     continue
                 for g, (now, was) in enumerate(zip(cur, base, strict=True)):
-                    if _finite(now) and _finite(was) and was > 0 and now > 3 * was:
+                    if finite(now) and finite(was) and was > 0 and now > 3 * was:
                         lr_jump = (g, was, now)
                         break
                 if lr_jump:
