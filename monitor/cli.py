@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from hooks.wire import json_safe
 from monitor.config import ConfigError, load_config
@@ -27,38 +28,82 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_postmortem(args: argparse.Namespace) -> int:
-    from monitor.postmortem import import_file, summarize
+    from monitor.postmortem import analyse, import_file
     from monitor.storage import Storage
 
-    if args.db is not None:
-        storage = Storage(args.db)
-        run = args.target
-    else:
-        path = Path(args.target)
-        if not path.exists():
-            print(
-                f"trainmon postmortem: {args.target} is not a file or folder; give --db to read a run from a store",
-                file=sys.stderr,
+    with _progress(quiet=args.json) as progress:
+        if args.db is not None:
+            storage = Storage(args.db)
+            run = args.target
+        else:
+            path = Path(args.target)
+            if not path.exists():
+                print(
+                    f"trainmon postmortem: {args.target} is not a file or folder; give --db to read a run from a store",
+                    file=sys.stderr,
+                )
+                return 2
+            storage = Storage("sqlite://")
+            task = progress.add_task(f"importing {path.name}", total=None)
+            try:
+                found = import_file(
+                    path,
+                    storage,
+                    load_config(args.config),
+                    progress=lambda n: progress.update(task, description=f"importing {path.name}: {n:,} events"),
+                )
+            except ValueError as exc:
+                print(f"trainmon postmortem: {exc}", file=sys.stderr)
+                return 2
+            progress.update(task, total=1, completed=1)
+            if args.run is None and len(found) > 1:
+                print(f"trainmon postmortem: {path} holds runs {found}; choose one with --run", file=sys.stderr)
+                return 2
+            run = args.run or found[0]
+        task = progress.add_task("analysing", total=None)
+        try:
+            analysis = analyse(storage, run, lambda stage: progress.update(task, description=f"analysing: {stage}"))
+        except KeyError as exc:
+            print(f"trainmon postmortem: {exc.args[0]}", file=sys.stderr)
+            return 2
+        progress.update(task, total=1, completed=1)
+        report = None
+        if args.out is not None:
+            from monitor.report import write_report
+
+            task = progress.add_task("plots", total=None)
+            report = write_report(
+                analysis, Path(args.out), lambda stage: progress.update(task, description=f"writing {stage}")
             )
-            return 2
-        storage = Storage("sqlite://")
-        found = import_file(path, storage, load_config(args.config))
-        if args.run is None and len(found) > 1:
-            print(f"trainmon postmortem: {path} holds runs {found}; choose one with --run", file=sys.stderr)
-            return 2
-        run = args.run or found[0]
-    try:
-        summary = summarize(storage, run)
-    except KeyError as exc:
-        print(f"trainmon postmortem: {exc.args[0]}", file=sys.stderr)
-        return 2
+            progress.update(task, total=1, completed=1)
+    summary = analysis.summary
     if args.json:
+        if report is not None:
+            summary = {**summary, "report": str(report)}
         print(json.dumps(json_safe(summary), allow_nan=False))
     else:
         from monitor.report import print_summary
 
         print_summary(summary)
+        if report is not None:
+            print(f"report: {report} (plots next to it)")
     return 0
+
+
+def _progress(quiet: bool) -> Any:
+    """A transient progress display on stderr (nothing when ``quiet`` or stderr is not a terminal)."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    )
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -80,18 +125,55 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_runs(args: argparse.Namespace) -> int:
-    from monitor.queries import run_rows
-    from monitor.storage import Storage
+def _live_source(args: argparse.Namespace) -> Any:
+    from monitor.live_view import DbSource, HttpSource
 
-    with Storage(args.db).connect() as conn:
-        rows = run_rows(conn)
+    if args.url:
+        return HttpSource(args.url, args.token or os.environ.get("TRAINMON_TOKEN") or None)
+    return DbSource(args.db)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from monitor.live_view import SourceError
+
+    try:
+        rows = _live_source(args).runs()
+    except SourceError as exc:
+        print(f"trainmon runs: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(json_safe(rows), allow_nan=False))
     else:
         from monitor.report import print_runs
 
         print_runs(rows)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from monitor.live_view import SourceError, follow, render_status
+
+    source = _live_source(args)
+
+    def fetch() -> dict:
+        return source.status(args.run, window=args.window)
+
+    try:
+        if args.follow:
+            return follow(fetch, Console(), args.interval, args.max_refreshes, source.where)
+        st = fetch()
+    except KeyError as exc:
+        print(f"trainmon status: {exc.args[0]} in {source.where}", file=sys.stderr)
+        return 2
+    except SourceError as exc:
+        print(f"trainmon status: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(json_safe(st), allow_nan=False))
+    else:
+        Console().print(render_status(st, source.where))
     return 0
 
 
@@ -166,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", help="which run of a multi-run FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--config", help="TOML file with detector settings (for FILE)")
+    p.add_argument("--out", metavar="DIR", help="write PNG plots and a self-contained report.html here")
     p.set_defaults(func=_cmd_postmortem)
 
     p = sub.add_parser("import", help="store a log FILE (JSONL, trainer_state.json, TensorBoard, CSV, llm.c/nanoGPT)")
@@ -176,10 +259,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML file with detector settings")
     p.set_defaults(func=_cmd_import)
 
-    p = sub.add_parser("runs", help="list the runs in a store")
-    p.add_argument("--db", default="trainmon.sqlite", help="SQLite path or SQLAlchemy URL")
+    p = sub.add_parser("runs", help="list the runs in a store or on a collector")
+    _add_live_source(p)
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=_cmd_runs)
+
+    p = sub.add_parser("status", help="where a run stands: progress, ETA, trends, ranks, open anomalies")
+    p.add_argument("run", metavar="RUN")
+    _add_live_source(p)
+    p.add_argument("--follow", "-f", action="store_true", help="refresh until the run ends (Ctrl-C to leave)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--window", type=int, default=120, help="recent steps the trends cover (default 120)")
+    p.add_argument("--max-refreshes", type=int, help="stop following after this many refreshes")
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("demo", help="collector + reference trainer with injected faults, then a report")
     p.add_argument("--out", default="demo-out", help="folder for the store, checkpoints and events")
@@ -205,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_budget(sub)
     _add_compare(sub)
     return parser
+
+
+def _add_live_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default="trainmon.sqlite", help="SQLite path or SQLAlchemy URL (default trainmon.sqlite)")
+    p.add_argument("--url", help="ask a running collector instead, e.g. http://127.0.0.1:9400")
+    p.add_argument("--token", help="the collector's bearer token (default: $TRAINMON_TOKEN)")
 
 
 _budget_actions: list[argparse.Action] = []

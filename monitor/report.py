@@ -1,65 +1,423 @@
-"""Terminal rendering of summaries and run lists (rich tables)."""
+"""Rendering the post-mortem: rich tables in the terminal, and one self-contained HTML file.
+
+The HTML report embeds its plots as base64 PNGs and carries its own CSS, so it can be mailed,
+attached to a ticket or opened offline without the files next to it.
+"""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import html
+import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["fmt", "print_runs", "print_summary"]
+from monitor.storage import PHASE_COLUMNS
+
+__all__ = ["fmt", "print_runs", "print_summary", "write_html", "write_report"]
 
 
 def fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
         return f"{value:.{digits}g}"
     return str(value)
 
 
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _rank(rank: int | None) -> str:
+    return "all" if rank is None or rank < 0 else str(rank)
+
+
+def _steps(first: Any, last: Any) -> str:
+    if first is None:
+        return "-"
+    return str(first) if last in (None, first) else f"{first}-{last}"
+
+
+def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's headline figures as (label, text) pairs, shared by terminal and HTML."""
+    ck = s.get("checkpoint") or {}
+    steps = fmt(s.get("steps"))
+    if s.get("planned_steps"):
+        steps += f" of {s['planned_steps']} planned"
+    resumes = s.get("resumes") or []
+    opt = ck.get("optimal_interval_seconds")
+    young = duration(ck.get("optimal_interval_young_seconds"))
+    optimal = (
+        f"{duration(opt)} (~{fmt(ck.get('optimal_interval_steps'))} steps; Young {young})"
+        if opt
+        else (ck.get("optimal_note") or "-")
+    )
+    observed = (
+        f"every {fmt(ck.get('interval_steps'))} steps / {duration(ck.get('interval_seconds'))}"
+        if ck.get("interval_steps")
+        else "-"
+    )
+    return [
+        ("status", fmt(s.get("status"))),
+        ("steps", steps),
+        ("attempts", f"{s.get('attempts')} ({s.get('failures', 0)} failed), {len(resumes)} resume(s)"),
+        ("world size", fmt(s.get("world_size"))),
+        ("wall time", duration(s.get("duration_seconds"))),
+        ("tokens", f"{s['tokens']:,}" if s.get("tokens") else "-"),
+        ("final train loss", fmt(s.get("final_loss"))),
+        ("final eval loss", fmt(s.get("final_eval_loss"))),
+        ("mean tokens/s", fmt(s.get("tokens_per_second"))),
+        ("MFU", pct(s["mfu"]) if s.get("mfu") is not None else "- (needs flops_per_token or n_params, and peak_flops)"),
+        (
+            "checkpoints",
+            f"{ck.get('count', 0)}, {duration(ck.get('seconds'))} = {pct(ck.get('overhead_fraction'))} of wall time"
+            if ck.get("count")
+            else "none recorded",
+        ),
+        ("checkpoint interval", observed),
+        (
+            "failure rate",
+            f"{fmt(ck.get('failure_rate_per_hour'), 3)}/h (MTBF {duration(ck.get('mtbf_seconds'))})"
+            if ck.get("failures")
+            else "no failed attempts",
+        ),
+        ("optimal interval (Daly)", optimal),
+    ]
+
+
+# -- terminal -------------------------------------------------------------------------------
+
+
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """The whole post-mortem as rich tables."""
     console = console or Console()
     head = Table(title=f"run {summary['run']}", show_header=False, box=None)
-    for key in (
-        "status",
-        "steps",
-        "planned_steps",
-        "attempts",
-        "world_size",
-        "final_loss",
-        "final_eval_loss",
-        "tokens",
-        "tokens_per_second",
-        "duration_seconds",
-    ):
-        head.add_row(key.replace("_", " "), fmt(summary.get(key)))
+    head.add_column(style="bold")
+    head.add_column()
+    for label, value in overview_rows(summary):
+        head.add_row(label, value)
     console.print(head)
-    found = summary["anomalies"]
-    if not found:
+    _print_timeline(summary, console)
+    _print_attempts(summary, console)
+    _print_phases(summary, console)
+    _print_ranks(summary, console)
+    _print_health(summary, console)
+    for note in summary.get("notes") or []:
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def _print_timeline(s: dict[str, Any], console: Console) -> None:
+    timeline = s.get("timeline")
+    if timeline is None:  # a summary from an older caller: the flat list
+        timeline = [{**a, "level": 1} for a in s["anomalies"]]
+    if not timeline:
         console.print("[green]no anomalies[/green]")
         return
-    table = Table(title="anomalies")
-    for col in ("#", "kind", "severity", "rank", "steps", "status", "message"):
+    table = Table(title="anomaly timeline (a first-level symptom, then what localises it)")
+    for col in ("steps", "kind", "severity", "rank", "status", "what"):
         table.add_column(col, overflow="fold")
-    for i, a in enumerate(found, 1):
-        steps = f"{fmt(a['first_step'])}-{fmt(a['last_step'])}"
-        rank = "all" if a["rank"] < 0 else str(a["rank"])
-        table.add_row(str(i), a["kind"], a["severity"], rank, steps, a["status"], a["message"])
+    colour = {"critical": "red", "warning": "yellow", "info": "cyan"}
+    for e in timeline:
+        indent = "" if e["level"] == 1 else "  └ "
+        sev = e["severity"]
+        table.add_row(
+            _steps(e["first_step"], e["last_step"]),
+            indent + e["kind"],
+            f"[{colour.get(sev, 'white')}]{sev}[/]",
+            _rank(e["rank"]),
+            fmt(e.get("status")),
+            f"{e['message']}\n[dim]→ {e['hint']}[/dim]",
+        )
     console.print(table)
-    for i, a in enumerate(found, 1):
-        console.print(f"[bold]{i}.[/bold] {a['kind']}: {a['hint']}")
+
+
+def _print_attempts(s: dict[str, Any], console: Console) -> None:
+    attempts = s.get("attempts_detail") or []
+    if len(attempts) < 2 and not s.get("resumes"):
+        return
+    table = Table(title="attempts and resumes")
+    for col in ("attempt", "steps", "ended", "resumed from", "error"):
+        table.add_column(col, overflow="fold")
+    resumed = {r["attempt"]: r for r in s.get("resumes") or []}
+    for a in attempts:
+        r = resumed.get(a["attempt"])
+        table.add_row(
+            str(a["attempt"]),
+            _steps(a["first_step"], a["last_step"]),
+            a["status"],
+            f"step {r['step']} ({r.get('path') or '?'})" if r else "-",
+            fmt(a.get("error")),
+        )
+    console.print(table)
+
+
+def _print_phases(s: dict[str, Any], console: Console) -> None:
+    phases = s.get("phases")
+    if not phases:
+        return
+    used = [p for p in PHASE_COLUMNS if (phases["overall"].get(p) or 0) > 0.0005]
+    table = Table(title="where the step time went, per tenth of the run")
+    table.add_column("steps")
+    for p in used:
+        table.add_column(p, justify="right")
+    for part in phases["by_part"]:
+        table.add_row(_steps(part["first_step"], part["last_step"]), *[pct(part["shares"][p]) for p in used])
+    table.add_row("[bold]overall[/bold]", *[f"[bold]{pct(phases['overall'][p])}[/bold]" for p in used])
+    console.print(table)
+
+
+def _print_ranks(s: dict[str, Any], console: Console) -> None:
+    ranks = s.get("ranks") or []
+    if len(ranks) < 2:
+        return
+    table = Table(title="per rank (medians; x = relative to the median rank)")
+    for col in ("rank", "host", "step time", "compute", "comm wait", "data", "anomalies"):
+        table.add_column(col)
+    for r in ranks:
+        style = "bold red" if r["slow"] else ""
+        table.add_row(
+            str(r["rank"]),
+            fmt(r["host"]),
+            f"{fmt(r['step_time'], 3)} s (x{fmt(r['step_time_rel'], 3)})",
+            f"{fmt(r['compute'], 3)} s (x{fmt(r['compute_rel'], 3)})",
+            f"{fmt(r['comm'], 3)} s (x{fmt(r['comm_rel'], 3)})",
+            f"{fmt(r['data'], 3)} s",
+            ", ".join(r["anomalies"]) or "-",
+            style=style,
+        )
+    console.print(table)
+
+
+def _print_health(s: dict[str, Any], console: Console) -> None:
+    rows = s.get("health") or []
+    if not rows:
+        return
+    table = Table(title="node health per rank")
+    for col in ("rank", "host", "max temp C", "min SM clock GHz", "ECC corr/uncorr", "max host mem", "events"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        clock = r["min_sm_clock_hz"]
+        table.add_row(
+            str(r["rank"]),
+            fmt(r["host"]),
+            fmt(r["max_temperature_c"], 3),
+            fmt(None if clock is None else clock / 1e9, 3),
+            f"{fmt(r['max_ecc_corrected'])}/{fmt(r['max_ecc_uncorrected'])}",
+            pct(r["max_host_mem_ratio"]),
+            "\n".join(
+                f"{e['severity']} @{_steps(e['first_step'], e['last_step'])}: {e['message']}" for e in r["events"]
+            )
+            or "-",
+        )
+    console.print(table)
 
 
 def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title="runs")
-    for col in ("run", "status", "step", "loss", "attempts", "open anomalies", "updated"):
+    for col in ("run", "status", "step", "loss", "tokens/s", "attempts", "open anomalies", "updated"):
         table.add_column(col)
     for r in rows:
         updated = dt.datetime.fromtimestamp(r["updated_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        step = "-" if r.get("step") is None else str(r["step"] + 1)
+        if r.get("planned_steps"):
+            step += f"/{r['planned_steps']}"
+        opened = r.get("open_anomalies") or 0
+        kinds = r.get("open_kinds") or []
+        open_text = f"[red]{opened}[/red] ({', '.join(kinds)})" if opened and kinds else str(opened)
         table.add_row(
-            r["run"], r["status"], fmt(r["step"]), fmt(r["loss"]), fmt(r["attempts"]), fmt(r["open_anomalies"]), updated
+            r["run"],
+            r["status"],
+            step,
+            fmt(r.get("loss")),
+            fmt(r.get("tokens_per_second")),
+            fmt(r.get("attempts")),
+            open_text,
+            updated,
         )
     console.print(table)
+
+
+# -- HTML -----------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px; color: #222; max-width: 1200px; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.l2 td:nth-child(2) { padding-left: 24px; }
+.critical { color: #b00020; font-weight: bold; }
+.warning { color: #b36b00; font-weight: bold; }
+.info { color: #1f5fa8; }
+.hint { color: #555; font-size: 0.92em; }
+.slow td { background: #fdecea; }
+img { max-width: 100%; border: 1px solid #eee; margin: 6px 0; }
+.note { color: #666; font-style: italic; }
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(fmt(v) if not isinstance(v, str) else v)
+
+
+def _table(head: list[str], rows: list[list[str]], row_class: list[str] | None = None) -> str:
+    """``rows`` hold already-escaped HTML."""
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for i, r in enumerate(rows):
+        cls = f' class="{row_class[i]}"' if row_class and row_class[i] else ""
+        out.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def write_html(summary: dict[str, Any], plots: dict[str, Path], path: Path) -> Path:
+    """One HTML file holding the tables and the plots (base64), nothing loaded from elsewhere."""
+    s = summary
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>trainmon post-mortem: {html.escape(s['run'])}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>Post-mortem of run <code>{html.escape(s['run'])}</code></h1>",
+        _table(["", ""], [[html.escape(k), html.escape(v)] for k, v in overview_rows(s)]),
+    ]
+    parts.append("<h2>Anomaly timeline</h2>")
+    timeline = s.get("timeline") or []
+    if timeline:
+        rows, classes = [], []
+        for e in timeline:
+            sev = html.escape(e["severity"])
+            rows.append(
+                [
+                    _e(_steps(e["first_step"], e["last_step"])),
+                    ("" if e["level"] == 1 else "&#8627; ") + _e(e["kind"]),
+                    f'<span class="{sev}">{sev}</span>',
+                    _e(_rank(e["rank"])),
+                    _e(e.get("status")),
+                    f'{_e(e["message"])}<div class="hint">&rarr; {_e(e["hint"])}</div>',
+                ]
+            )
+            classes.append("l2" if e["level"] == 2 else "")
+        parts.append(_table(["steps", "kind", "severity", "rank", "status", "what, and what to check"], rows, classes))
+    else:
+        parts.append("<p>No anomalies.</p>")
+    for name, title in (("loss", "Loss"), ("grad_norm", "Gradient norm"), ("lr", "Learning rate")):
+        if name in plots:
+            parts.append(f"<h2>{title}</h2>{_img(plots[name], title)}")
+    attempts = s.get("attempts_detail") or []
+    if attempts:
+        parts.append("<h2>Attempts and resumes</h2>")
+        resumed = {r["attempt"]: r for r in s.get("resumes") or []}
+        rows = []
+        for a in attempts:
+            r = resumed.get(a["attempt"])
+            rows.append(
+                [
+                    _e(a["attempt"]),
+                    _e(_steps(a["first_step"], a["last_step"])),
+                    _e(a["status"]),
+                    _e(f"step {r['step']} ({r.get('path') or '?'})" if r else "-"),
+                    _e(a.get("error")),
+                ]
+            )
+        parts.append(_table(["attempt", "steps", "ended", "resumed from", "error"], rows))
+    phases = s.get("phases")
+    parts.append("<h2>Throughput and phases</h2>")
+    if "throughput" in plots:
+        parts.append(_img(plots["throughput"], "throughput"))
+    if phases:
+        used = [p for p in PHASE_COLUMNS if (phases["overall"].get(p) or 0) > 0.0005]
+        rows = [
+            [_e(_steps(p["first_step"], p["last_step"])), *[_e(pct(p["shares"][c])) for c in used]]
+            for p in phases["by_part"]
+        ]
+        rows.append(["<b>overall</b>", *[f"<b>{_e(pct(phases['overall'][c]))}</b>" for c in used]])
+        parts.append(_table(["steps", *used], rows))
+    ranks = s.get("ranks") or []
+    parts.append("<h2>Ranks</h2>")
+    if "rank_heatmap" in plots:
+        parts.append(_img(plots["rank_heatmap"], "per-rank step time"))
+    if ranks:
+        rows = [
+            [
+                _e(r["rank"]),
+                _e(r["host"]),
+                _e(f"{fmt(r['step_time'], 3)} s (x{fmt(r['step_time_rel'], 3)})"),
+                _e(f"{fmt(r['compute'], 3)} s (x{fmt(r['compute_rel'], 3)})"),
+                _e(f"{fmt(r['comm'], 3)} s (x{fmt(r['comm_rel'], 3)})"),
+                _e(f"{fmt(r['data'], 3)} s"),
+                _e(", ".join(r["anomalies"]) or "-"),
+            ]
+            for r in ranks
+        ]
+        parts.append(
+            _table(
+                ["rank", "host", "step time", "compute", "comm wait", "data", "anomalies"],
+                rows,
+                ["slow" if r["slow"] else "" for r in ranks],
+            )
+        )
+    parts.append("<h2>Node health</h2>")
+    if "gpu_health" in plots:
+        parts.append(_img(plots["gpu_health"], "GPU health"))
+    hrows = s.get("health") or []
+    if hrows:
+        rows = [
+            [
+                _e(r["rank"]),
+                _e(r["host"]),
+                _e(fmt(r["max_temperature_c"], 3)),
+                _e(fmt(None if r["min_sm_clock_hz"] is None else r["min_sm_clock_hz"] / 1e9, 3)),
+                _e(f"{fmt(r['max_ecc_corrected'])}/{fmt(r['max_ecc_uncorrected'])}"),
+                _e(pct(r["max_host_mem_ratio"])),
+                "<br>".join(
+                    f'<span class="{html.escape(ev["severity"])}">{_e(ev["severity"])}</span> '
+                    f"@{_e(_steps(ev['first_step'], ev['last_step']))}: {_e(ev['message'])}"
+                    for ev in r["events"]
+                )
+                or "-",
+            ]
+            for r in hrows
+        ]
+        parts.append(_table(["rank", "host", "max temp C", "min SM GHz", "ECC", "max host mem", "events"], rows))
+    for note in s.get("notes") or []:
+        parts.append(f'<p class="note">Note: {_e(note)}</p>')
+    parts.append(f'<p class="note">Written by trainmon postmortem at {dt.datetime.now():%Y-%m-%d %H:%M:%S}.</p>')
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def write_report(analysis: Any, out: Path, progress: Callable[[str], Any] | None = None) -> Path:
+    """PNG plots and ``report.html`` under ``out``; returns the HTML path."""
+    from hooks.wire import json_safe
+    from monitor.plots import write_plots  # matplotlib only when plots are asked for
+
+    plots = write_plots(analysis, out, progress)
+    return write_html(json_safe(analysis.summary), plots, out / "report.html")

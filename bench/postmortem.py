@@ -1,0 +1,383 @@
+"""Post-mortem at scale: a synthetic run of 1,000,000 steps x 8 ranks, analysed end to end.
+
+The target (issue 8): everything ``trainmon postmortem --json`` computes, on a run that long, in
+at most 10 s and 2 GiB of peak RSS on this machine. The run is written straight into a SQLite
+store with the collector's schema (bulk insert, no detectors: the anomalies a collector would
+have stored are inserted with it), then ``monitor.postmortem.summarize`` reads it back.
+
+What the run holds, so the analysis has something to find: a loss curve decaying to a floor
+with noise and a spike at 40% of the run, a crash at 60% and a resume from the last checkpoint
+(so the steps since it are repeated by attempt 1), a slow rank 5 (a straggler), a data stall
+window, a checkpoint every 1,000 steps, an eval every 1,000 steps, per-layer grad norms every
+100 steps, node-health samples every 60 s per rank, and the anomalies a collector would have
+raised for all that.
+
+``--quick`` uses 100k steps. ``--plots`` also renders the PNGs and the HTML report (reported
+separately: the target is for the analysis). ``--db PATH`` keeps the store (it is reused when
+it already holds the run with the same size, which saves the minute the full generation takes).
+
+Last line: ``seconds=... peak_rss_mib=...`` (the analysis; RSS is the process's peak, which
+includes the generator's when the store is built in the same process, so the store is built in
+a child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RUN = "bench-1m"
+RANKS = 8
+LAYERS = [f"blocks.{i}.{p}" for i in range(12) for p in ("attn.qkv.weight", "mlp.fc.weight")] + ["lm_head.weight"]
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "checkpoint", "eval", "other")
+STEP_COLUMNS = (
+    "run",
+    "rank",
+    "attempt",
+    "step",
+    "time",
+    "loss",
+    "grad_norm",
+    "grad_norm_clipped",
+    "clip_coef",
+    "lr",
+    "lrs",
+    "loss_scale",
+    "skipped",
+    "tokens",
+    "samples",
+    "micro_batches",
+    "scheduler_steps",
+    "step_time",
+    *[f"phase_{p}" for p in PHASES],
+    "mem_allocated_bytes",
+    "mem_peak_bytes",
+    "batch_fingerprint",
+    "update_ratio",
+)
+
+
+def _schedule(n: int) -> dict:
+    return {"name": "cosine", "peak_lr": 3e-4, "total_steps": n, "warmup_steps": 2000, "min_ratio": 0.1}
+
+
+def _lr(sched: dict, steps: np.ndarray) -> np.ndarray:
+    w, n, peak, lo = sched["warmup_steps"], sched["total_steps"], sched["peak_lr"], sched["min_ratio"]
+    progress = np.clip((steps - w) / max(1, n - w), 0, 1)
+    cos = lo + (1 - lo) * 0.5 * (1 + np.cos(np.pi * progress))
+    return peak * np.where(steps < w, (steps + 1) / w, cos)
+
+
+def generate(db: Path, n: int, seed: int = 0) -> dict:
+    """Write the synthetic run into a fresh store at ``db``; returns what was injected where."""
+    from monitor.storage import Storage
+
+    Storage(str(db)).close()  # the collector's schema, migrated
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=OFF")
+    con.execute("PRAGMA synchronous=OFF")
+    con.execute("PRAGMA cache_size=-262144")
+    rng = np.random.default_rng(seed)
+    sched = _schedule(n)
+    spike = int(0.4 * n)
+    crash = int(0.6 * n) + 437  # not on a checkpoint: the resume repeats 437 steps
+    ckpt_every, eval_every, layer_every = 1000, 1000, 100
+    resume_from = (crash // ckpt_every) * ckpt_every
+    stall = (int(0.75 * n), int(0.75 * n) + 200)
+    slow_rank = 5
+    t0 = 1.7e9
+    tokens = 4096
+    base = 0.5
+    # wall time of each step of attempt 0 / attempt 1 (same for all ranks: they step in lockstep)
+    segments = [(0, np.arange(0, crash + 1)), (1, np.arange(resume_from + 1, n))]
+    ins = f"INSERT INTO steps ({','.join(STEP_COLUMNS)}) VALUES ({','.join('?' * len(STEP_COLUMNS))})"
+    clock = t0
+    restart_gap = 600.0
+    ends: dict[int, float] = {}
+    starts: dict[int, float] = {}
+    step_times: dict[int, np.ndarray] = {}
+    chunk = 50_000
+    for attempt, seg in segments:
+        m = len(seg)
+        st = base * np.exp(0.05 * rng.standard_normal(m))
+        st[(seg >= stall[0]) & (seg < stall[1])] += 1.5
+        ck = (seg % ckpt_every == 0) & (seg > 0)
+        st[ck] += 20.0
+        ev = (seg % eval_every == 0) & (seg > 0)
+        st[ev] += 5.0
+        if attempt == 1:
+            clock = ends[0] + restart_gap
+        starts[attempt] = clock
+        times = clock + np.cumsum(st)
+        ends[attempt] = float(times[-1])
+        clock = ends[attempt]
+        step_times[attempt] = st
+        lr = _lr(sched, seg)
+        loss_clean = 2.0 + 8.8 * np.exp(-seg / (0.05 * n)) + 0.3 * np.exp(-seg / (0.5 * n))
+        for rank in range(RANKS):
+            noise = rng.standard_normal(m)
+            loss = loss_clean * np.exp(0.02 * noise)
+            gn = 0.3 + 2.0 * np.exp(-seg / 3000) + 0.05 * np.abs(rng.standard_normal(m))
+            if attempt == 0:
+                at = seg == spike
+                loss[at] *= 8.0
+                gn[at] *= 40.0
+            rst = st * (1.0 + 0.003 * rng.standard_normal(m))
+            if rank == slow_rank:
+                rst = rst * 1.0  # lockstep: the slow rank shows as compute time, the others as comm wait
+            compute = 0.8 * base * np.exp(0.02 * rng.standard_normal(m))
+            if rank == slow_rank:
+                compute *= 1.25
+            comm = np.maximum(0.005, rst - compute - 0.02 - 0.01)
+            data = np.full(m, 0.01)
+            stalled = (seg >= stall[0]) & (seg < stall[1])
+            data[stalled] += 1.5
+            comm[stalled] = np.maximum(0.005, comm[stalled] - 1.5)
+            ckpt = np.where(ck, 20.0, 0.0)
+            comm = np.maximum(0.005, comm - ckpt)
+            evl = np.where(ev, 5.0, 0.0)
+            comm = np.maximum(0.005, comm - evl)
+            clip = np.minimum(1.0, 1.0 / gn)
+            cols = {
+                "rank": rank,
+                "attempt": attempt,
+                "step": seg,
+                "time": times + 0.001 * rank,
+                "loss": loss,
+                "grad_norm": gn,
+                "grad_norm_clipped": gn * clip,
+                "clip_coef": clip,
+                "lr": lr,
+                "step_time": rst,
+                "phase_data": data,
+                "phase_forward": compute * 0.33,
+                "phase_backward": compute * 0.62,
+                "phase_comm": comm,
+                "phase_optimizer": compute * 0.05,
+                "phase_checkpoint": ckpt,
+                "phase_eval": evl,
+                "phase_other": np.full(m, 0.02),
+                "mem_allocated_bytes": (30e9 + 1e3 * seg).astype(np.int64),
+            }
+            for lo in range(0, m, chunk):
+                hi = min(m, lo + chunk)
+                sl = slice(lo, hi)
+                k = hi - lo
+                lists = {name: (v[sl].tolist() if isinstance(v, np.ndarray) else [v] * k) for name, v in cols.items()}
+                rows = zip(
+                    [RUN] * k,
+                    lists["rank"],
+                    lists["attempt"],
+                    lists["step"],
+                    lists["time"],
+                    lists["loss"],
+                    lists["grad_norm"],
+                    lists["grad_norm_clipped"],
+                    lists["clip_coef"],
+                    lists["lr"],
+                    [f"[{x!r}]" for x in lists["lr"]],
+                    [None] * k,
+                    [0] * k,
+                    [tokens] * k,
+                    [4] * k,
+                    [1] * k,
+                    [1] * k,
+                    lists["step_time"],
+                    *[lists[f"phase_{p}"] for p in PHASES],
+                    lists["mem_allocated_bytes"],
+                    lists["mem_allocated_bytes"],
+                    [f"{(s * 2654435761 + rank) & 0xFFFFFFFFFFFF:016x}" for s in lists["step"]],
+                    [None] * k,
+                    strict=True,
+                )
+                con.executemany(ins, rows)
+            # second level: per-layer grad norms every 100 steps and around the spike
+            ls_steps = seg[(seg % layer_every == 0) | ((seg >= spike - 20) & (seg <= spike))]
+            ls_rows = []
+            for s in ls_steps.tolist():
+                i = s - int(seg[0])
+                norms = {name: 0.1 * (1 + (j % 5)) for j, name in enumerate(LAYERS)}
+                if attempt == 0 and s == spike:
+                    norms["blocks.7.attn.qkv.weight"] *= 300.0
+                ls_rows.append((RUN, rank, attempt, s, float(times[i]), json.dumps(norms)))
+            con.executemany(
+                "INSERT INTO layer_stats (run, rank, attempt, step, time, grad_norms) VALUES (?,?,?,?,?,?)", ls_rows
+            )
+    # checkpoints, evals, resume, health, streams, run, anomalies
+    for attempt, seg in segments:
+        times = starts[attempt] + np.cumsum(step_times[attempt])
+        first = int(seg[0])
+        for s in seg[(seg % ckpt_every == 0) & (seg > 0)].tolist():
+            t = float(times[s - first])
+            for rank in range(RANKS):
+                con.execute(
+                    "INSERT INTO checkpoints (run, rank, attempt, step, time, path, duration, bytes) "
+                    "VALUES (?,?,?,?,?,?,?,?)",
+                    (RUN, rank, attempt, s, t, f"/ckpt/step{s}", 20.0, 12 << 30),
+                )
+            con.execute(
+                "INSERT INTO evals (run, rank, attempt, step, time, loss, duration) VALUES (?,?,?,?,?,?,?)",
+                (RUN, 0, attempt, s, t, 2.1 + 8.8 * math.exp(-s / (0.05 * n)), 5.0),
+            )
+    for rank in range(RANKS):
+        con.execute(
+            "INSERT INTO resumes (run, rank, attempt, step, time, path, duration) VALUES (?,?,?,?,?,?,?)",
+            (RUN, rank, 1, resume_from, starts[1], f"/ckpt/step{resume_from}", 40.0),
+        )
+    health_rows = []
+    for attempt in (0, 1):
+        for t in np.arange(starts[attempt], ends[attempt], 60.0).tolist():
+            for rank in range(RANKS):
+                temp = 70.0 + 3 * math.sin(t / 3600) + (14.0 if rank == slow_rank else 0.0)
+                gpu = {
+                    "index": rank % 8,
+                    "temperature_c": temp,
+                    "utilization_ratio": 0.95,
+                    "power_w": 650.0,
+                    "sm_clock_hz": 1.98e9 * (0.8 if rank == slow_rank else 1.0),
+                    "mem_used_bytes": 60 << 30,
+                    "mem_total_bytes": 80 << 30,
+                    "ecc_corrected": 0,
+                    "ecc_uncorrected": 0,
+                }
+                data = {"host_mem_used_bytes": 400 << 30, "host_mem_total_bytes": 1 << 40, "gpus": [gpu]}
+                health_rows.append((RUN, rank, attempt, f"node-{rank // 8}", t, json.dumps(data)))
+    con.executemany("INSERT INTO health (run, rank, attempt, host, time, data) VALUES (?,?,?,?,?,?)", health_rows)
+    start = {
+        "world_size": RANKS,
+        "planned_steps": n,
+        "vocab_size": 50257,
+        "n_params": 1_555_126_400,
+        "global_batch_tokens": tokens * RANKS,
+        "flops_per_token": 6 * 1_555_126_400,
+        "peak_flops": 989e12,
+        "schedule": sched,
+    }
+    for attempt in (0, 1):
+        for rank in range(RANKS):
+            last = crash if attempt == 0 else n - 1
+            con.execute(
+                "INSERT INTO streams (stream, run, rank, attempt, host, started_at, last_seq, last_time, events, "
+                "missing, start, end_status, end_step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    f"s{attempt}r{rank}",
+                    RUN,
+                    rank,
+                    attempt,
+                    f"node-{rank // 8}",
+                    starts[attempt],
+                    last,
+                    ends[attempt],
+                    last,
+                    0,
+                    json.dumps({**start, "resumed": attempt == 1}),
+                    "failed" if attempt == 0 else "finished",
+                    last,
+                ),
+            )
+    meta = {k: v for k, v in start.items() if k != "schedule"}
+    con.execute(
+        "INSERT INTO runs (run, created_at, updated_at, status, world_size, planned_steps, vocab_size, config, "
+        "schedule, meta) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        (RUN, t0, ends[1], "finished", RANKS, n, 50257, json.dumps({}), json.dumps(sched), json.dumps(meta)),
+    )
+    found = [
+        ("loss_spike", "warning", 0, spike, spike, f"loss spike at step {spike}: 8x the median", "bad batch?"),
+        ("grad_explosion", "warning", 0, spike, spike, "pre-clip grad norm 40x its median", "LR or batch"),
+        ("straggler", "warning", slow_rank, 1000, n - 1, f"rank {slow_rank} computes 25% slower", "slow node"),
+        ("throughput_collapse", "critical", -1, stall[0], stall[1], "throughput down 75%; data phase grew", "data"),
+        ("hang", "critical", 3, crash, crash, "rank 3 silent for 600 s", "NCCL hang"),
+        ("node_health", "warning", slow_rank, 5000, n - 1, f"GPU of rank {slow_rank} at 84 C, clocks -20%", "cool"),
+    ]
+    for kind, sev, rank, first, last, msg, hint in found:
+        con.execute(
+            "INSERT INTO anomalies (run, kind, rank, severity, status, first_step, last_step, opened_at, updated_at, "
+            "message, hint, evidence) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (RUN, kind, rank, sev, "resolved", first, last, t0, t0, msg, hint, json.dumps({"step": first})),
+        )
+    con.commit()
+    con.close()
+    return {"steps": n, "spike": spike, "crash": crash, "resume_from": resume_from, "stall": stall}
+
+
+def _analyse(db: Path, plots: Path | None) -> dict:
+    from monitor.postmortem import summarize
+    from monitor.storage import Storage
+
+    storage = Storage(str(db))
+    t = time.perf_counter()
+    summary = summarize(storage, RUN)
+    analysis = time.perf_counter() - t
+    json.dumps(summary)
+    out = {"seconds": analysis, "steps": summary["steps"], "anomalies": len(summary["anomalies"])}
+    if plots is not None:
+        from monitor.report import write_report
+
+        t = time.perf_counter()
+        write_report(storage, summary, plots)
+        out["plot_seconds"] = time.perf_counter() - t
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100k steps instead of 1M")
+    parser.add_argument("--steps", type=int, help="steps per rank (default 1,000,000; 100,000 with --quick)")
+    parser.add_argument("--db", help="keep the store here (reused when it already holds a run of this size)")
+    parser.add_argument("--plots", action="store_true", help="also write the PNG plots and the HTML report")
+    parser.add_argument("--analyse-only", help=argparse.SUPPRESS)  # child process: DB path
+    args = parser.parse_args(argv)
+    if args.analyse_only:
+        plots = Path(args.analyse_only).with_suffix(".report") if args.plots else None
+        print(json.dumps(_analyse(Path(args.analyse_only), plots)))
+        return 0
+    n = args.steps or (100_000 if args.quick else 1_000_000)
+    with tempfile.TemporaryDirectory(prefix="trainmon-bench-") as tmp:
+        db = Path(args.db) if args.db else Path(tmp) / "bench.sqlite"
+        if not _holds(db, n):
+            db.unlink(missing_ok=True)
+            t = time.perf_counter()
+            info = generate(db, n)
+            size = db.stat().st_size / 2**20
+            print(f"generated {n:,} steps x {RANKS} ranks in {time.perf_counter() - t:.1f} s ({size:,.0f} MiB): {info}")
+        cmd = [sys.executable, __file__, "--analyse-only", str(db), *(["--plots"] if args.plots else [])]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+    print(f"analysis of {n:,} steps x {RANKS} ranks: {res['seconds']:.2f} s, peak RSS {res['peak_rss_mib']:.0f} MiB")
+    if "plot_seconds" in res:
+        print(f"plots and HTML report: {res['plot_seconds']:.2f} s more")
+    print(f"target: <= 10 s and <= 2048 MiB for 1,000,000 x 8 {'(quick run: 100k steps)' if n < 1_000_000 else ''}")
+    print(f"seconds={res['seconds']:.2f} peak_rss_mib={res['peak_rss_mib']:.0f}")
+    return 0
+
+
+def _holds(db: Path, n: int) -> bool:
+    if not db.exists():
+        return False
+    try:
+        con = sqlite3.connect(db)
+        row = con.execute("SELECT planned_steps FROM runs WHERE run = ?", (RUN,)).fetchone()
+        con.close()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] == n
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+"""``trainmon runs`` and ``trainmon status RUN [--follow]``: where a run stands, right now.
+
+The same small status summary is computed by the collector (``GET /v1/runs/{run}``) or locally
+from a store, so the terminal view works against either. It reads only the newest steps of each
+rank through the primary key (``ORDER BY step DESC LIMIT window``), never the run's history,
+so a refresh costs the same at step 100 and at step 1,000,000, and a collector can serve it
+while it ingests. This module stays free of pandas and matplotlib: the collector imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import Connection, select
+
+from monitor import budget
+from monitor.queries import anomaly_rows, latest_step, run_rows
+from monitor.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
+
+__all__ = [
+    "DbSource",
+    "HttpSource",
+    "SourceError",
+    "follow",
+    "render_status",
+    "run_status",
+    "run_table",
+    "sparkline",
+    "steps_since",
+]
+
+_RECENT_COLS = ("step", "time", "loss", "grad_norm", "lr", "step_time", "tokens")
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+class SourceError(RuntimeError):
+    """The collector or store could not answer; the message says which and why."""
+
+
+def _float(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return float(v)  # 'NaN' text (SQLite) and "NaN" (JSON) become nan
+    except (TypeError, ValueError):
+        return None
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and v == v]
+    return statistics.median(vals) if vals else None
+
+
+def _recent(conn: Connection, run: str, rank: int, attempt: int, window: int) -> list[dict[str, Any]]:
+    cols = [steps.c[c] for c in _RECENT_COLS] + [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
+    rows = conn.execute(
+        select(*cols)
+        .where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt)
+        .order_by(steps.c.step.desc())
+        .limit(window)
+    ).all()
+    return [dict(r._mapping) for r in reversed(rows)]
+
+
+def run_status(storage: Storage, run: str, window: int = 120, now: float | None = None) -> dict[str, Any]:
+    """Progress, ETA, recent trends, phase split, per-rank spread and open anomalies of ``run``.
+
+    Raises ``KeyError`` for an unknown run. Floats may be NaN: pass through ``json_safe``.
+    """
+    window = max(2, min(window, 2000))
+    now = time.time() if now is None else now
+    with storage.connect() as conn:
+        row = conn.execute(select(runs).where(runs.c.run == run)).first()
+        if row is None:
+            raise KeyError(f"no run {run!r}")
+        newest: dict[int, dict[str, Any]] = {}
+        for s in conn.execute(select(streams).where(streams.c.run == run).order_by(streams.c.attempt)):
+            newest[s.rank] = dict(s._mapping)  # each rank's newest attempt
+        attempts = 1 + max((s["attempt"] for s in newest.values()), default=-1)
+        ranks = sorted(newest)
+        lead = next((r for r in ranks if newest[r]["attempt"] == attempts - 1), ranks[0] if ranks else None)
+        recent = _recent(conn, run, lead, newest[lead]["attempt"], window) if lead is not None else []
+        per_rank = []
+        rank_window = window if len(ranks) <= 64 else 20
+        for r in ranks:
+            rows = recent if r == lead else _recent(conn, run, r, newest[r]["attempt"], rank_window)
+            if not rows:
+                per_rank.append({"rank": r, "host": newest[r]["host"], "step": None})
+                continue
+            compute = [
+                sum(x[f"phase_{p}"] or 0.0 for p in ("forward", "backward", "optimizer"))
+                if any(x[f"phase_{p}"] is not None for p in ("forward", "backward", "optimizer"))
+                else None
+                for x in rows
+            ]
+            per_rank.append(
+                {
+                    "rank": r,
+                    "host": newest[r]["host"],
+                    "attempt": newest[r]["attempt"],
+                    "step": rows[-1]["step"],
+                    "last_seen": newest[r]["last_time"],
+                    "step_time": _median([_float(x["step_time"]) for x in rows]),
+                    "compute": _median(compute),
+                    "comm": _median([_float(x["phase_comm"]) for x in rows]),
+                    "ended": newest[r]["end_status"],
+                }
+            )
+        ev = conn.execute(
+            select(evals.c.step, evals.c.loss)
+            .where(evals.c.run == run)
+            .order_by(evals.c.attempt.desc(), evals.c.step.desc())
+            .limit(1)
+        ).first()
+        open_anomalies = [
+            {k: a[k] for k in ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")}
+            for a in anomaly_rows(conn, run)
+            if a["status"] == "open"
+        ]
+    world = row.world_size or len(ranks) or 1
+    meta = row.meta or {}
+    last = recent[-1] if recent else None
+    step = None if last is None else last["step"]
+    pace = None  # wall seconds per step over the window (includes what step_time does not: evals, I/O)
+    if len(recent) >= 2 and recent[-1]["step"] > recent[0]["step"]:
+        pace = (recent[-1]["time"] - recent[0]["time"]) / (recent[-1]["step"] - recent[0]["step"])
+    if pace is None or pace <= 0:
+        pace = _median([_float(x["step_time"]) for x in recent])
+    planned = row.planned_steps
+    remaining = None if planned is None or step is None else max(0, planned - (step + 1))
+    finished = row.status != "running"
+    tps = [(x["tokens"] * world / x["step_time"]) if x["tokens"] and _float(x["step_time"]) else None for x in recent]
+    phase_sums = {p: sum(_float(x[f"phase_{p}"]) or 0.0 for x in recent) for p in PHASE_COLUMNS}
+    total = sum(phase_sums.values())
+    timed = sum(_float(x["step_time"]) or 0.0 for x in recent)
+    if total and timed > total:
+        phase_sums["other"] += timed - total
+        total = timed
+    tps_now = _median(tps[-10:])
+    fpt = meta.get("flops_per_token") or (6 * meta["n_params"] if meta.get("n_params") else None)
+    mfu = (
+        budget.mfu_from_throughput(tps_now / world, fpt, meta["peak_flops"])
+        if tps_now and fpt and meta.get("peak_flops")
+        else None
+    )
+    step_times = [r["step_time"] for r in per_rank if r.get("step_time")]
+    mid = statistics.median(step_times) if step_times else None
+    for r in per_rank:
+        r["lag_steps"] = None if step is None or r.get("step") is None else step - r["step"]
+        r["step_time_rel"] = r["step_time"] / mid if r.get("step_time") and mid else None
+    return {
+        "run": run,
+        "status": row.status,
+        "world_size": world,
+        "planned_steps": planned,
+        "step": step,
+        "attempts": attempts,
+        "progress": None if planned in (None, 0) or step is None else min(1.0, (step + 1) / planned),
+        "seconds_per_step": pace,
+        "eta_seconds": None if finished or remaining is None or pace is None else remaining * pace,
+        "loss": None if last is None else _float(last["loss"]),
+        "eval_loss": None if ev is None else _float(ev.loss),
+        "eval_step": None if ev is None else ev.step,
+        "tokens_per_second": tps_now,
+        "mfu": mfu,
+        "updated_at": row.updated_at,
+        "age_seconds": max(0.0, now - row.updated_at),
+        "recent": {
+            "steps": [x["step"] for x in recent],
+            "loss": [_float(x["loss"]) for x in recent],
+            "tokens_per_second": tps,
+            "grad_norm": [_float(x["grad_norm"]) for x in recent],
+            "lr": [_float(x["lr"]) for x in recent],
+        },
+        "phases": {p: v / total for p, v in phase_sums.items()} if total else None,
+        "ranks": per_rank,
+        "open_anomalies": open_anomalies,
+    }
+
+
+def run_table(storage: Storage) -> list[dict[str, Any]]:
+    """``GET /v1/runs``'s rows plus the latest tokens/s and the kinds of the open anomalies."""
+    with storage.connect() as conn:
+        rows = run_rows(conn)
+        for r in rows:
+            last = latest_step(conn, r["run"])
+            world = r["world_size"] or 1
+            st = None if last is None else _float(last["step_time"])
+            r["tokens_per_second"] = last["tokens"] * world / st if last and last["tokens"] and st else None
+            r["open_kinds"] = sorted({a["kind"] for a in anomaly_rows(conn, r["run"]) if a["status"] == "open"})
+    return rows
+
+
+def steps_since(storage: Storage, run: str, since: int = -1, rank: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    """Steps of ``rank``'s newest attempt after step ``since``, oldest first (at most ``limit``).
+
+    Raises ``KeyError`` for an unknown run."""
+    limit = max(1, min(limit, 10_000))
+    with storage.connect() as conn:
+        if conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is None:
+            raise KeyError(f"no run {run!r}")
+        attempt = conn.execute(
+            select(streams.c.attempt)
+            .where(streams.c.run == run, streams.c.rank == rank)
+            .order_by(streams.c.attempt.desc())
+            .limit(1)
+        ).scalar()
+        if attempt is None:
+            return []
+        cols = [steps.c[c] for c in _RECENT_COLS] + [steps.c.grad_norm_clipped, steps.c.attempt]
+        cols += [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
+        rows = conn.execute(
+            select(*cols)
+            .where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt, steps.c.step > since)
+            .order_by(steps.c.step)
+            .limit(limit)
+        ).all()
+    return [dict(r._mapping) for r in rows]
+
+
+# -- where the numbers come from --------------------------------------------------------------
+
+
+class DbSource:
+    """Read a store directly (SQLite path or SQLAlchemy URL)."""
+
+    def __init__(self, db: str) -> None:
+        self.storage = Storage(db)
+        self.where = self.storage.url
+
+    def runs(self) -> list[dict[str, Any]]:
+        return run_table(self.storage)
+
+    def status(self, run: str, window: int = 120) -> dict[str, Any]:
+        return run_status(self.storage, run, window)
+
+
+class HttpSource:
+    """Ask a collector (``GET /v1/runs``, ``GET /v1/runs/{run}``), with its bearer token if it has one."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.where = self.url
+        self.token = token
+        self.timeout = timeout
+
+    def _get(self, path: str) -> Any:
+        req = urllib.request.Request(self.url + path)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            try:
+                detail = json.loads(err.read() or b"{}").get("error", "")
+            except (ValueError, AttributeError):
+                detail = ""
+            if err.code == 404:
+                raise KeyError(detail or f"{path}: not found on {self.url}") from err
+            raise SourceError(f"{self.url}{path}: HTTP {err.code} {detail}".strip()) from err
+        except (urllib.error.URLError, OSError) as err:
+            raise SourceError(f"cannot reach the collector at {self.url}: {getattr(err, 'reason', err)}") from err
+
+    def runs(self) -> list[dict[str, Any]]:
+        rows = self._get("/v1/runs")
+        for r in rows[:50]:  # the newest runs: one small status request each
+            try:
+                st = self.status(r["run"], window=10)
+            except KeyError:
+                continue
+            r["tokens_per_second"] = st.get("tokens_per_second")
+            r["open_kinds"] = sorted({a["kind"] for a in st.get("open_anomalies", [])})
+        return rows
+
+    def status(self, run: str, window: int = 120) -> dict[str, Any]:
+        return self._get(f"/v1/runs/{urllib.parse.quote(run, safe='')}?window={window}")
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def sparkline(values: list[float | None], width: int = 48) -> str:
+    """Unicode block sparkline of the finite values, resampled to at most ``width`` characters;
+    a non-finite value shows as ``!``."""
+    if not values:
+        return ""
+    if len(values) > width:
+        chunk = len(values) / width
+        resampled: list[float | None] = []
+        for i in range(width):
+            part = values[int(i * chunk) : max(int(i * chunk) + 1, int((i + 1) * chunk))]
+            finite = [v for v in part if v is not None and v == v and abs(v) != float("inf")]
+            if finite:
+                resampled.append(sum(finite) / len(finite))
+            else:
+                resampled.append(None if all(v is None for v in part) else float("nan"))
+        values = resampled
+    finite = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
+    if not finite:
+        return "!" * len(values)
+    lo, hi = min(finite), max(finite)
+    out = []
+    for v in values:
+        if v is None:
+            out.append(" ")
+        elif v != v or abs(v) == float("inf"):
+            out.append("!")
+        else:
+            out.append(_BLOCKS[0 if hi == lo else round((v - lo) / (hi - lo) * (len(_BLOCKS) - 1))])
+    return "".join(out)
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "NaN" if v != v else f"{v:.{digits}g}"
+    return str(v)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
+    """The status view: progress bar with ETA, trends, phase split, ranks, open anomalies."""
+    parts: list[RenderableType] = []
+    step = st.get("step")
+    planned = st.get("planned_steps")
+    head = Text.assemble(
+        (f"run {st['run']}", "bold"),
+        f"  {st['status']}  ",
+        f"step {'-' if step is None else step + 1}" + (f"/{planned}" if planned else ""),
+        f"  attempt {st.get('attempts')}",
+        f"  world {st.get('world_size')}",
+        (f"  last update {_duration(st.get('age_seconds'))} ago", "dim"),
+    )
+    parts.append(head)
+    if st.get("progress") is not None:
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(
+            ProgressBar(total=1.0, completed=st["progress"], width=50),
+            f"{100 * st['progress']:.1f}%",
+            f"ETA {_duration(st.get('eta_seconds'))}" if st.get("eta_seconds") is not None else "",
+            f"({_fmt(st.get('seconds_per_step'), 3)} s/step)",
+        )
+        parts.append(bar)
+    recent = st.get("recent") or {}
+    trends = Table.grid(padding=(0, 2))
+    trends.add_column(style="bold")
+    trends.add_column()
+    trends.add_column(justify="right")
+    trends.add_row("loss", sparkline(recent.get("loss") or []), _fmt(st.get("loss")))
+    trends.add_row("tokens/s", sparkline(recent.get("tokens_per_second") or []), _fmt(st.get("tokens_per_second")))
+    if any(v is not None for v in recent.get("grad_norm") or []):
+        gn = recent["grad_norm"]
+        trends.add_row("grad norm", sparkline(gn), _fmt(gn[-1] if gn else None))
+    extra = []
+    if st.get("eval_loss") is not None:
+        extra.append(f"eval loss {_fmt(st['eval_loss'])} @ step {st.get('eval_step')}")
+    if st.get("mfu") is not None:
+        extra.append(f"MFU {100 * st['mfu']:.1f}%")
+    parts.append(trends)
+    if extra:
+        parts.append(Text("   ".join(extra)))
+    phases = st.get("phases")
+    if phases:
+        used = {p: v for p, v in phases.items() if v and v > 0.005}
+        parts.append(Text("phases (recent steps): " + "  ".join(f"{p} {100 * v:.0f}%" for p, v in used.items())))
+    ranks = st.get("ranks") or []
+    if len(ranks) > 1:
+        table = Table(title="ranks", title_justify="left")
+        for col in ("rank", "host", "step", "lag", "step time", "x median", "compute", "comm wait"):
+            table.add_column(col)
+        for r in ranks:
+            rel = r.get("step_time_rel")
+            slow = (rel is not None and rel > 1.1) or (r.get("lag_steps") or 0) > 2
+            table.add_row(
+                str(r["rank"]),
+                _fmt(r.get("host")),
+                _fmt(None if r.get("step") is None else r["step"] + 1),
+                _fmt(r.get("lag_steps")),
+                _fmt(r.get("step_time"), 3),
+                _fmt(rel, 3),
+                _fmt(r.get("compute"), 3),
+                _fmt(r.get("comm"), 3),
+                style="bold red" if slow else "",
+            )
+        parts.append(table)
+    found = st.get("open_anomalies") or []
+    if found:
+        table = Table(title="open anomalies", title_justify="left")
+        for col in ("kind", "severity", "rank", "steps", "what, and what to check"):
+            table.add_column(col, overflow="fold")
+        for a in found:
+            table.add_row(
+                a["kind"],
+                a["severity"],
+                "all" if a["rank"] < 0 else str(a["rank"]),
+                f"{a['first_step']}-{a['last_step']}",
+                f"{a['message']}\n[dim]→ {a['hint']}[/dim]",
+            )
+        parts.append(table)
+    else:
+        parts.append(Text("no open anomalies", style="green"))
+    return Panel(Group(*parts), title="trainmon status", subtitle=source or None, expand=False)
+
+
+def follow(
+    fetch: Callable[[], dict[str, Any]],
+    console: Console,
+    interval: float = 2.0,
+    max_refreshes: int | None = None,
+    source: str = "",
+) -> int:
+    """Refresh the status view every ``interval`` seconds until the run ends (one more refresh
+    after), Ctrl-C, or ``max_refreshes``. On a terminal the view redraws in place (rich Live);
+    piped, each refresh is printed after the previous one, so logs show the history."""
+    from rich.live import Live
+
+    refreshes = 0
+
+    def frame() -> tuple[RenderableType, bool]:
+        try:
+            st = fetch()
+        except SourceError as exc:  # a collector restart should not end the view
+            return Text(f"waiting: {exc}", style="yellow"), False
+        return render_status(st, source), st.get("status") != "running"
+
+    view, ended = frame()
+    refreshes += 1
+    if not console.is_terminal:
+        console.print(view)
+        while not ended and (max_refreshes is None or refreshes < max_refreshes):
+            time.sleep(interval)
+            view, ended = frame()
+            refreshes += 1
+            console.rule(time.strftime("%H:%M:%S"))
+            console.print(view)
+        return 0
+    with Live(view, console=console, auto_refresh=False) as live:
+        while not ended and (max_refreshes is None or refreshes < max_refreshes):
+            time.sleep(interval)
+            view, ended = frame()
+            refreshes += 1
+            live.update(view, refresh=True)
+    return 0
