@@ -227,7 +227,11 @@ def create_app(collector: Collector) -> FastAPI:
         with collector.storage.connect() as conn:
             return wire.json_safe(run_rows(conn))
 
-    @app.get("/v1/runs/{run}/anomalies", summary="Anomalies of a run, oldest first")
+    @app.get(
+        "/v1/runs/{run}/anomalies",
+        summary="Anomalies of a run, oldest first",
+        responses={404: {"description": "no such run"}},
+    )
     def list_anomalies(run: str) -> list[dict[str, Any]]:
         with collector.storage.connect() as conn:
             if conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is None:
