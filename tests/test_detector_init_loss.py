@@ -6,15 +6,15 @@ import math
 from pathlib import Path
 
 import pytest
-from detector_helpers import curve, ev, feed, run_reference
+from detector_helpers import curve, ev, feed, run_reference, start
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors.init_loss import InitLoss
 
 
-def _steps(losses, **start) -> list[Event]:
-    return [start(**start)] + [ev("step", {"step": t, "loss": v}, float(t)) for t, v in enumerate(losses)]
+def _steps(losses, **fields) -> list[Event]:
+    return [start(**fields)] + [ev("step", {"step": t, "loss": v}, float(t)) for t, v in enumerate(losses)]
 
 
 def _det() -> InitLoss:

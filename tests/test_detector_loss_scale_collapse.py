@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from detector_helpers import ev, feed, run_reference
+from detector_helpers import ev, feed, run_reference, start
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
 from monitor.detectors.loss_scale_collapse import LossScaleCollapse
 
 
-def _steps(scales, skips=None, start=0) -> list[Event]:
+def _steps(scales, skips=None, first=0) -> list[Event]:
     evs = [start()]
     for i, s in enumerate(scales):
-        f = {"step": start + i, "loss": 2.0, "loss_scale": s}
+        f = {"step": first + i, "loss": 2.0, "loss_scale": s}
         if skips is not None:
             f["skipped"] = skips[i]
         evs.append(ev("step", f, float(i)))
