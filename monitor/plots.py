@@ -52,17 +52,24 @@ def _missing(fig: Figure, ax: Axes, what: str) -> None:
 
 
 def _mark_anomalies(ax: Axes, a: Analysis, kinds: tuple[str, ...] | None = None) -> None:
-    """Shade each anomaly's step range in its severity's colour and name it at the top."""
+    """Shade each anomaly's step range in its severity's colour; name the kinds starting at a step
+    once, at the top (a loss spike and its grad-norm spike share a line)."""
     top = ax.get_ylim()[1]
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    at: dict[int, list[dict[str, Any]]] = {}
     for an in a.summary["anomalies"]:
         if an["first_step"] is None or (kinds is not None and an["kind"] not in kinds):
             continue
         first, last = an["first_step"], an["last_step"] if an["last_step"] is not None else an["first_step"]
-        colour = SEVERITY_COLOURS.get(an["severity"], "#1f77b4")
         if last > first:
-            ax.axvspan(first, last + 1, color=colour, alpha=0.12, lw=0)
+            ax.axvspan(first, last + 1, color=SEVERITY_COLOURS.get(an["severity"], "#1f77b4"), alpha=0.12, lw=0)
+        at.setdefault(first, []).append(an)
+    for first, group in sorted(at.items()):
+        worst = min(group, key=lambda an: rank.get(an["severity"], 3))
+        colour = SEVERITY_COLOURS.get(worst["severity"], "#1f77b4")
         ax.axvline(first, color=colour, lw=1.2, ls="--", alpha=0.9)
-        ax.text(first, top, f" {an['kind']}", rotation=90, va="top", ha="left", fontsize=8, color=colour)
+        label = " " + ", ".join(dict.fromkeys(an["kind"] for an in group))
+        ax.text(first, top, label, rotation=90, va="top", ha="left", fontsize=8, color=colour)
 
 
 def _by_attempt(df: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
@@ -110,12 +117,11 @@ def plot_grad_norm(a: Analysis) -> Figure:
     if b.empty or b["grad_norm"].isna().all():
         _missing(fig, ax, "no grad norms in this input")
         return fig
-    for attempt, g in _by_attempt(b):
-        suffix = f", attempt {attempt}" if b["attempt"].nunique() > 1 else ""
+    for i, (_attempt, g) in enumerate(_by_attempt(b)):
         ax.fill_between(g["step"], g["grad_norm"], g["grad_norm_max"], color="#1f77b4", alpha=0.2, lw=0)
-        ax.plot(g["step"], g["grad_norm"], color="#1f77b4", lw=1.3, label=f"pre-clip (mean, max){suffix}")
+        ax.plot(g["step"], g["grad_norm"], color="#1f77b4", lw=1.3, label=None if i else "pre-clip (mean, max)")
         if g["grad_norm_clipped"].notna().any():
-            ax.plot(g["step"], g["grad_norm_clipped"], color="#ff7f0e", lw=1.3, label=f"post-clip (mean){suffix}")
+            ax.plot(g["step"], g["grad_norm_clipped"], color="#ff7f0e", lw=1.3, label=None if i else "post-clip (mean)")
     if (b["grad_norm"] > 0).any():
         ax.set_yscale("log")
     ax.set_ylabel("grad norm")

@@ -321,7 +321,7 @@ def _stride(rows: int) -> tuple[int, int]:
     """A prime stride reading about SAMPLE_ROWS rows, and the residue every rank is read at."""
     if rows <= SAMPLE_ROWS:
         return 1, 0
-    k = max(2, math.ceil(rows / SAMPLE_ROWS))
+    k = max(7, math.ceil(rows / SAMPLE_ROWS))  # 2, 3 and 5 divide the usual periods (every 100, 250 steps)
     while any(k % d == 0 for d in range(2, int(k**0.5) + 1)):
         k += 1
     return k, k // 2

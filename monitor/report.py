@@ -249,7 +249,7 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
             r["status"],
             step,
             fmt(r.get("loss")),
-            fmt(r.get("tokens_per_second")),
+            "-" if r.get("tokens_per_second") is None else f"{r['tokens_per_second']:,.0f}",
             fmt(r.get("attempts")),
             open_text,
             updated,
@@ -281,9 +281,11 @@ def _e(v: Any) -> str:
     return html.escape(fmt(v) if not isinstance(v, str) else v)
 
 
-def _table(head: list[str], rows: list[list[str]], row_class: list[str] | None = None) -> str:
-    """``rows`` hold already-escaped HTML."""
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+def _table(head: list[str] | None, rows: list[list[str]], row_class: list[str] | None = None) -> str:
+    """``rows`` hold already-escaped HTML; no header row when ``head`` is None."""
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")
     for i, r in enumerate(rows):
         cls = f' class="{row_class[i]}"' if row_class and row_class[i] else ""
         out.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>")
@@ -300,8 +302,10 @@ def write_html(summary: dict[str, Any], plots: dict[str, Path], path: Path) -> P
         f"<title>trainmon post-mortem: {html.escape(s['run'])}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>Post-mortem of run <code>{html.escape(s['run'])}</code></h1>",
-        _table(["", ""], [[html.escape(k), html.escape(v)] for k, v in overview_rows(s)]),
+        _table(None, [[f"<b>{html.escape(k)}</b>", html.escape(v)] for k, v in overview_rows(s)]),
     ]
+    if "loss" in plots:
+        parts.append(f"<h2>Loss</h2>{_img(plots['loss'], 'loss')}")
     parts.append("<h2>Anomaly timeline</h2>")
     timeline = s.get("timeline") or []
     if timeline:
@@ -322,7 +326,7 @@ def write_html(summary: dict[str, Any], plots: dict[str, Path], path: Path) -> P
         parts.append(_table(["steps", "kind", "severity", "rank", "status", "what, and what to check"], rows, classes))
     else:
         parts.append("<p>No anomalies.</p>")
-    for name, title in (("loss", "Loss"), ("grad_norm", "Gradient norm"), ("lr", "Learning rate")):
+    for name, title in (("grad_norm", "Gradient norm"), ("lr", "Learning rate")):
         if name in plots:
             parts.append(f"<h2>{title}</h2>{_img(plots[name], title)}")
     attempts = s.get("attempts_detail") or []

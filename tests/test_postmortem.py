@@ -1,0 +1,234 @@
+"""`trainmon postmortem` on a reference-trainer run with injected faults, on a synthetic store big
+enough to take the sampled path, and its HTML report in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.postmortem import analyse, optimal_checkpoint_interval
+from monitor.storage import Storage
+from tests.trainer_helpers import ROOT, read_labels, run_trainer
+
+TRAINMON = [sys.executable, "-m", "monitor.cli"]
+PLOTS = ("loss", "grad_norm", "lr", "throughput", "rank_heatmap", "gpu_health")
+TRAINER = ["--threads", "1", "--seq-len", "32", "--batch-size", "8", "--checkpoint-every", "25", "--eval-every", "20"]
+# What the hint of each expected detection must point at for the injected fault (labels.json).
+HINT_WORDS = {
+    "loss_spike": ("batch",),  # a batch of random tokens
+    "throughput_collapse": ("dataloader", "data phase"),  # a sleep in the data phase
+    "nan_inf": ("checkpoint", "batch"),  # replay from the last checkpoint, suspect the batch
+}
+
+
+def _postmortem(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [*TRAINMON, "postmortem", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def faulted_run() -> Any:
+    """Two attempts: a loss spike and a data stall, a crash (--stop-at) after step 72, a resume from
+    the step-49 checkpoint, then NaN weights from step 95."""
+    with tempfile.TemporaryDirectory(prefix="trainmon-pm-") as tmp:
+        out = Path(tmp) / "run"
+        run_trainer(
+            out,
+            *TRAINER,
+            "--stop-at",
+            "72",
+            "--inject",
+            "loss_spike@40:scale=50",
+            "--inject",
+            "data_stall@60:seconds=0.5,steps=4",
+            steps=120,
+            run="faulted",
+        )
+        run_trainer(out, *TRAINER, "--resume", str(out), "--inject", "nan@95", steps=120, run="faulted")
+        summary = json.loads(_postmortem(str(out), "--json").stdout)
+        yield out, summary
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_injected_fault_is_named_at_its_step_with_the_right_hint(faulted_run: Any) -> None:
+    out, summary = faulted_run
+    labels = read_labels(out)
+    assert {lab["kind"] for lab in labels} == {"loss_spike", "data_stall", "nan"}
+    for lab in labels:
+        kind = lab["expected_detection"]
+        hits = [
+            a
+            for a in summary["anomalies"]
+            if a["kind"] == kind and lab["first_step"] <= a["first_step"] <= lab["last_step"] + 3
+        ]
+        assert hits, f"{lab['spec']}: no {kind} at steps {lab['first_step']}-{lab['last_step']}: {summary['anomalies']}"
+        hint = hits[0]["hint"].lower()
+        assert any(w in hint for w in HINT_WORDS[kind]), (kind, hint)
+        assert hits[0]["message"]
+
+
+def test_json_contract_and_the_run_summary(faulted_run: Any) -> None:
+    _, s = faulted_run
+    assert {"run", "steps", "attempts", "final_loss", "anomalies"} <= set(s)
+    for a in s["anomalies"]:
+        assert {"kind", "severity", "rank", "first_step", "last_step", "message", "hint"} <= set(a)
+    assert (s["run"], s["steps"], s["attempts"], s["planned_steps"]) == ("faulted", 120, 2, 120)
+    assert s["final_loss"] == "NaN"  # strict JSON: non-finite floats as the wire format's markers
+    assert s["tokens"] == s["steps_logged"] * 256 and s["tokens_per_second"] > 0
+    assert [a["status"] for a in s["attempts_detail"]] == ["interrupted", "finished"]
+    assert s["failures"] == 1
+    (resume,) = s["resumes"]
+    assert (resume["attempt"], resume["step"]) == (1, 49)
+    ck = s["checkpoint"]
+    assert ck["count"] >= 4 and 0 < ck["overhead_fraction"] < 1 and ck["interval_steps"] == 25
+    # one failure in the run's wall time: MTBF = wall time; Young/Daly from monitor.budget
+    assert ck["mtbf_seconds"] == pytest.approx(s["duration_seconds"])
+    expected = optimal_checkpoint_interval(ck["mean_seconds"], ck["mtbf_seconds"])
+    assert ck["optimal_interval_seconds"] == pytest.approx(expected["daly_seconds"])
+    assert ck["optimal_interval_steps"] >= 1
+
+
+def test_timeline_puts_the_cause_before_its_localisation(faulted_run: Any) -> None:
+    _, s = faulted_run
+    tl = s["timeline"]
+    spike = next(i for i, e in enumerate(tl) if e["kind"] == "loss_spike")
+    assert tl[spike]["level"] == 1
+    under = [e for e in tl if e["explains"] == spike]
+    kinds = [e["kind"] for e in under]
+    assert "grad_explosion" in kinds and "layer_grad_norm" in kinds
+    assert all(tl.index(e) > spike for e in under)
+    layer = next(e for e in under if e["kind"] == "layer_grad_norm")
+    assert (
+        layer["first_step"] == 40 and layer["evidence"]["ratio"] > 3 and layer["evidence"]["layer"] in layer["message"]
+    )
+    # the contract list follows the same order: each symptom first, then what localises it
+    kinds_in_order = [a["kind"] for a in s["anomalies"]]
+    assert kinds_in_order.index("loss_spike") < kinds_in_order.index("grad_explosion")
+    steps = [e["first_step"] for e in tl if e["level"] == 1]
+    assert steps == sorted(steps)
+
+
+def test_phase_breakdown_shows_the_data_stall(faulted_run: Any) -> None:
+    _, s = faulted_run
+    parts = s["phases"]["by_part"]
+    assert len(parts) == 10
+    for p in parts:
+        assert sum(v for v in p["shares"].values() if v) == pytest.approx(1.0)
+    stalled = next(p for p in parts if p["first_step"] <= 61 <= p["last_step"] and 0 in p["attempts"])
+    assert max(stalled["shares"], key=lambda k: stalled["shares"][k] or 0) == "data"
+
+
+def test_terminal_report_and_silent_json(faulted_run: Any) -> None:
+    out, _ = faulted_run
+    human = _postmortem(str(out)).stdout
+    for text in ("faulted", "loss_spike", "grad_explosion", "layer_grad_norm", "throughput_collapse", "nan_inf"):
+        assert text in human, text
+    assert "dataloader" in human and "optimal interval" in human
+    assert _postmortem(str(out), "--json").stderr == ""
+
+
+def test_out_writes_the_plots_and_one_self_contained_html(faulted_run: Any, tmp_path: Path) -> None:
+    run_dir, _ = faulted_run
+    proc = _postmortem(str(run_dir), "--json", "--out", str(tmp_path / "report"))
+    assert json.loads(proc.stdout)["report"] == str(tmp_path / "report" / "report.html")
+    for name in PLOTS:
+        png = tmp_path / "report" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert png.stat().st_size > 10_000, name  # a drawn plot, not an empty canvas
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == len(PLOTS)
+    assert "http://" not in page and "https://" not in page  # nothing fetched when opened offline
+    assert "loss_spike" in page and "dataloader" in page
+
+
+def test_report_renders_in_headless_chromium(faulted_run: Any, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian chromium is not installed (apt-get install -y --no-install-recommends chromium)")
+    from PIL import Image
+
+    run_dir, _ = faulted_run
+    _postmortem(str(run_dir), "--out", str(tmp_path / "report"))
+    shot = tmp_path / "shot.png"
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1280,2000",
+        (tmp_path / "report" / "report.html").as_uri(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), f"no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1280, 2000)
+    # The page is mostly white text and tables; the plots are where the colours are. Count the
+    # distinct colours per 200-px band: a band holding a rendered plot has hundreds (anti-aliased
+    # lines, shaded bands, legends), a band of text or a broken image has few.
+    bands = []
+    for top in range(0, 2000, 200):
+        band = image.crop((0, top, 1280, top + 200))
+        bands.append(len(band.getcolors(maxcolors=1 << 20) or []))
+    colourful = [n for n in bands if n >= 300]
+    assert len(colourful) >= 2, f"distinct colours per band: {bands}"
+    assert len(image.getcolors(maxcolors=1 << 20)) > 1000
+
+
+def test_a_big_run_takes_the_sampled_path_and_still_finds_everything(tmp_path: Path) -> None:
+    """20k steps x 8 ranks (bench/postmortem.py's synthetic run): the per-rank table comes from a
+    prime-stride sample; totals and phases stay exact."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import postmortem as bench  # bench/postmortem.py
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    db = tmp_path / "big.sqlite"
+    info = bench.generate(db, 20_000)
+    a = analyse(Storage(str(db)), bench.RUN)
+    s = a.summary
+    assert s["sample"]["stride"] > 1 and len(a.bins) <= 250
+    assert (s["steps"], s["attempts"], s["failures"]) == (20_000, 2, 1)
+    # rank 0's steps, the repeated ones of attempt 1 included, all counted
+    assert s["steps_logged"] == (info["crash"] + 1) + (20_000 - info["resume_from"] - 1)
+    slow = [r["rank"] for r in s["ranks"] if r["slow"]]
+    assert slow == [5]
+    r5 = next(r for r in s["ranks"] if r["rank"] == 5)
+    assert r5["compute_rel"] == pytest.approx(1.25, rel=0.03) and r5["comm_rel"] < 0.5
+    # checkpoint steps (every 1,000) are neither over- nor under-represented by the sample
+    assert s["phases"]["overall"]["checkpoint"] == pytest.approx(20 * 19 / (s["busy_seconds"]), rel=0.15)
+    spike = next(e for e in s["timeline"] if e["kind"] == "loss_spike")
+    local = [e for e in s["timeline"] if e["kind"] == "layer_grad_norm"]
+    assert local and local[0]["evidence"]["layer"] == "blocks.7.attn.qkv.weight"
+    assert local[0]["explains"] == s["timeline"].index(spike)
+    node = next(e for e in s["timeline"] if e["kind"] == "node_health")
+    assert node["level"] == 2 and s["timeline"][node["explains"]]["kind"] == "straggler"
+    (h5,) = [h for h in s["health"] if h["rank"] == 5]
+    assert h5["max_temperature_c"] > 80 and h5["events"]
+    assert s["mfu"] is not None and 0 < s["mfu"] < 1
+    assert s["lr"]["max_rel_gap"] < 1e-9  # the synthetic LR follows its declared schedule exactly
