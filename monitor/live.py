@@ -10,6 +10,7 @@ from typing import Any
 
 from hooks.schedules import Schedule
 from hooks.wire import Event
+from monitor.budget import mfu_from_throughput
 
 __all__ = ["LiveState", "RankState", "RunState"]
 
@@ -41,7 +42,7 @@ class RankState:
         fpt, peak = self.start.get("flops_per_token"), self.start.get("peak_flops")
         if not fpt or not peak or self.tokens_per_second is None:
             return None
-        return self.tokens_per_second * fpt / peak
+        return mfu_from_throughput(self.tokens_per_second, fpt, peak)
 
 
 @dataclass
