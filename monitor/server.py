@@ -12,16 +12,17 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import select, text
 from starlette.concurrency import run_in_threadpool
 
 from hooks import wire
+from monitor import live_view
 from monitor.config import CollectorConfig, ConfigError
 from monitor.engine import Engine
 from monitor.exporter import CollectorMetrics, TrainingCollector
@@ -226,6 +227,33 @@ def create_app(collector: Collector) -> FastAPI:
     def list_runs() -> list[dict[str, Any]]:
         with collector.storage.connect() as conn:
             return wire.json_safe(run_rows(conn))
+
+    @app.get(
+        "/v1/runs/{run}",
+        summary="Status of a run: progress, ETA, recent loss and tokens/s, phase split, ranks, open anomalies",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_status(run: str, window: Annotated[int, Query(ge=2, le=2000)] = 120) -> dict[str, Any]:
+        try:
+            return wire.json_safe(live_view.run_status(collector.storage, run, window))
+        except KeyError as exc:
+            raise HTTPException(404, {"error": exc.args[0]}) from exc
+
+    @app.get(
+        "/v1/runs/{run}/steps",
+        summary="Steps of one rank's newest attempt after step `since`, oldest first (at most `limit`)",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_steps(
+        run: str,
+        since: Annotated[int, Query(ge=-1, le=2**62)] = -1,
+        rank: Annotated[int, Query(ge=0, le=2**31)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        try:
+            return wire.json_safe(live_view.steps_since(collector.storage, run, since, rank, limit))
+        except KeyError as exc:
+            raise HTTPException(404, {"error": exc.args[0]}) from exc
 
     @app.get(
         "/v1/runs/{run}/anomalies",
