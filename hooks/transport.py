@@ -261,6 +261,7 @@ class Transport:
             self.dropped_spool += len(lines)
             return
         if self._segment is None or not self._segment.exists() or self._segment.stat().st_size > _SEGMENT_BYTES:
+            self._spool.mkdir(parents=True, exist_ok=True)  # someone may have removed it under us
             self._segment = self._spool / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
         with open(self._segment, "ab") as f:
             f.write(data)
