@@ -196,10 +196,10 @@ class Trainmon(Variant):
         t0 = perf()
         self.mon = TrainMonitor(run, collector, spool_dir=spool)
         self.spool = spool
-        # overhead_s does not count the backward hooks; time them from outside (instance attributes are
-        # what watch() and the forward hook look up, so wrapping here catches every call).
+        # overhead_s does not count the gradient hook that queues the end-of-backward callback; time it
+        # from outside (watch() registers the instance attribute, so wrapping here catches every call).
         self.hook_s = 0.0
-        for attr in ("_on_backward_start", "_on_backward_end"):
+        for attr in ("_on_grad_ready",):
             setattr(self.mon, attr, self._timed(getattr(self.mon, attr)))
         lp = self.loop
         self.mon.watch(lp.model, lp.opt, lp.sched)
@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         "after the clip itself, step_end (record, CPU read-back, emit -> deque)."
     )
     print(
-        "  not counted by overhead_s, added here: the backward tensor hook and engine callback (timed around "
+        "  not counted by overhead_s, added here: the gradient hook that queues the end-of-backward callback (timed around "
         "them), the clip wrapper's extra work vs plain clip_grad_norm_ and any extra in scheduler.step (difference of "
         "medians vs baseline, floored at 0), torch's hook dispatch (no-op hooks, isolated)."
     )
