@@ -703,9 +703,10 @@ def main(argv: list[str] | None = None) -> int:
         "after the clip itself, step_end (record, CPU read-back, emit -> deque)."
     )
     print(
-        "  not counted by overhead_s, added here: the gradient hook that queues the end-of-backward callback (timed around "
-        "them), the clip wrapper's extra work vs plain clip_grad_norm_ and any extra in scheduler.step (difference of "
-        "medians vs baseline, floored at 0), torch's hook dispatch (no-op hooks, isolated)."
+        "  not counted by overhead_s, added here: the gradient hook that queues the end-of-backward callback "
+        "(timed around it), the clip wrapper's extra work vs plain clip_grad_norm_ and any extra in "
+        "scheduler.step (difference of medians vs baseline, floored at 0), torch's hook dispatch "
+        "(no-op hooks, isolated)."
     )
 
     tm = instep["trainmon"]
