@@ -286,7 +286,18 @@ class HttpSource:
         return rows
 
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
-        return self._get(f"/v1/runs/{urllib.parse.quote(run, safe='')}?window={window}")
+        return _revive(self._get(f"/v1/runs/{urllib.parse.quote(run, safe='')}?window={window}"))
+
+
+def _revive(value: Any) -> Any:
+    """Undo ``json_safe``: the wire format's "NaN"/"Infinity" markers back to floats."""
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _revive(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_revive(v) for v in value]
+    return value
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -297,6 +308,7 @@ def sparkline(values: list[float | None], width: int = 48) -> str:
     a non-finite value shows as ``!``."""
     if not values:
         return ""
+    values = [_float(v) for v in values]
     if len(values) > width:
         chunk = len(values) / width
         resampled: list[float | None] = []
