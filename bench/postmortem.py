@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import sqlite3
 import subprocess
 import sys
@@ -315,24 +314,26 @@ def generate(db: Path, n: int, seed: int = 0) -> dict:
     return {"steps": n, "spike": spike, "crash": crash, "resume_from": resume_from, "stall": stall}
 
 
-def _analyse(db: Path, plots: Path | None) -> dict:
-    from monitor.postmortem import summarize
-    from monitor.storage import Storage
-
-    storage = Storage(str(db))
-    t = time.perf_counter()
-    summary = summarize(storage, RUN)
-    analysis = time.perf_counter() - t
-    json.dumps(summary)
-    out = {"seconds": analysis, "steps": summary["steps"], "anomalies": len(summary["anomalies"])}
-    if plots is not None:
-        from monitor.report import write_report
-
+def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
+    """``trainmon postmortem RUN --db DB --json [--out DIR]`` as a user runs it: wall seconds (Python
+    start-up and imports included), the child's peak RSS in MiB, and its JSON."""
+    cmd = [sys.executable, "-m", "monitor.cli", "postmortem", RUN, "--db", str(db), "--json"]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
         t = time.perf_counter()
-        write_report(storage, summary, plots)
-        out["plot_seconds"] = time.perf_counter() - t
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return out
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, text=True, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak RSS
+        seconds = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out_f.seek(0)
+        err_f.seek(0)
+        stdout, stderr = out_f.read(), err_f.read()
+    if proc.returncode:
+        raise SystemExit(f"postmortem failed ({proc.returncode}):\n{stderr[-3000:]}")
+    rss = usage.ru_maxrss / 1024  # KiB on Linux
+    return seconds, rss, json.loads(stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,13 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100k steps instead of 1M")
     parser.add_argument("--steps", type=int, help="steps per rank (default 1,000,000; 100,000 with --quick)")
     parser.add_argument("--db", help="keep the store here (reused when it already holds a run of this size)")
-    parser.add_argument("--plots", action="store_true", help="also write the PNG plots and the HTML report")
-    parser.add_argument("--analyse-only", help=argparse.SUPPRESS)  # child process: DB path
+    parser.add_argument("--plots", action="store_true", help="also time --out (PNG plots and the HTML report)")
     args = parser.parse_args(argv)
-    if args.analyse_only:
-        plots = Path(args.analyse_only).with_suffix(".report") if args.plots else None
-        print(json.dumps(_analyse(Path(args.analyse_only), plots)))
-        return 0
     n = args.steps or (100_000 if args.quick else 1_000_000)
     with tempfile.TemporaryDirectory(prefix="trainmon-bench-") as tmp:
         db = Path(args.db) if args.db else Path(tmp) / "bench.sqlite"
@@ -356,14 +352,18 @@ def main(argv: list[str] | None = None) -> int:
             info = generate(db, n)
             size = db.stat().st_size / 2**20
             print(f"generated {n:,} steps x {RANKS} ranks in {time.perf_counter() - t:.1f} s ({size:,.0f} MiB): {info}")
-        cmd = [sys.executable, __file__, "--analyse-only", str(db), *(["--plots"] if args.plots else [])]
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
-    print(f"analysis of {n:,} steps x {RANKS} ranks: {res['seconds']:.2f} s, peak RSS {res['peak_rss_mib']:.0f} MiB")
-    if "plot_seconds" in res:
-        print(f"plots and HTML report: {res['plot_seconds']:.2f} s more")
-    print(f"target: <= 10 s and <= 2048 MiB for 1,000,000 x 8 {'(quick run: 100k steps)' if n < 1_000_000 else ''}")
-    print(f"seconds={res['seconds']:.2f} peak_rss_mib={res['peak_rss_mib']:.0f}")
+        seconds, rss, summary = _postmortem(db, None)
+        found = sorted({a["kind"] for a in summary["anomalies"]})
+        print(
+            f"trainmon postmortem {RUN} --db ... --json: {seconds:.2f} s, peak RSS {rss:.0f} MiB "
+            f"({summary['steps']:,} steps, {summary['attempts']} attempts, anomalies {found}, "
+            f"sample stride {summary['sample']['stride']})"
+        )
+        if args.plots:
+            p_seconds, p_rss, _ = _postmortem(db, Path(tmp) / "report")
+            print(f"with --out (6 PNGs + report.html): {p_seconds:.2f} s, peak RSS {p_rss:.0f} MiB")
+    print(f"target: <= 10 s and <= 2048 MiB for 1,000,000 x {RANKS}" + (" (this run is smaller)" if n < 1e6 else ""))
+    print(f"seconds={seconds:.2f} peak_rss_mib={rss:.0f}")
     return 0
 
 

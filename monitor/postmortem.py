@@ -15,7 +15,7 @@ sorts them, is out of budget. The analysis therefore reads three things, each th
   training every rank sees the same step; rank 0 stands for the run, tokens are scaled by the
   world size.
 * **sample** - every rank's steps at ``step % k == c`` for a prime stride ``k`` chosen to read
-  about 100k rows (``k = 1``, everything, on small runs). The per-rank table, the rank heatmap
+  about 60k rows (``k = 1``, everything, on small runs). The per-rank table, the rank heatmap
   and the LR comparison use it. A prime stride is not aligned with periodic events
   (checkpoints every 1,000 steps), so their share is not over- or under-counted.
 * small tables in full - anomalies, checkpoints, resumes, evals, streams; per-layer norms only
@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +41,7 @@ from hooks.schedules import Schedule
 from hooks.wire import Event
 from monitor import budget
 from monitor.config import CollectorConfig
-from monitor.engine import Engine
 from monitor.importers import read_events
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
 from monitor.queries import anomaly_rows
 from monitor.storage import (
     PHASE_COLUMNS,
@@ -61,7 +60,7 @@ __all__ = ["Analysis", "analyse", "import_file", "optimal_checkpoint_interval", 
 
 _BATCH = 5000
 BINS = 200  # step ranges of the lowest rank: plot resolution and the unit of the phase breakdown
-SAMPLE_ROWS = 100_000  # rows of the all-rank sample
+SAMPLE_ROWS = 60_000  # rows of the all-rank sample
 HEALTH_ROWS = 20_000  # health samples read before thinning
 LOCALISED = ("loss_spike", "grad_explosion", "nan_inf", "divergence")  # kinds per-layer norms can localise
 # In a cluster of anomalies at the same steps, the one listed first is the first-level symptom;
@@ -98,6 +97,10 @@ def import_file(
 
     ``progress`` is called with the number of events read so far after each batch.
     """
+    from monitor.engine import Engine  # the detectors: only files need them, a store has run them
+    from monitor.ingest import Ingestor
+    from monitor.live import LiveState
+
     config = config or CollectorConfig()
     ingestor = Ingestor(storage, Engine(storage, config.detectors), LiveState())
     seen: dict[str, None] = {}
@@ -160,11 +163,15 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         stream_rows = _streams(conn, run)
         extents = _extents(conn, run, stream_rows)
         rank0 = min((e["rank"] for e in extents), default=None)
-        say("step aggregates")
-        bins = _bins(conn, run, [e for e in extents if e["rank"] == rank0])
-        say("per-rank sample")
+        lead = [e for e in extents if e["rank"] == rank0]
+        say("step aggregates and per-rank sample")
         stride, offset = _stride(sum(e["last"] - e["first"] + 1 for e in extents))
-        sample = _sample(conn, run, extents, stride, offset)
+        # The two big reads run side by side on their own connections (the DB driver releases the
+        # GIL while SQLite works); an in-memory store has one connection per thread, so not there.
+        with ThreadPoolExecutor(1) if storage.url != "sqlite://" else nullcontext() as pool:
+            pending = pool.submit(_bins_on, storage, run, lead) if pool is not None else None
+            sample = _sample(conn, run, extents, stride, offset)
+            bins = pending.result() if pending is not None else _bins(conn, run, lead)
         say("checkpoints, resumes and evaluations")
         ckpts = _checkpoints(conn, run, rank0)
         resume_rows = _resumes(conn, run, rank0)
@@ -265,6 +272,11 @@ def _extents(conn: Connection, run: str, stream_rows: list[dict[str, Any]]) -> l
     return out
 
 
+def _bins_on(storage: Storage, run: str, extents: list[dict[str, Any]]) -> pd.DataFrame:
+    with storage.connect() as conn:
+        return _bins(conn, run, extents)
+
+
 def _finite(col: Any) -> Any:
     """The value when finite, else NULL: NaN is the text 'NaN' on SQLite, a float on PostgreSQL;
     both fail the BETWEEN, as do infinities."""
@@ -294,8 +306,6 @@ def _bins(conn: Connection, run: str, extents: list[dict[str, Any]]) -> pd.DataF
         func.avg(steps.c.lr).label("lr"),
         func.min(steps.c.time).label("t_first"),
         func.max(steps.c.time).label("t_last"),
-        func.max(steps.c.mem_peak_bytes).label("mem_peak_bytes"),
-        func.max(steps.c.mem_allocated_bytes).label("mem_allocated_bytes"),
     ]
     rank = extents[0]["rank"]
     lo_p, hi_p, att_p = bindparam("lo"), bindparam("hi"), bindparam("att")
@@ -346,7 +356,7 @@ def _sample(conn: Connection, run: str, extents: list[dict[str, Any]], stride: i
     """Every rank's steps at ``step % stride == offset``, through the primary key (IN lists).
 
     Rows come straight from the DB-API cursor: SQLAlchemy rows and their float processors cost
-    more than SQLite's own work here (100k rows x 17 columns)."""
+    more than SQLite's own work here (60k rows x 17 columns)."""
     base = f"SELECT {', '.join(_SAMPLE_COLS)} FROM steps WHERE run = ? AND rank = ? AND attempt = ?"
     rows: list[tuple] = []
     for e in extents:
