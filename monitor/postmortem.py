@@ -182,6 +182,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         local = {a["id"]: _localise(conn, run, a, rank0) for a in found if a["kind"] in LOCALISED}
         say("node health")
         health_df, health_note = _health(conn, run)
+    notes.extend(_import_notes(row.config))
     if health_note:
         notes.append(health_note)
     if stride > 1:
@@ -242,6 +243,21 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
 
 
 # -- reading -------------------------------------------------------------------------------
+
+
+def _import_notes(config: Any) -> list[str]:
+    """What a run imported from a foreign log cannot hold, as its importer recorded it: said, not faked."""
+    if not isinstance(config, dict) or not config.get("imported_from"):
+        return []
+    missing = config.get("missing_signals") or []
+    out = [
+        f"imported from {config['imported_from']} ({config.get('format', '?')})"
+        + (f"; the log has no {', '.join(missing)}" if missing else "")
+    ]
+    if config.get("synthetic_time"):
+        out.append("times are synthetic (" + str(config.get("time_source") or "one second per logged entry") + ")")
+    out.extend(str(n) for n in config.get("notes") or [])
+    return out
 
 
 def _schedule(raw: Any) -> Schedule | None:

@@ -4,6 +4,7 @@ enough to take the sampled path, and its HTML report in a real headless Chromium
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from monitor.postmortem import analyse, optimal_checkpoint_interval
+from monitor.postmortem import analyse, import_file, optimal_checkpoint_interval
 from monitor.storage import Storage
+from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from tests.trainer_helpers import ROOT, read_labels, run_trainer
 
 TRAINMON = [sys.executable, "-m", "monitor.cli"]
@@ -232,3 +234,26 @@ def test_a_big_run_takes_the_sampled_path_and_still_finds_everything(tmp_path: P
     assert h5["max_temperature_c"] > 80 and h5["events"]
     assert s["mfu"] is not None and 0 < s["mfu"] < 1
     assert s["lr"]["max_rel_gap"] < 1e-9  # the synthetic LR follows its declared schedule exactly
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_same_analysis_on_sqlite_and_postgresql(faulted_run: Any, tmp_path: Path, request, backend: str) -> None:
+    """NaN is text on SQLite and a float on PostgreSQL; the finite-only aggregates, the raw sample
+    reads and the health thinning must agree on both."""
+    out, reference = faulted_run
+    url = str(tmp_path / "db.sqlite") if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    storage = Storage(url)
+    (run,) = import_file(out, storage)
+    s = analyse(storage, run).summary
+    for key in ("steps", "attempts", "failures", "steps_logged", "tokens", "world_size"):
+        assert s[key] == reference[key], key
+    assert math.isnan(s["final_loss"])
+    assert [(a["kind"], a["first_step"]) for a in s["anomalies"]] == [
+        (a["kind"], a["first_step"]) for a in reference["anomalies"]
+    ]
+    assert [e["kind"] for e in s["timeline"]] == [e["kind"] for e in reference["timeline"]]
+    for phase, share in reference["phases"]["overall"].items():
+        assert s["phases"]["overall"][phase] == pytest.approx(share, abs=1e-9), phase
+    assert s["checkpoint"]["optimal_interval_seconds"] == pytest.approx(
+        reference["checkpoint"]["optimal_interval_seconds"]
+    )
