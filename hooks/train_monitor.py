@@ -274,6 +274,10 @@ class TrainMonitor:
         t0 = time.perf_counter()
         self._close_gap(t0)
         self._micro_batches += 1
+        if self._micro_batches == 1 and self._optimizer is not None:
+            # The LR this step will use; the optimizer pre-hook refines it (a skipped fp16 step never
+            # calls optimizer.step, and reading it at step_end would give the next step's LR).
+            self._lr = [float(g["lr"]) for g in self._optimizer.param_groups]
         if self._micro_batches == 1 and self._scaler is not None:
             # The scale this step's loss is multiplied by; scaler.update() changes it before
             # step_end. A one-element device copy: no sync.
@@ -477,7 +481,6 @@ class TrainMonitor:
         if self._micro_batches:
             record["micro_batches"] = self._micro_batches
         if self._optimizer is not None:
-            # Skipped (GradScaler) steps used no LR; fall back to the current one.
             record["lr"] = self._lr or [float(g["lr"]) for g in self._optimizer.param_groups]
             record["skipped"] = self._optimizer_steps == 0
         if self._scheduler_mark is not None:

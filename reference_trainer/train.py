@@ -304,9 +304,7 @@ def train(cfg: TrainConfig) -> str:
                 shared_state = {
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),
-                    # TrainMonitor.watch wraps scheduler.step in an instance attribute, which
-                    # LambdaLR.state_dict would pick up (and could not pickle): keep data only.
-                    "scheduler": {k: v for k, v in scheduler.state_dict().items() if not callable(v)},
+                    "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict(),
                     "step": step,
                     "tokens": counters.tokens,
@@ -365,7 +363,6 @@ def train(cfg: TrainConfig) -> str:
             if (mult := faults.lr_multiplier(step)) != 1.0:
                 for g in optimizer.param_groups:
                     g["lr"] *= mult
-            used_lrs = [g["lr"] for g in optimizer.param_groups]
             scaler.step(optimizer)  # SYNC on CUDA fp16: GradScaler reads its found-inf flag
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -382,7 +379,6 @@ def train(cfg: TrainConfig) -> str:
                 tokens=tokens_per_rank_step,
                 samples=cfg.batch_size * cfg.accum,
                 micro_batches=cfg.accum,
-                lr=used_lrs,  # the LRs this step used (the scheduler has already moved on)
                 batch_fingerprint=batch_fingerprint(*batches),
                 **extra,
             )

@@ -271,7 +271,8 @@ def check_step_reset(r, saved, restored, first, second):
 def check_no_scaler(r, saved, restored, first, second):
     assert saved["loss_scale"] <= 2**18 and restored["loss_scale"] == 2**24
     resumed = of_kind(second, "step")
-    assert resumed[0]["loss_scale"] == 2**23  # the scale after the step: 2^24, overflowed, halved
+    assert resumed[0]["loss_scale"] == 2**24  # the fresh scaler's scale, which this step used and overflowed
+    assert resumed[1]["loss_scale"] == 2**23  # halved by the overflow
     assert [f["skipped"] for f in resumed[:3]] == [True] * 3  # an overflow burst right after the resume
     assert sum(f["skipped"] for f in of_kind(first, "step")[6:]) <= 1  # it had settled before the crash
 
