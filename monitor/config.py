@@ -94,6 +94,12 @@ class GradExplosionConfig:
     """A log grad norm more than this many robust sigma (MAD of differences) above the median fires."""
     min_ratio: float = 3.0
     """...and at least this many times the baseline median norm (noise on a flat norm is tiny in sigma)."""
+    tail_ratio: float = 2.0
+    """...and at least this many times the ``tail_quantile`` of all recent norms, spikes included: a
+    run whose norms are bimodal (a fifth of the batches at 3-7x the median, multimodal data) has no
+    spike inside its own tail, however many sigma of the main mode it is."""
+    tail_quantile: float = 0.9
+    """Quantile of the last ``window`` norms (spikes included) that the tail rule compares with."""
     critical_ratio: float = 100.0
     """A norm this many times the baseline is critical (BLOOM's spike went 0.17 → 960)."""
     resolve_after: int = 5
@@ -113,9 +119,9 @@ class DivergenceConfig:
     """``divergence``: loss trending up over many steps."""
 
     window: int = 20
-    """Short slope window (steps): catches a fast ramp."""
+    """Short slope window (logged entries): catches a fast ramp."""
     long_window: int = 200
-    """Long slope window (steps): catches a slow creep of a fraction of a percent per step."""
+    """Long slope window (logged entries): catches a slow creep of a fraction of a percent per step."""
     median_of: int = 5
     """Width of the running median that removes single spikes before smoothing."""
     ema_alpha: float = 0.3
@@ -126,8 +132,11 @@ class DivergenceConfig:
     """Over the short window the smoothed loss must rise by at least this fraction ..."""
     long_min_rise_rel: float = 0.1
     """... or over the long window by at least this fraction ..."""
-    min_rise_sigma: float = 4.0
-    """... and by this many robust sigma of the filtered step-to-step noise ..."""
+    min_rise_sigma: float = 2.0
+    """... and by this many robust sigma of the raw per-entry loss noise (clean noisy fine-tunes
+    reach 1.3 over 20 entries; a real divergence several) ..."""
+    min_rise_abs: float = 0.02
+    """... and by this many nats (a memorised loss doubling from 0.008 is not a divergence) ..."""
     up_fraction: float = 0.8
     """... with this share of lagged pairs (value half a window later vs now) going up (a trend) ..."""
     max_jump_share: float = 0.5
@@ -245,7 +254,8 @@ class HangConfig:
     """Floor of the timeout in seconds. Low so that short runs and tests see hangs; P6 uses 120 s on
     large jobs whose first checkpoint or eval may take minutes: raise it there."""
     first_step_timeout: float = 300.0
-    """Seconds allowed between run_start and the first step (imports, compilation, data loading)."""
+    """Seconds allowed until a step interval is known: before the first step (imports, compilation,
+    data loading) and between the first and the second (whose interval is then learnt, however long)."""
     dead_factor: float = 3.0
     """No event at all for this multiple of the rank's heartbeat interval (and the timeout) means dead."""
     history: int = 64
@@ -320,10 +330,12 @@ class InitLossConfig:
     accum_match: float = 0.2
     """loss0 / ln V within this relative distance of accum_steps points to a summed GA loss."""
     leak_loss: float = 0.1
-    """A pretraining loss below this many nats early in the run means the labels leak."""
+    """A loss below this many nats early in a run known to start from scratch (run_start declares
+    ``vocab_size`` and the first loss is near ln V) means the labels leak. Not applied to
+    fine-tunes or to runs that do not say how they started: their loss may legitimately go lower."""
     floor_fraction: float = 0.85
-    """A loss below this fraction of the declared data-entropy floor (run_start config
-    ``entropy_floor``) is impossible without leakage."""
+    """A loss below this fraction of the declared data-entropy floor (run_start ``loss_floor``)
+    is impossible without leakage; a declared floor replaces ``leak_loss``."""
     early_steps: int = 2000
     """The leakage rule watches steps before this."""
     leak_consecutive: int = 3

@@ -165,3 +165,43 @@ def test_torchrun_hang_and_clean(tmp_path) -> None:
     assert "alive" in found[0]["message"]
     torchrun(clean, *args, "--eval-every", "10", "--checkpoint-every", "10", steps=30, run="hc")
     assert _anomalies(clean, "hc") == []
+
+
+# -- logs whose steps are far apart ----------------------------------------------------------------
+
+
+def test_slow_steps_learn_their_interval_from_the_first_one() -> None:
+    """50 s between logged steps (a W&B / TensorBoard import, or a big model): no stall at every entry."""
+    run = Run(ranks=1, step_time=50.0)
+    run.steps(40)
+    assert run.found == []
+    timeout = run.det.timeout(run.det._ranks[0])
+    assert timeout == pytest.approx(20 * 50.0)
+    t_stop = run.t
+    run.silence(2.5 * timeout, beating=(0,), beat_every=10.0)  # live, with the collector's tick
+    (first,) = run.opened()
+    assert first.evidence["state"] == "stuck" and first.step == 40
+    assert T0 + 40 * 50.0 + first.evidence["seconds_without_step"] - t_stop <= 2 * timeout
+
+
+def test_sparse_import_without_ticks_is_silent_and_a_stall_names_the_logged_steps() -> None:
+    det = Hang(HangConfig())
+    t = T0
+    out = det.observe(Event("run_start", "r", 0, "h", "s", 0, t, {"world_size": 1}), 0)
+    for s in range(0, 2000, 50):  # logged every 50 steps, 60 s apart: the first interval is learnt too
+        t += 60.0
+        out += det.observe(Event("step", "r", 0, "h", "s", s, t, {"step": s}), 0)
+    assert out == []
+    t += 20 * 60.0 + 5  # a real stall, seen only when the next logged step arrives
+    out += det.observe(Event("step", "r", 0, "h", "s", 99, t, {"step": 2000}), 0)
+    assert [(f.step, f.resolved) for f in out] == [(2000, False), (2000, True)]
+    assert "between step 1950 and step 2000" in out[0].message and out[0].evidence["state"] == "stalled"
+
+
+def test_before_the_second_step_the_start_up_timeout_holds() -> None:
+    run = Run(ranks=1, step_time=0.5)
+    run.steps(1)
+    run.silence(HangConfig().first_step_timeout - 5, beating=(0,))  # a slow second step (warm-up, compile)
+    assert run.found == []
+    run.silence(10, beating=(0,))
+    assert run.opened() and run.opened()[0].step == 1

@@ -491,12 +491,6 @@ def test_import_with_column_map(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert result.runs == ["named"] and result.stored == 22
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hang (monitor/detectors/hang.py) learns a step interval only when it is below the current timeout, "
-    "which starts at min_timeout (3 s): a real-time log with entries more than 3 s apart (TensorBoard, W&B "
-    "_timestamp, logging every N steps) never learns one and raises a critical 'stalled' finding at every entry",
-)
 def test_sparse_real_time_log_is_not_a_hang(tmp_path: Path) -> None:
     path = tmp_path / "sparse.csv"
     path.write_text(

@@ -71,15 +71,6 @@ class Expect:
 
 
 _ANY = (0, 10**9)
-_INIT_LEAK = (
-    "init_loss's label-leak rule (loss < leak_loss 0.1 nats for 3 steps before step 2000, critical) assumes "
-    "pretraining from scratch; this is a fine-tune whose loss legitimately falls under 0.1 nats (the run_start "
-    "has no vocab_size or loss_floor, nothing says 'from scratch'), so it is a false alarm"
-)
-_DIV_NOISE = (
-    "divergence's short-window rule (smoothed loss +15% over 20 logged entries, up_fraction >= 0.8) fires on "
-    "per-batch noise of a clean SFT loss that returns to trend within a few entries"
-)
 
 EXPECT: dict[str, Expect] = {
     "01_whisper-large-v2-ja.json": Expect(
@@ -92,7 +83,6 @@ EXPECT: dict[str, Expect] = {
                 "0.321 -> 0.394 while train falls is that overfit, which eval_regression exists to report",
             ),
         ),
-        known=(Known("init_loss", 0, 2000, _INIT_LEAK + " (loss 0.0672 at step 450, Whisper large-v2 ASR fine-tune)"),),
     ),
     "04_whisper-tiny-nb-100k.json": Expect(attempts=4),  # 3 benign resumes: attempts, no bad_resume, no LR drift
     "05_bashkir-asr.json": Expect(
@@ -105,11 +95,6 @@ EXPECT: dict[str, Expect] = {
         allowed=tuple(
             Allow("loss_spike", s, s, f"manifest: strongest single-step loss flag at {s}, recovered next entry")
             for s in (1316, 3898, 1387, 921, 631, 316)
-        ),
-        known=(
-            Known("divergence", 2090, 2110, _DIV_NOISE + " (2102: smoothed 0.678 -> 0.785, +15.9%)"),
-            Known("divergence", 2765, 2785, _DIV_NOISE + " (2776: 0.361 -> 0.418, +15.7%)"),
-            Known("divergence", 3365, 3385, _DIV_NOISE + " (3375: 0.177 -> 0.210, +18.7%)"),
         ),
     ),
     "09_star-draft-heads.json": Expect(
@@ -138,45 +123,16 @@ EXPECT: dict[str, Expect] = {
     ),
     "14_stanford-alpaca.json": Expect(),
     "15_deepseek-vl2-ck6000.json": Expect(
+        # Flagging the early spikes is allowed, not required: the manifest says "possibly flag early gn
+        # spikes (step 50)" (confidence medium), and none of them stands out of this run's own tail. The
+        # norms are bimodal (about 1.5, and 5-11 on a fifth of the batches): step 50 (16.9) follows a 23.4 at
+        # step 5; 375 (12.2, 7x the median) is 1.08x the largest of the previous 64 entries (11.3 at 155) and
+        # 1.5x their 90th percentile (8.1), where the required spikes of 09/33/39 are 3-7x theirs; 415 and 1075
+        # are inside the tail. A rule that flags 375 flags 115, 155, ... too (tests/test_detector_grad_explosion.py
+        # ::test_bimodal_norms_flag_only_what_leaves_the_tail).
         allowed=(Allow("grad_explosion", *_ANY, "manifest: 65 gn flags, mostly early, settle afterwards"),),
-        required=(
-            Need("grad_explosion", 50, 5, "manifest: 16.9 vs 1.65, 10x (early, 10th entry)"),
-            Need("grad_explosion", 375, 5, "manifest: 12.2, 7x"),
-        ),
-        known=(
-            Known(
-                "grad_explosion",
-                50,
-                50,
-                "missed: step 50 is the 10th logged entry, before grad_explosion's min_history (16); the manifest "
-                "reads it as possible ('possibly flag early gn spikes (step 50)', confidence medium)",
-                missed=True,
-            ),
-            Known(
-                "grad_explosion",
-                375,
-                375,
-                "missed: 12.2 vs median 1.715 (7.1x) is only z 4.3 against grad_explosion's z 8, because the log-norm "
-                "sigma (MAD of step-to-step differences) of these noisy multimodal batches is 0.46; likewise 415 "
-                "(5.2x, z 4.0) and 1075 (4.2x, z 3.7)",
-                missed=True,
-            ),
-            Known("divergence", 2185, 2205, _DIV_NOISE + " (2195: 1.866 -> 2.425; manifest: 'no divergence')"),
-        ),
     ),
-    "18_fujump-qlora-const.json": Expect(
-        known=(
-            Known(
-                "divergence",
-                6890,
-                6910,
-                "divergence fires on the periodic 5-entry sawtooth of a 24-epoch QLoRA run (0.15 -> 0.49 every 50 "
-                "steps, same data order each epoch): 6900 smoothed 0.234 -> 0.287 (+22%)",
-            ),
-            Known("divergence", 9430, 9450, "same sawtooth: 9440 smoothed 0.0737 -> 0.0893 (+21%)"),
-            Known("divergence", 9790, 9810, "same sawtooth: 9800 smoothed 0.0680 -> 0.0785 (+15%)"),
-        ),
-    ),
+    "18_fujump-qlora-const.json": Expect(),
     "20_mistral-translator.json": Expect(
         allowed=(Allow("grad_explosion", *_ANY, "manifest: 'at most low-severity gn notes' (3220 4.4x, 5510, 4530)"),),
     ),
@@ -190,17 +146,6 @@ EXPECT: dict[str, Expect] = {
                 1030,
                 1090,
                 "manifest: 'possibly a low-severity spike around 1060' (excursion 1040-1080 at 2-2.7x a 0.0106 median)",
-            ),
-        ),
-        known=(
-            Known("init_loss", 0, 2000, _INIT_LEAK + " (loss 0.0651 at step 280, P-tuning on tiny data)"),
-            Known(
-                "divergence",
-                1030,
-                1090,
-                "the 1040-1080 excursion is found at the right place but as a critical divergence ('smoothed 0.0158 "
-                "is 106% above its minimum 0.0077'); the manifest reads a small recovered bump (low severity). "
-                "loss_spike does not fire because min_abs 0.05 nats exceeds the whole excursion (+0.017)",
             ),
         ),
     ),
@@ -218,9 +163,7 @@ EXPECT: dict[str, Expect] = {
         required=(Need("grad_explosion", 91, 1, "manifest: 9.4x, z 24"),),
     ),
     "36_tinyllama-ft.json": Expect(),
-    "38_hate-speech-cls.json": Expect(
-        known=(Known("init_loss", 0, 2000, _INIT_LEAK + " (loss 0.0039 at step 50, sequence classification)"),),
-    ),
+    "38_hate-speech-cls.json": Expect(),
     "39_llmc-gpt2-124m-mainlog.log": Expect(
         allowed=tuple(
             Allow("grad_explosion", s, s, f"manifest: real gn spike at {s}") for s in (8715, 12008, 8708, 3843)

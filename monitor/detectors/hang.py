@@ -5,9 +5,14 @@ quiet. NCCL hangs and deadlocks leave the process alive (the heartbeat thread ke
 may even spin at 100%) while the step counter stops; a dead process or node stops both. The
 detector learns each rank's step interval and fires when no step arrived within
 ``max(timeout_factor x median interval, pause_factor x longest recent interval or
-checkpoint/eval pause, min_timeout)`` (``first_step_timeout`` before the first step). It says "alive but stuck" when the
-rank's events still arrive, "dead" when nothing has arrived for ``dead_factor`` heartbeat
-intervals too.
+checkpoint/eval pause, min_timeout)``; until an interval is known (before the first step, and
+between the first and the second) the timeout is ``first_step_timeout``. Every interval shorter
+than the timeout in force is learnt, the first one included: a stall must not teach the timeout
+(hence the gate), but a gate at ``min_timeout`` before anything is learnt would mean a log whose
+steps are naturally more than ``min_timeout`` apart (a real-time TensorBoard or W&B import, a
+large model at a minute per step) never learns its interval and reads as a stall at every entry.
+It says "alive but stuck" when the rank's events still arrive, "dead" when nothing has arrived
+for ``dead_factor`` heartbeat intervals too.
 
 Silence is checked two ways, both deterministic: :meth:`tick` with the caller's clock (the live
 collector, every second; ``import_file``, at each imported batch), and on each event of a rank
@@ -116,7 +121,7 @@ class Hang(Detector):
                 limit = self.timeout(st)
                 if unexplained >= limit:
                     st.open = "stuck"
-                    out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled"))
+                    out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled", ended_by=step))
                     out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
             st.last_step, st.last_step_time = step, t
             st.ended = False
@@ -137,8 +142,8 @@ class Hang(Detector):
     def timeout(self, st: _Rank) -> float:
         """Seconds without a step after which the rank counts as hung."""
         cfg = self.config
-        if st.last_step_time is None:
-            return cfg.first_step_timeout
+        if not len(st.intervals):  # no step interval known yet: the generous start-up timeout
+            return max(cfg.first_step_timeout, cfg.pause_factor * st.longest_pause)
         median = st.intervals.median() if len(st.intervals) else 0.0
         longest = max(st.longest_pause, st.intervals.quantile(1.0) if len(st.intervals) else 0.0)
         return max(cfg.timeout_factor * median, cfg.pause_factor * longest, cfg.min_timeout)
@@ -177,13 +182,30 @@ class Hang(Detector):
         ][:8]
         return "; ".join(parts)
 
-    def _finding(self, rank: int, st: _Rank, silent: float, limit: float, quiet: float, state: str) -> Finding:
+    def _finding(
+        self,
+        rank: int,
+        st: _Rank,
+        silent: float,
+        limit: float,
+        quiet: float,
+        state: str,
+        ended_by: int | None = None,
+    ) -> Finding:
         stuck_at = (st.last_step + 1) if st.last_step is not None else 0
         others = self._others(rank)
         if state == "stalled":
+            # Seen after the fact: the stall lies between the last step seen and the one that ended it
+            # (in a log written every N steps, that is N steps, not "the next step").
+            stuck_at = ended_by if ended_by is not None else stuck_at
+            where = (
+                f"between step {st.last_step} and step {stuck_at}"
+                if st.last_step is not None and stuck_at != st.last_step + 1
+                else f"before step {stuck_at}"
+            )
             msg = (
-                f"rank {rank} on {st.host} finished no step for {silent:.1f} s (timeout {limit:.1f} s) before "
-                f"step {stuck_at}, then resumed"
+                f"rank {rank} on {st.host} finished no step for {silent:.1f} s (timeout {limit:.1f} s) {where}, "
+                "then resumed"
             )
             hint = (
                 "A stall seen after the fact (imported log, or the collector was away): a collective that "

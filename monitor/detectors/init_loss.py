@@ -10,8 +10,15 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
 * Labels not shifted (C2): the model learns to copy its input and the loss falls below the
   data's entropy floor (**sim**: 0.21 at step 50 vs a floor of 1.61). When ``run_start`` declares
   the floor (``loss_floor``; the reference trainer sends its Markov chain's entropy rate) a loss under
-  ``floor_fraction`` x floor is impossible; otherwise a pretraining loss under ``leak_loss``
-  nats early in the run is. Either is critical, after ``leak_consecutive`` steps in a row.
+  ``floor_fraction`` x floor is impossible. Without a declared floor, a loss under ``leak_loss`` nats
+  before ``early_steps`` is impossible only for a language model *pretrained from scratch*, and
+  only that is checked: ``run_start`` declares ``vocab_size`` and the run's first loss is near
+  ln V or above (a fresh model; a first loss already well under ln V means pretrained weights).
+  A fine-tune legitimately goes under 0.1 nats within a few hundred steps (real logs: Whisper
+  large-v2 ASR 0.067 at step 450, P-tuning on tiny data 0.065 at 280, a sequence classifier
+  exactly 0 from step 50), and a log that does not say how the run started (an imported
+  ``trainer_state.json``, a resumed attempt whose first loss we never saw) is not assumed to be
+  pretraining. Either rule is critical, after ``leak_consecutive`` steps in a row.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class InitLoss(Detector):
         self._floor: float | None = None
         self._under = 0
         self._leak_done = False
+        self._scratch: bool | None = None  # from scratch (None: not known yet, or never)
+        self._loss0: float | None = None
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
@@ -50,6 +59,8 @@ class InitLoss(Detector):
             self._accum = acc if isinstance(acc, int) and acc > 0 else 1
             self._fresh = not f.get("resumed", False) and attempt == 0
             self._first = []
+            if self._fresh:  # a new run: decided again from its first loss
+                self._scratch = self._loss0 = None
             floor = f.get("loss_floor")
             cfg = f.get("config")
             if floor is None and isinstance(cfg, dict):
@@ -62,6 +73,10 @@ class InitLoss(Detector):
         if not finite(loss):
             return []
         step = f["step"]
+        if self._fresh and self._scratch is None:
+            # Decided once, on the first loss of a fresh run: near or above ln V is a fresh model.
+            self._loss0 = loss
+            self._scratch = self._ln_v is not None and loss >= self._ln_v - self.config.tolerance
         out: list[Finding] = []
         if (self._fresh or self._open in ("high", "low")) and self._ln_v is not None:
             out.extend(self._initial(step, loss))
@@ -152,11 +167,14 @@ class InitLoss(Detector):
         cfg = self.config
         if self._leak_done or step >= cfg.early_steps:
             return []
-        limit = cfg.leak_loss
-        why = f"{cfg.leak_loss} nats"
-        if self._floor is not None and cfg.floor_fraction * self._floor > limit:
+        if self._floor is not None:  # the declared floor is authoritative, from scratch or not
             limit = cfg.floor_fraction * self._floor
             why = f"{cfg.floor_fraction:.0%} of the declared data-entropy floor {self._floor:.4g}"
+        elif self._scratch:
+            limit = cfg.leak_loss
+            why = f"{cfg.leak_loss} nats (a from-scratch run: first loss {self._loss0:.4g}, ln V {self._ln_v:.4g})"
+        else:
+            return []  # a fine-tune, or a run that does not say how it started: no floor is known
         if loss >= limit:
             self._under = 0
             return []
@@ -183,6 +201,7 @@ class InitLoss(Detector):
                     "limit": round(limit, 6),
                     "entropy_floor": self._floor,
                     "steps_under": self._under,
+                    "loss0": self._loss0,
                 },
             )
         ]
