@@ -14,15 +14,17 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from monitor.config import CollectorConfig
-from monitor.live import LiveState
-from monitor.postmortem import summarize
-from monitor.report import fmt, print_summary
+from monitor.live_view import render_status, run_status
+from monitor.postmortem import analyse
+from monitor.report import fmt, print_summary, write_report
 from monitor.server import Collector, ServerThread, create_app
+from monitor.storage import Storage
 
 __all__ = ["DEFAULT_INJECTS", "run_demo"]
 
@@ -42,29 +44,12 @@ TRAINER_ARGS = (
 )
 
 
-def _view(live: LiveState, run: str, planned: int, started: float) -> Table:
-    table = Table(title=f"trainmon demo — run {run}", expand=False)
-    for col in ("step", "loss", "grad norm (pre/post clip)", "lr", "tokens/s", "anomalies"):
-        table.add_column(col)
-    with live.lock:
-        state = live.runs.get(run)
-        rank = state.ranks.get(0) if state else None
-        if rank is None or rank.step < 0:
-            table.add_row("starting…", "", "", "", "", "")
-            return table
-        f = rank.last
-        lr = (f.get("lr") or [None])[0]
-        opened = sum(state.anomalies_total.values())
-        active = ", ".join(f"{k}" for (k, _), n in state.anomalies_active.items() if n) or "-"
-        table.add_row(
-            f"{rank.step + 1}/{planned}  ({time.monotonic() - started:.0f}s)",
-            fmt(f.get("loss")),
-            f"{fmt(f.get('grad_norm'), 3)} / {fmt(f.get('grad_norm_clipped'), 3)}",
-            fmt(lr, 3),
-            fmt(rank.tokens_per_second, 4),
-            f"{opened} opened; active: {active}",
-        )
-    return table
+def _view(storage: Storage, run: str) -> RenderableType:
+    """The same status view as ``trainmon status RUN --follow``, read from the demo's store."""
+    try:
+        return render_status(run_status(storage, run), source="demo")
+    except KeyError:
+        return Text(f"waiting for run {run} to report...")
 
 
 def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> int:
@@ -94,28 +79,30 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     for spec in injects if injects is not None else DEFAULT_INJECTS:
         cmd += ["--inject", spec]
     console.print("trainer: " + " ".join(cmd[1:]))
-    started = time.monotonic()
     log = open(run_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        with Live(_view(collector.live, run, steps, started), console=console, refresh_per_second=4) as view:
+        with Live(_view(collector.storage, run), console=console, refresh_per_second=2) as view:
             while proc.poll() is None:
-                time.sleep(0.25)
-                view.update(_view(collector.live, run, steps, started))
+                time.sleep(0.5)
+                view.update(_view(collector.storage, run))
             time.sleep(1.0)  # the trainer flushed on exit; let the last batch land
-            view.update(_view(collector.live, run, steps, started))
+            view.update(_view(collector.storage, run))
     finally:
         log.close()
     if proc.returncode != 0:
         console.print(f"[red]trainer exited with {proc.returncode}; see {log.name}[/red]")
-    summary = summarize(collector.storage, run)
+    analysis = analyse(collector.storage, run)
+    summary = analysis.summary
     console.print()
     print_summary(summary, console)
+    report = write_report(analysis, run_dir / "report")
     labels_path = run_dir / "labels.json"
     if labels_path.exists():
         _print_labels(console, json.loads(labels_path.read_text()), summary["anomalies"])
     console.print(
-        f"\nstore: {db}\n"
+        f"\nreport: {report} (plots next to it)\n"
+        f"store: {db}\n"
         f"again later: trainmon postmortem {run} --db {db}\n"
         f"live metrics were at {url}/metrics (the collector stops with the demo; "
         f"`trainmon serve --db {db}` serves the store again)"
