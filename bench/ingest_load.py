@@ -1,0 +1,318 @@
+"""Ingest load: N simulated ranks against a real ``trainmon serve`` on SQLite, with detection.
+
+Each simulated rank is a real ``hooks.transport.Transport`` (bounded queue, sender thread,
+keep-alive HTTP, disk spool), exactly what ``TrainMonitor`` uses, fed step events shaped like
+the reference trainer's at ``--step-hz`` steps per second. The ranks are spread over
+``--procs`` client processes so the load generator is not limited by one GIL. The collector is
+a ``trainmon serve --db FILE`` subprocess: validation, SQLite WAL with ``synchronous=FULL``,
+all detectors and the live state are on, as in production.
+
+Faults: every ``--fault-every`` seconds one known rank sends a NaN loss; the anomaly's
+``opened_at`` (stamped by the collector when it stores the anomaly) minus the moment the
+faulty step was handed to the transport is the ingest-to-anomaly latency. It includes the
+transport's batching (``--flush-interval``), the HTTP round trip, validation, the commit and
+the detector.
+
+Figures: sustained metric samples/s (each numeric field of a stored step event is a sample;
+measured from the growth of the steps table after a warmup), p50/p99 latency, and the
+collector's RSS over time (psutil), growth = late median minus early median.
+
+    .venv/bin/python bench/ingest_load.py --quick      # ~45 s, 1,024 ranks, 20 s measured
+    .venv/bin/python bench/ingest_load.py              # 60 s measured
+    .venv/bin/python bench/ingest_load.py --soak 600   # 10-minute soak for the RSS figure
+
+The last line is ``samples_per_s=... p50_latency_s=... p99_latency_s=... rss_growth_mib=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil
+
+from hooks.transport import Transport
+
+RUN = "load"
+SAMPLE_FIELDS = 19  # numeric leaves of the step below, ``step`` itself not counted
+
+
+def _step_fields(step: int, rank: int, nan: bool) -> dict[str, Any]:
+    """A step like the reference trainer's: 12 scalars, one LR group, 7 phases."""
+    loss = math.nan if nan else 3.0 + 1.0 / (1 + step * 0.01) + 0.01 * ((step * 7 + rank) % 5)
+    return {
+        "step": step,
+        "loss": loss,
+        "grad_norm": 1.0 + 0.05 * ((step + rank) % 7),
+        "grad_norm_clipped": 1.0,
+        "clip_coef": 1.0,
+        "lr": [3e-4],
+        "tokens": 4096,
+        "samples": 8,
+        "micro_batches": 1,
+        "scheduler_steps": 1,
+        "step_time": 0.25,
+        "phases": {
+            "data": 0.01,
+            "forward": 0.08,
+            "backward": 0.12,
+            "comm": 0.02,
+            "optimizer": 0.015,
+            "checkpoint": 0.0,
+            "other": 0.005,
+        },
+        "mem_allocated_bytes": 2_000_000_000 + rank,
+        "mem_peak_bytes": 3_000_000_000 + rank,
+    }
+
+
+def _event(kind: str, rank: int, stream: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": kind, "run": RUN, "rank": rank, "host": f"node-{rank // 8}", "stream": stream,
+            "time": time.time(), "fields": fields}  # fmt: skip
+
+
+def _client(
+    ranks: list[int],
+    world: int,
+    url: str,
+    spool: str,
+    step_hz: float,
+    flush: float,
+    t_start: float,
+    t_stop: float,
+    faults: dict[int, float],
+    out: Any,
+) -> None:
+    """One client process: a Transport per rank, steps paced by wall clock; reports fault times."""
+    transports = {
+        r: Transport(url, spool_dir=f"{spool}/rank{r}", flush_interval=flush, queue_size=1 << 16) for r in ranks
+    }
+    streams = {r: f"load{os.getpid()}r{r}" for r in ranks}
+    for r in ranks:
+        start = {"world_size": world, "planned_steps": 10**6, "vocab_size": 64, "framework": "bench"}
+        transports[r].put(_event("run_start", r, streams[r], start))
+    pending = dict(faults)  # rank -> wall time to send a NaN at
+    sent_faults: dict[int, float] = {}
+    while time.time() < t_start:
+        time.sleep(0.01)
+    step = 0
+    period = 1.0 / step_hz
+    while True:
+        due = t_start + step * period
+        now = time.time()
+        if due > t_stop:
+            break
+        if due > now:
+            time.sleep(due - now)
+        for r in ranks:
+            nan = r in pending and time.time() >= pending[r]
+            if nan:
+                del pending[r]
+                sent_faults[r] = time.time()
+            transports[r].put(_event("step", r, streams[r], _step_fields(step, r, nan)))
+        step += 1
+    dropped = sum(t.dropped for t in transports.values())
+    for r in ranks:
+        transports[r].put(_event("run_end", r, streams[r], {"status": "finished", "step": step - 1}))
+    for t in transports.values():
+        t.close(timeout=30)
+    spooled = sum(t.spooled for t in transports.values())
+    out.send({"faults": sent_faults, "steps": step, "dropped": dropped, "spooled": spooled})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("collector exited during start")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("collector did not become healthy")
+
+
+def _stored_steps(db: Path) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute("SELECT coalesce(max(rowid), 0) FROM steps").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--duration", type=float, default=60.0, help="measured seconds after the warmup")
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--soak", type=float, help="measured seconds for an RSS soak (overrides --duration)")
+    ap.add_argument("--quick", action="store_true", help="20 s measured, under a minute in all")
+    ap.add_argument("--step-hz", type=float, default=6.0, help="steps per second per rank (offered load)")
+    ap.add_argument("--flush-interval", type=float, default=0.5, help="transport flush interval (TrainMonitor's)")
+    ap.add_argument("--procs", type=int, default=2, help="client processes")
+    ap.add_argument("--fault-every", type=float, default=1.0, help="seconds between injected NaNs")
+    ap.add_argument("--db", help="SQLite file (default: a temporary one)")
+    ap.add_argument("--profile", help="write a py-spy flame graph of the collector here")
+    args = ap.parse_args()
+    if args.quick:
+        args.duration, args.warmup = 20.0, 8.0
+    if args.soak:
+        args.duration = args.soak
+
+    tmp = Path(tempfile.mkdtemp(prefix="trainmon-load-"))
+    db = Path(args.db) if args.db else tmp / "load.sqlite"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"}
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "monitor.cli", "serve", "--db", str(db), "--port", str(port)],
+        stdout=open(tmp / "collector.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    _wait_healthy(url, collector)
+    proc = psutil.Process(collector.pid)
+
+    t_start = time.time() + 3.0  # time for the clients to open their transports
+    t_measure = t_start + args.warmup
+    t_stop = t_measure + args.duration
+    fault_times = [t_measure + k * args.fault_every for k in range(int(args.duration / args.fault_every))]
+    fault_ranks = [(7 + 37 * k) % args.ranks for k in range(len(fault_times))]
+    assert len(set(fault_ranks)) == len(fault_ranks) or args.ranks < len(fault_ranks)
+    plan = dict(zip(fault_ranks, fault_times, strict=True))
+    ctx = mp.get_context("spawn")
+    clients, pipes = [], []
+    for k in range(args.procs):
+        ranks = list(range(k, args.ranks, args.procs))
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_client,
+            args=(ranks, args.ranks, url, str(tmp / "spool"), args.step_hz, args.flush_interval, t_start, t_stop,
+                  {r: t for r, t in plan.items() if r in set(ranks)}, send),
+        )  # fmt: skip
+        p.start()
+        clients.append(p)
+        pipes.append(recv)
+
+    spy = None
+    if args.profile:
+        spy = subprocess.Popen(
+            [str(Path(sys.executable).parent / "py-spy"), "record", "-o", args.profile, "--pid", str(collector.pid),
+             "--duration", str(int(args.duration)), "--rate", "50", "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    print(f"collector pid {collector.pid} on {url}, store {db}")
+    print(f"{args.ranks} ranks x {args.step_hz} steps/s = {args.ranks * args.step_hz * SAMPLE_FIELDS:,.0f} samples/s offered;"
+          f" flush every {args.flush_interval}s; {len(plan)} NaN faults; warmup {args.warmup}s, measured {args.duration}s")  # fmt: skip
+    rss: list[tuple[float, float]] = []
+    counts: list[tuple[float, int]] = []
+    cpu_start = None
+    last_print = 0.0
+    while time.time() < t_stop:
+        now = time.time()
+        rss.append((now, proc.memory_info().rss / 2**20))
+        if now >= t_measure and cpu_start is None:
+            cpu_start = (now, sum(proc.cpu_times()[:2]))
+            counts.append((now, _stored_steps(db)))
+        if now - last_print >= (30 if args.duration > 120 else 5):
+            last_print = now
+            print(
+                f"  t={now - t_start:6.1f}s  stored_steps={_stored_steps(db):>10,}  collector_rss={rss[-1][1]:7.1f} MiB"
+            )
+        time.sleep(min(1.0, max(0.0, t_stop - time.time())))
+    end = time.time()
+    counts.append((end, _stored_steps(db)))
+    cpu_used = sum(proc.cpu_times()[:2]) - cpu_start[1] if cpu_start else math.nan
+    rss.append((end, proc.memory_info().rss / 2**20))
+
+    reports = [pipe.recv() for pipe in pipes]
+    for p in clients:
+        p.join(60)
+    if spy is not None:
+        spy.wait(60)
+    time.sleep(1.0)
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    opened = {
+        rank: opened_at
+        for rank, opened_at in conn.execute(
+            "SELECT rank, min(opened_at) FROM anomalies WHERE run = ? AND kind = 'nan_inf' GROUP BY rank", (RUN,)
+        )
+    }
+    other = conn.execute(
+        "SELECT kind, count(*) FROM anomalies WHERE run = ? AND kind != 'nan_inf' GROUP BY kind", (RUN,)
+    ).fetchall()
+    total_steps = conn.execute("SELECT count(*) FROM steps").fetchone()[0]
+    conn.close()
+    collector.send_signal(signal.SIGTERM)
+    collector.wait(60)
+
+    sent_faults = {r: t for rep in reports for r, t in rep["faults"].items()}
+    latencies = [opened[r] - t if r in opened else math.inf for r, t in sent_faults.items()]
+    missed = sum(1 for x in latencies if math.isinf(x))
+    (t0, n0), (t1, n1) = counts[0], counts[-1]
+    steps_per_s = (n1 - n0) / (t1 - t0)
+    samples_per_s = steps_per_s * SAMPLE_FIELDS
+    offered = args.ranks * args.step_hz
+    dropped = sum(rep["dropped"] for rep in reports)
+    spooled = sum(rep["spooled"] for rep in reports)
+    expected_steps = sum(len(range(k, args.ranks, args.procs)) * rep["steps"] for k, rep in enumerate(reports))
+
+    measured = [m for t, m in rss if t >= t_measure]
+    k = max(1, len(measured) // 10)
+    early = statistics.median(measured[: 2 * k] if len(measured) > 4 * k else measured[:k])
+    late = statistics.median(measured[-k:])
+    growth = late - early
+
+    print()
+    print(f"stored steps/s        {steps_per_s:,.0f} (offered {offered:,.0f}); {n1 - n0:,} steps in {t1 - t0:.1f}s")
+    print(f"samples/s             {samples_per_s:,.0f} ({SAMPLE_FIELDS} numeric fields per step)")
+    print(f"collector CPU         {cpu_used / (t1 - t0):.2f} cores over the measured window")
+    print(f"all steps stored      {total_steps:,} of {expected_steps:,} sent (dropped at producers {dropped}, spooled {spooled})")  # fmt: skip
+    finite = sorted(x for x in latencies if math.isfinite(x))
+    print(f"ingest-to-anomaly     p50 {_pct(latencies, 0.5):.3f}s  p99 {_pct(latencies, 0.99):.3f}s  max {max(finite, default=math.nan):.3f}s  ({len(latencies)} faults, {missed} not detected)")  # fmt: skip
+    print(f"other anomalies       {dict(other) or 'none'}")
+    print(f"collector RSS         start {rss[0][1]:.1f} MiB, early {early:.1f}, late {late:.1f}, peak {max(m for _, m in rss):.1f}; growth {growth:+.1f} MiB")  # fmt: skip
+    if len(measured) > 10:
+        step = max(1, len(measured) // 10)
+        print("RSS over time (MiB)   " + " ".join(f"{m:.0f}" for m in measured[::step]))
+    if args.profile:
+        print(f"profile               {args.profile}")
+    print(
+        f"samples_per_s={samples_per_s:.0f} steps_per_s={steps_per_s:.0f} p50_latency_s={_pct(latencies, 0.5):.3f} "
+        f"p99_latency_s={_pct(latencies, 0.99):.3f} missed_faults={missed} rss_growth_mib={growth:.1f} "
+        f"ranks={args.ranks} seconds={t1 - t0:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
