@@ -339,7 +339,7 @@ def fault_traces(n_per_kind: int, seed: int = 1) -> list[Trace]:
         )
 
         # overfitting: eval loss turns up while the train loss keeps falling
-        rise = rng.choice([0.05, 0.1, 0.2])  # eval loss gained per evaluation (every 25 steps)
+        rise = rng.choice([0.1, 0.2, 0.3])  # eval loss gained per evaluation (every 25 steps)
         at = min(at, 350)  # leave at least ten evaluations after the turn
 
         def overfit(t: int, f: dict, at=at, rise=rise) -> None:
