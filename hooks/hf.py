@@ -140,6 +140,8 @@ class TrainmonCallback(TrainerCallback):
             "accum_steps": args.gradient_accumulation_steps,
             "world_size": args.world_size,
             "vocab_size": vocab if isinstance(vocab, int) else None,
+            # from_pretrained records where the weights came from; a model built from a config has none
+            "pretrained": True if getattr(config, "_name_or_path", "") else None,
             "framework": "hf",
             "resumed": resumed,
             "resume_path": resume_path if resumed else None,

@@ -103,6 +103,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "framework": Field("str", doc="plain, hf, lightning, reference_trainer"),
         "n_params": _i("model parameter count"),
         "vocab_size": _i("vocabulary size, for the initial-loss check"),
+        "pretrained": Field("bool", doc="the model starts from pretrained weights (no ln(vocab) initial loss)"),
         "seq_len": _i("tokens per sequence"),
         "global_batch_tokens": _i("tokens per optimizer step over all ranks"),
         "accum_steps": _i("micro-batches per optimizer step"),

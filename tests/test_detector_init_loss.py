@@ -101,3 +101,11 @@ def test_reference_trainer(tmp_path: Path) -> None:
     assert hits and hits[0]["severity"] == "critical" and hits[0]["first_step"] <= labels[0]["first_step"] + 50
     anomalies, _ = run_reference(tmp_path, "clean", steps=60)
     assert [a for a in anomalies if a["kind"] == "init_loss"] == []
+
+
+def test_a_declared_fine_tune_is_not_held_to_ln_v() -> None:
+    det = InitLoss(DetectorsConfig().init_loss)
+    assert feed(det, _steps([0.9, 0.85, 0.8, 0.8, 0.75], vocab_size=50257, pretrained=True)) == []
+    det = InitLoss(DetectorsConfig().init_loss)
+    fired = feed(det, _steps([0.9, 0.85, 0.8, 0.8, 0.75], vocab_size=50257))
+    assert [f.kind for f in fired] == ["init_loss"]  # the same losses from scratch are suspicious

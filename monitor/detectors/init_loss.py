@@ -54,7 +54,8 @@ class InitLoss(Detector):
         f = event.fields
         if event.kind == "run_start":
             v = f.get("vocab_size")
-            self._ln_v = math.log(v) if isinstance(v, int) and v > 1 else None
+            # A fine-tune starts from pretrained weights: its first loss owes nothing to ln V.
+            self._ln_v = math.log(v) if isinstance(v, int) and v > 1 and not f.get("pretrained") else None
             acc = f.get("accum_steps")
             self._accum = acc if isinstance(acc, int) and acc > 0 else 1
             self._fresh = not f.get("resumed", False) and attempt == 0
