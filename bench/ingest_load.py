@@ -231,8 +231,11 @@ def main() -> None:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     print(f"collector pid {collector.pid} on {url}, store {db}")
-    print(f"{args.ranks} ranks x {args.step_hz} steps/s = {args.ranks * args.step_hz * SAMPLE_FIELDS:,.0f} samples/s offered;"
-          f" flush every {args.flush_interval}s; {len(plan)} NaN faults; warmup {args.warmup}s, measured {args.duration}s")  # fmt: skip
+    offered_samples = args.ranks * args.step_hz * SAMPLE_FIELDS
+    print(f"{args.ranks} ranks x {args.step_hz} steps/s = {offered_samples:,.0f} samples/s offered;")
+    print(
+        f"flush every {args.flush_interval}s; {len(plan)} NaN faults; warmup {args.warmup}s, measured {args.duration}s"
+    )
     rss: list[tuple[float, float]] = []
     counts: list[tuple[float, int]] = []
     cpu_start = None
@@ -297,11 +300,16 @@ def main() -> None:
     print(f"stored steps/s        {steps_per_s:,.0f} (offered {offered:,.0f}); {n1 - n0:,} steps in {t1 - t0:.1f}s")
     print(f"samples/s             {samples_per_s:,.0f} ({SAMPLE_FIELDS} numeric fields per step)")
     print(f"collector CPU         {cpu_used / (t1 - t0):.2f} cores over the measured window")
-    print(f"all steps stored      {total_steps:,} of {expected_steps:,} sent (dropped at producers {dropped}, spooled {spooled})")  # fmt: skip
+    print(f"all steps stored      {total_steps:,} of {expected_steps:,} sent")
+    print(f"producers             dropped {dropped}, spooled {spooled} (spooled: timed out or backed off)")
     finite = sorted(x for x in latencies if math.isfinite(x))
-    print(f"ingest-to-anomaly     p50 {_pct(latencies, 0.5):.3f}s  p99 {_pct(latencies, 0.99):.3f}s  max {max(finite, default=math.nan):.3f}s  ({len(latencies)} faults, {missed} not detected)")  # fmt: skip
+    worst = max(finite, default=math.nan)
+    print(f"ingest-to-anomaly     p50 {_pct(latencies, 0.5):.3f}s  p99 {_pct(latencies, 0.99):.3f}s  max {worst:.3f}s")
+    print(f"faults                {len(latencies)} injected, {missed} not detected")
     print(f"other anomalies       {dict(other) or 'none'}")
-    print(f"collector RSS         start {rss[0][1]:.1f} MiB, early {early:.1f}, late {late:.1f}, peak {max(m for _, m in rss):.1f}; growth {growth:+.1f} MiB")  # fmt: skip
+    peak = max(m for _, m in rss)
+    print(f"collector RSS         start {rss[0][1]:.1f} MiB, early {early:.1f}, late {late:.1f}, peak {peak:.1f}")
+    print(f"RSS growth            {growth:+.1f} MiB (late median - early median, measured window)")
     if len(measured) > 10:
         step = max(1, len(measured) // 10)
         print("RSS over time (MiB)   " + " ".join(f"{m:.0f}" for m in measured[::step]))
