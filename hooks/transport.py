@@ -19,6 +19,7 @@ import http.client
 import json
 import logging
 import os
+import random
 import threading
 import time
 import urllib.parse
@@ -33,6 +34,7 @@ log = logging.getLogger("trainmon.transport")
 
 _SEGMENT_BYTES = 4 << 20
 _MAX_BACKOFF = 30.0
+_REPLAY_BATCH = 1000  # spooled events per request on replay: a recovering collector gets small bites
 
 
 def encode_event(event: dict) -> str:
@@ -79,6 +81,8 @@ class _HttpSink:
                 self.send(lines[:half])
                 self.send(lines[half:])
                 return
+            if resp.status in (401, 403):  # a token problem is fixed by an operator, not by dropping data
+                raise OSError(f"collector refused the bearer token ({resp.status}); set TRAINMON_TOKEN")
             if 400 <= resp.status < 500 and resp.status not in (408, 429):
                 # The collector will never accept this batch; keeping it would block the spool.
                 raise _Rejected(f"collector rejected {len(lines)} events: {resp.status} {text[:300]!r}")
@@ -249,7 +253,8 @@ class Transport:
 
     def _failed(self, exc: OSError) -> None:
         self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
-        self._retry_at = time.monotonic() + self._backoff
+        # Jitter, so a thousand ranks that lost the collector together do not return together.
+        self._retry_at = time.monotonic() + self._backoff * random.uniform(0.5, 1.0)
         log.warning("trainmon: %s; spooling, retry in %.1fs", exc, self._backoff)
 
     def _segments(self) -> list[Path]:
@@ -289,8 +294,8 @@ class Transport:
                         continue
                     lines.append(text)
             try:
-                for i in range(0, len(lines), MAX_EVENTS_PER_BATCH):
-                    self._send(lines[i : i + MAX_EVENTS_PER_BATCH])
+                for i in range(0, len(lines), _REPLAY_BATCH):
+                    self._send(lines[i : i + _REPLAY_BATCH])
             except OSError as exc:
                 self._failed(exc)
                 return

@@ -196,7 +196,7 @@ HEADER_FIELDS: dict[str, Field] = {
 }
 
 _MAX_STR = 4096
-_MAX_INT = 2**63 - 1
+_MAX_INT = 2**53  # integers every JSON parser reads exactly (doubles), on both sides of the schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +261,12 @@ def _check(value: Any, spec: Field, path: str) -> Any:
     if t == "float":
         return decode_float(value, path, spec.nonfinite)
     if t == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON Schema's "integer" admits 52.0, and so do we
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError(path, f"expected an integer, got {_show(value)}")
         if not 0 <= value <= _MAX_INT:
-            raise WireError(path, f"must be between 0 and 2**63-1, got {value}")
+            raise WireError(path, f"must be between 0 and 2**53, got {value}")
         return value
     if t == "str":
         if not isinstance(value, str):

@@ -101,7 +101,8 @@ class LiveState:
                     rank.schedule = Schedule.from_dict(f["schedule"]) if f.get("schedule") else None
                 except (TypeError, ValueError):
                     rank.schedule = None  # a schedule we cannot rebuild is simply not compared
-                run.status = "running"
+                if event.rank == 0:  # rank 0 speaks for the run, as for run_end
+                    run.status = "running"
                 run.world_size = f.get("world_size", run.world_size)
                 run.planned_steps = f.get("planned_steps", run.planned_steps)
             elif event.kind == "eval":

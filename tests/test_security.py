@@ -210,7 +210,8 @@ def test_hooks_send_the_environment_token_end_to_end(tmp_path: Path, monkeypatch
         assert good.transport.sent > 0 and good.transport.rejected == 0
         monkeypatch.setenv("TRAINMON_TOKEN", "not-the-token")
         bad = _train("intruder", url, tmp_path / "spool-bad", 5)
-        assert bad.transport.sent == 0
+        assert bad.transport.sent == 0 and bad.transport.rejected == 0
+        assert list((tmp_path / "spool-bad").glob("*.jsonl"))  # kept on disk until the token is fixed
         status, body, _ = _request(url + "/v1/runs", token=TOKEN)
         assert status == 200 and [r["run"] for r in json.loads(body)] == ["authed"]
         assert _request(url + "/v1/runs", token="not-the-token")[0] == 401

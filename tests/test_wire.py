@@ -54,6 +54,7 @@ def test_nonfinite_markers_allowed_only_where_the_schema_says() -> None:
         (batch([event("step", {})]), "events[0].fields.step", "missing required"),
         (batch([event("step", {"step": "3"})]), "events[0].fields.step", "expected an integer"),
         (batch([event("step", {"step": 1.5})]), "events[0].fields.step", "expected an integer"),
+        (batch([event("step", {"step": 2**53 + 1})]), "events[0].fields.step", "between 0 and 2**53"),
         (batch([event("step", {"step": -1})]), "events[0].fields.step", "between 0"),
         (batch([event("step", {"step": 1, "loss": "high"})]), "events[0].fields.loss", "expected a number"),
         (batch([event("step", {"step": 1, "loss": True})]), "events[0].fields.loss", "expected a number"),
@@ -73,6 +74,11 @@ def test_malformed_input_is_rejected_naming_the_field(raw: object, path: str, wo
         wire.validate_batch(raw)
     assert err.value.path == path
     assert words in str(err.value)
+
+
+def test_integral_floats_are_integers_as_in_json_schema() -> None:
+    (ev,) = wire.validate_batch(batch([event("step", {"step": 52.0, "tokens": 1e3})]))
+    assert ev.fields["step"] == 52 and isinstance(ev.fields["step"], int) and ev.fields["tokens"] == 1000
 
 
 def test_optional_fields_may_be_null() -> None:
