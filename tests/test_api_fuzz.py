@@ -39,7 +39,6 @@ _answered: list[int] = []  # every status the events endpoint returned
 _refused_valid: list[str] = []  # errors the events endpoint gave schema-valid batches
 
 
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,8 +13,7 @@ from monitor.detectors.rolling import RollingWindow
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
 
-@given(st.lists(st.one_of(finite, st.just(math.nan), st.just(math.inf)), min_size=1, max_size=200),
-       st.integers(1, 40))
+@given(st.lists(st.one_of(finite, st.just(math.nan), st.just(math.inf)), min_size=1, max_size=200), st.integers(1, 40))
 def test_matches_statistics_over_the_last_values(xs: list[float], size: int) -> None:
     w = RollingWindow(size)
     for x in xs:
