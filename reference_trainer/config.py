@@ -118,6 +118,9 @@ class TrainConfig:
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N", "system")
     threads: int = _opt(0, "torch CPU threads (0: leave torch's default)", "system")
     dist_timeout: float = _opt(300.0, "seconds a collective may wait before the process group fails", "system")
+    peak_flops: float = _opt(
+        0.0, "peak FLOP/s of one device, for MFU (0: looked up for known GPUs, else not reported)", "system"
+    )
 
     # Fields that do not change what is trained (left out of config_hash).
     IO_FIELDS = (

@@ -286,11 +286,8 @@ def train(cfg: TrainConfig) -> str:
             cfg.n_embd,
             cfg.seq_len,
         ),
-        **(
-            {"peak_flops": peak}
-            if d.device.type == "cuda" and (peak := peak_flops_for(torch.cuda.get_device_name(d.device), precision))
-            else {}
-        ),
+        peak_flops=cfg.peak_flops
+        or (peak_flops_for(torch.cuda.get_device_name(d.device), precision) if d.device.type == "cuda" else None),
     )
     if resuming:
         assert meta is not None

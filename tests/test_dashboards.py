@@ -40,7 +40,6 @@ SUBSTITUTE = {"__rate_interval": "5s", "__interval": "1s", "__range": "1m", "run
 # GPU runs): MFU needs peak_flops in run_start, which the reference trainer does not declare;
 # peak device memory is only measured on CUDA.
 NO_DATA_ON_CPU = {
-    "trainmon_mfu_ratio": "reference trainer declares no peak_flops/flops_per_token",
     "trainmon_device_memory_peak_bytes": "peak memory is measured on CUDA only",
 }
 
@@ -210,7 +209,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
         start = time.time()
         cmd = [sys.executable, "-m", "reference_trainer", "--run", RUN, "--steps", "160", "--out", str(tmp / "out")]
         cmd += ["--collector", collector.url, "--threads", "1", "--seq-len", "32", "--precision", "fp16"]
-        cmd += ["--heartbeat-interval", "1", "--health-interval", "1", "--eval-every", "20"]
+        cmd += ["--heartbeat-interval", "1", "--health-interval", "1", "--eval-every", "20", "--peak-flops", "1e11"]
         cmd += ["--inject", "data_stall@100:seconds=1,steps=3", "--inject", "nan@140"]
         env = fake_nvml_env(tmp / "fake_nvml", temperature_c=80, throttle=0x4)
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
