@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monitor.detectors.rolling import RollingWindow
@@ -13,6 +13,7 @@ from monitor.detectors.rolling import RollingWindow
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
 
+@settings(max_examples=500)
 @given(st.lists(st.one_of(finite, st.just(math.nan), st.just(math.inf)), min_size=1, max_size=200), st.integers(1, 40))
 def test_matches_statistics_over_the_last_values(xs: list[float], size: int) -> None:
     w = RollingWindow(size)

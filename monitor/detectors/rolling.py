@@ -18,7 +18,7 @@ __all__ = ["RollingWindow"]
 class RollingWindow:
     """The last ``size`` finite values; non-finite values are never admitted."""
 
-    __slots__ = ("_order", "_sorted", "_sum", "_sumsq", "size")
+    __slots__ = ("_order", "_sorted", "_sum", "size")
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -27,7 +27,6 @@ class RollingWindow:
         self._order: collections.deque[float] = collections.deque()
         self._sorted: list[float] = []
         self._sum = 0.0
-        self._sumsq = 0.0
 
     def __len__(self) -> int:
         return len(self._order)
@@ -43,16 +42,14 @@ class RollingWindow:
             old = self._order.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
             self._sum -= old
-            self._sumsq -= old * old
         self._order.append(x)
         bisect.insort(self._sorted, x)
         self._sum += x
-        self._sumsq += x * x
 
     def clear(self) -> None:
         self._order.clear()
         self._sorted.clear()
-        self._sum = self._sumsq = 0.0
+        self._sum = 0.0
 
     def values(self) -> list[float]:
         """Values oldest first."""
@@ -65,8 +62,10 @@ class RollingWindow:
         return self._sum / len(self._order)
 
     def std(self) -> float:
-        n = len(self._order)
-        return math.sqrt(max(0.0, self._sumsq / n - (self._sum / n) ** 2))
+        """Population standard deviation, two-pass: sum-of-squares shortcuts lose all precision when
+        the values are large and close together (1e6 +- 0.01), which is exactly a converged metric."""
+        m = self.mean()
+        return math.sqrt(math.fsum((x - m) ** 2 for x in self._order) / len(self._order))
 
     def quantile(self, q: float) -> float:
         """Nearest-rank quantile, ``q`` in [0, 1]."""
