@@ -38,10 +38,8 @@ import pandas as pd
 from sqlalchemy import Connection, and_, bindparam, case, func, select
 
 from hooks.schedules import Schedule
-from hooks.wire import Event
 from monitor import budget
 from monitor.config import CollectorConfig
-from monitor.importers import read_events
 from monitor.queries import anomaly_rows
 from monitor.storage import (
     PHASE_COLUMNS,
@@ -93,38 +91,13 @@ def import_file(
     config: CollectorConfig | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[str]:
-    """Ingest a log file into ``storage`` (running the detectors); returns the run ids it held.
+    """Ingest a log file or folder into ``storage`` (running the detectors); the run ids it held.
 
     ``progress`` is called with the number of events read so far after each batch.
     """
-    from monitor.engine import Engine  # the detectors: only files need them, a store has run them
-    from monitor.ingest import Ingestor
-    from monitor.live import LiveState
+    from monitor.importers.store import import_log  # the detectors: only files need them
 
-    config = config or CollectorConfig()
-    ingestor = Ingestor(storage, Engine(storage, config.detectors), LiveState())
-    seen: dict[str, None] = {}
-    batch: list[Event] = []
-    count = 0
-
-    def flush() -> None:
-        ingestor.ingest(batch)
-        ingestor.engine.tick(max(e.time for e in batch))  # the log's own clock, for silence checks
-        batch.clear()
-        if progress is not None:
-            progress(count)
-
-    for event in read_events(path):
-        seen.setdefault(event.run)
-        batch.append(event)
-        count += 1
-        if len(batch) >= _BATCH:
-            flush()
-    if batch:
-        flush()
-    if not seen:
-        raise ValueError(f"{path}: no events found")
-    return list(seen)
+    return import_log(path, storage, config, progress=progress).runs
 
 
 @dataclass

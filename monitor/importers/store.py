@@ -1,12 +1,14 @@
 """Store an imported log in a collector database (``trainmon import FILE --db``).
 
-The same path as ``monitor.postmortem.import_file`` (the collector's :class:`~monitor.ingest.Ingestor`
-and detector engine), so an imported run lands in the store with its anomalies, exactly as if
-its trainer had reported live; here with a chosen run name and CSV column mapping.
+The one import path (``monitor.postmortem.import_file`` calls it too): the collector's
+:class:`~monitor.ingest.Ingestor` and detector engine, so an imported run lands in the store with
+its anomalies, exactly as if its trainer had reported live, with an optional run name and CSV
+column mapping.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +40,12 @@ def import_log(
     *,
     run: str | None = None,
     mapping: str | dict[str, str] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ImportResult:
-    """Ingest a log file or folder into ``storage``, running the detectors on it."""
+    """Ingest a log file or folder into ``storage``, running the detectors on it.
+
+    ``progress`` is called with the number of events read so far after each batch.
+    """
     config = config or CollectorConfig()
     ingestor = Ingestor(storage, Engine(storage, config.detectors), LiveState())
     seen: dict[str, None] = {}
@@ -51,6 +57,8 @@ def import_log(
         stored += ingestor.ingest(batch).accepted
         ingestor.engine.tick(max(e.time for e in batch))  # the log's own clock, for silence checks
         batch.clear()
+        if progress is not None:
+            progress(total)
 
     for event in read_events(path, run=run, mapping=mapping):
         seen.setdefault(event.run)
