@@ -135,7 +135,7 @@ class TrainmonCallback(TrainerCallback):
         config = getattr(model, "config", None)
         vocab = getattr(config, "vocab_size", None)
         fields: dict[str, Any] = {
-            "config": _json_config(args.to_dict()),
+            "config": args.to_dict(),  # made JSON-safe by TrainMonitor.start
             "planned_steps": state.max_steps or None,
             "accum_steps": args.gradient_accumulation_steps,
             "world_size": args.world_size,
@@ -341,23 +341,6 @@ def _calling_trainer(callback: TrainerCallback) -> tuple[Trainer | None, str | N
     finally:
         del frame
     return None, None
-
-
-def _json_config(d: dict[str, Any]) -> dict[str, Any]:
-    """TrainingArguments as JSON: scalars and lists of scalars; non-finite floats as strings."""
-
-    def ok(v: Any) -> bool:
-        return v is None or isinstance(v, (str, int, bool)) or (isinstance(v, float) and math.isfinite(v))
-
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            out[k] = str(v)
-        elif ok(v):
-            out[k] = v
-        elif isinstance(v, (list, tuple)) and all(ok(x) for x in v):
-            out[k] = list(v)
-    return out
 
 
 def _dir_bytes(path: str) -> int | None:

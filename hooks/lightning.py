@@ -163,7 +163,7 @@ class TrainmonCallback(pl.Callback):
         hparams = dict(getattr(pl_module, "hparams", {}) or {})
         resumed = trainer.ckpt_path is not None
         fields: dict[str, Any] = {
-            "config": _json_config(
+            "config": (  # made JSON-safe by TrainMonitor.start
                 {
                     **hparams,
                     "max_steps": trainer.max_steps,
@@ -411,20 +411,3 @@ def _scalar(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return None
-
-
-def _json_config(d: dict[str, Any]) -> dict[str, Any]:
-    """Scalars and lists of scalars only; non-finite floats as strings."""
-
-    def ok(v: Any) -> bool:
-        return v is None or isinstance(v, (str, int, bool)) or (isinstance(v, float) and math.isfinite(v))
-
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            out[str(k)] = str(v)
-        elif ok(v):
-            out[str(k)] = v
-        elif isinstance(v, (list, tuple)) and all(ok(x) for x in v):
-            out[str(k)] = list(v)
-    return out

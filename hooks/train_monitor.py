@@ -222,7 +222,7 @@ class TrainMonitor:
         self.emit(
             "run_start",
             {
-                "config": config,
+                "config": json_config(config) if config is not None else None,
                 "schedule": schedule.to_dict() if schedule is not None else None,
                 "planned_steps": planned_steps,
                 "vocab_size": vocab_size,
@@ -631,6 +631,26 @@ class TrainMonitor:
         elif previous != signal.SIG_IGN:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def json_config(d: dict[Any, Any]) -> dict[str, Any]:
+    """A configuration as the wire format carries it: scalars, lists of scalars and nested tables;
+    non-finite floats as strings; anything else (objects, tensors, callables) left out."""
+
+    def ok(v: Any) -> bool:
+        return v is None or isinstance(v, (str, int, bool)) or (isinstance(v, float) and math.isfinite(v))
+
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            out[str(k)] = str(v)
+        elif ok(v):
+            out[str(k)] = v
+        elif isinstance(v, dict):
+            out[str(k)] = json_config(v)
+        elif isinstance(v, (list, tuple)) and all(ok(x) for x in v):
+            out[str(k)] = list(v)
+    return out
 
 
 def _f32(x: float) -> float:
