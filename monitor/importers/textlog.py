@@ -129,6 +129,25 @@ def _num(s: str, what: str) -> float:
     return x
 
 
+def _eval_or_hellaswag(
+    step: int, is_eval: bool, value: float, pending_eval: dict[int, EvalPoint], hella: dict[int, float]
+) -> EvalPoint | None:
+    """llm.c and build-nanogpt log the eval loss and the HellaSwag accuracy of a step on separate
+    lines, in either order: join them into one eval point."""
+    if is_eval:
+        ev = EvalPoint(step, value)
+        if step in hella:
+            ev.metrics["hellaswag_acc"] = hella.pop(step)
+        pending_eval[step] = ev
+        return ev
+    ev = pending_eval.get(step)
+    if ev is not None:
+        ev.metrics["hellaswag_acc"] = value
+    else:
+        hella[step] = value
+    return None
+
+
 def _parse_line(
     line: str, kind: str, pending_eval: dict[int, EvalPoint], hella: dict[int, float]
 ) -> Item | tuple[TrainPoint, int | None] | None:
@@ -141,36 +160,14 @@ def _parse_line(
             lr = _f(kv["lr"]) if "lr" in kv else None
             norm = _f(kv["norm"]) if "norm" in kv else None
             return TrainPoint(step=step, loss=value, lr=[lr] if lr is not None else None, grad_norm=norm)
-        if tag == "tel":
-            ev = EvalPoint(step, value)
-            if step in hella:
-                ev.metrics["hellaswag_acc"] = hella.pop(step)
-            pending_eval[step] = ev
-            return ev
-        ev = pending_eval.get(step)
-        if ev is not None:
-            ev.metrics["hellaswag_acc"] = value
-        else:
-            hella[step] = value
-        return None
+        return _eval_or_hellaswag(step, tag == "tel", value, pending_eval, hella)
     if kind == "nanogpt_build_log":
         m = _BUILD.match(line)
         assert m is not None
         step, tag, value = int(m.group(1)), m.group(2), _num(m.group(3), m.group(2))
         if tag == "train":
             return TrainPoint(step=step, loss=value)
-        if tag == "val":
-            ev = EvalPoint(step, value)
-            if step in hella:
-                ev.metrics["hellaswag_acc"] = hella.pop(step)
-            pending_eval[step] = ev
-            return ev
-        ev = pending_eval.get(step)
-        if ev is not None:
-            ev.metrics["hellaswag_acc"] = value
-        else:
-            hella[step] = value
-        return None
+        return _eval_or_hellaswag(step, tag == "val", value, pending_eval, hella)
     if kind == "nanogpt_stdout":
         m = _ITER.match(line)
         if m is not None:
