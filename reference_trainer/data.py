@@ -15,7 +15,6 @@ each rank sees different data and together they see each index once.
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 from typing import Protocol
 
@@ -140,8 +139,3 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.position = int(state["position"])
-
-
-def uniform_loss(vocab_size: int) -> float:
-    """Cross-entropy of a uniform prediction, ln(V): where an untrained model starts."""
-    return math.log(vocab_size)
