@@ -147,6 +147,16 @@ class Alertmanager(_Server):
         return http_json(self.url + "/api/v2/alerts")
 
 
+def _ready(server: Any) -> Any:
+    """Wait until a started server answers; stop it if it never does."""
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 def start_prometheus(
     workdir: Path, targets: list[str], rule_files: list[Path] = (), alertmanager: str | None = None
 ) -> Prometheus:
@@ -171,13 +181,7 @@ def start_prometheus(
         "--storage.tsdb.retention.time=1d",
         "--log.level=warn",
     ]
-    server = Prometheus("prometheus", argv, f"http://127.0.0.1:{port}", workdir)
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return _ready(Prometheus("prometheus", argv, f"http://127.0.0.1:{port}", workdir))
 
 
 def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
@@ -195,13 +199,7 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
         "--cluster.listen-address=",
         "--log.level=warn",
     ]
-    server = Alertmanager("alertmanager", argv, f"http://127.0.0.1:{port}", workdir)
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return _ready(Alertmanager("alertmanager", argv, f"http://127.0.0.1:{port}", workdir))
 
 
 def alertmanager_test_config(webhook_url: str) -> dict[str, Any]:
