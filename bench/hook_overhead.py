@@ -199,7 +199,7 @@ class Trainmon(Variant):
         # overhead_s does not count the gradient hook that queues the end-of-backward callback; time it
         # from outside (watch() registers the instance attribute, so wrapping here catches every call).
         self.hook_s = 0.0
-        for attr in ("_on_grad_ready",):
+        for attr in ("_on_grad",):
             setattr(self.mon, attr, self._timed(getattr(self.mon, attr)))
         lp = self.loop
         self.mon.watch(lp.model, lp.opt, lp.sched)

@@ -2,119 +2,101 @@
 
 Calling ``.item()`` on a CUDA tensor waits for every kernel queued before it: one such call per
 step serialises the CPU and the GPU. Instead, ``submit`` (training thread) only queues work:
-on GPU the step's scalars are flattened into one buffer, copied with ``non_blocking=True`` into
-pinned host memory and a CUDA event is recorded behind the copy (stream order is why this part
-runs on the training thread); on CPU nothing is read at all. ``ready`` (the sender thread)
-releases records in order once their copy and phase-timing events have completed
-(``event.query()``, never a wait) and reads the values there, so even CPU reads cost the
-training thread nothing. Only ``drain`` (at close) waits.
+on GPU the step's device scalars are flattened into one buffer, copied with ``non_blocking=True``
+into pinned host memory and a CUDA event is recorded behind the copy (stream order is why this
+part runs on the training thread); on CPU nothing is copied or read at all. ``ready`` (the sender
+thread) releases items in submission order once their copy and phase-timing events have
+completed (``event.query()``, never a wait), so even CPU reads cost the training thread nothing.
+Only ``drain`` (at close) waits.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Readback", "Timing"]
+__all__ = ["Readback"]
 
-
-@dataclass(slots=True)
-class Timing:
-    """A device phase measured between two CUDA events; added to ``record['phases'][phase]``."""
-
-    phase: str
-    start: Any  # torch.cuda.Event
-    end: Any
-
-
-@dataclass(slots=True)
-class _Pending:
-    record: dict
-    host_tensors: dict[str, torch.Tensor]  # CPU tensors, read when released
-    done: Any  # torch.cuda.Event behind the device copy, or None
-    pinned: torch.Tensor | None
-    layout: list[tuple[str, int, bool]]  # key, length, scalar?
-    timings: list[Timing]
+# A pending item: (item, device copy or None, CUDA events to wait for). The copy is
+# (pinned buffer, event behind the copy, [(key, numel, scalar?)]).
+_Copy = tuple[torch.Tensor, Any, list[tuple[str, int, bool]]]
 
 
 class Readback:
-    """Records in flight from the training thread to the sender thread, in submission order."""
+    """Items in flight from the training thread to the sender thread, in submission order."""
 
     def __init__(self, capacity: int = 4096) -> None:
-        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending: collections.deque[tuple[Any, _Copy | None, Sequence[Any]]] = collections.deque()
         self._capacity = capacity
         self._lock = threading.Lock()  # between the sender thread and close(); never the training thread
         self.dropped = 0
 
-    def submit(self, record: dict, tensors: dict[str, torch.Tensor], timings: list[Timing] | None = None) -> bool:
-        """Queue ``record`` whose ``tensors`` still need reading.
+    def submit(self, item: Any, device: dict[str, torch.Tensor] | None = None, events: Sequence[Any] = ()) -> bool:
+        """Queue ``item``; ``device`` holds its CUDA tensors to copy, ``events`` CUDA events to wait for.
 
-        Returns False (and counts) when too many records wait: never blocks.
+        Returns False (and counts) when too many items wait: never blocks.
         """
         if len(self._pending) >= self._capacity:
             self.dropped += 1
             return False
-        on_device = {k: t for k, t in tensors.items() if t.is_cuda}
-        pinned = done = None
-        layout: list[tuple[str, int, bool]] = []
-        if on_device:
-            flat = torch.cat([t.detach().reshape(-1).float() for t in on_device.values()])
+        copy = None
+        if device:
+            flat = torch.cat([t.detach().reshape(-1).float() for t in device.values()])
             pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             pinned.copy_(flat, non_blocking=True)  # device → host copy queued, not awaited
             done = torch.cuda.Event()
             done.record()
-            layout = [(k, t.numel(), t.dim() == 0) for k, t in on_device.items()]
-        host = {k: t for k, t in tensors.items() if k not in on_device}
-        self._pending.append(_Pending(record, host, done, pinned, layout, timings or []))
+            copy = (pinned, done, [(k, t.numel(), t.dim() == 0) for k, t in device.items()])
+        self._pending.append((item, copy, events))
         return True
 
-    def ready(self) -> list[dict]:
-        """Records whose device work has completed, oldest first, values filled in; never blocks."""
+    def ready(self) -> list[tuple[Any, dict[str, Any]]]:
+        """Items whose device work has completed, oldest first, with their copied values; never blocks."""
         out = []
         with self._lock:
             while self._pending and _complete(self._pending[0]):
-                out.append(_fill(self._pending.popleft()))
+                item, copy, _ = self._pending.popleft()
+                out.append((item, _values(copy)))
         return out
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[tuple[Any, dict[str, Any]]]:
         """Everything in flight, waiting for the device if needed (close() only: a sync point)."""
         out = []
         with self._lock:
             while self._pending:
-                p = self._pending.popleft()
-                if p.done is not None:
-                    p.done.synchronize()  # SYNC: only at close()
-                for t in p.timings:
-                    t.end.synchronize()  # SYNC: only at close()
-                out.append(_fill(p))
+                item, copy, events = self._pending.popleft()
+                if copy is not None:
+                    copy[1].synchronize()  # SYNC: only at close()
+                for ev in events:
+                    ev.synchronize()  # SYNC: only at close()
+                out.append((item, _values(copy)))
         return out
 
 
-def _complete(p: _Pending) -> bool:
-    return (p.done is None or p.done.query()) and all(t.end.query() for t in p.timings)
+def _complete(pending: tuple[Any, _Copy | None, Sequence[Any]]) -> bool:
+    _, copy, events = pending
+    return (copy is None or copy[1].query()) and all(ev.query() for ev in events)
 
 
-def _read(t: torch.Tensor) -> float | list[float]:
-    t = t.detach()
+def _values(copy: _Copy | None) -> dict[str, Any]:
+    if copy is None:
+        return {}
+    pinned, _, layout = copy
+    flat = pinned.tolist()
+    values, i = {}, 0
+    for key, n, scalar in layout:
+        values[key] = flat[i] if scalar else flat[i : i + n]
+        i += n
+    return values
+
+
+def read(value: Any) -> Any:
+    """A host value for a wire field: tensors (CPU, or already copied) become floats or lists."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    t = value.detach()
     return float(t) if t.dim() == 0 else t.float().reshape(-1).tolist()
-
-
-def _fill(p: _Pending) -> dict:
-    record = p.record
-    for key, value in p.host_tensors.items():
-        record[key] = _read(value)
-    if p.pinned is not None:
-        values = p.pinned.tolist()
-        i = 0
-        for key, n, scalar in p.layout:
-            record[key] = values[i] if scalar else values[i : i + n]
-            i += n
-    if p.timings:
-        phases = record.setdefault("phases", {})
-        for t in p.timings:
-            phases[t.phase] = phases.get(t.phase, 0.0) + t.start.elapsed_time(t.end) / 1000.0
-    return record

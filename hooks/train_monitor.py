@@ -18,8 +18,9 @@ What ``watch`` installs, and what each phase means:
 
 - ``forward``: module forward pre/post hooks on the model, counted only with grad enabled
   (an eval forward under ``no_grad`` is not training); one per micro-batch.
-- ``backward``: from the end of each forward to the end of its gradient computation (an
-  autograd-engine callback queued from parameter gradient hooks), per micro-batch.
+- ``backward``: from the end of each forward to the arrival of its last parameter gradient (a
+  post-accumulate-grad hook on the parameter whose gradient comes last, learnt from the first
+  backward), per micro-batch.
 - ``comm``: DDP all-reduce time not hidden behind backward (a DDP comm hook wrapping the
   default all-reduce).
 - ``optimizer``: clipping, then from ``optimizer.step`` (a step pre-hook) to ``step_end``: the
@@ -54,7 +55,7 @@ from typing import Any
 import torch
 
 from hooks.health import HealthSampler, gpu_uuid_of
-from hooks.readback import Readback, Timing
+from hooks.readback import Readback, read
 from hooks.schedules import Schedule
 from hooks.transport import Transport
 from hooks.wire import PHASES
@@ -65,18 +66,35 @@ DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
 _UPDATE_SAMPLE_ELEMENTS = 1 << 16  # parameters copied to measure the update/param ratio
 
 
-class _Clock:
-    """Start/end marks of device phases: CUDA events on GPU, ``perf_counter`` on CPU."""
+class _Step:
+    """What one optimizer step gathered on the training thread; made an event on the sender thread.
 
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
+    Attributes the step never set keep these class defaults: fewer stores on the hot path.
+    ``marks`` holds ``(phase, start, end)`` pairs: ``perf_counter`` floats, or CUDA events for
+    device phases on GPU; the sender thread sums them once the events have completed.
+    """
 
-    def mark(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()  # queued on the current stream; read later through hooks.readback
-        return ev
+    step = 0
+    end = 0.0
+    time = 0.0
+    loss: Any = None
+    tokens: int | None = None
+    samples: int | None = None
+    fields: dict[str, Any] | None = None
+    micro_batches = 0
+    optimizer_steps = 0
+    explicit_data = False
+    lr: list[float] | None = None
+    scale: torch.Tensor | None = None  # the loss scale this step's loss was multiplied by
+    clip: tuple[Any, ...] | None = None  # (total pre-clip norm, max_norm, per-param norms, params)
+    update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    update_ratio: torch.Tensor | None = None
+    scheduler_epoch: int | None = None
+    memory: tuple[int, int] | None = None
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.marks: list[tuple[str, Any, Any]] = []
 
 
 class TrainMonitor:
@@ -134,14 +152,16 @@ class TrainMonitor:
         self.detail_every = detail_every
         self.detail_trigger = detail_trigger
         self.overhead_s = 0.0  # time spent inside trainmon on the training thread
-        self._clock = _Clock(cuda=False)
+        self._cuda = False
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: Any = None
         self._scheduler: Any = None
-        self._scheduler_mark: int | None = None
+        self._scheduler_epoch: int | None = None  # sender thread: last_epoch at the previous step
         self._names: dict[int, str] = {}
         self._handles: list[Any] = []
+        self._grad_hooks: dict[int, Any] | None = None  # until the first backward shows which gradient comes last
+        self._grad_param: torch.Tensor | None = None
         self._last_step = -1
         self._closed = False
         self._reset_step(time.perf_counter())
@@ -179,21 +199,23 @@ class TrainMonitor:
         inner = getattr(model, "module", model)
         self._names = {id(p): name for name, p in inner.named_parameters()}
         first = next(model.parameters(), None)
-        self._clock = _Clock(cuda=first is not None and first.is_cuda)
+        self._cuda = first is not None and first.is_cuda
         self._handles.append(model.register_forward_pre_hook(self._on_forward_start))
         self._handles.append(model.register_forward_hook(self._on_forward_end))
-        # The end of backward is an autograd-engine callback, queued from a gradient hook registered
-        # once here on the last parameter in module order (per-forward tensor hooks cost ~40 us each;
-        # every hook call from the engine ~9 us): layers near the output get their gradient first.
-        trainable = [p for p in inner.parameters() if p.requires_grad]
-        if trainable:
-            self._handles.append(trainable[-1].register_post_accumulate_grad_hook(self._on_grad_ready))
+        # The end of backward compute is the moment the last parameter gradient is accumulated. Which
+        # parameter that is (usually the input embedding) is learnt from the first backward, with a
+        # hook on every trainable parameter; then only that one keeps its hook (every hook call from
+        # the autograd engine costs ~10 us per step with cold caches).
+        self._grad_hooks = {
+            id(p): p.register_post_accumulate_grad_hook(self._on_grad) for p in inner.parameters() if p.requires_grad
+        } or None
+        self._handles.extend((self._grad_hooks or {}).values())
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_optimizer_start))
         # The scheduler is read, not patched (a patched method would end up in its state_dict):
         # last_epoch counts its steps, so the delta per optimizer step should be 1.
-        self._scheduler = scheduler
-        self._scheduler_mark = getattr(scheduler, "last_epoch", None)
+        self._scheduler_epoch = getattr(scheduler, "last_epoch", None)
+        self._scheduler = scheduler if self._scheduler_epoch is not None else None
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             self._install_comm_hook(model)
 
@@ -239,82 +261,94 @@ class TrainMonitor:
     # -- hooks ----------------------------------------------------------------------------
 
     def _reset_step(self, now: float) -> None:
-        self._step_start = now
+        self._s = _Step(now)
         self._gap_start: float | None = now  # host time since the last phase ended
-        self._phases: dict[str, float] = {}
-        self._timings: list[Timing] = []
-        self._open: dict[str, Any] = {}
-        self._explicit: str | None = None
-        self._explicit_data = False
-        self._micro_batches = 0
-        self._optimizer_steps = 0
-        self._lr: list[float] | None = None
-        self._scale_used: torch.Tensor | None = None
-        self._clip: tuple[torch.Tensor, ...] | None = None
-        self._update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._explicit: str | None = None  # inside phase("eval") or phase("checkpoint")
+        self._forward_open: Any = None  # start marks of the phases in progress
+        self._backward_open: Any = None
+        self._optimizer_open: Any = None
+        self._backward_end: float | None = None  # host time the watched gradient arrived
+        self._backward_event: Any = None  # and its CUDA event on GPU
         self._comm_end = 0.0
-        self._backward_end = 0.0
-        self._in_backward = False
 
-    def _close_gap(self, now: float) -> None:
-        # Host time between phases before a forward is time spent waiting for the next batch.
-        if self._gap_start is not None and not self._explicit_data:
-            self._phases["data"] = self._phases.get("data", 0.0) + now - self._gap_start
-        self._gap_start = None
-
-    def _add(self, phase: str, start: Any, end: Any) -> None:
-        if self._clock.cuda:
-            self._timings.append(Timing(phase, start, end))
-        else:
-            self._phases[phase] = self._phases.get(phase, 0.0) + end - start
+    def _mark(self, now: float) -> Any:
+        """A phase boundary: ``now`` on CPU, a CUDA event queued on the current stream on GPU."""
+        if not self._cuda:
+            return now
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     def _on_forward_start(self, _module: Any, _args: Any) -> None:
-        if not torch.is_grad_enabled() or self._explicit is not None:
+        if self._explicit is not None or not torch.is_grad_enabled():
             return  # eval / inference forwards are not part of the training step
         t0 = time.perf_counter()
-        self._close_gap(t0)
-        self._micro_batches += 1
-        if self._micro_batches == 1 and self._optimizer is not None:
-            # The LR this step will use; the optimizer pre-hook refines it (a skipped fp16 step never
-            # calls optimizer.step, and reading it at step_end would give the next step's LR).
-            self._lr = [float(g["lr"]) for g in self._optimizer.param_groups]
-        if self._micro_batches == 1 and self._scaler is not None:
-            # The scale this step's loss is multiplied by; scaler.update() changes it before
-            # step_end. A one-element device copy: no sync.
-            scale = self._scaler._scale
-            self._scale_used = scale.detach().clone() if scale is not None else None
-        self._open["forward"] = self._clock.mark()
+        s = self._s
+        if self._backward_open is not None:
+            self._close_backward(t0)  # the previous micro-batch's
+        # Host time between phases before a forward is time spent waiting for the next batch.
+        if self._gap_start is not None and not s.explicit_data:
+            s.marks.append(("data", self._gap_start, t0))
+        self._gap_start = None
+        s.micro_batches += 1
+        if s.micro_batches == 1:
+            if self._optimizer is not None:
+                # The LR this step will use; the optimizer pre-hook refines it (a skipped fp16 step
+                # never calls optimizer.step, and reading it at step_end would give the next LR).
+                s.lr = [float(g["lr"]) for g in self._optimizer.param_groups]
+            if self._scaler is not None and self._scaler._scale is not None:
+                # The scale this step's loss is multiplied by; scaler.update() changes it in place
+                # before step_end. A one-element device copy: no sync.
+                s.scale = self._scaler._scale.detach().clone()
+        self._forward_open = self._mark(t0)
         self.overhead_s += time.perf_counter() - t0
 
     def _on_forward_end(self, _module: Any, _args: Any, _output: Any) -> None:
-        start = self._open.pop("forward", None)
+        start = self._forward_open
         if start is None:
             return
         t0 = time.perf_counter()
-        end = self._clock.mark()
-        self._add("forward", start, end)
-        # Backward is timed from here to the end of gradient computation, so it includes a loss
-        # computed outside the model (usually negligible next to the backward pass itself).
-        self._open["backward"] = end
+        end = self._mark(t0)
+        self._s.marks.append(("forward", start, end))
+        # Backward is timed from here to the last gradient, so it includes a loss computed outside
+        # the model (usually negligible next to the backward pass itself).
+        self._forward_open = None
+        self._backward_open = end
+        self._backward_end = None
         self._gap_start = None
         self.overhead_s += time.perf_counter() - t0
 
-    def _on_grad_ready(self, _param: torch.Tensor) -> None:
-        if not self._in_backward:
-            self._in_backward = True
-            # Runs once autograd has computed every gradient, before DDP's own callback (queued
-            # when its last bucket is ready) waits on the all-reduce: the boundary between
-            # backward compute and exposed communication.
-            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+    def _on_grad(self, param: torch.Tensor) -> None:
+        # Only a timestamp: the phase is closed at the loop's next call into trainmon. On GPU this
+        # runs on the autograd device thread, where the current stream is the backward's.
+        self._backward_end = time.perf_counter()
+        if self._cuda:
+            self._backward_event = self._mark(0.0)
+        self._grad_param = param
 
-    def _on_backward_end(self) -> None:
-        t0 = time.perf_counter()
-        self._in_backward = False
-        start = self._open.pop("backward", None)
-        if start is not None:
-            self._add("backward", start, self._clock.mark())
-        self._backward_end = self._gap_start = time.perf_counter()
-        self.overhead_s += self._backward_end - t0
+    def _close_backward(self, now: float) -> None:
+        s = self._s
+        end = self._backward_end
+        if end is None:  # the watched gradient did not come (unused this micro-batch): close it here
+            end, mark = now, self._mark(now)
+        else:
+            mark = self._backward_event if self._cuda else end
+        s.marks.append(("backward", self._backward_open, mark))
+        if self._comm_end > end:
+            # DDP all-reduce that finished after backward compute: time the step waited on the wire.
+            comm_end = min(self._comm_end, now)
+            s.marks.append(("comm", end, comm_end))
+            end = comm_end
+        self._gap_start = end
+        self._backward_open = self._backward_end = self._backward_event = None
+        self._comm_end = 0.0
+        if self._grad_hooks is not None and self._grad_param is not None:
+            # After the first backward: keep only the hook of the gradient that came last.
+            keep = id(self._grad_param)
+            for key, handle in self._grad_hooks.items():
+                if key != keep:
+                    handle.remove()
+            self._grad_hooks = self._grad_param = None
 
     def _on_comm_done(self) -> None:
         self._comm_end = max(self._comm_end, time.perf_counter())  # called on the comm thread
@@ -334,49 +368,28 @@ class TrainMonitor:
         with contextlib.suppress(RuntimeError):  # the job has its own comm hook: leave it alone
             ddp.register_comm_hook(None, timed_allreduce)
 
-    def _account_comm(self) -> None:
-        # All-reduce that finished after backward compute was time the step waited on the wire.
-        if self._comm_end > self._backward_end > 0:
-            exposed = self._comm_end - self._backward_end
-            self._phases["comm"] = self._phases.get("comm", 0.0) + exposed
-            self._phases["data"] = max(0.0, self._phases.get("data", 0.0) - exposed)
-        self._comm_end = 0.0
-
     def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         t0 = time.perf_counter()
+        s = self._s
+        if self._backward_open is not None:
+            self._close_backward(t0)
         # The LR this update uses, whenever the loop steps its scheduler (host floats).
-        self._lr = [float(g["lr"]) for g in optimizer.param_groups]
-        self._account_comm()
+        s.lr = [float(g["lr"]) for g in optimizer.param_groups]
         self._gap_start = None
         if self.detail_every and (self._last_step + 1) % self.detail_every == 0:
-            self._snapshot_for_update_ratio(optimizer)
-        self._optimizer_steps += 1  # a GradScaler that skips the step never calls optimizer.step
-        # Closed in step_end (one hook call fewer per step: each costs ~10 us with cold caches).
-        self._open["optimizer"] = self._clock.mark()
+            s.update_sample = _snapshot_for_update_ratio(optimizer)
+        s.optimizer_steps += 1  # a GradScaler that skips the step never calls optimizer.step
+        # Closed by the loop's next call (one hook call fewer per step than a post-hook).
+        self._optimizer_open = self._mark(t0)
         self.overhead_s += time.perf_counter() - t0
 
-    def _close_optimizer(self) -> None:
-        if (start := self._open.pop("optimizer", None)) is not None:
-            self._add("optimizer", start, self._clock.mark())
-
-    def _snapshot_for_update_ratio(self, optimizer: Any) -> None:
-        sample, budget = [], _UPDATE_SAMPLE_ELEMENTS
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and p.numel() <= budget:
-                    sample.append((p, p.detach().clone()))
-                    budget -= p.numel()
-        self._update_sample = sample or None
-
-    def _update_ratio(self) -> torch.Tensor | None:
-        if self._update_sample is None:
-            return None
-        with torch.no_grad():
-            delta = torch.stack([torch.linalg.vector_norm(p.detach() - old) for p, old in self._update_sample])
-            base = torch.stack([torch.linalg.vector_norm(old) for _, old in self._update_sample])
-            ratio = torch.linalg.vector_norm(delta) / (torch.linalg.vector_norm(base) + 1e-12)
-        self._update_sample = None
-        return ratio
+    def _close_open_phases(self, now: float) -> None:
+        """Backward and optimizer end at the loop's next call into trainmon."""
+        if self._backward_open is not None:
+            self._close_backward(now)
+        if self._optimizer_open is not None:
+            self._s.marks.append(("optimizer", self._optimizer_open, self._mark(now)))
+            self._optimizer_open = None
 
     # -- the loop's calls -----------------------------------------------------------------
 
@@ -389,13 +402,14 @@ class TrainMonitor:
         """
         if name not in PHASES:
             raise ValueError(f"phase: unknown phase {name!r}, expected one of {PHASES}")
-        self._close_optimizer()  # an eval or checkpoint between optimizer.step and step_end
         t0 = time.perf_counter()
+        self._close_open_phases(t0)  # e.g. an eval or checkpoint between optimizer.step and step_end
+        s = self._s
         if name == "data":
-            self._explicit_data = True
-            self._gap_start = None
-        else:
-            self._close_gap(t0)
+            s.explicit_data = True
+        elif self._gap_start is not None and not s.explicit_data:
+            s.marks.append(("data", self._gap_start, t0))
+        self._gap_start = None
         outer = self._explicit
         if name in ("eval", "checkpoint"):
             self._explicit = name
@@ -403,7 +417,7 @@ class TrainMonitor:
             yield
         finally:
             t1 = time.perf_counter()
-            self._phases[name] = self._phases.get(name, 0.0) + t1 - t0
+            self._s.marks.append((name, t0, t1))
             self._explicit = outer
             self._gap_start = t1
 
@@ -422,6 +436,8 @@ class TrainMonitor:
         signal, and the post-clip norm is derived from the coefficient: no extra pass, no sync.
         """
         t0 = time.perf_counter()
+        if self._backward_open is not None:
+            self._close_backward(t0)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         grads = [p.grad for p in params if p.grad is not None]
         per_param = None
@@ -435,9 +451,9 @@ class TrainMonitor:
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
-        self.record_grad_norm(total, max_norm, per_param, [p for p in params if p.grad is not None])
+        self._s.clip = (total.detach(), max_norm, per_param, [p for p in params if p.grad is not None])
         self._gap_start = time.perf_counter()
-        self._phases["optimizer"] = self._phases.get("optimizer", 0.0) + self._gap_start - t0
+        self._s.marks.append(("optimizer", t0, self._gap_start))
         self.overhead_s += self._gap_start - t1
         return total
 
@@ -454,7 +470,7 @@ class TrainMonitor:
         the sender thread, as torch derives them, and per-parameter norms are read only on the
         steps that send them.
         """
-        self._clip = (total.detach(), max_norm, per_param, params)
+        self._s.clip = (total.detach(), max_norm, per_param, params)
 
     def step_end(
         self,
@@ -468,101 +484,105 @@ class TrainMonitor:
         """Record the end of optimizer step ``step``. Never blocks on the device or network.
 
         Extra keyword arguments are ``step`` fields of the wire format (``batch_fingerprint``,
-        ``loss_scale``, ...); values given here win over what the hooks measured.
+        ``loss_scale``, ...); values given here win over what the hooks measured. Everything that
+        can wait is done on the sender thread: here the step's values are only captured.
         """
         t0 = time.perf_counter()
-        self._account_comm()
-        self._close_optimizer()
-        record: dict[str, Any] = {"step": step, "step_time": t0 - self._step_start}
-        if tokens is not None:
-            record["tokens"] = tokens
-        if samples is not None:
-            record["samples"] = samples
-        if self._micro_batches:
-            record["micro_batches"] = self._micro_batches
-        if self._optimizer is not None:
-            record["lr"] = self._lr or [float(g["lr"]) for g in self._optimizer.param_groups]
-            record["skipped"] = self._optimizer_steps == 0
-        if self._scheduler_mark is not None:
-            now_epoch = self._scheduler.last_epoch
-            record["scheduler_steps"] = now_epoch - self._scheduler_mark
-            self._scheduler_mark = now_epoch
-        if self._phases:
-            record["phases"] = self._phases
-        if self._clock.cuda:
-            record["mem_allocated_bytes"] = torch.cuda.memory_allocated()  # allocator counters: host only
-            record["mem_peak_bytes"] = torch.cuda.max_memory_allocated()
+        self._close_open_phases(t0)
+        s = self._s
+        s.step, s.end, s.tokens, s.samples, s.fields = step, t0, tokens, samples, fields
+        s.loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        if s.lr is None and self._optimizer is not None:
+            s.lr = [float(g["lr"]) for g in self._optimizer.param_groups]
+        if self._scheduler is not None:
+            s.scheduler_epoch = self._scheduler.last_epoch
+        if s.scale is None and self._scaler is not None and self._scaler._scale is not None:
+            s.scale = self._scaler._scale.detach().clone()  # first step: scale() made it lazily
+        if s.update_sample is not None:
+            s.update_ratio = _update_ratio(s.update_sample)
+            s.update_sample = None
+        device, events = None, ()
+        if self._cuda:
+            s.memory = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())  # host counters
             torch.cuda.reset_peak_memory_stats()
-        tensors: dict[str, torch.Tensor] = {}
-        if isinstance(loss, torch.Tensor):
-            tensors["loss"] = loss.detach()
-        elif loss is not None:
-            record["loss"] = float(loss)
-        if self._clip is not None:
-            total, record["_max_norm"], per_param, record["_params"] = self._clip
-            tensors["grad_norm"] = total
-            if per_param is not None and self._clock.cuda:
-                tensors["_per_param"] = torch.stack(per_param)  # one async copy with the rest
-            elif per_param is not None:
-                record["_per_param"] = per_param  # CPU tensors, read only if this step sends them
-        if self._scaler is not None and self._scaler.is_enabled():
-            # A device tensor read through the readback (get_scale() would sync).
-            scale = self._scale_used
-            if scale is None and self._scaler._scale is not None:  # first step: scale() made it lazily
-                scale = self._scaler._scale.detach().clone()  # update() changes it in place later
-            if scale is not None:
-                tensors["loss_scale"] = scale
-        ratio = self._update_ratio()
-        if ratio is not None:
-            tensors["update_ratio"] = ratio
-        record.update(fields)
-        for key in fields:
-            tensors.pop(key, None)  # what the loop passed explicitly wins over what hooks measured
-        record["_time"] = time.time()
-        timings = self._timings
+            device = _device_tensors(s)
+            events = [end for _, _, end in s.marks if not isinstance(end, float)]
+        s.time = time.time()
         self._last_step = step
-        self._reset_step(t0)
-        self._readback.submit(record, tensors, timings)
-        self.overhead_s += time.perf_counter() - t0
-        self._step_start = self._gap_start = time.perf_counter()  # the next step starts after ours
+        self._readback.submit(s, device, events)
+        now = time.perf_counter()
+        self.overhead_s += now - t0
+        self._s = _Step(now)  # the next step starts after ours
+        self._gap_start = now
 
     def _completed(self) -> list[dict[str, Any]]:
         """Sender thread: events whose values have arrived, in the order they were emitted."""
-        return [self._to_event(r) for r in self._readback.ready()]
+        return [self._to_event(item, values) for item, values in self._readback.ready()]
 
-    def _to_event(self, record: dict[str, Any]) -> dict[str, Any]:
-        return record["_event"] if "_event" in record else self._finish(record)
+    def _to_event(self, item: dict[str, Any] | _Step, values: dict[str, Any]) -> dict[str, Any]:
+        return item if isinstance(item, dict) else self._finish(item, values)
 
-    def _finish(self, record: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, s: _Step, values: dict[str, Any]) -> dict[str, Any]:
         """Complete a step record off the training thread and make it an event."""
-        t = record.pop("_time")
-        phases = record.get("phases")
-        if phases:
-            phases["other"] = max(0.0, record["step_time"] - sum(v for k, v in phases.items() if k != "other"))
-        max_norm = record.pop("_max_norm", None)
-        per_param = record.pop("_per_param", None)
-        params = record.pop("_params", None)
-        norm = record.get("grad_norm")
-        if norm is not None and max_norm is not None:
+
+        def value(key: str, v: Any) -> Any:  # what the device copy brought back, else a host read
+            return values[key] if key in values else read(v)
+
+        record: dict[str, Any] = {"step": s.step, "step_time": s.end - s.start}
+        if s.tokens is not None:
+            record["tokens"] = s.tokens
+        if s.samples is not None:
+            record["samples"] = s.samples
+        if s.micro_batches:
+            record["micro_batches"] = s.micro_batches
+        if self._optimizer is not None:
+            record["lr"] = s.lr
+            record["skipped"] = s.optimizer_steps == 0
+        if s.scheduler_epoch is not None and self._scheduler_epoch is not None:
+            record["scheduler_steps"] = s.scheduler_epoch - self._scheduler_epoch
+            self._scheduler_epoch = s.scheduler_epoch
+        if s.marks:
+            phases: dict[str, float] = {}
+            for name, start, end in s.marks:
+                dt = end - start if isinstance(start, float) else start.elapsed_time(end) / 1000.0
+                phases[name] = phases.get(name, 0.0) + dt
+            phases["other"] = max(0.0, record["step_time"] - sum(phases.values()))
+            record["phases"] = phases
+        if s.memory is not None:
+            record["mem_allocated_bytes"], record["mem_peak_bytes"] = s.memory
+        if s.loss is not None:
+            record["loss"] = float(value("loss", s.loss))
+        if s.scale is not None and self._scaler.is_enabled():
+            record["loss_scale"] = value("loss_scale", s.scale)
+        if s.update_ratio is not None:
+            record["update_ratio"] = value("update_ratio", s.update_ratio)
+        if s.clip is not None:
+            total, max_norm, per_param, params = s.clip
+            norm = record["grad_norm"] = value("grad_norm", total)
             # torch's float32 arithmetic: coef = clamp(max_norm / (norm + 1e-6), max=1)
             coef = min(1.0, _f32(_f32(max_norm) / _f32(norm + _f32(1e-6))))
             record["clip_coef"] = coef
             record["grad_norm_clipped"] = _f32(norm * coef)
-        if per_param is not None and norm is not None:
-            history = self._norm_history
-            spiking = (
-                len(history) >= 10
-                and norm > self.detail_trigger * min(history)  # cheap screen before the median
-                and norm > self.detail_trigger * statistics.median(history)
-            )
-            scheduled = self.detail_every and record["step"] % self.detail_every == 0
-            if spiking or scheduled:
-                values = [float(v) for v in per_param]  # floats (GPU: read back) or CPU tensors
-                names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params or ())]
-                record["layer_grad_norms"] = dict(zip(names, values, strict=True))
-            if math.isfinite(norm):
-                history.append(norm)
-        return self._event("step", record, t)
+            if per_param is not None:
+                self._layer_norms(record, norm, values.get("_per_param", per_param), params)
+        record.update(s.fields or {})  # what the loop passed explicitly wins over what hooks measured
+        return self._event("step", record, s.time)
+
+    def _layer_norms(self, record: dict[str, Any], norm: float, per_param: Any, params: Any) -> None:
+        """Per-parameter grad norms on schedule or when the pre-clip norm jumps above its median."""
+        history = self._norm_history
+        spiking = (
+            len(history) >= 10
+            and norm > self.detail_trigger * min(history)  # cheap screen before the median
+            and norm > self.detail_trigger * statistics.median(history)
+        )
+        scheduled = self.detail_every and record["step"] % self.detail_every == 0
+        if spiking or scheduled:
+            values = [float(v) for v in per_param]  # floats (GPU: read back) or CPU tensors
+            names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params or ())]
+            record["layer_grad_norms"] = dict(zip(names, values, strict=True))
+        if math.isfinite(norm):
+            history.append(norm)
 
     # -- occasional events ----------------------------------------------------------------
 
@@ -585,7 +605,7 @@ class TrainMonitor:
         reaches the collector before step 9 does. The sequence number is assigned by the sender
         thread, in queue order, so events from several threads (training, health) stay ordered.
         """
-        self._readback.submit({"_event": self._event(kind, fields, time.time())}, {})
+        self._readback.submit(self._event(kind, fields, time.time()))
 
     def _event(self, kind: str, fields: dict[str, Any], t: float) -> dict[str, Any]:
         return {
@@ -608,8 +628,8 @@ class TrainMonitor:
             handle.remove()
         if self._health is not None:
             self._health.stop()
-        for ready in self._readback.drain():
-            self.transport.put(self._to_event(ready))
+        for item, values in self._readback.drain():
+            self.transport.put(self._to_event(item, values))
         self.emit(
             "run_end",
             {
@@ -650,6 +670,41 @@ def json_config(d: dict[Any, Any]) -> dict[str, Any]:
             out[str(k)] = json_config(v)
         elif isinstance(v, (list, tuple)) and all(ok(x) for x in v):
             out[str(k)] = list(v)
+    return out
+
+
+def _snapshot_for_update_ratio(optimizer: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Copies of (up to 64K elements of) the parameters about to be updated."""
+    sample, budget = [], _UPDATE_SAMPLE_ELEMENTS
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None and p.numel() <= budget:
+                sample.append((p, p.detach().clone()))
+                budget -= p.numel()
+    return sample or None
+
+
+def _update_ratio(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """||update|| / ||param|| over the sampled parameters, as a device scalar (no sync)."""
+    with torch.no_grad():
+        delta = torch.stack([torch.linalg.vector_norm(p.detach() - old) for p, old in sample])
+        base = torch.stack([torch.linalg.vector_norm(old) for _, old in sample])
+        return torch.linalg.vector_norm(delta) / (torch.linalg.vector_norm(base) + 1e-12)
+
+
+def _device_tensors(s: _Step) -> dict[str, torch.Tensor]:
+    """The step's CUDA tensors, copied to the host in one non-blocking transfer by the readback."""
+    out = {}
+    if isinstance(s.loss, torch.Tensor) and s.loss.is_cuda:
+        out["loss"] = s.loss
+    if s.scale is not None and s.scale.is_cuda:
+        out["loss_scale"] = s.scale
+    if s.update_ratio is not None and s.update_ratio.is_cuda:
+        out["update_ratio"] = s.update_ratio
+    if s.clip is not None and s.clip[0].is_cuda:
+        out["grad_norm"] = s.clip[0]
+        if s.clip[2] is not None:
+            out["_per_param"] = torch.stack(s.clip[2])
     return out
 
 
