@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -205,3 +206,50 @@ def test_events_keep_the_order_they_were_emitted_in(tmp_path: Path) -> None:
         elif e["kind"] == "eval":
             assert last_step == e["fields"]["step"]  # the step it evaluated came first
     assert events[-1]["kind"] == "run_end"
+
+
+class _SlowGrad(torch.autograd.Function):
+    """Identity whose backward sleeps: a slow input-side layer."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return grad
+
+
+class HeadFirst(torch.nn.Module):
+    """Parameters registered in the reverse of forward order: the head's gradient comes first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(32, 1)
+        self.inp = torch.nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _SlowGrad.apply(self.inp(x))  # the input layer's weight gradient waits for the sleep
+        return self.head(torch.relu(h))
+
+
+def test_backward_ends_at_the_last_gradient_whatever_the_registration_order(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    mon = TrainMonitor("order", collector=f"file://{path}", health_interval=0, heartbeat_interval=0)
+    model = HeadFirst()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)
+    mon.start()
+    for step in range(4):
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.02)  # host work after the optimizer: "optimizer" until step_end, never "backward"
+        mon.step_end(step, loss=loss)
+    mon.close()
+    for s in _events(path):
+        ph = s["fields"]["phases"]
+        assert 0.03 <= ph["backward"] < 0.045, (s["fields"]["step"], ph)  # the sleep is backward compute
+        assert ph["optimizer"] >= 0.02 and ph.get("data", 0.0) < 0.01
