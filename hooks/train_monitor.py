@@ -451,7 +451,7 @@ class TrainMonitor:
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
-        self._s.clip = (total.detach(), max_norm, per_param, [p for p in params if p.grad is not None])
+        self._s.clip = (total.data, max_norm, per_param, [p for p in params if p.grad is not None])
         self._gap_start = time.perf_counter()
         self._s.marks.append(("optimizer", t0, self._gap_start))
         self.overhead_s += self._gap_start - t1
@@ -470,7 +470,7 @@ class TrainMonitor:
         the sender thread, as torch derives them, and per-parameter norms are read only on the
         steps that send them.
         """
-        self._s.clip = (total.detach(), max_norm, per_param, params)
+        self._s.clip = (total.data, max_norm, per_param, params)
 
     def step_end(
         self,
@@ -491,7 +491,9 @@ class TrainMonitor:
         self._close_open_phases(t0)
         s = self._s
         s.step, s.end, s.tokens, s.samples, s.fields = step, t0, tokens, samples, fields
-        s.loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        # .data, not .detach(): the same graph-free alias without a dispatcher call that releases the GIL
+        # (a training thread that lets the GIL go waits for the sender thread to give it back).
+        s.loss = loss.data if isinstance(loss, torch.Tensor) else loss
         if s.lr is None and self._optimizer is not None:
             s.lr = [float(g["lr"]) for g in self._optimizer.param_groups]
         if self._scheduler is not None:
@@ -515,9 +517,10 @@ class TrainMonitor:
         self._s = _Step(now)  # the next step starts after ours
         self._gap_start = now
 
-    def _completed(self) -> list[dict[str, Any]]:
+    def _completed(self) -> Iterator[dict[str, Any]]:
         """Sender thread: events whose values have arrived, in the order they were emitted."""
-        return [self._to_event(item, values) for item, values in self._readback.ready()]
+        for item, values in self._readback.ready():
+            yield self._to_event(item, values)
 
     def _to_event(self, item: dict[str, Any] | _Step, values: dict[str, Any]) -> dict[str, Any]:
         return item if isinstance(item, dict) else self._finish(item, values)
@@ -628,6 +631,7 @@ class TrainMonitor:
             handle.remove()
         if self._health is not None:
             self._health.stop()
+        self.transport.flush(timeout)  # the sender finishes what it took from the readback first (order)
         for item, values in self._readback.drain():
             self.transport.put(self._to_event(item, values))
         self.emit(
