@@ -196,7 +196,7 @@ class Trainmon(Variant):
         t0 = perf()
         self.mon = TrainMonitor(run, collector, spool_dir=spool)
         self.spool = spool
-        # overhead_s does not count the gradient hook that queues the end-of-backward callback; time it
+        # overhead_s does not count the gradient hook that marks the end of backward; time it
         # from outside (watch() registers the instance attribute, so wrapping here catches every call).
         self.hook_s = 0.0
         for attr in ("_on_grad",):
@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         "after the clip itself, step_end (record, CPU read-back, emit -> deque)."
     )
     print(
-        "  not counted by overhead_s, added here: the gradient hook that queues the end-of-backward callback "
+        "  not counted by overhead_s, added here: the gradient hook that marks the end of backward "
         "(timed around it), the clip wrapper's extra work vs plain clip_grad_norm_ and any extra in "
         "scheduler.step (difference of medians vs baseline, floored at 0), torch's hook dispatch "
         "(no-op hooks, isolated)."
