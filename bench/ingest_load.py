@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2, help="client processes")
     ap.add_argument("--fault-every", type=float, default=1.0, help="seconds between injected NaNs")
     ap.add_argument("--db", help="SQLite file (default: a temporary one)")
-    ap.add_argument("--profile", help="write a py-spy flame graph of the collector here")
+    ap.add_argument("--profile", help="write a py-spy profile of the collector here (.svg: flame graph, else collapsed stacks)")
     args = ap.parse_args()
     if args.quick:
         args.duration, args.warmup = 20.0, 8.0
@@ -227,7 +227,8 @@ def main() -> None:
     if args.profile:
         spy = subprocess.Popen(
             [str(Path(sys.executable).parent / "py-spy"), "record", "-o", args.profile, "--pid", str(collector.pid),
-             "--duration", str(int(args.duration)), "--rate", "50", "--nonblocking"],
+             "--duration", str(int(args.duration)), "--rate", "50", "--nonblocking",
+             "--format", "flamegraph" if args.profile.endswith(".svg") else "raw"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     print(f"collector pid {collector.pid} on {url}, store {db}")

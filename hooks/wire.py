@@ -231,18 +231,21 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def decode_float(value: Any, path: str, nonfinite: bool = True) -> float:
-    """Read a float field, accepting the non-finite markers only where allowed."""
-    if isinstance(value, bool):
-        raise WireError(path, f"expected a number, got {value!r}")
-    if isinstance(value, (int, float)):
+def decode_float(value: Any, nonfinite: bool = True) -> float:
+    """Read a float field, accepting the non-finite markers only where allowed.
+
+    Raises ``WireError`` with an empty path: the caller knows where the value was.
+    """
+    if type(value) is float:  # the common case first: ingest validates every field of every event
+        x = value
+    elif isinstance(value, int) and not isinstance(value, bool):
         x = float(value)
     elif isinstance(value, str) and value in _NONFINITE:
         x = _NONFINITE[value]
     else:
-        raise WireError(path, f"expected a number, got {_show(value)}")
+        raise WireError("", f"expected a number, got {_show(value)}")
     if not nonfinite and not math.isfinite(x):
-        raise WireError(path, f"must be finite, got {value!r}")
+        raise WireError("", f"must be finite, got {value!r}")
     return x
 
 
@@ -256,48 +259,59 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _check(value: Any, spec: Field, path: str) -> Any:
+def _check(value: Any, spec: Field) -> Any:
+    """Check one value against its field spec; a ``WireError`` carries the path below the field
+    (``[3]``, ``.forward``), so the happy path formats no strings."""
     t = spec.type
     if t == "float":
-        return decode_float(value, path, spec.nonfinite)
+        return decode_float(value, spec.nonfinite)
     if t == "int":
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # JSON Schema's "integer" admits 52.0, and so do we
         if isinstance(value, bool) or not isinstance(value, int):
-            raise WireError(path, f"expected an integer, got {_show(value)}")
+            raise WireError("", f"expected an integer, got {_show(value)}")
         if not 0 <= value <= _MAX_INT:
-            raise WireError(path, f"must be between 0 and 2**53, got {value}")
+            raise WireError("", f"must be between 0 and 2**53, got {value}")
         return value
     if t == "str":
         if not isinstance(value, str):
-            raise WireError(path, f"expected a string, got {_show(value)}")
+            raise WireError("", f"expected a string, got {_show(value)}")
         if len(value) > _MAX_STR:
-            raise WireError(path, f"longer than {_MAX_STR} characters")
+            raise WireError("", f"longer than {_MAX_STR} characters")
         return value
     if t == "bool":
         if not isinstance(value, bool):
-            raise WireError(path, f"expected true or false, got {_show(value)}")
+            raise WireError("", f"expected true or false, got {_show(value)}")
         return value
     if t == "object":
         if not isinstance(value, dict):
-            raise WireError(path, f"expected an object, got {_show(value)}")
+            raise WireError("", f"expected an object, got {_show(value)}")
         return value
     if t == "float_list":
         if not isinstance(value, list):
-            raise WireError(path, f"expected a list of numbers, got {_show(value)}")
-        return [decode_float(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            raise WireError("", f"expected a list of numbers, got {_show(value)}")
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(decode_float(v))
+            except WireError as exc:
+                raise WireError(f"[{i}]", exc.problem) from None
+        return out
     if t == "phases":
         if not isinstance(value, dict):
-            raise WireError(path, f"expected an object of phase seconds, got {_show(value)}")
-        out = {}
+            raise WireError("", f"expected an object of phase seconds, got {_show(value)}")
+        phases = {}
         for name, secs in value.items():
             if name not in PHASES:
-                raise WireError(f"{path}.{name}", f"unknown phase, expected one of {PHASES}")
-            out[name] = decode_float(secs, f"{path}.{name}", nonfinite=False)
-        return out
+                raise WireError(f".{name}", f"unknown phase, expected one of {PHASES}")
+            try:
+                phases[name] = decode_float(secs, nonfinite=False)
+            except WireError as exc:
+                raise WireError(f".{name}", exc.problem) from None
+        return phases
     if t == "object_list":
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise WireError(path, f"expected a list of objects, got {_show(value)}")
+            raise WireError("", f"expected a list of objects, got {_show(value)}")
         return value
     raise AssertionError(f"unknown field type {t}")
 
@@ -313,7 +327,10 @@ def validate_event(raw: Any, path: str = "event") -> Event:
     for key, spec in HEADER_FIELDS.items():
         if key not in raw:
             raise WireError(f"{path}.{key}", "missing required field")
-        header[key] = _check(raw[key], spec, f"{path}.{key}")
+        try:
+            header[key] = _check(raw[key], spec)
+        except WireError as exc:
+            raise WireError(f"{path}.{key}{exc.path}", exc.problem) from None
     kind = header["kind"]
     if kind not in EVENT_KINDS:
         raise WireError(f"{path}.kind", f"unknown kind {kind!r}, expected one of {list(EVENT_KINDS)}")
@@ -329,7 +346,10 @@ def validate_event(raw: Any, path: str = "event") -> Event:
             raise WireError(f"{path}.fields.{_name(key)}", f"unknown field for kind {kind!r}")
         if value is None and not spec.required:
             continue
-        fields[key] = _check(value, spec, f"{path}.fields.{key}")
+        try:
+            fields[key] = _check(value, spec)
+        except WireError as exc:
+            raise WireError(f"{path}.fields.{key}{exc.path}", exc.problem) from None
     for key, spec in specs.items():
         if spec.required and key not in fields:
             raise WireError(f"{path}.fields.{key}", f"missing required field for kind {kind!r}")

@@ -455,6 +455,9 @@ class CollectorConfig:
     port: int = 9400
     max_body_bytes: int = 8 << 20
     """Largest accepted POST body; bigger batches get 413 and the sender splits them."""
+    max_pending_batches: int = 4096
+    """Batches received and waiting for the writer beyond which new ones get 503 (the producers spool and
+    retry): bounds the collector's memory when it cannot keep up."""
     token: str = field(default="", repr=False)
     """Bearer token every endpoint but ``/healthz`` requires when set (``--token``, ``$TRAINMON_TOKEN``).
     Required to bind a non-loopback address unless ``insecure`` is set. Never logged or printed."""

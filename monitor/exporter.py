@@ -177,12 +177,14 @@ class CollectorMetrics:
         self.rejected = Counter(
             "trainmon_ingest_rejected_batches", "Batches refused, by reason.", ["reason"], registry=registry
         )
-        for reason in ("json", "schema", "too_large", "conflict", "auth"):
+        for reason in ("json", "schema", "too_large", "conflict", "auth", "overload", "storage"):
             self.rejected.labels(reason)
         self.latency = Histogram(
             "trainmon_ingest_duration_seconds",
-            "Time to validate and commit one batch.",
+            "Time from receiving a batch to its acknowledgement: queueing, validation and the commit.",
             registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
         )
-        self.inflight = Gauge("trainmon_ingest_inflight_batches", "Batches being processed now.", registry=registry)
+        self.inflight = Gauge(
+            "trainmon_ingest_inflight_batches", "Batches received and not yet answered.", registry=registry
+        )

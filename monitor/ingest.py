@@ -59,7 +59,7 @@ class _Stream:
 
 
 class _Slot:
-    """A batch waiting for its group's commit, and what became of it."""
+    """A batch of a group being committed, and what became of it."""
 
     __slots__ = ("error", "events", "fresh", "result")
 
@@ -87,38 +87,42 @@ def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
 
 
 class Ingestor:
-    """The collector's write path. Thread-safe: batches from many ranks are serialised."""
+    """The collector's write path. Thread-safe: groups are committed one at a time."""
 
     def __init__(self, storage: Storage, engine: Engine, live: LiveState) -> None:
         self.storage = storage
         self.engine = engine
         self.live = live
         self._lock = threading.Lock()  # held while a group is committed
-        self._queue_lock = threading.Lock()  # guards only the queue of waiting batches
-        self._queue: list[_Slot] = []
         self._streams: dict[str, _Stream] = {}
 
     def ingest(self, events: list[Event]) -> IngestResult:
-        """Store a validated batch; returns once it is durable.
+        """Store one validated batch; returns once it is durable. Raises ``IngestError`` on a conflict."""
+        (result,) = self.ingest_group([events])
+        if isinstance(result, IngestError):
+            raise result
+        return result
 
-        Group commit: batches that arrive while another group is being committed queue up, and
-        the next thread to get the ingest lock commits every queued batch in one transaction.
-        Each batch is still all or nothing and acknowledged only after the commit, but a
-        thousand ranks cost a few fsyncs a second instead of one per batch (``synchronous=FULL``
-        makes the fsync, not Python, the limit of one-transaction-per-batch).
+    def ingest_group(self, batches: list[list[Event]]) -> list[IngestResult | IngestError]:
+        """Store validated batches in one transaction (group commit); one result per batch.
+
+        Each batch is still all or nothing: one that contradicts stored data gets its
+        ``IngestError`` and the others are stored. A thousand ranks cost a few fsyncs a second
+        instead of one per batch (``synchronous=FULL`` makes the fsync the limit otherwise).
+        Raises (and stores nothing) when the database fails.
         """
-        slot = _Slot(events)
-        with self._queue_lock:
-            self._queue.append(slot)
+        group = [_Slot(events) for events in batches]
         with self._lock:
-            if slot.result is None and slot.error is None:
-                with self._queue_lock:
-                    group, self._queue = self._queue, []
-                self._commit(group)
-        if slot.error is not None:
-            raise slot.error
-        assert slot.result is not None
-        return slot.result
+            self._commit(group)
+        out: list[IngestResult | IngestError] = []
+        for slot in group:
+            if slot.error is not None:
+                assert isinstance(slot.error, IngestError)
+                out.append(slot.error)
+            else:
+                assert slot.result is not None
+                out.append(slot.result)
+        return out
 
     def _commit(self, group: list[_Slot]) -> None:
         """One transaction for the group; a batch that conflicts is refused alone."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import collections
+import asyncio
 import contextlib
 import hmac
 import ipaddress
@@ -11,27 +11,28 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import select, text
-from starlette.concurrency import run_in_threadpool
 
 from hooks import wire
 from monitor import live_view
 from monitor.config import CollectorConfig, ConfigError
 from monitor.engine import Engine
 from monitor.exporter import CollectorMetrics, TrainingCollector
-from monitor.ingest import IngestError, Ingestor, IngestResult
+from monitor.ingest import Ingestor
 from monitor.live import LiveState
 from monitor.notify import Notifier, open_anomalies
 from monitor.queries import anomaly_rows, run_rows
 from monitor.storage import Storage, anomalies, runs
+from monitor.writer import IngestWriter, Reply
 
 __all__ = ["Collector", "check_bind", "create_app", "serve"]
 
@@ -51,6 +52,7 @@ class Collector:
     notifier: Notifier | None = None
 
     def __post_init__(self) -> None:
+        self.writer = IngestWriter(self.ingestor, self.metrics, self.notifier, self.config.max_pending_batches)
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_forever, name="trainmon-ticker", daemon=True)
         self._ticker.start()
@@ -73,6 +75,7 @@ class Collector:
                 log.exception("eviction failed; continuing")
 
     def close(self) -> None:
+        self.writer.close()  # what was received is committed and answered first
         self._stop.set()
         self._ticker.join(5)
         if self.notifier is not None:
@@ -101,121 +104,148 @@ class Collector:
         )
 
 
-def _reject(metrics: CollectorMetrics, status: int, reason: str, message: str, field: str | None = None) -> None:
-    metrics.rejected.labels(reason).inc()
-    detail: dict[str, Any] = {"error": message}
-    if field is not None:
-        detail["field"] = field
-    raise HTTPException(status_code=status, detail=detail)
+def _settle(fut: asyncio.Future, reply: Reply) -> None:
+    if not fut.done():  # the writer may answer a batch twice after an internal error; the first wins
+        fut.set_result(reply)
 
 
-class _BearerAuth:
-    """Requires ``Authorization: Bearer TOKEN`` on every path but ``open_paths`` (plain ASGI: no
-    per-request overhead beyond a header scan). The comparison is constant-time, so response
-    timing does not reveal how much of a guess was right; a refusal is a 401 counted as ``auth``."""
+class _Ingress:
+    """The ASGI app the collector serves.
 
-    def __init__(self, app: Any, token: str, open_paths: frozenset[str], metrics: CollectorMetrics) -> None:
-        self.app = app
-        self._token = token.encode()
-        self._open = open_paths
-        self._metrics = metrics
+    Bearer auth on every path but ``open_paths``, then ``POST /v1/events`` handled here in plain
+    ASGI, since it is the one hot path (a thousand ranks post every second): the body goes to the
+    writer thread and the reply comes back through a future, with none of FastAPI's per-request
+    machinery. Everything else (the read API, ``/metrics``, ``/openapi.json``) is FastAPI's.
+    A token refusal is a 401 counted as ``auth``; the comparison is constant-time, so response
+    timing does not reveal how much of a guess was right.
+    """
+
+    def __init__(self, api: FastAPI, collector: Collector) -> None:
+        self.api = api
+        self.collector = collector
+        config = collector.config
+        self._token = config.token.encode() if config.token else None
+        self._open = frozenset({"/healthz"} | ({"/metrics"} if config.metrics_public else set()))
+        self._limit = config.max_body_bytes
+        self._metrics = collector.metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in self._open:
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)
             return
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        scheme, _, credential = (given or b"").partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self._token):
-            await self.app(scope, receive, send)
+        if self._token is not None and scope["path"] not in self._open and not self._authorized(scope):
+            await self._refuse(scope, send)
             return
+        if scope["path"] != "/v1/events":
+            await self.api(scope, receive, send)
+        elif scope["method"] != "POST":
+            await self._reply(send, 405, {"error": "method not allowed: POST events here"}, [(b"allow", b"POST")])
+        else:
+            await self._events(scope, receive, send)
+
+    def _authorized(self, scope: dict) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, credential = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self._token or b"")
+
+    async def _refuse(self, scope: dict, send: Any) -> None:
         self._metrics.rejected.labels("auth").inc()
-        problem = "missing" if given is None else "invalid"
-        body = json.dumps(
-            {
-                "error": f"{problem} bearer token: this collector requires 'Authorization: Bearer <token>' "
-                "(the token it was started with, --token or $TRAINMON_TOKEN)"
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b'Bearer realm="trainmon"'),
-        ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        given = any(k == b"authorization" for k, _ in scope["headers"])
+        problem = "invalid" if given else "missing"
+        message = (
+            f"{problem} bearer token: this collector requires 'Authorization: Bearer <token>' "
+            "(the token it was started with, --token or $TRAINMON_TOKEN)"
+        )
+        await self._reply(send, 401, {"error": message}, [(b"www-authenticate", b'Bearer realm="trainmon"')])
+
+    async def _events(self, scope: dict, receive: Any, send: Any) -> None:
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self._limit:
+            await self._too_large(send, f"body of {int(declared)} bytes exceeds the limit of {self._limit} bytes")
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the producer gave up; it will resend (nothing was acknowledged)
+            body += message.get("body", b"")
+            if len(body) > self._limit:
+                await self._too_large(send, f"body exceeds the limit of {self._limit} bytes")
+                return
+            if not message.get("more_body", False):
+                break
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        self.collector.writer.submit(bytes(body), lambda reply: loop.call_soon_threadsafe(_settle, fut, reply))
+        status, payload, headers = await fut
+        await self._reply(send, status, payload, headers)
+
+    async def _too_large(self, send: Any, message: str) -> None:
+        self._metrics.rejected.labels("too_large").inc()
+        await self._reply(send, 413, {"error": message})
+
+    @staticmethod
+    async def _reply(send: Any, status: int, payload: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        body = json.dumps(payload).encode()
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+        await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
 
 
-def create_app(collector: Collector) -> FastAPI:
+def _events_openapi() -> dict[str, Any]:
+    """The OpenAPI operation of ``POST /v1/events`` (served by ``_Ingress``, not a FastAPI route)."""
+    return {
+        "post": {
+            "summary": "Ingest a batch of events (wire format v1)",
+            "operationId": "post_events_v1_events_post",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": wire.json_schema()}}},
+            "responses": {
+                "200": {
+                    "description": "Stored (durable) or recognised as already stored",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "accepted": {"type": "integer", "minimum": 0},
+                                    "duplicates": {"type": "integer", "minimum": 0},
+                                },
+                                "required": ["accepted", "duplicates"],
+                            }
+                        }
+                    },
+                },
+                "400": {"description": "body is not JSON"},
+                "401": {"description": "missing or invalid bearer token (collectors started with a token)"},
+                "409": {"description": "events contradict stored data (stream reused by another run or rank)"},
+                "413": {"description": "body larger than the limit"},
+                "422": {"description": "schema violation; `field` names the offending field"},
+                "503": {"description": "overloaded or storage failed: nothing stored, retry after `Retry-After`"},
+            },
+        }
+    }
+
+
+def create_app(collector: Collector) -> _Ingress:
     app = FastAPI(
         title="trainmon collector",
         version="1",
         description="Ingests training events, stores them, detects anomalies, exports to Prometheus.",
     )
-    app.state.collector = collector
-    metrics = collector.metrics
-    if collector.config.token:
-        open_paths = {"/healthz"} | ({"/metrics"} if collector.config.metrics_public else set())
-        app.add_middleware(_BearerAuth, token=collector.config.token, open_paths=frozenset(open_paths), metrics=metrics)
-    limit = collector.config.max_body_bytes
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema["paths"] = {"/v1/events": _events_openapi(), **schema["paths"]}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(HTTPException)
     async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
         body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
         return JSONResponse(body, status_code=exc.status_code)
-
-    @app.post(
-        "/v1/events",
-        summary="Ingest a batch of events (wire format v1)",
-        openapi_extra={
-            "requestBody": {"required": True, "content": {"application/json": {"schema": wire.json_schema()}}}
-        },
-        responses={
-            400: {"description": "body is not JSON"},
-            413: {"description": "body larger than the limit"},
-            409: {"description": "events contradict stored data (stream reused by another run or rank)"},
-            422: {"description": "schema violation; `field` names the offending field"},
-        },
-    )
-    async def post_events(request: Request) -> dict[str, Any]:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            _reject(metrics, 413, "too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                _reject(metrics, 413, "too_large", f"body exceeds the limit of {limit} bytes")
-
-        def decode_and_ingest() -> tuple[list[wire.Event], IngestResult]:
-            # On a worker thread, parsing included: a 10,000-event spool replay takes a while to
-            # decode and validate, and the event loop must keep serving the other ranks meanwhile.
-            try:
-                raw = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                _reject(metrics, 400, "json", f"body is not valid JSON: {exc}")
-            try:
-                events = wire.validate_batch(raw)
-            except wire.WireError as exc:
-                _reject(metrics, 422, "schema", str(exc), exc.path)
-            metrics.inflight.inc()
-            try:
-                return events, collector.ingestor.ingest(events)
-            except IngestError as exc:
-                _reject(metrics, 409, "conflict", str(exc))
-            finally:
-                metrics.inflight.dec()
-
-        t0 = time.perf_counter()
-        events, result = await run_in_threadpool(decode_and_ingest)
-        if collector.notifier is not None:
-            collector.notifier.submit(result.changes)
-        metrics.latency.observe(time.perf_counter() - t0)
-        metrics.batches.inc()
-        metrics.duplicates.inc(result.duplicates)
-        for kind, n in collections.Counter(ev.kind for ev in events).items():
-            metrics.events.labels(kind).inc(n)
-        return {"accepted": result.accepted, "duplicates": result.duplicates}
 
     @app.get("/healthz", summary="Liveness and database reachability")
     def healthz() -> dict[str, Any]:
@@ -273,13 +303,13 @@ def create_app(collector: Collector) -> FastAPI:
                 raise HTTPException(404, {"error": f"no run {run!r}"})
             return wire.json_safe(anomaly_rows(conn, run))
 
-    return app
+    return _Ingress(app, collector)
 
 
 class ServerThread:
     """A uvicorn server on a background thread (demo and tests); ``stop()`` shuts it down."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: Any, host: str, port: int) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="trainmon-collector", daemon=True)

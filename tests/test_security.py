@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import func, select
 
 from monitor.config import CollectorConfig, ConfigError, load_config
-from monitor.server import _BearerAuth, check_bind
+from monitor.server import _Ingress, check_bind
 from monitor.storage import Storage, steps
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
@@ -145,7 +145,7 @@ def test_metrics_can_be_left_open_for_scrapers_without_a_token(tmp_path: Path) -
 
 
 def test_token_comparison_is_constant_time() -> None:
-    source = inspect.getsource(_BearerAuth)
+    source = inspect.getsource(_Ingress._authorized)
     assert "hmac.compare_digest" in source
     assert "== self._token" not in source and "self._token ==" not in source
 

@@ -1,0 +1,154 @@
+"""The collector's single write path: request bodies in, acknowledgements out.
+
+One thread decodes, validates and commits every batch the HTTP layer receives. Batches that
+arrive while a group is being committed wait in a queue and go into the next group, so a
+thousand ranks cost a few transactions (and fsyncs) a second, and no request thread ever
+contends for a lock: under load the queue is the batching. A batch is acknowledged only after
+its group committed; a refused batch (bad JSON, schema, a stream conflict) is answered alone
+and never touches the others of its group.
+
+The queue is bounded: beyond ``max_pending`` waiting bodies the collector answers 503 at once
+(with ``Retry-After``) instead of growing without limit; the producer's transport spools the
+batch and retries, so overload costs latency, never data.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hooks import wire
+from monitor.exporter import CollectorMetrics
+from monitor.ingest import IngestError, Ingestor
+from monitor.notify import Notifier
+
+__all__ = ["IngestWriter", "Reply"]
+
+log = logging.getLogger("trainmon.collector")
+
+# (HTTP status, JSON body, extra headers)
+Reply = tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]
+# (request body, callback, perf_counter when received)
+_Pending = tuple[bytes, Callable[[Reply], None], float]
+
+_MAX_GROUP_EVENTS = 20_000  # one transaction; a spool replay batch is at most 10,000 events
+
+
+class IngestWriter:
+    """Owns ingestion: ``submit`` from any thread, ``done`` is called on the writer thread."""
+
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        metrics: CollectorMetrics,
+        notifier: Notifier | None = None,
+        max_pending: int = 4096,
+    ) -> None:
+        self._ingestor = ingestor
+        self._metrics = metrics
+        self._notifier = notifier
+        self._max_pending = max_pending
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._ready = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="trainmon-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, body: bytes, done: Callable[[Reply], None]) -> None:
+        """Queue a request body; ``done(reply)`` is called once it is committed or refused."""
+        with self._ready:
+            if self._stop or len(self._queue) >= self._max_pending:
+                self._metrics.rejected.labels("overload").inc()
+                done(_overloaded(len(self._queue)))
+                return
+            self._queue.append((body, done, time.perf_counter()))
+            self._metrics.inflight.inc()
+            self._ready.notify()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish what was queued, then stop the thread."""
+        with self._ready:
+            self._stop = True
+            self._ready.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._stop:
+                    self._ready.wait()
+                if not self._queue:
+                    return
+                group = [self._queue.popleft()]
+                size = len(group[0][0])
+                while self._queue and size < _MAX_GROUP_EVENTS * 256:  # ~256 bytes per event
+                    group.append(self._queue.popleft())
+                    size += len(group[-1][0])
+            try:
+                self._ingest(group)
+            except Exception as exc:  # the writer must outlive any bug in one group
+                log.exception("ingest of a group failed")
+                for _, done, _ in group:  # answers the batches not answered yet (done ignores a second call)
+                    done((500, {"error": f"collector error: {exc}"}, []))
+            finally:
+                self._metrics.inflight.dec(len(group))
+
+    def _ingest(self, group: list[_Pending]) -> None:
+        batches: list[list[wire.Event]] = []
+        waiting: list[tuple[Callable[[Reply], None], float]] = []
+        for body, done, received in group:
+            events = self._decode(body, done)
+            if events is not None:
+                batches.append(events)
+                waiting.append((done, received))
+        if not batches:
+            return
+        try:
+            results = self._ingestor.ingest_group(batches)
+        except Exception as exc:  # storage failed: nothing of the group was stored or acknowledged
+            log.exception("storage failed; %d batches answered 503", len(batches))
+            self._metrics.rejected.labels("storage").inc(len(batches))
+            for done, _ in waiting:
+                done((503, {"error": f"storage failed, retry later: {exc}"}, [(b"retry-after", b"1")]))
+            return
+        now = time.perf_counter()
+        for events, (done, received), result in zip(batches, waiting, results, strict=True):
+            self._metrics.latency.observe(now - received)
+            if isinstance(result, IngestError):
+                self._metrics.rejected.labels("conflict").inc()
+                done((409, {"error": str(result)}, []))
+                continue
+            if self._notifier is not None and result.changes:
+                self._notifier.submit(result.changes)
+            self._metrics.batches.inc()
+            self._metrics.duplicates.inc(result.duplicates)
+            for kind, n in collections.Counter(ev.kind for ev in events).items():
+                self._metrics.events.labels(kind).inc(n)
+            done((200, {"accepted": result.accepted, "duplicates": result.duplicates}, []))
+
+    def _decode(self, body: bytes, done: Callable[[Reply], None]) -> list[wire.Event] | None:
+        try:
+            raw = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._metrics.rejected.labels("json").inc()
+            done((400, {"error": f"body is not valid JSON: {exc}"}, []))
+            return None
+        try:
+            return wire.validate_batch(raw)
+        except wire.WireError as exc:
+            self._metrics.rejected.labels("schema").inc()
+            done((422, {"error": str(exc), "field": exc.path}, []))
+            return None
+
+
+def _overloaded(pending: int) -> Reply:
+    return (
+        503,
+        {"error": f"collector overloaded ({pending} batches waiting); retry later"},
+        [(b"retry-after", b"1")],
+    )
