@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2, help="client processes")
     ap.add_argument("--fault-every", type=float, default=1.0, help="seconds between injected NaNs")
     ap.add_argument("--db", help="SQLite file (default: a temporary one)")
-    ap.add_argument("--profile", help="write a py-spy profile of the collector here (.svg: flame graph, else collapsed stacks)")
+    ap.add_argument("--profile", help="py-spy profile of the collector to this file (.svg: flame graph, else raw)")
     args = ap.parse_args()
     if args.quick:
         args.duration, args.warmup = 20.0, 8.0
