@@ -285,7 +285,7 @@ class Ingestor:
                     ru["status"] = f["status"]
         for table, batch in rows.items():
             if batch:
-                conn.execute(self.storage.insert_ignore(table), batch)
+                self.storage.insert_ignore(conn, table, batch)
         self._write_streams(conn, stream_updates, known)
         self._write_runs(conn, run_updates)
 

@@ -257,6 +257,8 @@ class Storage:
         self.engine: Engine = create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._positional = self.engine.dialect.positional  # qmark (SQLite) or named (psycopg) parameters
+        self._inserts: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], list[Any] | None]] = {}
         if self.url == "sqlite://":
             metadata.create_all(self.engine)  # in memory, gone at exit: no history to migrate
         else:
@@ -276,13 +278,41 @@ class Storage:
         with self.engine.connect() as conn:
             yield conn
 
-    def insert_ignore(self, table: Table) -> Any:
-        """An INSERT that skips rows whose key exists: replays and retries store nothing twice."""
+    def insert_ignore(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+        """INSERT rows (all with the same keys), skipping those whose key exists: replays and retries
+        store nothing twice.
+
+        The statement is compiled once per (table, columns) and run through the driver's
+        executemany with the columns' own bind processors (NaN marker, JSON): SQLAlchemy's per-row
+        parameter handling otherwise costs more than the insert itself at ingest rates.
+        """
+        columns = tuple(rows[0])
+        key = (table.name, columns)
+        plan = self._inserts.get(key)
+        if plan is None:
+            plan = self._inserts[key] = self._compile_insert(table, columns)
+        sql, names, processors = plan
+        if processors:
+            params = [
+                tuple(row[n] if (f := processors[i]) is None else f(row[n]) for i, n in enumerate(names))
+                for row in rows
+            ]
+        else:
+            params = [tuple(row[n] for n in names) for row in rows]
+        if not self._positional:
+            params = [dict(zip(names, p, strict=True)) for p in params]
+        conn.exec_driver_sql(sql, params)
+
+    def _compile_insert(self, table: Table, columns: tuple[str, ...]) -> tuple[str, tuple[str, ...], list[Any] | None]:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
             from sqlalchemy.dialects.sqlite import insert
-        return insert(table).on_conflict_do_nothing()
+        dialect = self.engine.dialect
+        compiled = insert(table).on_conflict_do_nothing().compile(dialect=dialect, column_keys=list(columns))
+        names = tuple(compiled.positiontup) if self._positional else columns
+        processors = [table.c[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names]
+        return str(compiled), names, processors if any(processors) else None
 
     def run_ids(self) -> list[str]:
         with self.connect() as conn:
