@@ -118,12 +118,14 @@ class Engine:
                 if rank_dets is None:
                     rank_dets = self._rank_dets[(event.run, event.rank)] = self._make(self._rank_classes)
                 for det in rank_dets:
-                    found.extend((event.run, _rank(f, event.rank), f) for f in det.observe(event, attempt))
+                    if out := det.observe(event, attempt):  # usually empty: no generator per call
+                        found.extend((event.run, _rank(f, event.rank), f) for f in out)
                 run_dets = self._run_dets.get(event.run)
                 if run_dets is None:
                     run_dets = self._run_dets[event.run] = self._make(self._run_classes)
                 for det in run_dets:
-                    found.extend((event.run, _rank(f, RUN_WIDE), f) for f in det.observe(event, attempt))
+                    if out := det.observe(event, attempt):
+                        found.extend((event.run, _rank(f, RUN_WIDE), f) for f in out)
             return self._store(found)
 
     def tick(self, now: float | None = None) -> list[AnomalyChange]:
