@@ -43,8 +43,15 @@ _PAUSE_S = 100e-6
 
 
 def encode_event(event: dict) -> str:
-    """One event as a JSON line (strict JSON: no bare NaN tokens)."""
-    return json.dumps(json_safe(event), separators=(",", ":"), allow_nan=False)
+    """One event as a JSON line (strict JSON: no bare NaN tokens).
+
+    The C encoder first; only an event with a non-finite float (a NaN loss) takes the Python walk
+    that swaps in the format's markers. The sender thread shares the GIL with training.
+    """
+    try:
+        return json.dumps(event, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(json_safe(event), separators=(",", ":"), allow_nan=False)
 
 
 class _HttpSink:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 from typing import Any
 
 from hooks.wire import Event
@@ -73,9 +74,12 @@ class ThroughputCollapse(Detector):
     def __init__(self, config: ThroughputCollapseConfig) -> None:
         self.config = config
         self._base = RollingWindow(config.baseline_window)  # seconds per token of normal steps
-        self._base_phases = {p: RollingWindow(config.baseline_window) for p in _TIMED}
+        # per-token phase seconds of the same normal steps, (one tuple per step, in _TIMED order): read
+        # only to name the grown phase when a collapse is found, so kept raw, not as sorted windows
+        self._base_phases: collections.deque[tuple[float, ...]] = collections.deque(maxlen=config.baseline_window)
         # (step, seconds per token, step seconds, tokens, phases) of the recent steps, oldest first
         self._recent: collections.deque[tuple[int, float, float, float, dict[str, float]]] = collections.deque()
+        self._recent_spt: collections.deque[float] = collections.deque()  # their seconds per token (C sum)
         self._since_start = 0
         self._open: str | None = None  # "steps" or "checkpoint" while an anomaly is open
         self._open_severity = ""
@@ -90,6 +94,7 @@ class ThroughputCollapse(Detector):
         if event.kind == "run_start":
             self._since_start = 0
             self._recent.clear()
+            self._recent_spt.clear()
             self._first_step_time = None
             self._last_save_time = None
             return []
@@ -127,8 +132,10 @@ class ThroughputCollapse(Detector):
             return out
         cfg = self.config
         self._recent.append((step, spt, seconds, tokens, phases))
+        self._recent_spt.append(spt)
         if len(self._recent) > cfg.window:
             old = self._recent.popleft()
+            self._recent_spt.popleft()
             if self._open != "steps":  # a collapse never enters its own baseline
                 self._admit(old)
         if len(self._base) < cfg.min_baseline or len(self._recent) < cfg.window:
@@ -136,8 +143,10 @@ class ThroughputCollapse(Detector):
         base = self._base.median()
         if base <= 0:
             return out
+        ratio = sum(self._recent_spt) / (len(self._recent) * base)
+        if self._open is None and ratio < cfg.slowdown:
+            return out  # the window without its worst step is slower still only if the whole window is
         slow = [r for r in self._recent if r[1] > cfg.slow_step * base]
-        ratio = sum(r[1] for r in self._recent) / (len(self._recent) * base)
         # Sustained: the window must be slow even without its worst step (one long step is a hang
         # or a blip, reported by ``hang`` if long enough; two or more are a collapse).
         worst = max(self._recent, key=lambda r: r[1])
@@ -174,15 +183,13 @@ class ThroughputCollapse(Detector):
 
     def _admit(self, rec: tuple[int, float, float, float, dict[str, float]]) -> None:
         self._base.add(rec[1])
-        for p in _TIMED:
-            self._base_phases[p].add(rec[4].get(p, 0.0) / rec[3])
+        self._base_phases.append(tuple(rec[4].get(p, 0.0) / rec[3] for p in _TIMED))
 
     def _grown_phase(self, slow: list[tuple[int, float, float, float, dict[str, float]]]) -> tuple[str, float]:
         """The phase whose per-token time in the slow steps grew most over its baseline median."""
         best, grew = "other", -math.inf
-        for p in _TIMED:
-            window = self._base_phases[p]
-            ref = window.median() if len(window) else 0.0
+        for i, p in enumerate(_TIMED):
+            ref = statistics.median(v[i] for v in self._base_phases) if self._base_phases else 0.0
             mean = sum(r[4].get(p, 0.0) / r[3] for r in slow) / len(slow)
             if mean - ref > grew:
                 best, grew = p, mean - ref
