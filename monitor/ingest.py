@@ -138,12 +138,15 @@ class Ingestor:
                         slot.error = exc
                         continue
                     fresh: list[tuple[Event, int]] = []
+                    seqs: dict[str, tuple[int, int]] = {}  # stream -> (last seq, missing) after this batch
                     for ev in slot.events:
-                        st = known[ev.stream]
-                        if ev.seq <= st.last_seq:
+                        last_seq, missing = seqs.get(ev.stream) or (known[ev.stream].last_seq, known[ev.stream].missing)
+                        if ev.seq <= last_seq:
                             continue
-                        known[ev.stream] = replace(st, last_seq=ev.seq, missing=st.missing + (ev.seq - st.last_seq - 1))
-                        fresh.append((ev, st.attempt))
+                        seqs[ev.stream] = (ev.seq, missing + (ev.seq - last_seq - 1))
+                        fresh.append((ev, known[ev.stream].attempt))
+                    for stream, (last_seq, missing) in seqs.items():
+                        known[stream] = replace(known[stream], last_seq=last_seq, missing=missing)
                     slot.fresh = fresh
                     fresh_all.extend(fresh)
                 if fresh_all:

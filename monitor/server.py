@@ -159,7 +159,11 @@ class _Ingress:
         await self._reply(send, 401, {"error": message}, [(b"www-authenticate", b'Bearer realm="trainmon"')])
 
     async def _events(self, scope: dict, receive: Any, send: Any) -> None:
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        declared = b""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value
+                break
         if declared.isdigit() and int(declared) > self._limit:
             await self._too_large(send, f"body of {int(declared)} bytes exceeds the limit of {self._limit} bytes")
             return

@@ -15,6 +15,7 @@ keeps NaN as the text ``'NaN'`` on SQLite (PostgreSQL has a native NaN).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -292,13 +293,11 @@ class Storage:
         if plan is None:
             plan = self._inserts[key] = self._compile_insert(table, columns)
         sql, names, processors = plan
+        values = operator.itemgetter(*names)
         if processors:
-            params = [
-                tuple(row[n] if (f := processors[i]) is None else f(row[n]) for i, n in enumerate(names))
-                for row in rows
-            ]
+            params = [tuple([v if f is None else f(v) for f, v in zip(processors, values(row), strict=True)]) for row in rows]
         else:
-            params = [tuple(row[n] for n in names) for row in rows]
+            params = [values(row) for row in rows]
         if not self._positional:
             params = [dict(zip(names, p, strict=True)) for p in params]
         conn.exec_driver_sql(sql, params)
