@@ -295,7 +295,8 @@ class Storage:
         sql, names, processors = plan
         values = operator.itemgetter(*names)
         if processors:
-            params = [tuple([v if f is None else f(v) for f, v in zip(processors, values(row), strict=True)]) for row in rows]
+            params = [tuple([v if f is None else f(v) for f, v in zip(processors, values(row), strict=True)])
+                      for row in rows]  # fmt: skip
         else:
             params = [values(row) for row in rows]
         if not self._positional:
