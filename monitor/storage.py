@@ -80,6 +80,10 @@ class Real(TypeDecorator):
         return value
 
 
+def _nan_marker(value: Any) -> Any:
+    return "NaN" if value != value else value  # only NaN differs from itself
+
+
 metadata = MetaData()
 
 runs = Table(
@@ -311,7 +315,12 @@ class Storage:
         dialect = self.engine.dialect
         compiled = insert(table).on_conflict_do_nothing().compile(dialect=dialect, column_keys=list(columns))
         names = tuple(compiled.positiontup) if self._positional else columns
-        processors = [table.c[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names]
+        processors = [
+            _nan_marker  # Real's processor on SQLite, as one plain call instead of TypeDecorator's two
+            if isinstance(table.c[n].type, Real) and self.dialect == "sqlite"
+            else table.c[n].type.dialect_impl(dialect).bind_processor(dialect)
+            for n in names
+        ]
         return str(compiled), names, processors if any(processors) else None
 
     def run_ids(self) -> list[str]:
