@@ -162,6 +162,16 @@ def _stored_steps(db: Path) -> int:
         conn.close()
 
 
+def _clients_cpu(clients: list[Any]) -> float:
+    total = 0.0
+    for p in clients:
+        try:
+            total += sum(psutil.Process(p.pid).cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -246,6 +256,7 @@ def main() -> None:
         rss.append((now, proc.memory_info().rss / 2**20))
         if now >= t_measure and cpu_start is None:
             cpu_start = (now, sum(proc.cpu_times()[:2]))
+            load_start = _clients_cpu(clients)
             counts.append((now, _stored_steps(db)))
         if now - last_print >= (30 if args.duration > 120 else 5):
             last_print = now
@@ -256,6 +267,7 @@ def main() -> None:
     end = time.time()
     counts.append((end, _stored_steps(db)))
     cpu_used = sum(proc.cpu_times()[:2]) - cpu_start[1] if cpu_start else math.nan
+    load_used = _clients_cpu(clients) - load_start if cpu_start else math.nan
     rss.append((end, proc.memory_info().rss / 2**20))
 
     reports = [pipe.recv() for pipe in pipes]
@@ -301,6 +313,7 @@ def main() -> None:
     print(f"stored steps/s        {steps_per_s:,.0f} (offered {offered:,.0f}); {n1 - n0:,} steps in {t1 - t0:.1f}s")
     print(f"samples/s             {samples_per_s:,.0f} ({SAMPLE_FIELDS} numeric fields per step)")
     print(f"collector CPU         {cpu_used / (t1 - t0):.2f} cores over the measured window")
+    print(f"load generator CPU    {load_used / (t1 - t0):.2f} cores (the simulated ranks share the machine)")
     print(f"all steps stored      {total_steps:,} of {expected_steps:,} sent")
     print(f"producers             dropped {dropped}, spooled {spooled} (spooled: timed out or backed off)")
     finite = sorted(x for x in latencies if math.isfinite(x))

@@ -74,15 +74,20 @@ def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
     return {"run": ev.run, "rank": ev.rank, "attempt": attempt, "step": step, "time": ev.time}
 
 
+_PHASE_KEYS = tuple((f"phase_{p}", p) for p in PHASE_COLUMNS)
+
+
 def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
     f = ev.fields
     lrs = f.get("lr")
     phases = f.get("phases") or {}
     row = _key(ev, attempt, f["step"])
-    row.update({name: f.get(name) for name in STEP_FIELDS})
+    for name in STEP_FIELDS:
+        row[name] = f.get(name)
     row["lr"] = lrs[0] if lrs else None
     row["lrs"] = lrs
-    row.update({f"phase_{p}": phases.get(p) for p in PHASE_COLUMNS})
+    for column, phase in _PHASE_KEYS:
+        row[column] = phases.get(phase)
     return row
 
 
