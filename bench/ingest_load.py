@@ -27,6 +27,7 @@ The last line is ``samples_per_s=... p50_latency_s=... p99_latency_s=... rss_gro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -165,10 +166,8 @@ def _stored_steps(db: Path) -> int:
 def _clients_cpu(clients: list[Any]) -> float:
     total = 0.0
     for p in clients:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += sum(psutil.Process(p.pid).cpu_times()[:2])
-        except psutil.Error:
-            pass
     return total
 
 
