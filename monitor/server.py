@@ -387,6 +387,8 @@ def serve(config: CollectorConfig) -> None:
             log_level="info",
             lifespan="off",
             access_log=False,  # one line per batch from every rank costs more than the batch; metrics count them
+            proxy_headers=False,  # no X-Forwarded-* rewriting: a middleware call per request, never used here
+            server_header=False,
         )
     )
     try:
