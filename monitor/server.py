@@ -104,9 +104,28 @@ class Collector:
         )
 
 
-def _settle(fut: asyncio.Future, reply: Reply) -> None:
-    if not fut.done():  # the writer may answer a batch twice after an internal error; the first wins
-        fut.set_result(reply)
+class _Replies:
+    """Replies from the writer thread to the event loop, with one wake-up per burst, not per batch
+    (each ``call_soon_threadsafe`` writes to the loop's self-pipe: a syscall and a loop iteration)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Future, Reply]] = []
+
+    def put(self, fut: asyncio.Future, reply: Reply) -> None:
+        with self._lock:
+            self._pending.append((fut, reply))
+            if len(self._pending) > 1:
+                return  # a wake-up is on its way and will take this one too
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for fut, reply in pending:
+            if not fut.done():  # the writer may answer a batch twice after an internal error; the first wins
+                fut.set_result(reply)
 
 
 class _Ingress:
@@ -128,6 +147,7 @@ class _Ingress:
         self._open = frozenset({"/healthz"} | ({"/metrics"} if config.metrics_public else set()))
         self._limit = config.max_body_bytes
         self._metrics = collector.metrics
+        self._replies: _Replies | None = None  # made on the first request, on the serving loop
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -179,8 +199,11 @@ class _Ingress:
             if not message.get("more_body", False):
                 break
         loop = asyncio.get_running_loop()
+        if self._replies is None or self._replies._loop is not loop:
+            self._replies = _Replies(loop)
+        replies = self._replies
         fut: asyncio.Future = loop.create_future()
-        self.collector.writer.submit(bytes(body), lambda reply: loop.call_soon_threadsafe(_settle, fut, reply))
+        self.collector.writer.submit(bytes(body), lambda reply: replies.put(fut, reply))
         status, payload, headers = await fut
         await self._reply(send, status, payload, headers)
 

@@ -15,6 +15,8 @@ SEVERITIES = ("info", "warning", "critical")
 
 def finite(x: Any) -> bool:
     """A real number that is not NaN or infinite (fields are optional: None is not finite)."""
+    if type(x) is float:  # the common case, first: detectors call this several times per event
+        return math.isfinite(x)
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -61,6 +61,8 @@ class Hang(Detector):
         self._ranks: dict[int, _Rank] = {}
         self._planned: int | None = None
         self._finished_step: int | None = None  # last step of a rank that finished normally
+        # timeout() is never below this: most steps are judged without computing it
+        self._least_timeout = min(config.min_timeout, config.first_step_timeout)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -109,7 +111,7 @@ class Hang(Detector):
                 pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0)
                 if pause > 0:
                     st.longest_pause = max(st.longest_pause, gap)
-                elif not st.open and gap < self.timeout(st):
+                elif not st.open and (gap < self._least_timeout or gap < self.timeout(st)):
                     st.intervals.add(gap)
             gap = t - (st.last_step_time if st.last_step_time is not None else st.started)
             if st.open:
@@ -118,8 +120,7 @@ class Hang(Detector):
                 # Seen only now (an import, or the collector was down): report the stall after the fact.
                 phases = event.fields.get("phases") or {}
                 unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0)
-                limit = self.timeout(st)
-                if unexplained >= limit:
+                if unexplained >= self._least_timeout and unexplained >= (limit := self.timeout(st)):
                     st.open = "stuck"
                     out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled", ended_by=step))
                     out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))

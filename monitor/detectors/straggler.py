@@ -13,6 +13,7 @@ neighbours). Without a phase split it falls back to step time.
 from __future__ import annotations
 
 import bisect
+import statistics
 
 from hooks.wire import Event
 from monitor.config import StragglerConfig
@@ -56,7 +57,9 @@ class Straggler(Detector):
         self._pending: dict[int, dict[int, tuple[float, float]]] = {}
         self._ratios: dict[int, RollingWindow] = {}
         self._comm: dict[int, RollingWindow] = {}
-        self._others_comm: dict[int, RollingWindow] = {}
+        # median comm over all ranks, per step: what the others wait (for the message only, so one
+        # run-wide window rather than one per rank; with two ranks "own <= median" still means "own <= other")
+        self._step_comm = RollingWindow(config.window)
         self._open: dict[int, float] = {}  # rank -> median ratio when reported
         self._hosts: dict[int, str] = {}
 
@@ -89,6 +92,7 @@ class Straggler(Detector):
         out: list[Finding] = []
         computes = sorted(c for c, _ in row.values())
         comms = sorted(m for _, m in row.values())
+        self._step_comm.add(statistics.median(comms))
         for rank, (compute, comm) in row.items():
             ref = _median_without(computes, compute)
             if ref <= 0:
@@ -96,7 +100,6 @@ class Straggler(Detector):
             ratios = self._ratios.setdefault(rank, RollingWindow(cfg.window))
             ratios.add(compute / ref)
             self._comm.setdefault(rank, RollingWindow(cfg.window)).add(comm)
-            self._others_comm.setdefault(rank, RollingWindow(cfg.window)).add(_median_without(comms, comm))
             if not ratios.full:
                 continue
             median = ratios.median()
@@ -114,7 +117,7 @@ class Straggler(Detector):
 
     def _finding(self, rank: int, step: int, median: float) -> Finding:
         own_comm = self._comm[rank].median()
-        others_comm = self._others_comm[rank].median()
+        others_comm = self._step_comm.median()
         host = self._hosts.get(rank, "?")
         waits_least = own_comm <= others_comm
         signature = (
