@@ -84,7 +84,7 @@ class Collector:
 
     @classmethod
     def open(cls, config: CollectorConfig) -> Collector:
-        storage = Storage(config.db)
+        storage = Storage(config.db, background_checkpoint=True)
         live = LiveState()
         with storage.connect() as conn:
             # Counters of runs still going survive a restart; ended runs are no longer exported.

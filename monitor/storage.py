@@ -14,8 +14,11 @@ keeps NaN as the text ``'NaN'`` on SQLite (PostgreSQL has a native NaN).
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import operator
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +43,9 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.types import TypeDecorator
+
+log = logging.getLogger("trainmon.storage")
+_CHECKPOINT_SECONDS = 1.0
 
 __all__ = [
     "PHASE_COLUMNS",
@@ -257,17 +263,38 @@ class Storage:
     the collector or of the machine, which is what lets ingest acknowledge only after commit.
     """
 
-    def __init__(self, path_or_url: str) -> None:
+    def __init__(self, path_or_url: str, *, background_checkpoint: bool = False) -> None:
         self.url = database_url(path_or_url)
         self.engine: Engine = create_engine(self.url)
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            # A long-lived writer (the collector) checkpoints the WAL on a thread of its own: SQLite copies
+            # the pages without holding the GIL, so that work moves off the ingest thread onto another core.
+            background = background_checkpoint and self.url != "sqlite://"
+            event.listen(self.engine, "connect", functools.partial(_sqlite_pragmas, autocheckpoint=not background))
+            if background:
+                self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="trainmon-checkpoint")
+                self._checkpointer.daemon = True
         self._positional = self.engine.dialect.positional  # qmark (SQLite) or named (psycopg) parameters
         self._inserts: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], list[Any] | None]] = {}
         if self.url == "sqlite://":
             metadata.create_all(self.engine)  # in memory, gone at exit: no history to migrate
         else:
             migrate(self.engine)
+        if self._checkpointer is not None:
+            self._checkpointer.start()
+
+    def _checkpoint_forever(self) -> None:
+        while not self._stop.wait(_CHECKPOINT_SECONDS):
+            self._checkpoint("PASSIVE")  # never blocks the writer; whatever readers still need stays
+
+    def _checkpoint(self, mode: str) -> None:
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql(f"PRAGMA wal_checkpoint({mode})")
+        except Exception:  # the WAL just grows until the next one succeeds
+            log.exception("WAL checkpoint failed; will retry")
 
     @property
     def dialect(self) -> str:
@@ -328,6 +355,10 @@ class Storage:
             return [r.run for r in conn.execute(select(runs.c.run).order_by(runs.c.created_at))]
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._stop.set()
+            self._checkpointer.join(30)
+            self._checkpoint("TRUNCATE")
         self.engine.dispose()
 
 
@@ -343,9 +374,11 @@ def migrate(engine: Engine) -> None:
         command.upgrade(config, "head")
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, autocheckpoint: bool = True) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=FULL")
     cur.execute("PRAGMA busy_timeout=10000")
+    if not autocheckpoint:
+        cur.execute("PRAGMA wal_autocheckpoint=0")
     cur.close()
