@@ -290,6 +290,8 @@ def _check(value: Any, spec: Field) -> Any:
     if t == "float_list":
         if not isinstance(value, list):
             raise WireError("", f"expected a list of numbers, got {_show(value)}")
+        if all(type(v) is float for v in value):
+            return value  # any float is allowed here (non-finite included)
         out = []
         for i, v in enumerate(value):
             try:
@@ -302,8 +304,11 @@ def _check(value: Any, spec: Field) -> Any:
             raise WireError("", f"expected an object of phase seconds, got {_show(value)}")
         phases = {}
         for name, secs in value.items():
-            if name not in PHASES:
+            if name not in _PHASE_SET:
                 raise WireError(f".{name}", f"unknown phase, expected one of {PHASES}")
+            if type(secs) is float and secs - secs == 0.0:  # finite: inf - inf and nan - nan are nan
+                phases[name] = secs
+                continue
             try:
                 phases[name] = decode_float(secs, nonfinite=False)
             except WireError as exc:
@@ -314,6 +319,10 @@ def _check(value: Any, spec: Field) -> Any:
             raise WireError("", f"expected a list of objects, got {_show(value)}")
         return value
     raise AssertionError(f"unknown field type {t}")
+
+
+_PHASE_SET = frozenset(PHASES)
+_REQUIRED = {kind: tuple(k for k, spec in specs.items() if spec.required) for kind, specs in EVENT_KINDS.items()}
 
 
 def validate_event(raw: Any, path: str = "event") -> Event:
@@ -344,14 +353,17 @@ def validate_event(raw: Any, path: str = "event") -> Event:
         spec = specs.get(key)
         if spec is None:
             raise WireError(f"{path}.fields.{_name(key)}", f"unknown field for kind {kind!r}")
+        if type(value) is float and spec.type == "float" and (spec.nonfinite or value - value == 0.0):
+            fields[key] = value  # the common case, without a call: most fields of a step are floats
+            continue
         if value is None and not spec.required:
             continue
         try:
             fields[key] = _check(value, spec)
         except WireError as exc:
             raise WireError(f"{path}.fields.{key}{exc.path}", exc.problem) from None
-    for key, spec in specs.items():
-        if spec.required and key not in fields:
+    for key in _REQUIRED[kind]:
+        if key not in fields:
             raise WireError(f"{path}.fields.{key}", f"missing required field for kind {kind!r}")
     header["fields"] = fields
     return Event(**header)
