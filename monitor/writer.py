@@ -36,7 +36,9 @@ Reply = tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]
 # (request body, callback, perf_counter when received)
 _Pending = tuple[bytes, Callable[[Reply], None], float]
 
-_MAX_GROUP_EVENTS = 20_000  # one transaction; a spool replay batch is at most 10,000 events
+# Bodies per transaction, in bytes (~800 step events): big enough that a commit is rare, small enough that
+# a batch waits for at most ~0.1 s of someone else's group (latency). A larger body is a group of its own.
+_MAX_GROUP_BYTES = 512 << 10
 
 
 class IngestWriter:
@@ -86,7 +88,7 @@ class IngestWriter:
                     return
                 group = [self._queue.popleft()]
                 size = len(group[0][0])
-                while self._queue and size < _MAX_GROUP_EVENTS * 256:  # ~256 bytes per event
+                while self._queue and size + len(self._queue[0][0]) <= _MAX_GROUP_BYTES:
                     group.append(self._queue.popleft())
                     size += len(group[-1][0])
             try:
