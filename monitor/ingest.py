@@ -165,8 +165,7 @@ class Ingestor:
         for slot in group:
             if slot.error is not None:
                 continue
-            for ev, attempt in slot.fresh:
-                self.live.apply(ev, attempt)
+            self.live.apply(slot.fresh)
             changes = self.engine.observe(slot.fresh)
             for ch in changes:
                 self.live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
@@ -234,12 +233,20 @@ class Ingestor:
         run_updates: dict[str, dict[str, Any]] = {}
         for ev, attempt in fresh:
             f = ev.fields
-            su = stream_updates.setdefault(ev.stream, {"host": ev.host, "last_time": ev.time, "events": 0})
-            su["last_time"] = max(su["last_time"], ev.time)
+            t = ev.time
+            su = stream_updates.get(ev.stream)  # not setdefault: its default dict would be built every time
+            if su is None:
+                su = stream_updates[ev.stream] = {"host": ev.host, "last_time": t, "events": 0}
+            elif t > su["last_time"]:
+                su["last_time"] = t
             su["events"] += 1
-            ru = run_updates.setdefault(ev.run, {"updated_at": ev.time, "first": ev.time})
-            ru["updated_at"] = max(ru["updated_at"], ev.time)
-            ru["first"] = min(ru["first"], ev.time)
+            ru = run_updates.get(ev.run)
+            if ru is None:
+                ru = run_updates[ev.run] = {"updated_at": t, "first": t}
+            elif t > ru["updated_at"]:
+                ru["updated_at"] = t
+            elif t < ru["first"]:
+                ru["first"] = t
             if ev.kind == "step":
                 rows[steps].append(_step_row(ev, attempt))
                 if f.get("layer_grad_norms"):

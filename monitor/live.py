@@ -65,50 +65,55 @@ class LiveState:
         self.lock = threading.Lock()
         self.runs: dict[str, RunState] = {}
 
-    def apply(self, event: Event, attempt: int) -> None:
+    def apply(self, items: list[tuple[Event, int]]) -> None:
+        """Fold stored events (with their attempt) into the live values, under one lock per batch."""
         with self.lock:
-            run = self.runs.get(event.run)
-            if run is None:
-                run = self.runs[event.run] = RunState(event.run)
-            rank = run.ranks.get(event.rank)
-            if rank is None:
-                rank = run.ranks[event.rank] = RankState()
-            run.received_at = time.monotonic()
-            rank.host = event.host
-            rank.last_seen = max(rank.last_seen, event.time)
-            last_seq = rank.seqs.get(event.stream, -1)
-            if event.seq > last_seq + 1:
-                rank.missing_events += event.seq - last_seq - 1
-            rank.seqs[event.stream] = max(last_seq, event.seq)
-            if attempt < rank.attempt:
-                return  # a late replay of an earlier attempt must not roll the gauges back
-            rank.attempt = attempt
-            f = event.fields
-            if event.kind == "step":
-                rank.step = f["step"]
-                rank.last = f
-                rank.last_step_time = event.time
-                tokens = f.get("tokens")
-                if tokens is not None:
-                    rank.tokens_total += tokens
-                    if f.get("step_time"):
-                        rank.tokens_per_second = tokens / f["step_time"]
-            elif event.kind == "health":
-                rank.health = f
-            elif event.kind == "run_start":
-                rank.start = f
-                try:
-                    rank.schedule = Schedule.from_dict(f["schedule"]) if f.get("schedule") else None
-                except (TypeError, ValueError):
-                    rank.schedule = None  # a schedule we cannot rebuild is simply not compared
-                if event.rank == 0:  # rank 0 speaks for the run, as for run_end
-                    run.status = "running"
-                run.world_size = f.get("world_size", run.world_size)
-                run.planned_steps = f.get("planned_steps", run.planned_steps)
-            elif event.kind == "eval":
-                run.eval_loss = f["loss"]
-            elif event.kind == "run_end" and event.rank == 0:
-                run.status = f["status"]
+            for event, attempt in items:
+                self._apply(event, attempt)
+
+    def _apply(self, event: Event, attempt: int) -> None:
+        run = self.runs.get(event.run)
+        if run is None:
+            run = self.runs[event.run] = RunState(event.run)
+        rank = run.ranks.get(event.rank)
+        if rank is None:
+            rank = run.ranks[event.rank] = RankState()
+        run.received_at = time.monotonic()
+        rank.host = event.host
+        rank.last_seen = max(rank.last_seen, event.time)
+        last_seq = rank.seqs.get(event.stream, -1)
+        if event.seq > last_seq + 1:
+            rank.missing_events += event.seq - last_seq - 1
+        rank.seqs[event.stream] = max(last_seq, event.seq)
+        if attempt < rank.attempt:
+            return  # a late replay of an earlier attempt must not roll the gauges back
+        rank.attempt = attempt
+        f = event.fields
+        if event.kind == "step":
+            rank.step = f["step"]
+            rank.last = f
+            rank.last_step_time = event.time
+            tokens = f.get("tokens")
+            if tokens is not None:
+                rank.tokens_total += tokens
+                if f.get("step_time"):
+                    rank.tokens_per_second = tokens / f["step_time"]
+        elif event.kind == "health":
+            rank.health = f
+        elif event.kind == "run_start":
+            rank.start = f
+            try:
+                rank.schedule = Schedule.from_dict(f["schedule"]) if f.get("schedule") else None
+            except (TypeError, ValueError):
+                rank.schedule = None  # a schedule we cannot rebuild is simply not compared
+            if event.rank == 0:  # rank 0 speaks for the run, as for run_end
+                run.status = "running"
+            run.world_size = f.get("world_size", run.world_size)
+            run.planned_steps = f.get("planned_steps", run.planned_steps)
+        elif event.kind == "eval":
+            run.eval_loss = f["loss"]
+        elif event.kind == "run_end" and event.rank == 0:
+            run.status = f["status"]
 
     def idle_runs(self, ended_after: float, idle_after: float, now: float | None = None) -> list[str]:
         """Runs to evict: ended ones quiet for ``ended_after`` seconds, any quiet for ``idle_after``."""
