@@ -290,8 +290,11 @@ def _check(value: Any, spec: Field) -> Any:
     if t == "float_list":
         if not isinstance(value, list):
             raise WireError("", f"expected a list of numbers, got {_show(value)}")
-        if all(type(v) is float for v in value):
-            return value  # any float is allowed here (non-finite included)
+        for v in value:
+            if type(v) is not float:
+                break
+        else:
+            return value  # all floats: any float is allowed here (non-finite included)
         out = []
         for i, v in enumerate(value):
             try:

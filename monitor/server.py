@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-import json
 import logging
 import signal
 import threading
@@ -15,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.openapi.utils import get_openapi
@@ -213,7 +213,7 @@ class _Ingress:
 
     @staticmethod
     async def _reply(send: Any, status: int, payload: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        body = json.dumps(payload).encode()
+        body = orjson.dumps(payload)
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
