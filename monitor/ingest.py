@@ -1,4 +1,4 @@
-"""Validated events → storage (one transaction per batch) → live state and detectors.
+"""Validated events → storage (one transaction per group of batches) → live state and detectors.
 
 Ingest is idempotent: each producer stream's events carry increasing sequence numbers and the
 collector remembers the highest one it committed, so a batch that arrives again (a retry
