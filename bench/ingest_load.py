@@ -21,6 +21,8 @@ collector's RSS over time (psutil), growth = late median minus early median.
     .venv/bin/python bench/ingest_load.py              # 60 s measured
     .venv/bin/python bench/ingest_load.py --soak 600   # 10-minute soak for the RSS figure
 
+Figures and what limits them: ``bench/README.md`` ("ingest_load.py").
+
 The last line is ``samples_per_s=... p50_latency_s=... p99_latency_s=... rss_growth_mib=...``.
 """
 
