@@ -109,7 +109,7 @@ class _Replies:
     (each ``call_soon_threadsafe`` writes to the loop's self-pipe: a syscall and a loop iteration)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Future, Reply]] = []
 
@@ -118,7 +118,7 @@ class _Replies:
             self._pending.append((fut, reply))
             if len(self._pending) > 1:
                 return  # a wake-up is on its way and will take this one too
-        self._loop.call_soon_threadsafe(self._deliver)
+        self.loop.call_soon_threadsafe(self._deliver)
 
     def _deliver(self) -> None:
         with self._lock:
@@ -199,7 +199,7 @@ class _Ingress:
             if not message.get("more_body", False):
                 break
         loop = asyncio.get_running_loop()
-        if self._replies is None or self._replies._loop is not loop:
+        if self._replies is None or self._replies.loop is not loop:
             self._replies = _Replies(loop)
         replies = self._replies
         fut: asyncio.Future = loop.create_future()
