@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.transport import Transport
 
@@ -173,6 +174,32 @@ def _clients_cpu(clients: list[Any]) -> float:
     return total
 
 
+def _ack_histogram(url: str) -> list[tuple[float, float]]:
+    """Cumulative (upper bound, count) of the collector's receive-to-acknowledgement histogram."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "trainmon_ingest_duration_seconds":
+            return [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
+    raise SystemExit("collector exports no trainmon_ingest_duration_seconds")
+
+
+def _bucket_quantile(start: list[tuple[float, float]], end: list[tuple[float, float]], q: float) -> float:
+    """Quantile of the window's observations, interpolated within buckets as Prometheus does."""
+    counts = [(le, b - a) for (le, b), (_, a) in zip(end, start, strict=True)]
+    total = counts[-1][1]
+    if total <= 0:
+        return math.nan
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, n in counts:
+        if n >= rank:
+            if math.isinf(le):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(n - below, 1e-9)
+        lower, below = le, n
+    return lower
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -261,6 +288,7 @@ def main() -> None:
             cpu_start = (now, sum(proc.cpu_times()[:2]))
             load_start = _clients_cpu(clients)
             counts.append((now, _stored_steps(db)))
+            acks_start = _ack_histogram(url)
         if now - last_print >= (30 if args.duration > 120 else 5):
             last_print = now
             print(
@@ -269,6 +297,7 @@ def main() -> None:
         time.sleep(min(1.0, max(0.0, t_stop - time.time())))
     end = time.time()
     counts.append((end, _stored_steps(db)))
+    acks_end = _ack_histogram(url)
     cpu_used = sum(proc.cpu_times()[:2]) - cpu_start[1] if cpu_start else math.nan
     load_used = _clients_cpu(clients) - load_start if cpu_start else math.nan
     rss.append((end, proc.memory_info().rss / 2**20))
@@ -322,6 +351,8 @@ def main() -> None:
     finite = sorted(x for x in latencies if math.isfinite(x))
     worst = max(finite, default=math.nan)
     print(f"ingest-to-anomaly     p50 {_pct(latencies, 0.5):.3f}s  p99 {_pct(latencies, 0.99):.3f}s  max {worst:.3f}s")
+    ack50, ack99 = (_bucket_quantile(acks_start, acks_end, q) for q in (0.5, 0.99))
+    print(f"collector ack         p50 {ack50:.3f}s  p99 {ack99:.3f}s  (received -> committed, measured window)")
     print(f"faults                {len(latencies)} injected, {missed} not detected")
     print(f"other anomalies       {dict(other) or 'none'}")
     peak = max(m for _, m in rss)
@@ -334,7 +365,7 @@ def main() -> None:
         print(f"profile               {args.profile}")
     print(
         f"samples_per_s={samples_per_s:.0f} steps_per_s={steps_per_s:.0f} p50_latency_s={_pct(latencies, 0.5):.3f} "
-        f"p99_latency_s={_pct(latencies, 0.99):.3f} missed_faults={missed} rss_growth_mib={growth:.1f} "
+        f"p99_latency_s={_pct(latencies, 0.99):.3f} ack_p99_s={ack99:.3f} missed_faults={missed} rss_growth_mib={growth:.1f} "
         f"ranks={args.ranks} seconds={t1 - t0:.0f}"
     )
 

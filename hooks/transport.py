@@ -164,6 +164,7 @@ class Transport:
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._stop = False
+        self._flushing = False  # flush() asked for everything, not only what the tick found queued
         self._slice_start = 0.0
         self._thread = threading.Thread(target=self._run, name="trainmon-sender", daemon=True)
         self._thread.start()
@@ -181,6 +182,7 @@ class Transport:
     def flush(self, timeout: float = 10.0) -> bool:
         """Ask the sender to deliver (or spool) everything queued; True when it did in time."""
         self._idle.clear()
+        self._flushing = True
         self._wake.set()
         return self._idle.wait(timeout)
 
@@ -205,12 +207,19 @@ class Transport:
     # -- sender thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        # A fixed cadence: a tick every flush_interval from the previous tick, not from the end of the
+        # previous send, so an event waits at most one interval plus one round trip. Each tick sends what
+        # was queued when it began; what arrives during a slow send waits for the next tick instead of
+        # going out in a trickle of small requests, which would cost a loaded collector more per event.
+        due = time.monotonic()
         while True:
-            self._wake.wait(self._flush_interval)
+            due = max(due + self._flush_interval, time.monotonic())  # behind after a slow send: go at once
+            self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             stopping = self._stop
+            everything, self._flushing = stopping or self._flushing, False
             try:
-                self._drain(final=stopping)
+                self._drain(final=stopping, everything=everything)
             except Exception:  # the sender must outlive any bug in one batch
                 log.exception("trainmon sender failed; continuing")
             if not self._queue:
@@ -225,10 +234,11 @@ class Transport:
             time.sleep(_PAUSE_S)  # a real sleep: sleep(0) gives the GIL back before a waiter wakes up
             self._slice_start = time.perf_counter()
 
-    def _take(self) -> list[str]:
+    def _take(self, limit: int) -> list[str]:
         lines = []
         q = self._queue
-        while q and len(lines) < MAX_EVENTS_PER_BATCH:
+        limit = min(limit, MAX_EVENTS_PER_BATCH)
+        while q and len(lines) < limit:
             event = q.popleft()
             event["seq"] = self._seq
             self._seq += 1
@@ -236,14 +246,17 @@ class Transport:
             self._breathe()
         return lines
 
-    def _drain(self, final: bool) -> None:
+    def _drain(self, final: bool, everything: bool) -> None:
+        """Send what is queued now (``everything``: also what arrives meanwhile, until empty)."""
         self._slice_start = time.perf_counter()
         if self._poll is not None:
             for event in self._poll():  # lazily: each event is completed as it is taken
                 self.put(event)
                 self._breathe()
-        while self._queue:
-            lines = self._take()
+        budget = len(self._queue)
+        while self._queue and (everything or budget > 0):
+            lines = self._take(len(self._queue) if everything else budget)
+            budget -= len(lines)
             if self._file is not None:
                 self._file.write("\n".join(lines) + "\n")
                 self._file.flush()
