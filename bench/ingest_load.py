@@ -166,6 +166,29 @@ def _stored_steps(db: Path) -> int:
         conn.close()
 
 
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    """The collector and its children (the detection process, the forkserver it comes from)."""
+    with contextlib.suppress(psutil.Error):
+        return [proc, *proc.children(recursive=True)]
+    return [proc]
+
+
+def _tree_cpu(proc: psutil.Process) -> float:
+    total = 0.0
+    for p in _tree(proc):
+        with contextlib.suppress(psutil.Error):
+            total += sum(p.cpu_times()[:2])
+    return total
+
+
+def _tree_rss_mib(proc: psutil.Process) -> float:
+    total = 0
+    for p in _tree(proc):
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total / 2**20
+
+
 def _clients_cpu(clients: list[Any]) -> float:
     total = 0.0
     for p in clients:
@@ -283,9 +306,9 @@ def main() -> None:
     last_print = 0.0
     while time.time() < t_stop:
         now = time.time()
-        rss.append((now, proc.memory_info().rss / 2**20))
+        rss.append((now, _tree_rss_mib(proc)))
         if now >= t_measure and cpu_start is None:
-            cpu_start = (now, sum(proc.cpu_times()[:2]))
+            cpu_start = (now, _tree_cpu(proc))
             load_start = _clients_cpu(clients)
             counts.append((now, _stored_steps(db)))
             acks_start = _ack_histogram(url)
@@ -298,9 +321,9 @@ def main() -> None:
     end = time.time()
     counts.append((end, _stored_steps(db)))
     acks_end = _ack_histogram(url)
-    cpu_used = sum(proc.cpu_times()[:2]) - cpu_start[1] if cpu_start else math.nan
+    cpu_used = _tree_cpu(proc) - cpu_start[1] if cpu_start else math.nan
     load_used = _clients_cpu(clients) - load_start if cpu_start else math.nan
-    rss.append((end, proc.memory_info().rss / 2**20))
+    rss.append((end, _tree_rss_mib(proc)))
 
     reports = [pipe.recv() for pipe in pipes]
     for p in clients:

@@ -32,6 +32,7 @@ __all__ = [
     "NotifyTargetConfig",
     "StragglerConfig",
     "ThroughputCollapseConfig",
+    "detectors_config",
     "load_config",
 ]
 
@@ -506,6 +507,13 @@ def _apply(obj: Any, raw: dict, prefix: str) -> None:
         if not ok:
             raise ConfigError(f"{name}: expected {expected.__name__}, got {value!r}")
         setattr(obj, key, value)
+
+
+def detectors_config(raw: dict[str, Any]) -> DetectorsConfig:
+    """A ``DetectorsConfig`` from its dict form (``dataclasses.asdict``), checked like a config file."""
+    config = DetectorsConfig()
+    _apply(config, raw, "detectors.")
+    return config
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> CollectorConfig:

@@ -11,26 +11,34 @@ closes it; a new finding after that opens a new anomaly. Open anomalies are load
 storage at start, and each detector's state is rebuilt from the stored tail of its streams the
 first time the stream is seen again, so a collector restart neither loses nor re-raises an
 anomaly, and does not blind a detector for a window.
+
+The detectors themselves (``monitor.detection``) run either in the caller's thread or, in the
+collector, in a child process (``monitor.detection_process``) that works on one group while
+the writer commits the next. Every change to the anomaly table goes to one listener
+(``on_changes``: the collector's live state and notifier).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, select, update
 
 from hooks.wire import Event
 from monitor.config import DetectorsConfig
+from monitor.detection import RUN_WIDE, Found
+from monitor.detection_process import DetectionProcess, LocalDetection
 from monitor.detectors import ALL_DETECTORS, Detector, Finding
 from monitor.replay import recent_events
 from monitor.storage import Storage, anomalies, streams
 
-__all__ = ["AnomalyChange", "Engine"]
+__all__ = ["RUN_WIDE", "AnomalyChange", "Engine"]
 
-RUN_WIDE = -1
+log = logging.getLogger("trainmon.collector")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +55,27 @@ class AnomalyChange:
 
 
 class Engine:
-    """Detector instances per (run, rank) and per run, plus the open-anomaly index."""
+    """The anomaly lifecycle around the detectors: open-anomaly index, storage, priming from history.
+
+    ``process=True`` runs the detectors in a child process (the collector); otherwise they run
+    in the calling thread and every callback has run when a call returns.
+    """
 
     def __init__(
-        self, storage: Storage, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS
+        self,
+        storage: Storage,
+        config: DetectorsConfig,
+        detectors: tuple[type[Detector], ...] = ALL_DETECTORS,
+        *,
+        process: bool = False,
+        on_changes: Callable[[list[AnomalyChange]], None] | None = None,
     ) -> None:
         self._storage = storage
         self._config = config
-        self._rank_classes = [c for c in detectors if c.scope == "rank"]
-        self._run_classes = [c for c in detectors if c.scope == "run"]
-        self._rank_dets: dict[tuple[str, int], list[Detector]] = {}
-        self._run_dets: dict[str, list[Detector]] = {}
-        self._lock = threading.Lock()
+        self._on_changes = on_changes
+        self._lock = threading.Lock()  # the open-anomaly index and the primed sets
+        self._primed_ranks: set[tuple[str, int]] = set()
+        self._primed_runs: set[str] = set()
         with storage.connect() as conn:
             rows = conn.execute(
                 select(anomalies.c.id, anomalies.c.run, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity).where(
@@ -69,21 +86,26 @@ class Engine:
             self._open: dict[tuple[str, str, int], tuple[int, str]] = {
                 (r.run, r.kind, r.rank): (r.id, r.severity) for r in rows
             }
+        if process:
+            if detectors is not ALL_DETECTORS:
+                raise ValueError("a detection process runs the built-in detectors; pass process=False for others")
+            self._detection: LocalDetection | DetectionProcess = DetectionProcess(config, on_lost=self._lost)
+        else:
+            self._detection = LocalDetection(config, detectors)
 
-    def _make(self, classes: list[type[Detector]]) -> list[Detector]:
-        return [cls(getattr(self._config, cls.kind)) for cls in classes]
+    @property
+    def detection(self) -> LocalDetection | DetectionProcess:
+        return self._detection
 
     def prime(self, keys: Iterable[tuple[str, int]]) -> None:
-        """Create the detectors of (run, rank) pairs seen for the first time since start.
-
-        Their stored history is replayed into them first; findings of the replay are dropped
-        (they are stored already). Call before the new events are written.
-        """
+        """Rebuild the detectors of (run, rank) pairs seen for the first time since start (or eviction)
+        from their stored history. Call before the new events are written: the history must not
+        hold them."""
         with self._lock:
-            new_ranks = [k for k in keys if k not in self._rank_dets]
-            new_runs = sorted({run for run, _ in new_ranks if run not in self._run_dets})
+            new_ranks = [k for k in keys if k not in self._primed_ranks]
             if not new_ranks:
                 return
+            new_runs = sorted({run for run, _ in new_ranks if run not in self._primed_runs})
             with self._storage.connect() as conn:
                 for run in new_runs:  # a run evicted earlier comes back with its open anomalies
                     rows = conn.execute(
@@ -93,14 +115,11 @@ class Engine:
                     )
                     self._open.update({(run, r.kind, r.rank): (r.id, r.severity) for r in rows})
                 for run, rank in new_ranks:
-                    dets = self._make(self._rank_classes)
-                    _feed(dets, recent_events(conn, run, rank, self._config.replay_window))
-                    self._rank_dets[(run, rank)] = dets
+                    self._detection.feed_rank(run, rank, recent_events(conn, run, rank, self._config.replay_window))
                 for run in new_runs:
-                    dets = self._make(self._run_classes)
-                    if dets:
-                        _feed(dets, self._run_history(conn, run))
-                    self._run_dets[run] = dets
+                    self._detection.feed_run(run, self._run_history(conn, run))
+            self._primed_ranks.update(new_ranks)
+            self._primed_runs.update(new_runs)
 
     def _run_history(self, conn: Connection, run: str) -> list[tuple[Event, int]]:
         ranks = conn.execute(select(streams.c.rank).where(streams.c.run == run).distinct()).scalars().all()
@@ -109,42 +128,76 @@ class Engine:
         history.sort(key=lambda pair: pair[0].time)
         return history
 
+    def submit(self, items: list[tuple[Event, int]], done: Callable[[], None]) -> None:
+        """Detect on committed events (with their attempt), in commit order; ``done()`` once what they
+        changed is stored and published. In a detection process, this returns at once (blocking only
+        when the child is several groups behind) and ``done`` runs on another thread."""
+
+        def detected(found: list[Found]) -> None:
+            try:
+                self._publish(self._store(found))
+            except Exception:  # the events are stored and get answered; what they showed is logged as lost
+                log.exception("storing or publishing %d findings failed", len(found))
+            finally:
+                done()
+
+        self._detection.observe(items, detected)
+
     def observe(self, items: list[tuple[Event, int]]) -> list[AnomalyChange]:
-        """Feed events (with their attempt) to the detectors; store and return what changed."""
-        with self._lock:
-            found: list[tuple[str, int, Finding]] = []
-            for event, attempt in items:
-                rank_dets = self._rank_dets.get((event.run, event.rank))
-                if rank_dets is None:
-                    rank_dets = self._rank_dets[(event.run, event.rank)] = self._make(self._rank_classes)
-                for det in rank_dets:
-                    if out := det.observe(event, attempt):  # usually empty: no generator per call
-                        found.extend((event.run, _rank(f, event.rank), f) for f in out)
-                run_dets = self._run_dets.get(event.run)
-                if run_dets is None:
-                    run_dets = self._run_dets[event.run] = self._make(self._run_classes)
-                for det in run_dets:
-                    if out := det.observe(event, attempt):
-                        found.extend((event.run, _rank(f, RUN_WIDE), f) for f in out)
-            return self._store(found)
+        """``submit`` and wait: the changes the events made."""
+        return self._wait(lambda cb: self._detection.observe(items, cb))
 
     def tick(self, now: float | None = None) -> list[AnomalyChange]:
         """Let detectors notice silence (hangs); the collector calls this every second."""
         now = time.time() if now is None else now
+        return self._wait(lambda cb: self._detection.tick(now, cb))
+
+    def _wait(self, call: Callable[[Callable[[list[Found]], None]], None]) -> list[AnomalyChange]:
+        result: list[list[AnomalyChange]] = []
+        ready = threading.Event()
+
+        def detected(found: list[Found]) -> None:
+            try:
+                changes = self._store(found)
+                result.append(changes)
+                self._publish(changes)
+            finally:
+                ready.set()
+
+        call(detected)
+        ready.wait()
+        return result[0] if result else []
+
+    def _publish(self, changes: list[AnomalyChange]) -> None:
+        if changes and self._on_changes is not None:
+            self._on_changes(changes)
+
+    def forget(self, run: str) -> None:
+        """Drop a finished run's detector state and open-anomaly index entries (bounded memory).
+
+        If the run sends again, :meth:`prime` replays its stored tail and reloads its open
+        anomalies, exactly as after a collector restart.
+        """
         with self._lock:
-            found: list[tuple[str, int, Finding]] = []
-            for (run, rank), dets in self._rank_dets.items():
-                for det in dets:
-                    found.extend((run, _rank(f, rank), f) for f in det.tick(now))
-            for run, dets in self._run_dets.items():
-                for det in dets:
-                    found.extend((run, _rank(f, RUN_WIDE), f) for f in det.tick(now))
-            return self._store(found)
+            self._detection.forget(run)
+            self._primed_ranks = {k for k in self._primed_ranks if k[0] != run}
+            self._primed_runs.discard(run)
+            for key in [k for k in self._open if k[0] == run]:
+                del self._open[key]
+
+    def _lost(self) -> None:
+        """A new detection process took over: every stream is primed from storage again."""
+        with self._lock:
+            self._primed_ranks.clear()
+            self._primed_runs.clear()
+
+    def close(self) -> None:
+        self._detection.close()
 
     def _store(self, found: list[tuple[str, int, Finding]]) -> list[AnomalyChange]:
         if not found:
             return []
-        with self._storage.begin() as conn:
+        with self._lock, self._storage.begin() as conn:
             changes = [self._record(conn, run, rank, f) for run, rank, f in found]
         return [c for c in changes if c is not None]
 
@@ -195,26 +248,3 @@ class Engine:
         conn.execute(update(anomalies).where(anomalies.c.id == open_id).values(**values))
         self._open[key] = (open_id, f.severity)
         return AnomalyChange("updated", open_id, run, rank, f, f.severity, severity)
-
-    def forget(self, run: str) -> None:
-        """Drop a finished run's detector state and open-anomaly index entries (bounded memory).
-
-        If the run sends again, :meth:`prime` replays its stored tail and reloads its open
-        anomalies, exactly as after a collector restart.
-        """
-        with self._lock:
-            for key in [k for k in self._rank_dets if k[0] == run]:
-                del self._rank_dets[key]
-            self._run_dets.pop(run, None)
-            for key in [k for k in self._open if k[0] == run]:
-                del self._open[key]
-
-
-def _rank(f: Finding, default: int) -> int:
-    return default if f.rank is None else f.rank
-
-
-def _feed(dets: list[Detector], history: list[tuple[Event, int]]) -> None:
-    for event, attempt in history:
-        for det in dets:
-            det.observe(event, attempt)

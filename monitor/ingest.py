@@ -12,13 +12,14 @@ next one (the process restarted, usually resuming from a checkpoint) attempt 1, 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
 from hooks.wire import Event
-from monitor.engine import AnomalyChange, Engine
+from monitor.engine import Engine
 from monitor.live import LiveState
 from monitor.storage import (
     PHASE_COLUMNS,
@@ -45,7 +46,6 @@ class IngestError(ValueError):
 class IngestResult:
     accepted: int
     duplicates: int
-    changes: list[AnomalyChange]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +61,11 @@ class _Stream:
 class _Slot:
     """A batch of a group being committed, and what became of it."""
 
-    __slots__ = ("error", "events", "fresh", "result")
+    __slots__ = ("error", "events", "fresh")
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
         self.fresh: list[tuple[Event, int]] = []
-        self.result: IngestResult | None = None
         self.error: BaseException | None = None
 
 
@@ -102,32 +101,51 @@ class Ingestor:
         self._streams: dict[str, _Stream] = {}
 
     def ingest(self, events: list[Event]) -> IngestResult:
-        """Store one validated batch; returns once it is durable. Raises ``IngestError`` on a conflict."""
-        (result,) = self.ingest_group([events])
+        """Store one validated batch and wait for its detection. Raises ``IngestError`` on a conflict."""
+        results: list[IngestResult | IngestError] = []
+        ready = threading.Event()
+
+        def done(out: list[IngestResult | IngestError]) -> None:
+            results.extend(out)
+            ready.set()
+
+        self.ingest_group([events], done)
+        ready.wait()
+        (result,) = results
         if isinstance(result, IngestError):
             raise result
         return result
 
-    def ingest_group(self, batches: list[list[Event]]) -> list[IngestResult | IngestError]:
-        """Store validated batches in one transaction (group commit); one result per batch.
+    def ingest_group(
+        self, batches: list[list[Event]], done: Callable[[list[IngestResult | IngestError]], None]
+    ) -> None:
+        """Store validated batches in one transaction (group commit); ``done`` gets one result per batch
+        once the group is durable and the detectors have seen it (on another thread when detection
+        runs in a child process: this returns as soon as the group is committed).
 
         Each batch is still all or nothing: one that contradicts stored data gets its
         ``IngestError`` and the others are stored. A thousand ranks cost a few fsyncs a second
         instead of one per batch (``synchronous=FULL`` makes the fsync the limit otherwise).
-        Raises (and stores nothing) when the database fails.
+        Raises (and stores nothing, calls nothing) when the database fails.
         """
         group = [_Slot(events) for events in batches]
         with self._lock:
             self._commit(group)
-        out: list[IngestResult | IngestError] = []
-        for slot in group:
-            if slot.error is not None:
-                assert isinstance(slot.error, IngestError)
-                out.append(slot.error)
-            else:
-                assert slot.result is not None
-                out.append(slot.result)
-        return out
+            results: list[IngestResult | IngestError] = []
+            fresh: list[tuple[Event, int]] = []
+            for slot in group:
+                if slot.error is not None:
+                    assert isinstance(slot.error, IngestError)
+                    results.append(slot.error)
+                else:
+                    results.append(IngestResult(len(slot.fresh), len(slot.events) - len(slot.fresh)))
+                    fresh.extend(slot.fresh)
+            if fresh:
+                self.live.apply(fresh)
+                # Under the lock: the detectors must see groups in commit order.
+                self.engine.submit(fresh, lambda: done(results))
+        if not fresh:
+            done(results)
 
     def _commit(self, group: list[_Slot]) -> None:
         """One transaction for the group; a batch that conflicts is refused alone."""
@@ -162,14 +180,6 @@ class Ingestor:
                     slot.error = exc
             raise
         self._streams.update({k: replace(v, new=False) for k, v in known.items()})
-        for slot in group:
-            if slot.error is not None:
-                continue
-            self.live.apply(slot.fresh)
-            changes = self.engine.observe(slot.fresh)
-            for ch in changes:
-                self.live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
-            slot.result = IngestResult(len(slot.fresh), len(slot.events) - len(slot.fresh), changes)
 
     def evict(self, ended_after: float, idle_after: float) -> list[str]:
         """Forget runs that ended (or went silent) long enough ago: detectors, live values, stream cache.

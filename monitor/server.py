@@ -25,7 +25,7 @@ from sqlalchemy import select, text
 from hooks import wire
 from monitor import live_view
 from monitor.config import CollectorConfig, ConfigError
-from monitor.engine import Engine
+from monitor.engine import AnomalyChange, Engine
 from monitor.exporter import CollectorMetrics, TrainingCollector
 from monitor.ingest import Ingestor
 from monitor.live import LiveState
@@ -52,7 +52,7 @@ class Collector:
     notifier: Notifier | None = None
 
     def __post_init__(self) -> None:
-        self.writer = IngestWriter(self.ingestor, self.metrics, self.notifier, self.config.max_pending_batches)
+        self.writer = IngestWriter(self.ingestor, self.metrics, self.config.max_pending_batches)
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_forever, name="trainmon-ticker", daemon=True)
         self._ticker.start()
@@ -61,11 +61,7 @@ class Collector:
         # Detectors that fire on silence (a hung rank sends nothing) need a clock of their own.
         while not self._stop.wait(1.0):
             try:
-                changes = self.ingestor.engine.tick()
-                for ch in changes:
-                    self.live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
-                if self.notifier is not None:
-                    self.notifier.submit(changes)
+                self.ingestor.engine.tick()  # what it changes goes to publish(), like the ingest path's
             except Exception:
                 log.exception("detector tick failed; continuing")
             try:
@@ -75,9 +71,10 @@ class Collector:
                 log.exception("eviction failed; continuing")
 
     def close(self) -> None:
-        self.writer.close()  # what was received is committed and answered first
         self._stop.set()
         self._ticker.join(5)
+        self.writer.close()  # what was received is committed ...
+        self.ingestor.engine.close()  # ... and detected, and answered
         if self.notifier is not None:
             self.notifier.close()
         self.storage.close()
@@ -95,10 +92,16 @@ class Collector:
                     .where(runs.c.status == "running")
                 ).all()
             )
-        engine = Engine(storage, config.detectors)
         registry = CollectorRegistry()
         registry.register(TrainingCollector(live))
         notifier = Notifier(config.notify, registry, open_anomalies(storage) if config.notify.targets else ())
+
+        def publish(changes: list[AnomalyChange]) -> None:
+            for ch in changes:
+                live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
+            notifier.submit(changes)
+
+        engine = Engine(storage, config.detectors, process=True, on_changes=publish)
         return cls(
             config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry), notifier
         )

@@ -1,6 +1,9 @@
 """The collector's single write path: request bodies in, acknowledgements out.
 
-One thread decodes, validates and commits every batch the HTTP layer receives. Batches that
+One thread decodes, validates and commits every batch the HTTP layer receives, then hands the
+group to the detectors (in a child process: see ``monitor.detection_process``) and goes on with
+the next group; each batch is answered when its group's detection is done, so a producer that
+got its acknowledgement can read the anomalies its events raised. Batches that
 arrive while a group is being committed wait in a queue and go into the next group, so a
 thousand ranks cost a few transactions (and fsyncs) a second, and no request thread ever
 contends for a lock: under load the queue is the batching. A batch is acknowledged only after
@@ -25,8 +28,7 @@ import orjson
 
 from hooks import wire
 from monitor.exporter import CollectorMetrics
-from monitor.ingest import IngestError, Ingestor
-from monitor.notify import Notifier
+from monitor.ingest import IngestError, Ingestor, IngestResult
 
 __all__ = ["IngestWriter", "Reply"]
 
@@ -43,18 +45,12 @@ _MAX_GROUP_BYTES = 512 << 10
 
 
 class IngestWriter:
-    """Owns ingestion: ``submit`` from any thread, ``done`` is called on the writer thread."""
+    """Owns ingestion: ``submit`` from any thread; replies come from the writer thread, or from the
+    detection reader thread once the group's detection is done."""
 
-    def __init__(
-        self,
-        ingestor: Ingestor,
-        metrics: CollectorMetrics,
-        notifier: Notifier | None = None,
-        max_pending: int = 4096,
-    ) -> None:
+    def __init__(self, ingestor: Ingestor, metrics: CollectorMetrics, max_pending: int = 4096) -> None:
         self._ingestor = ingestor
         self._metrics = metrics
-        self._notifier = notifier
         self._max_pending = max_pending
         self._queue: collections.deque[_Pending] = collections.deque()
         self._ready = threading.Condition()
@@ -63,18 +59,31 @@ class IngestWriter:
         self._thread.start()
 
     def submit(self, body: bytes, done: Callable[[Reply], None]) -> None:
-        """Queue a request body; ``done(reply)`` is called once it is committed or refused."""
+        """Queue a request body; ``done(reply)`` is called once, when it is committed and detected, or refused."""
         with self._ready:
             if self._stop or len(self._queue) >= self._max_pending:
                 self._metrics.rejected.labels("overload").inc()
                 done(_overloaded(len(self._queue)))
                 return
-            self._queue.append((body, done, time.perf_counter()))
+            self._queue.append((body, self._answer_once(done), time.perf_counter()))
             self._metrics.inflight.inc()
             self._ready.notify()
 
+    def _answer_once(self, done: Callable[[Reply], None]) -> Callable[[Reply], None]:
+        answered = False
+
+        def answer(reply: Reply) -> None:
+            nonlocal answered
+            if answered:  # after an internal error the writer answers every batch of the group again
+                return
+            answered = True
+            self._metrics.inflight.dec()
+            done(reply)
+
+        return answer
+
     def close(self, timeout: float = 30.0) -> None:
-        """Finish what was queued, then stop the thread."""
+        """Commit what was queued, then stop the thread (answers of the last groups may follow)."""
         with self._ready:
             self._stop = True
             self._ready.notify()
@@ -96,10 +105,8 @@ class IngestWriter:
                 self._ingest(group)
             except Exception as exc:  # the writer must outlive any bug in one group
                 log.exception("ingest of a group failed")
-                for _, done, _ in group:  # answers the batches not answered yet (done ignores a second call)
+                for _, done, _ in group:
                     done((500, {"error": f"collector error: {exc}"}, []))
-            finally:
-                self._metrics.inflight.dec(len(group))
 
     def _ingest(self, group: list[_Pending]) -> None:
         batches: list[list[wire.Event]] = []
@@ -112,13 +119,19 @@ class IngestWriter:
         if not batches:
             return
         try:
-            results = self._ingestor.ingest_group(batches)
+            self._ingestor.ingest_group(batches, lambda results: self._answer(batches, waiting, results))
         except Exception as exc:  # storage failed: nothing of the group was stored or acknowledged
             log.exception("storage failed; %d batches answered 503", len(batches))
             self._metrics.rejected.labels("storage").inc(len(batches))
             for done, _ in waiting:
                 done((503, {"error": f"storage failed, retry later: {exc}"}, [(b"retry-after", b"1")]))
-            return
+
+    def _answer(
+        self,
+        batches: list[list[wire.Event]],
+        waiting: list[tuple[Callable[[Reply], None], float]],
+        results: list[IngestResult | IngestError],
+    ) -> None:
         now = time.perf_counter()
         for events, (done, received), result in zip(batches, waiting, results, strict=True):
             self._metrics.latency.observe(now - received)
@@ -126,8 +139,6 @@ class IngestWriter:
                 self._metrics.rejected.labels("conflict").inc()
                 done((409, {"error": str(result)}, []))
                 continue
-            if self._notifier is not None and result.changes:
-                self._notifier.submit(result.changes)
             self._metrics.batches.inc()
             self._metrics.duplicates.inc(result.duplicates)
             for kind, n in collections.Counter(ev.kind for ev in events).items():

@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from hooks.wire import validate_batch
 from monitor.config import DetectorsConfig
+from monitor.detection_process import LocalDetection
 from monitor.engine import Engine
 from monitor.ingest import Ingestor
 from monitor.live import LiveState
@@ -40,13 +41,17 @@ def _run_events(run: str, rank: int, n_steps: int, *, nan_at: int | None = None,
 
 def _sizes(ing: Ingestor) -> dict[str, int]:
     eng = ing.engine
-    return {
-        "rank_detectors": len(eng._rank_dets),
-        "run_detectors": len(eng._run_dets),
+    sizes = {
+        "primed_ranks": len(eng._primed_ranks),
+        "primed_runs": len(eng._primed_runs),
         "open_index": len(eng._open),
         "live_runs": len(ing.live.runs),
         "stream_cache": len(ing._streams),
     }
+    if isinstance(eng.detection, LocalDetection):  # a detection process holds its detectors in the child
+        sizes["rank_detectors"] = len(eng.detection.detection.rank_dets)
+        sizes["run_detectors"] = len(eng.detection.detection.run_dets)
+    return sizes
 
 
 def test_many_short_runs_leave_nothing_behind(tmp_path: Path) -> None:
@@ -100,7 +105,8 @@ def test_detector_state_does_not_grow_with_steps() -> None:
             ing.ingest(validate_batch(batch(evs)))
 
     steps(0, 2000)
-    dets = ing.engine._rank_dets[("long", 0)] + ing.engine._run_dets["long"]
+    detection = ing.engine.detection.detection
+    dets = detection.rank_dets[("long", 0)] + detection.run_dets["long"]
     gc.collect()
     tracemalloc.start()
     steps(2000, 2000)
@@ -117,7 +123,7 @@ def test_eviction_timer_and_a_returning_run_keeps_its_open_anomaly(tmp_path: Pat
         evs = _run_events("comeback", 0, 30, nan_at=29)
         assert lc.post(batch(evs))[0] == 200
         ing = lc.collector.ingestor
-        assert ("comeback", 0) in ing.engine._rank_dets
+        assert ("comeback", 0) in ing.engine._primed_ranks
         deadline = time.monotonic() + 10
         while ing.live.runs and time.monotonic() < deadline:  # the ticker evicts once a second
             time.sleep(0.1)

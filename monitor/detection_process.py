@@ -1,0 +1,229 @@
+"""Detection in a child process, so the collector's two halves run on two cores.
+
+One collector process runs under one GIL: decoding, validating and committing a thousand
+ranks' batches, and running fourteen detectors over every event, took turns on one core, and
+batches queued behind each other (issue 7: p99 ingest-to-anomaly above 2 s at 100k samples/s).
+Detection is pure computation over the committed events, so it moves to a child process: the
+writer thread commits group N+1 while the child looks at group N.
+
+The parent sends events (JSON: the internal pipe carries NaN and Infinity tokens, which the
+detectors must see) and gets findings back; storage, the anomaly table and notifications stay
+in the parent (``monitor.engine``). The child ignores SIGINT and SIGTERM and exits when the pipe
+closes, so it never outlives the collector, and a collector signal cannot kill it half-way
+through a group. If it dies anyway, the parent answers what was in flight with no findings
+(the events are stored; only their detection is lost, and logged), starts a new child, and
+re-primes it from storage as after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import multiprocessing as mp
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from hooks.wire import Event
+from monitor.config import DetectorsConfig, detectors_config
+from monitor.detection import Detection, Found
+from monitor.detectors import ALL_DETECTORS, Detector, Finding
+
+__all__ = ["DetectionProcess", "LocalDetection"]
+
+log = logging.getLogger("trainmon.collector")
+
+Items = list[tuple[Event, int]]
+
+
+class LocalDetection:
+    """Detection in the caller's thread (imports, tests, benchmarks): callbacks run before return."""
+
+    def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
+        self.detection = Detection(config, detectors)
+
+    def feed_rank(self, run: str, rank: int, history: Items) -> None:
+        self.detection.feed_rank(run, rank, history)
+
+    def feed_run(self, run: str, history: Items) -> None:
+        self.detection.feed_run(run, history)
+
+    def observe(self, items: Items, done: Callable[[list[Found]], None]) -> None:
+        done(self.detection.observe(items))
+
+    def tick(self, now: float, done: Callable[[list[Found]], None]) -> None:
+        done(self.detection.tick(now))
+
+    def forget(self, run: str) -> None:
+        self.detection.forget(run)
+
+    def close(self) -> None:
+        pass
+
+
+class DetectionProcess:
+    """A :class:`Detection` in a child process, driven over a pipe; results come back by callback.
+
+    Calls are sent in order and answered in order. ``observe`` blocks once ``max_inflight``
+    groups wait for their findings, so a child that falls behind slows the writer (and the
+    collector's queue turns producers away with 503) instead of buffering without bound.
+    ``on_lost`` is called (on the reader thread) when a child died and a new one took over.
+    """
+
+    def __init__(
+        self, config: DetectorsConfig, on_lost: Callable[[], None] = lambda: None, max_inflight: int = 8
+    ) -> None:
+        self._config = json.dumps(dataclasses.asdict(config)).encode()
+        self._on_lost = on_lost
+        self._lock = threading.Lock()  # sends, the pending table and the swap to a new child
+        self._pending: dict[int, Callable[[list[Found]], None]] = {}
+        self._ids = itertools.count()
+        self._slots = threading.Semaphore(max_inflight)
+        self._closing = False
+        self._start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def _start(self) -> None:
+        ctx = mp.get_context("forkserver")  # not fork: the collector has threads; not spawn: slow per start
+        ctx.set_forkserver_preload([__name__])
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_serve, args=(child,), name="trainmon-detection", daemon=True)
+        proc.start()
+        child.close()
+        parent.send_bytes(self._config)
+        self._conn, self._proc = parent, proc
+        self._reader = threading.Thread(
+            target=self._read, args=(parent, proc), name="trainmon-detection-reader", daemon=True
+        )
+        self._reader.start()
+
+    def feed_rank(self, run: str, rank: int, history: Items) -> None:
+        self._send(["feed_rank", run, rank, _events(history)])
+
+    def feed_run(self, run: str, history: Items) -> None:
+        self._send(["feed_run", run, _events(history)])
+
+    def observe(self, items: Items, done: Callable[[list[Found]], None]) -> None:
+        self._slots.acquire()
+        self._send(["observe", _events(items)], done)
+
+    def tick(self, now: float, done: Callable[[list[Found]], None]) -> None:
+        self._slots.acquire()
+        self._send(["tick", now], done)
+
+    def forget(self, run: str) -> None:
+        self._send(["forget", run])
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let the child answer what it was sent, then stop it."""
+        with self._lock:
+            self._closing = True
+            with contextlib.suppress(OSError):  # already gone
+                self._conn.send_bytes(b'["stop"]')
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        self._reader.join(5)  # the last answers' callbacks have run
+
+    def _send(self, message: list[Any], done: Callable[[list[Found]], None] | None = None) -> None:
+        data = None
+        with self._lock:
+            if done is not None:
+                key = next(self._ids)
+                self._pending[key] = done
+                message.insert(1, key)
+            try:
+                self._conn.send_bytes(json.dumps(message).encode())
+                return
+            except OSError:  # the child is gone; the reader thread is replacing it
+                if done is not None:
+                    data = self._pending.pop(key)
+        if data is not None:
+            self._finish(data, [])
+
+    def _finish(self, done: Callable[[list[Found]], None], found: list[Found]) -> None:
+        self._slots.release()
+        try:
+            done(found)
+        except Exception:  # a callback bug must not stop the reader: later groups would never be answered
+            log.exception("detection callback failed")
+
+    def _read(self, conn: Connection, proc: Any) -> None:
+        while True:
+            try:
+                key, found = json.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                done = self._pending.pop(key)
+            self._finish(done, [(run, rank, Finding(*f)) for run, rank, f in found])
+        proc.join(5)
+        with self._lock:
+            if self._closing or self._conn is not conn:
+                return
+            lost, self._pending = list(self._pending.values()), {}
+            log.error(
+                "detection process %s died (exit code %s); %d groups in flight lost their detection; restarting",
+                proc.pid,
+                proc.exitcode,
+                len(lost),
+            )
+            self._start()
+        for done in lost:
+            self._finish(done, [])
+        self._on_lost()
+
+
+def _events(items: Items) -> list[list[Any]]:
+    return [[e.kind, e.run, e.rank, e.host, e.stream, e.seq, e.time, e.fields, a] for e, a in items]
+
+
+def _items(rows: list[list[Any]]) -> Items:
+    return [(Event(*row[:8]), row[8]) for row in rows]
+
+
+def _found(found: list[Found]) -> list[list[Any]]:
+    return [
+        [run, rank, [f.kind, f.severity, f.step, f.message, f.hint, f.evidence, f.resolved, f.rank]]
+        for run, rank, f in found
+    ]
+
+
+def _serve(conn: Connection) -> None:
+    """The child: a Detection, fed over the pipe until ``stop`` or the parent's end closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    detection = Detection(detectors_config(json.loads(conn.recv_bytes())))
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        op = message[0]
+        if op == "stop":
+            return
+        found: list[Found] = []
+        try:
+            if op == "observe":
+                found = detection.observe(_items(message[2]))
+            elif op == "tick":
+                found = detection.tick(message[2])
+            elif op == "feed_rank":
+                detection.feed_rank(message[1], message[2], _items(message[3]))
+            elif op == "feed_run":
+                detection.feed_run(message[1], _items(message[2]))
+            elif op == "forget":
+                detection.forget(message[1])
+        except Exception:  # a detector bug costs this group's findings, not the process
+            log.exception("detection (%s) failed", op)
+        if op in ("observe", "tick"):  # the calls the parent waits for
+            conn.send_bytes(json.dumps([message[1], _found(found)]).encode())
