@@ -388,8 +388,8 @@ def main() -> None:
         print(f"profile               {args.profile}")
     print(
         f"samples_per_s={samples_per_s:.0f} steps_per_s={steps_per_s:.0f} p50_latency_s={_pct(latencies, 0.5):.3f} "
-        f"p99_latency_s={_pct(latencies, 0.99):.3f} ack_p99_s={ack99:.3f} missed_faults={missed} rss_growth_mib={growth:.1f} "
-        f"ranks={args.ranks} seconds={t1 - t0:.0f}"
+        f"p99_latency_s={_pct(latencies, 0.99):.3f} ack_p99_s={ack99:.3f} missed_faults={missed} "
+        f"rss_growth_mib={growth:.1f} ranks={args.ranks} seconds={t1 - t0:.0f}"
     )
 
 
