@@ -14,8 +14,11 @@ transport's batching (``--flush-interval``), the HTTP round trip, validation, th
 the detector.
 
 Figures: sustained metric samples/s (each numeric field of a stored step event is a sample;
-measured from the growth of the steps table after a warmup), p50/p99 latency, and the
-collector's RSS over time (psutil), growth = late median minus early median.
+measured from the growth of the steps table after a warmup), p50/p99 latency, the collector's
+own receive-to-acknowledgement latency (its ``trainmon_ingest_duration_seconds`` histogram,
+so the transport's batching can be told apart from the collector's queueing), and the
+collector's CPU and RSS over time (psutil, summed over the collector and its children: the
+detection process and the forkserver it comes from), growth = late median minus early median.
 
     .venv/bin/python bench/ingest_load.py --quick      # ~45 s, 1,024 ranks, 20 s measured
     .venv/bin/python bench/ingest_load.py              # 60 s measured

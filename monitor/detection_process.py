@@ -44,6 +44,8 @@ Items = list[tuple[Event, int]]
 class LocalDetection:
     """Detection in the caller's thread (imports, tests, benchmarks): callbacks run before return."""
 
+    generation = 0
+
     def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
         self.detection = Detection(config, detectors)
 
@@ -72,14 +74,13 @@ class DetectionProcess:
     Calls are sent in order and answered in order. ``observe`` blocks once ``max_inflight``
     groups wait for their findings, so a child that falls behind slows the writer (and the
     collector's queue turns producers away with 503) instead of buffering without bound.
-    ``on_lost`` is called (on the reader thread) when a child died and a new one took over.
+    ``generation`` counts the children started: when it changes, the detectors fed so far are
+    gone and the engine feeds their history again.
     """
 
-    def __init__(
-        self, config: DetectorsConfig, on_lost: Callable[[], None] = lambda: None, max_inflight: int = 8
-    ) -> None:
+    def __init__(self, config: DetectorsConfig, max_inflight: int = 8) -> None:
         self._config = json.dumps(dataclasses.asdict(config)).encode()
-        self._on_lost = on_lost
+        self.generation = 0
         self._lock = threading.Lock()  # sends, the pending table and the swap to a new child
         self._pending: dict[int, Callable[[list[Found]], None]] = {}
         self._ids = itertools.count()
@@ -178,9 +179,9 @@ class DetectionProcess:
                 len(lost),
             )
             self._start()
+            self.generation += 1
         for done in lost:
             self._finish(done, [])
-        self._on_lost()
 
 
 def _events(items: Items) -> list[list[Any]]:

@@ -76,6 +76,7 @@ class Engine:
         self._lock = threading.Lock()  # the open-anomaly index and the primed sets
         self._primed_ranks: set[tuple[str, int]] = set()
         self._primed_runs: set[str] = set()
+        self._generation = 0  # of the detection process the primed sets were fed to
         with storage.connect() as conn:
             rows = conn.execute(
                 select(anomalies.c.id, anomalies.c.run, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity).where(
@@ -89,7 +90,7 @@ class Engine:
         if process:
             if detectors is not ALL_DETECTORS:
                 raise ValueError("a detection process runs the built-in detectors; pass process=False for others")
-            self._detection: LocalDetection | DetectionProcess = DetectionProcess(config, on_lost=self._lost)
+            self._detection: LocalDetection | DetectionProcess = DetectionProcess(config)
         else:
             self._detection = LocalDetection(config, detectors)
 
@@ -102,6 +103,10 @@ class Engine:
         from their stored history. Call before the new events are written: the history must not
         hold them."""
         with self._lock:
+            if self._generation != self._detection.generation:  # a new detection process: nothing is fed
+                self._generation = self._detection.generation
+                self._primed_ranks.clear()
+                self._primed_runs.clear()
             new_ranks = [k for k in keys if k not in self._primed_ranks]
             if not new_ranks:
                 return
@@ -184,12 +189,6 @@ class Engine:
             self._primed_runs.discard(run)
             for key in [k for k in self._open if k[0] == run]:
                 del self._open[key]
-
-    def _lost(self) -> None:
-        """A new detection process took over: every stream is primed from storage again."""
-        with self._lock:
-            self._primed_ranks.clear()
-            self._primed_runs.clear()
 
     def close(self) -> None:
         self._detection.close()

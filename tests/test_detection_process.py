@@ -1,0 +1,105 @@
+"""Detection in a child process: same findings as in-process, survives the child's death, never outlives us."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hooks.wire import validate_batch
+from monitor.config import DetectorsConfig, detectors_config
+from monitor.engine import Engine
+from monitor.ingest import Ingestor
+from monitor.live import LiveState
+from monitor.storage import Storage
+from tests.conftest import start_collector
+from tests.events import batch, event, step_events
+
+
+def _trace(run: str, nan_at: set[int], n: int = 60, rank: int = 0, start_seq: int = 1) -> list[dict]:
+    """A run whose loss is NaN at ``nan_at`` and jumps tenfold at step 40 (a spike)."""
+
+    def loss(i: int) -> float | str:
+        if i in nan_at:
+            return "NaN"
+        return 30.0 if i == 40 else 3.0 - 0.005 * i
+
+    start = event("run_start", {"world_size": 1}, run=run, rank=rank, seq=0)
+    return [start, *step_events(n, run=run, rank=rank, start_seq=start_seq, loss=loss)]
+
+
+def _anomalies(engine_process: bool, tmp_path: Path) -> list[tuple[str, int, int | None, str]]:
+    storage = Storage(str(tmp_path / f"p{int(engine_process)}.sqlite"))
+    engine = Engine(storage, DetectorsConfig(), process=engine_process)
+    ingestor = Ingestor(storage, engine, LiveState())
+    try:
+        events = _trace("t", nan_at={12})
+        for k in range(0, len(events), 7):  # several groups, as the collector would commit them
+            ingestor.ingest(validate_batch(batch(events[k : k + 7])))
+        with storage.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT kind, rank, first_step, status FROM anomalies ORDER BY id").all()
+        return [tuple(r) for r in rows]
+    finally:
+        engine.close()
+        storage.close()
+
+
+def test_the_child_finds_what_the_thread_finds(tmp_path: Path) -> None:
+    inline = _anomalies(False, tmp_path)
+    child = _anomalies(True, tmp_path)
+    assert ("nan_inf", 0, 12, "resolved") in inline  # the NaN crossed the pipe as a NaN, not a null
+    assert any(kind == "loss_spike" and step == 40 for kind, _, step, _ in inline)
+    assert child == inline
+
+
+def test_detector_config_crosses_the_pipe_intact() -> None:
+    config = DetectorsConfig(replay_window=77)
+    config.loss_spike.z = 9.5
+    assert detectors_config(dataclasses.asdict(config)) == config
+
+
+def test_a_killed_detection_process_is_replaced_and_nothing_is_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lc = start_collector(tmp_path / "db.sqlite")
+    try:
+        events = _trace("k", nan_at={5, 80}, n=120)
+        assert lc.post(batch(events[:30]))[0] == 200
+        first = lc.collector.ingestor.engine.detection.pid
+        assert psutil.Process(first).is_running()
+        with caplog.at_level(logging.ERROR, logger="trainmon.collector"):
+            os.kill(first, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while lc.collector.ingestor.engine.detection.pid == first and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert lc.collector.ingestor.engine.detection.pid != first
+        assert any("detection process" in r.getMessage() and "died" in r.getMessage() for r in caplog.records)
+        # Every batch is still stored and answered, and the new child (primed from storage) sees the NaN at 80.
+        assert lc.post(batch(events[30:]))[0] == 200
+        steps = lc.get_json("/v1/runs/k/steps")
+        assert len(steps) == 120
+        found = lc.get_json("/v1/runs/k/anomalies")
+        assert [a["first_step"] for a in found if a["kind"] == "nan_inf"] == [5, 80]
+    finally:
+        lc.stop()
+
+
+def test_the_child_ignores_signals_and_exits_with_the_collector(tmp_path: Path) -> None:
+    lc = start_collector(tmp_path / "db.sqlite")
+    child = psutil.Process(lc.collector.ingestor.engine.detection.pid)
+    try:
+        child.send_signal(signal.SIGTERM)  # a signal to the process group must not take detection away mid-group
+        child.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+        assert lc.post(batch(_trace("s", nan_at={3}, n=10)))[0] == 200
+        assert [a["first_step"] for a in lc.get_json("/v1/runs/s/anomalies")] == [3]
+    finally:
+        lc.stop()
+    child.wait(10)  # gone once the collector closed
