@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
+import itertools
 import json
 import math
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -178,3 +181,49 @@ def test_nan_loss_tensor_is_sent_as_nan(tmp_path: Path) -> None:
     mon.close()
     step = json.loads(path.read_text().splitlines()[0])
     assert step["fields"]["loss"] == "Infinity"
+
+
+class _SlowCollector(http.server.BaseHTTPRequestHandler):
+    """Accepts every batch after ``delay`` seconds and records when it arrived and what it held."""
+
+    delay = 0.2
+    arrivals: list[tuple[float, list[int]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.arrivals.append((time.monotonic(), [ev["i"] for ev in body["events"]]))
+        time.sleep(self.delay)
+        reply = b'{"accepted": 1, "duplicates": 0}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_sends_keep_the_flush_cadence_when_the_collector_is_slow(tmp_path: Path) -> None:
+    """A tick every flush_interval (not interval + round trip), and one request per tick: events that
+    arrive during a slow send wait for the next tick instead of trickling out in extra requests."""
+    _SlowCollector.arrivals = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowCollector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    t = Transport(f"http://127.0.0.1:{server.server_port}", spool_dir=tmp_path / "spool", flush_interval=0.5)
+    try:
+        end = time.monotonic() + 3.2
+        i = 0
+        while time.monotonic() < end:  # a producer that never pauses: 100 events/s
+            t.put({"kind": "heartbeat", "i": i})
+            i += 1
+            time.sleep(0.01)
+        t.close(timeout=10)
+    finally:
+        server.shutdown()
+    arrivals = _SlowCollector.arrivals
+    received = [n for _, batch in arrivals for n in batch]
+    assert received == list(range(i))  # all of them, in order, once
+    ticks = [at for at, _ in arrivals[:-1]]  # the last request is close()'s final drain
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert 5 <= len(ticks) <= 7, gaps  # 3.2 s at one request per 0.5 s tick; a trickle would send ~15
+    assert sum(gaps) / len(gaps) < 0.6, gaps  # interval + round trip would be 0.7
