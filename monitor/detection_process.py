@@ -136,20 +136,22 @@ class DetectionProcess:
         self._reader.join(5)  # the last answers' callbacks have run
 
     def _send(self, message: list[Any], done: Callable[[list[Found]], None] | None = None) -> None:
-        data = None
+        key = None
+        if done is not None:
+            key = next(self._ids)
+            message.insert(1, key)
+        data = json.dumps(message).encode()  # outside the lock: the tick thread sends too
         with self._lock:
-            if done is not None:
-                key = next(self._ids)
+            if key is not None:
                 self._pending[key] = done
-                message.insert(1, key)
             try:
-                self._conn.send_bytes(json.dumps(message).encode())
+                self._conn.send_bytes(data)  # blocks while the child is a pipe-full behind: backpressure
                 return
             except OSError:  # the child is gone; the reader thread is replacing it
-                if done is not None:
-                    data = self._pending.pop(key)
-        if data is not None:
-            self._finish(data, [])
+                if key is None:
+                    return
+                lost = self._pending.pop(key)
+        self._finish(lost, [])
 
     def _finish(self, done: Callable[[list[Found]], None], found: list[Found]) -> None:
         self._slots.release()
@@ -162,11 +164,16 @@ class DetectionProcess:
         while True:
             try:
                 key, found = json.loads(conn.recv_bytes())
+                findings = [(run, rank, Finding(*f)) for run, rank, f in found]
+                with self._lock:
+                    done = self._pending.pop(key)
             except (EOFError, OSError):
                 break
-            with self._lock:
-                done = self._pending.pop(key)
-            self._finish(done, [(run, rank, Finding(*f)) for run, rank, f in found])
+            except Exception:  # a reply this side cannot read: start over rather than leave groups unanswered
+                log.exception("unreadable reply from the detection process; replacing it")
+                proc.kill()
+                break
+            self._finish(done, findings)
         proc.join(5)
         with self._lock:
             if self._closing or self._conn is not conn:

@@ -148,16 +148,10 @@ class Engine:
 
         self._detection.observe(items, detected)
 
-    def observe(self, items: list[tuple[Event, int]]) -> list[AnomalyChange]:
-        """``submit`` and wait: the changes the events made."""
-        return self._wait(lambda cb: self._detection.observe(items, cb))
-
     def tick(self, now: float | None = None) -> list[AnomalyChange]:
-        """Let detectors notice silence (hangs); the collector calls this every second."""
+        """Let detectors notice silence (hangs); the collector calls this every second. Waits for the
+        detection process to get to it (after the groups sent before)."""
         now = time.time() if now is None else now
-        return self._wait(lambda cb: self._detection.tick(now, cb))
-
-    def _wait(self, call: Callable[[Callable[[list[Found]], None]], None]) -> list[AnomalyChange]:
         result: list[list[AnomalyChange]] = []
         ready = threading.Event()
 
@@ -169,7 +163,7 @@ class Engine:
             finally:
                 ready.set()
 
-        call(detected)
+        self._detection.tick(now, detected)
         ready.wait()
         return result[0] if result else []
 
