@@ -5,7 +5,9 @@ keep-alive HTTP, disk spool), exactly what ``TrainMonitor`` uses, fed step event
 the reference trainer's at ``--step-hz`` steps per second. The ranks are spread over
 ``--procs`` client processes so the load generator is not limited by one GIL. The collector is
 a ``trainmon serve --db FILE`` subprocess: validation, SQLite WAL with ``synchronous=FULL``,
-all detectors and the live state are on, as in production.
+all detectors and the live state are on, as in production. ``--postgres`` stores in a
+throwaway PostgreSQL cluster instead (initdb + pg_ctl on loopback, fsync on; its server
+processes share the machine and are not counted in the collector's CPU).
 
 Faults: every ``--fault-every`` seconds one known rank sends a NaN loss; the anomaly's
 ``opened_at`` (stamped by the collector when it stores the anomaly) minus the moment the
@@ -23,6 +25,7 @@ detection process and the forkserver it comes from), growth = late median minus 
     .venv/bin/python bench/ingest_load.py --quick      # ~45 s, 1,024 ranks, 20 s measured
     .venv/bin/python bench/ingest_load.py              # 60 s measured
     .venv/bin/python bench/ingest_load.py --soak 600   # 10-minute soak for the RSS figure
+    .venv/bin/python bench/ingest_load.py --quick --postgres   # on a throwaway PostgreSQL cluster
 
 Figures and what limits them: ``bench/README.md`` ("ingest_load.py").
 
@@ -38,7 +41,6 @@ import multiprocessing as mp
 import os
 import signal
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -51,6 +53,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
+import sqlalchemy
+import sqlalchemy.pool
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.transport import Transport
@@ -161,12 +165,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
     raise SystemExit("collector did not become healthy")
 
 
-def _stored_steps(db: Path) -> int:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        return conn.execute("SELECT coalesce(max(rowid), 0) FROM steps").fetchone()[0]
-    finally:
-        conn.close()
+def _stored_steps(store: sqlalchemy.Engine) -> int:
+    if store.dialect.name == "sqlite":  # rowids only grow: the count without a scan
+        query = "SELECT coalesce(max(rowid), 0) FROM steps"
+    else:
+        query = "SELECT count(*) FROM steps"
+    with store.connect() as conn:
+        return conn.exec_driver_sql(query).scalar_one()
 
 
 def _tree(proc: psutil.Process) -> list[psutil.Process]:
@@ -246,7 +251,10 @@ def main() -> None:
     ap.add_argument("--flush-interval", type=float, default=1.0, help="transport flush interval (seconds)")
     ap.add_argument("--procs", type=int, default=2, help="client processes")
     ap.add_argument("--fault-every", type=float, default=1.0, help="seconds between injected NaNs")
-    ap.add_argument("--db", help="SQLite file (default: a temporary one)")
+    ap.add_argument("--db", help="SQLite file or SQLAlchemy URL (default: a temporary SQLite file)")
+    ap.add_argument(
+        "--postgres", action="store_true", help="store in a throwaway PostgreSQL cluster (fsync on) instead"
+    )
     ap.add_argument("--profile", help="py-spy profile of the collector to this file (.svg: flame graph, else raw)")
     args = ap.parse_args()
     if args.quick:
@@ -255,12 +263,23 @@ def main() -> None:
         args.duration = args.soak
 
     tmp = Path(tempfile.mkdtemp(prefix="trainmon-load-"))
-    db = Path(args.db) if args.db else tmp / "load.sqlite"
+    with contextlib.ExitStack() as stack:
+        if args.postgres:  # initdb + pg_ctl on loopback, as the storage tests do
+            from tests.postgres import create_database, throwaway_cluster
+
+            db = create_database(stack.enter_context(throwaway_cluster(fsync=True)), prefix="load_")
+        else:
+            db = args.db or str(tmp / "load.sqlite")
+        _load(args, tmp, db)
+
+
+def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
+    store = sqlalchemy.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=sqlalchemy.pool.NullPool)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"}
     collector = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "serve", "--db", str(db), "--port", str(port)],
+        [sys.executable, "-m", "monitor.cli", "serve", "--db", db, "--port", str(port)],
         stdout=open(tmp / "collector.log", "w"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
         env=env,
@@ -297,7 +316,7 @@ def main() -> None:
              "--format", "flamegraph" if args.profile.endswith(".svg") else "raw"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-    print(f"collector pid {collector.pid} on {url}, store {db}")
+    print(f"collector pid {collector.pid} on {url}, store {store.url.render_as_string(hide_password=True)}")
     offered_samples = args.ranks * args.step_hz * SAMPLE_FIELDS
     print(f"{args.ranks} ranks x {args.step_hz} steps/s = {offered_samples:,.0f} samples/s offered;")
     print(
@@ -313,16 +332,17 @@ def main() -> None:
         if now >= t_measure and cpu_start is None:
             cpu_start = (now, _tree_cpu(proc))
             load_start = _clients_cpu(clients)
-            counts.append((now, _stored_steps(db)))
+            counts.append((now, _stored_steps(store)))
             acks_start = _ack_histogram(url)
         if now - last_print >= (30 if args.duration > 120 else 5):
             last_print = now
             print(
-                f"  t={now - t_start:6.1f}s  stored_steps={_stored_steps(db):>10,}  collector_rss={rss[-1][1]:7.1f} MiB"
+                f"  t={now - t_start:6.1f}s  stored_steps={_stored_steps(store):>10,}  "
+                f"collector_rss={rss[-1][1]:7.1f} MiB"
             )
         time.sleep(min(1.0, max(0.0, t_stop - time.time())))
     end = time.time()
-    counts.append((end, _stored_steps(db)))
+    counts.append((end, _stored_steps(store)))
     acks_end = _ack_histogram(url)
     cpu_used = _tree_cpu(proc) - cpu_start[1] if cpu_start else math.nan
     load_used = _clients_cpu(clients) - load_start if cpu_start else math.nan
@@ -335,18 +355,23 @@ def main() -> None:
         spy.wait(60)
     time.sleep(1.0)
 
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    opened = {
-        rank: opened_at
-        for rank, opened_at in conn.execute(
-            "SELECT rank, min(opened_at) FROM anomalies WHERE run = ? AND kind = 'nan_inf' GROUP BY rank", (RUN,)
+    with store.connect() as conn:
+        opened = dict(
+            conn.execute(
+                sqlalchemy.text(
+                    "SELECT rank, min(opened_at) FROM anomalies WHERE run = :run AND kind = 'nan_inf' GROUP BY rank"
+                ),
+                {"run": RUN},
+            ).all()
         )
-    }
-    other = conn.execute(
-        "SELECT kind, count(*) FROM anomalies WHERE run = ? AND kind != 'nan_inf' GROUP BY kind", (RUN,)
-    ).fetchall()
-    total_steps = conn.execute("SELECT count(*) FROM steps").fetchone()[0]
-    conn.close()
+        other = conn.execute(
+            sqlalchemy.text(
+                "SELECT kind, count(*) FROM anomalies WHERE run = :run AND kind != 'nan_inf' GROUP BY kind"
+            ),
+            {"run": RUN},
+        ).all()
+        total_steps = conn.exec_driver_sql("SELECT count(*) FROM steps").scalar_one()
+    store.dispose()
     collector.send_signal(signal.SIGTERM)
     collector.wait(60)
 

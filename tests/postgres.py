@@ -6,6 +6,7 @@ user that Debian's package creates.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -39,14 +40,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    """Start a cluster once per session; yields a base URL without a database name."""
+@contextlib.contextmanager
+def throwaway_cluster(fsync: bool = False) -> Iterator[str]:
+    """A PostgreSQL cluster in a temporary directory on a free loopback port, removed afterwards;
+    yields a base URL without a database name. ``fsync=False`` for tests (durability is not what
+    they check); the load benchmark keeps it on. Raises ``RuntimeError`` when it cannot run here."""
     initdb, pg_ctl = _tool("initdb"), _tool("pg_ctl")
     if initdb is None or pg_ctl is None:
-        pytest.skip("PostgreSQL server binaries not installed (Debian package postgresql)")
+        raise RuntimeError("PostgreSQL server binaries not installed (Debian package postgresql)")
     if os.geteuid() == 0 and shutil.which("runuser") is None:
-        pytest.skip("running as root without runuser: cannot start PostgreSQL as another user")
+        raise RuntimeError("running as root without runuser: cannot start PostgreSQL as another user")
     root = Path(tempfile.mkdtemp(prefix="trainmon-pg-"))
     data = root / "data"
     if os.geteuid() == 0:
@@ -57,7 +60,7 @@ def postgres_server() -> Iterator[str]:
         check=True,
         capture_output=True,
     )
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync={'on' if fsync else 'off'}"
     subprocess.run(
         _as_server_user([pg_ctl, "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "start"]),
         check=True,
@@ -70,14 +73,28 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def create_database(server: str, prefix: str = "t_") -> str:
+    """A fresh, empty database on the cluster at ``server``; its URL."""
+    import psycopg
+
+    name = prefix + uuid.uuid4().hex[:12]
+    with psycopg.connect(server.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{server}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """Start a cluster once per session; yields a base URL without a database name."""
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(throwaway_cluster())
+        except RuntimeError as exc:
+            pytest.skip(str(exc))
+        yield url
+
+
 @pytest.fixture
 def postgres_url(postgres_server: str) -> str:
     """A fresh, empty database on the session's cluster."""
-    import psycopg
-
-    name = "t_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(
-        postgres_server.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True
-    ) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return f"{postgres_server}/{name}"
+    return create_database(postgres_server)
