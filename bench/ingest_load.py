@@ -370,6 +370,13 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
             ),
             {"run": RUN},
         ).all()
+        examples = conn.execute(
+            sqlalchemy.text(
+                "SELECT kind, rank, first_step, opened_at, message FROM anomalies"
+                " WHERE run = :run AND kind != 'nan_inf' ORDER BY id LIMIT 5"
+            ),
+            {"run": RUN},
+        ).all()
         total_steps = conn.exec_driver_sql("SELECT count(*) FROM steps").scalar_one()
     store.dispose()
     collector.send_signal(signal.SIGTERM)
@@ -406,6 +413,8 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
     print(f"collector ack         p50 {ack50:.3f}s  p99 {ack99:.3f}s  (received -> committed, measured window)")
     print(f"faults                {len(latencies)} injected, {missed} not detected")
     print(f"other anomalies       {dict(other) or 'none'}")
+    for kind, rank, step, opened_at, message in examples:  # false positives: what they said, and when
+        print(f"  {kind} rank {rank} step {step} at t={opened_at - t_start:.1f}s: {message}")
     peak = max(m for _, m in rss)
     print(f"collector RSS         start {rss[0][1]:.1f} MiB, early {early:.1f}, late {late:.1f}, peak {peak:.1f}")
     print(f"RSS growth            {growth:+.1f} MiB (late median - early median, measured window)")

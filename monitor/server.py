@@ -61,7 +61,8 @@ class Collector:
         # Detectors that fire on silence (a hung rank sends nothing) need a clock of their own.
         while not self._stop.wait(1.0):
             try:
-                self.ingestor.engine.tick()  # what it changes goes to publish(), like the ingest path's
+                # The clock held back by the writer's backlog; what it changes goes to publish().
+                self.ingestor.engine.tick(time.time() - self.writer.lag())
             except Exception:
                 log.exception("detector tick failed; continuing")
             try:

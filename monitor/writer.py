@@ -55,6 +55,7 @@ class IngestWriter:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._ready = threading.Condition()
         self._stop = False
+        self._busy_since: float | None = None  # when the oldest batch of the group being committed arrived
         self._thread = threading.Thread(target=self._run, name="trainmon-writer", daemon=True)
         self._thread.start()
 
@@ -82,6 +83,18 @@ class IngestWriter:
 
         return answer
 
+    def lag(self) -> float:
+        """Seconds the oldest batch received but not yet handed to the detectors has waited.
+
+        Silence (a hang) must be judged on what the collector has read, not on what waits in its
+        own queue: a slow commit would otherwise look like a thousand ranks going quiet at once."""
+        with self._ready:
+            waiting = [self._queue[0][2]] if self._queue else []
+        busy = self._busy_since
+        if busy is not None:
+            waiting.append(busy)
+        return time.perf_counter() - min(waiting) if waiting else 0.0
+
     def close(self, timeout: float = 30.0) -> None:
         """Commit what was queued, then stop the thread (answers of the last groups may follow)."""
         with self._ready:
@@ -101,12 +114,15 @@ class IngestWriter:
                 while self._queue and size + len(self._queue[0][0]) <= _MAX_GROUP_BYTES:
                     group.append(self._queue.popleft())
                     size += len(group[-1][0])
+                self._busy_since = group[0][2]  # FIFO: the first is the oldest
             try:
                 self._ingest(group)
             except Exception as exc:  # the writer must outlive any bug in one group
                 log.exception("ingest of a group failed")
                 for _, done, _ in group:
                     done((500, {"error": f"collector error: {exc}"}, []))
+            finally:
+                self._busy_since = None
 
     def _ingest(self, group: list[_Pending]) -> None:
         batches: list[list[wire.Event]] = []

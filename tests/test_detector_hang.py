@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from trainer_helpers import TINY, read_labels, torchrun
@@ -12,6 +14,8 @@ from monitor.config import HangConfig
 from monitor.detectors.hang import Hang
 from monitor.postmortem import import_file, summarize
 from monitor.storage import Storage
+from tests.conftest import start_collector
+from tests.events import batch, event
 
 KIND = "hang"
 T0 = 1e9
@@ -205,3 +209,43 @@ def test_before_the_second_step_the_start_up_timeout_holds() -> None:
     assert run.found == []
     run.silence(10, beating=(0,))
     assert run.opened() and run.opened()[0].step == 1
+
+
+def test_a_stalled_collector_is_not_a_hung_rank(tmp_path, monkeypatch) -> None:
+    """The collector's own backlog must not read as silence: the rank keeps sending while the
+    writer is stuck for twice the hang timeout, and no hang opens (the live ticker's clock is
+    held back by the writer's lag)."""
+    lc = start_collector(tmp_path / "db.sqlite")
+    answers: list = []
+    seq = 0
+
+    def send_steps(n: int, post) -> None:
+        nonlocal seq
+        for _ in range(n):
+            seq += 1
+            fields = {"step": seq - 1, "loss": 3.0, "step_time": 0.2}
+            post(json.dumps(batch([event("step", fields, run="stall", seq=seq, t=time.time())])).encode())
+            time.sleep(0.2)
+
+    try:
+        lc.post(batch([event("run_start", {"world_size": 1}, run="stall", seq=0)]))
+        send_steps(15, lambda body: lc.post(json.loads(body)))  # learns a 0.2 s interval: timeout 4 s
+        real, stalled = lc.collector.ingestor.ingest_group, threading.Event()
+
+        def slow_commit(batches, done) -> None:  # the first commit takes 8 s; the ticker keeps ticking
+            if not stalled.is_set():
+                stalled.set()
+                time.sleep(8)
+            real(batches, done)
+
+        monkeypatch.setattr(lc.collector.ingestor, "ingest_group", slow_commit)
+        send_steps(40, lambda body: lc.collector.writer.submit(body, answers.append))
+        deadline = time.monotonic() + 30
+        while len(answers) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [status for status, _, _ in answers] == [200] * 40
+        time.sleep(2.5)  # two more ticks with the backlog gone
+        assert [a for a in lc.get_json("/v1/runs/stall/anomalies") if a["kind"] == KIND] == []
+        assert len(lc.get_json("/v1/runs/stall/steps")) == 55
+    finally:
+        lc.stop()
