@@ -25,6 +25,7 @@ import logging
 import multiprocessing as mp
 import signal
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -75,14 +76,19 @@ class DetectionProcess:
     groups wait for their findings, so a child that falls behind slows the writer (and the
     collector's queue turns producers away with 503) instead of buffering without bound.
     ``generation`` counts the children started: when it changes, the detectors fed so far are
-    gone and the engine feeds their history again.
+    gone and the engine feeds their history again. A child that answers nothing for
+    ``stuck_after`` seconds while a call waits (a detector in an endless loop, a stopped process)
+    is killed and replaced like a dead one: otherwise the collector would stop acknowledging.
+    The default leaves room for priming a thousand ranks' history after a restart.
     """
 
-    def __init__(self, config: DetectorsConfig, max_inflight: int = 8) -> None:
+    def __init__(self, config: DetectorsConfig, max_inflight: int = 8, stuck_after: float = 120.0) -> None:
         self._config = json.dumps(dataclasses.asdict(config)).encode()
+        self._stuck_after = stuck_after
         self.generation = 0
         self._lock = threading.Lock()  # sends, the pending table and the swap to a new child
-        self._pending: dict[int, Callable[[list[Found]], None]] = {}
+        # call id -> (callback, monotonic time sent)
+        self._pending: dict[int, tuple[Callable[[list[Found]], None], float]] = {}
         self._ids = itertools.count()
         self._slots = threading.Semaphore(max_inflight)
         self._closing = False
@@ -143,14 +149,14 @@ class DetectionProcess:
         data = json.dumps(message).encode()  # outside the lock: the tick thread sends too
         with self._lock:
             if key is not None:
-                self._pending[key] = done
+                self._pending[key] = (done, time.monotonic())
             try:
                 self._conn.send_bytes(data)  # blocks while the child is a pipe-full behind: backpressure
                 return
             except OSError:  # the child is gone; the reader thread is replacing it
                 if key is None:
                     return
-                lost = self._pending.pop(key)
+                lost, _ = self._pending.pop(key)
         self._finish(lost, [])
 
     def _finish(self, done: Callable[[list[Found]], None], found: list[Found]) -> None:
@@ -163,10 +169,14 @@ class DetectionProcess:
     def _read(self, conn: Connection, proc: Any) -> None:
         while True:
             try:
+                if not conn.poll(1.0):
+                    if self._stuck(proc):
+                        break
+                    continue
                 key, found = json.loads(conn.recv_bytes())
                 findings = [(run, rank, Finding(*f)) for run, rank, f in found]
                 with self._lock:
-                    done = self._pending.pop(key)
+                    done, _ = self._pending.pop(key)
             except (EOFError, OSError):
                 break
             except Exception:  # a reply this side cannot read: start over rather than leave groups unanswered
@@ -178,7 +188,7 @@ class DetectionProcess:
         with self._lock:
             if self._closing or self._conn is not conn:
                 return
-            lost, self._pending = list(self._pending.values()), {}
+            lost, self._pending = [done for done, _ in self._pending.values()], {}
             log.error(
                 "detection process %s died (exit code %s); %d groups in flight lost their detection; restarting",
                 proc.pid,
@@ -189,6 +199,15 @@ class DetectionProcess:
             self.generation += 1
         for done in lost:
             self._finish(done, [])
+
+    def _stuck(self, proc: Any) -> bool:
+        with self._lock:
+            oldest = min((sent for _, sent in self._pending.values()), default=None)
+        if oldest is None or time.monotonic() - oldest < self._stuck_after:
+            return False
+        log.error("detection process %s answered nothing for %.0f s; replacing it", proc.pid, self._stuck_after)
+        proc.kill()
+        return True
 
 
 def _events(items: Items) -> list[list[Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import time
@@ -12,8 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hooks.wire import validate_batch
+from hooks.wire import Event, validate_batch
 from monitor.config import DetectorsConfig, detectors_config
+from monitor.detection_process import DetectionProcess
 from monitor.engine import Engine
 from monitor.ingest import Ingestor
 from monitor.live import LiveState
@@ -103,3 +105,30 @@ def test_the_child_ignores_signals_and_exits_with_the_collector(tmp_path: Path) 
     finally:
         lc.stop()
     child.wait(10)  # gone once the collector closed
+
+
+def test_a_child_that_stops_answering_is_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    """A detector stuck in a loop (here: a stopped process) must not stop the collector's acknowledgements."""
+    detection = DetectionProcess(DetectorsConfig(), stuck_after=1.0)
+    events = [(Event("step", "w", 0, "h", "s", i, 1e9 + i, {"step": i, "loss": 3.0}), 0) for i in range(5)]
+    nan = [(Event("step", "w", 0, "h", "s", 5, 1e9 + 5, {"step": 5, "loss": math.nan}), 0)]
+    try:
+        first = detection.pid
+        os.kill(first, signal.SIGSTOP)
+        answers: list[list] = []
+        with caplog.at_level(logging.ERROR, logger="trainmon.collector"):
+            detection.observe(events, answers.append)
+            deadline = time.monotonic() + 15
+            while not answers and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert answers == [[]]  # answered, with no findings: the events are stored, their detection is lost
+        assert detection.pid != first and detection.generation == 1
+        assert any("answered nothing" in r.getMessage() for r in caplog.records)
+        found: list[list] = []
+        detection.observe(events + nan, found.append)  # the new child works
+        deadline = time.monotonic() + 15
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [f.kind for _, _, f in found[0]] == ["nan_inf"]
+    finally:
+        detection.close()
