@@ -621,6 +621,16 @@ def fleet_dashboard() -> dict[str, Any]:
         unit="s",
         options=TS,
     )
+    d.add(
+        "timeseries",
+        "Detection: groups waiting, process restarts",
+        [
+            ("sum(trainmon_detection_inflight_groups)", "groups waiting (the writer blocks at 8)"),
+            ("sum(increase(trainmon_detection_restarts_total[$__rate_interval]))", "restarts"),
+        ],
+        w=8,
+        options=TS,
+    )
     return _dashboard(
         "trainmon-fleet",
         "trainmon: fleet",

@@ -46,6 +46,7 @@ class LocalDetection:
     """Detection in the caller's thread (imports, tests, benchmarks): callbacks run before return."""
 
     generation = 0
+    inflight = 0
 
     def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
         self.detection = Detection(config, detectors)
@@ -97,6 +98,11 @@ class DetectionProcess:
     @property
     def pid(self) -> int | None:
         return self._proc.pid
+
+    @property
+    def inflight(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._pending)
 
     def _start(self) -> None:
         ctx = mp.get_context("forkserver")  # not fork: the collector has threads; not spawn: slow per start

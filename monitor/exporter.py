@@ -15,9 +15,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from monitor.detection_process import DetectionProcess, LocalDetection
 from monitor.live import LiveState
 
-__all__ = ["FINISHED_RUN_TTL_SECONDS", "CollectorMetrics", "TrainingCollector"]
+__all__ = ["FINISHED_RUN_TTL_SECONDS", "CollectorMetrics", "DetectionCollector", "TrainingCollector"]
 
 FINISHED_RUN_TTL_SECONDS = 300.0
 """A finished run stays exported this long, so the last scrape sees its final values."""
@@ -161,6 +162,26 @@ class TrainingCollector(Collector):
         yield from (step, last, seen, *gauges.values(), lr, lr_expected, phase, tps, tokens, mfu, attempt, missing)
         yield from (cpu, rss, host_used, host_total, *gpu_gauges.values(), throttled, ecc)
         yield from (eval_loss, world, planned, up, an_total, an_active)
+
+
+class DetectionCollector(Collector):
+    """The detection process, read at scrape time: how often it was replaced, how far behind it is."""
+
+    def __init__(self, detection: LocalDetection | DetectionProcess) -> None:
+        self._detection = detection
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "trainmon_detection_restarts",
+            "Detection processes replaced after dying or not answering; the groups they held were stored "
+            "but never checked by the detectors.",
+            value=self._detection.generation,
+        )
+        yield GaugeMetricFamily(
+            "trainmon_detection_inflight_groups",
+            "Committed groups waiting for their detection (the writer blocks at 8).",
+            value=self._detection.inflight,
+        )
 
 
 class CollectorMetrics:

@@ -26,7 +26,7 @@ from hooks import wire
 from monitor import live_view
 from monitor.config import CollectorConfig, ConfigError
 from monitor.engine import AnomalyChange, Engine
-from monitor.exporter import CollectorMetrics, TrainingCollector
+from monitor.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
 from monitor.ingest import Ingestor
 from monitor.live import LiveState
 from monitor.notify import Notifier, open_anomalies
@@ -103,6 +103,7 @@ class Collector:
             notifier.submit(changes)
 
         engine = Engine(storage, config.detectors, process=True, on_changes=publish)
+        registry.register(DetectionCollector(engine.detection))
         return cls(
             config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry), notifier
         )

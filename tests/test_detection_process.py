@@ -84,6 +84,8 @@ def test_a_killed_detection_process_is_replaced_and_nothing_is_lost(
         assert any("detection process" in r.getMessage() and "died" in r.getMessage() for r in caplog.records)
         # Every batch is still stored and answered, and the new child (primed from storage) sees the NaN at 80.
         assert lc.post(batch(events[30:]))[0] == 200
+        _, exposition = lc.get("/metrics")
+        assert "trainmon_detection_restarts_total 1.0" in exposition.decode()  # what the alert reads
         steps = lc.get_json("/v1/runs/k/steps")
         assert len(steps) == 120
         found = lc.get_json("/v1/runs/k/anomalies")
