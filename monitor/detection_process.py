@@ -6,11 +6,16 @@ batches queued behind each other (issue 7: p99 ingest-to-anomaly above 2 s at 10
 Detection is pure computation over the committed events, so it moves to a child process: the
 writer thread commits group N+1 while the child looks at group N.
 
-The parent sends events (JSON: the internal pipe carries NaN and Infinity tokens, which the
+The child is ``python -m monitor.detection_process``, talking over its stdin and stdout in
+length-prefixed frames. Not ``multiprocessing``: its spawn and forkserver methods re-run the
+parent's ``__main__`` in the child (a user script that opens a collector without a
+``__main__`` guard would start it again), and fork is unsafe in a process with threads. The
+parent sends events (JSON: the internal pipe carries NaN and Infinity tokens, which the
 detectors must see) and gets findings back; storage, the anomaly table and notifications stay
-in the parent (``monitor.engine``). The child ignores SIGINT and SIGTERM and exits when the pipe
-closes, so it never outlives the collector, and a collector signal cannot kill it half-way
-through a group. If it dies anyway, the parent answers what was in flight with no findings
+in the parent (``monitor.engine``). The child ignores SIGINT and SIGTERM and exits when its
+stdin closes, so it never outlives the collector, and a signal to the collector (or, since it
+runs in a session of its own, to the collector's process group) cannot kill it half-way through
+a group. If it dies anyway, the parent answers what was in flight with no findings
 (the events are stored; only their detection is lost, and logged), starts a new child, and
 re-primes it from storage as after a restart.
 """
@@ -22,12 +27,14 @@ import dataclasses
 import itertools
 import json
 import logging
-import multiprocessing as mp
+import os
+import select
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any
 
 from hooks.wire import Event
@@ -105,17 +112,19 @@ class DetectionProcess:
         return len(self._pending)
 
     def _start(self) -> None:
-        ctx = mp.get_context("forkserver")  # not fork: the collector has threads; not spawn: slow per start
-        ctx.set_forkserver_preload([__name__])
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child,), name="trainmon-detection", daemon=True)
-        proc.start()
-        child.close()
-        parent.send_bytes(self._config)
-        self._conn, self._proc = parent, proc
-        self._reader = threading.Thread(
-            target=self._read, args=(parent, proc), name="trainmon-detection-reader", daemon=True
+        # The parent's import path, so the child finds this package wherever the collector found it.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            start_new_session=True,  # Ctrl-C or a TERM to the collector's process group does not reach it
         )
+        self._proc = proc
+        _write_frame(proc.stdin.fileno(), self._config)
+        self._reader = threading.Thread(target=self._read, args=(proc,), name="trainmon-detection-reader", daemon=True)
         self._reader.start()
 
     def feed_rank(self, run: str, rank: int, history: Items) -> None:
@@ -138,14 +147,19 @@ class DetectionProcess:
     def close(self, timeout: float = 30.0) -> None:
         """Let the child answer what it was sent, then stop it."""
         with self._lock:
+            if self._closing:
+                return
             self._closing = True
             with contextlib.suppress(OSError):  # already gone
-                self._conn.send_bytes(b'["stop"]')
-        self._proc.join(timeout)
-        if self._proc.is_alive():
+                _write_frame(self._proc.stdin.fileno(), b'["stop"]')
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join(5)
+            self._proc.wait(5)
         self._reader.join(5)  # the last answers' callbacks have run
+        self._proc.stdin.close()
+        self._proc.stdout.close()
 
     def _send(self, message: list[Any], done: Callable[[list[Found]], None] | None = None) -> None:
         key = None
@@ -157,7 +171,7 @@ class DetectionProcess:
             if key is not None:
                 self._pending[key] = (done, time.monotonic())
             try:
-                self._conn.send_bytes(data)  # blocks while the child is a pipe-full behind: backpressure
+                _write_frame(self._proc.stdin.fileno(), data)  # blocks while the child is a pipe-full behind
                 return
             except OSError:  # the child is gone; the reader thread is replacing it
                 if key is None:
@@ -172,14 +186,16 @@ class DetectionProcess:
         except Exception:  # a callback bug must not stop the reader: later groups would never be answered
             log.exception("detection callback failed")
 
-    def _read(self, conn: Connection, proc: Any) -> None:
+    def _read(self, proc: subprocess.Popen) -> None:
+        frames = _Frames(proc.stdout.fileno())
         while True:
             try:
-                if not conn.poll(1.0):
+                frame = frames.read(timeout=1.0)
+                if frame is None:
                     if self._stuck(proc):
                         break
                     continue
-                key, found = json.loads(conn.recv_bytes())
+                key, found = json.loads(frame)
                 findings = [(run, rank, Finding(*f)) for run, rank, f in found]
                 with self._lock:
                     done, _ = self._pending.pop(key)
@@ -190,23 +206,27 @@ class DetectionProcess:
                 proc.kill()
                 break
             self._finish(done, findings)
-        proc.join(5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
         with self._lock:
-            if self._closing or self._conn is not conn:
+            if self._closing or self._proc is not proc:
                 return
             lost, self._pending = [done for done, _ in self._pending.values()], {}
             log.error(
                 "detection process %s died (exit code %s); %d groups in flight lost their detection; restarting",
                 proc.pid,
-                proc.exitcode,
+                proc.returncode,
                 len(lost),
             )
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()
             self._start()
             self.generation += 1
         for done in lost:
             self._finish(done, [])
 
-    def _stuck(self, proc: Any) -> bool:
+    def _stuck(self, proc: subprocess.Popen) -> bool:
         with self._lock:
             oldest = min((sent for _, sent in self._pending.values()), default=None)
         if oldest is None or time.monotonic() - oldest < self._stuck_after:
@@ -231,14 +251,50 @@ def _found(found: list[Found]) -> list[list[Any]]:
     ]
 
 
-def _serve(conn: Connection) -> None:
-    """The child: a Detection, fed over the pipe until ``stop`` or the parent's end closes."""
+class _Frames:
+    """Length-prefixed frames from a pipe (4 bytes big-endian, then the payload)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+
+    def read(self, timeout: float | None = None) -> bytes | None:
+        """The next frame; None when nothing arrived for ``timeout`` seconds. Raises EOFError."""
+        while True:
+            if len(self._buf) >= 4:
+                n = int.from_bytes(self._buf[:4], "big")
+                if len(self._buf) >= 4 + n:
+                    frame = bytes(self._buf[4 : 4 + n])
+                    del self._buf[: 4 + n]
+                    return frame
+            if timeout is not None and not select.select([self._fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
+
+
+def _write_frame(fd: int, data: bytes) -> None:
+    view = memoryview(len(data).to_bytes(4, "big") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _serve() -> None:
+    """The child: a Detection, fed over stdin until ``stop`` or the parent's end closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    detection = Detection(detectors_config(json.loads(conn.recv_bytes())))
+    out = os.dup(1)  # frames go to the real stdout; anything printed goes to stderr instead
+    os.dup2(2, 1)
+    frames = _Frames(0)
+    try:
+        detection = Detection(detectors_config(json.loads(frames.read())))
+    except EOFError:
+        return
     while True:
         try:
-            message = json.loads(conn.recv_bytes())
+            message = json.loads(frames.read())
         except EOFError:
             return
         op = message[0]
@@ -259,4 +315,8 @@ def _serve(conn: Connection) -> None:
         except Exception:  # a detector bug costs this group's findings, not the process
             log.exception("detection (%s) failed", op)
         if op in ("observe", "tick"):  # the calls the parent waits for
-            conn.send_bytes(json.dumps([message[1], _found(found)]).encode())
+            _write_frame(out, json.dumps([message[1], _found(found)]).encode())
+
+
+if __name__ == "__main__":
+    _serve()

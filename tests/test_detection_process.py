@@ -7,6 +7,8 @@ import logging
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -98,11 +100,13 @@ def test_the_child_ignores_signals_and_exits_with_the_collector(tmp_path: Path) 
     lc = start_collector(tmp_path / "db.sqlite")
     child = psutil.Process(lc.collector.ingestor.engine.detection.pid)
     try:
+        trace = _trace("s", nan_at={3}, n=10)
+        assert lc.post(batch(trace[:2]))[0] == 200  # one round trip: the child is up and serving
         child.send_signal(signal.SIGTERM)  # a signal to the process group must not take detection away mid-group
         child.send_signal(signal.SIGINT)
         time.sleep(0.3)
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
-        assert lc.post(batch(_trace("s", nan_at={3}, n=10)))[0] == 200
+        assert lc.post(batch(trace[2:]))[0] == 200
         assert [a["first_step"] for a in lc.get_json("/v1/runs/s/anomalies")] == [3]
     finally:
         lc.stop()
@@ -134,3 +138,27 @@ def test_a_child_that_stops_answering_is_replaced(caplog: pytest.LogCaptureFixtu
         assert [f.kind for _, _, f in found[0]] == ["nan_inf"]
     finally:
         detection.close()
+
+
+def test_a_script_without_a_main_guard_can_open_a_collector(tmp_path: Path) -> None:
+    """The child is not started by re-running the parent's __main__ (multiprocessing's spawn and
+    forkserver would: this script would open a second collector from inside the first one's child),
+    and a collector that was never closed does not keep its script from exiting."""
+    script = tmp_path / "embed.py"
+    script.write_text(
+        "from hooks.wire import validate_batch\n"
+        "from monitor.config import CollectorConfig\n"
+        "from monitor.server import Collector\n"
+        "from tests.events import batch, event, step_events\n"
+        f"c = Collector.open(CollectorConfig(db={str(tmp_path / 'e.sqlite')!r}))\n"
+        "nan_at_3 = step_events(5, loss=lambda i: 'NaN' if i == 3 else 2.0)\n"
+        "evs = [event('run_start', {'world_size': 1}, seq=0), *nan_at_3]\n"
+        "c.ingestor.ingest(validate_batch(batch(evs)))\n"
+        "with c.storage.connect() as conn:\n"
+        "    print(conn.exec_driver_sql('SELECT kind, first_step FROM anomalies').all())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "[('nan_inf', 3)]" in out.stdout, out.stdout + out.stderr
+    assert "Error" not in out.stderr, out.stderr
