@@ -20,7 +20,7 @@ measured from the growth of the steps table after a warmup), p50/p99 latency, th
 own receive-to-acknowledgement latency (its ``trainmon_ingest_duration_seconds`` histogram,
 so the transport's batching can be told apart from the collector's queueing), and the
 collector's CPU and RSS over time (psutil, summed over the collector and its children: the
-detection process and the forkserver it comes from), growth = late median minus early median.
+detection process), growth = late median minus early median.
 
     .venv/bin/python bench/ingest_load.py --quick      # ~45 s, 1,024 ranks, 20 s measured
     .venv/bin/python bench/ingest_load.py              # 60 s measured
@@ -175,7 +175,7 @@ def _stored_steps(store: sqlalchemy.Engine) -> int:
 
 
 def _tree(proc: psutil.Process) -> list[psutil.Process]:
-    """The collector and its children (the detection process, the forkserver it comes from)."""
+    """The collector and its children (the detection process)."""
     with contextlib.suppress(psutil.Error):
         return [proc, *proc.children(recursive=True)]
     return [proc]
