@@ -122,8 +122,9 @@ class DetectionProcess:
             close_fds=True,
             start_new_session=True,  # Ctrl-C or a TERM to the collector's process group does not reach it
         )
-        self._proc = proc
-        _write_frame(proc.stdin.fileno(), self._config)
+        self._proc, self._started = proc, time.monotonic()
+        with contextlib.suppress(OSError):  # died at once: the reader sees it and starts another
+            _write_frame(proc.stdin.fileno(), self._config)
         self._reader = threading.Thread(target=self._read, args=(proc,), name="trainmon-detection-reader", daemon=True)
         self._reader.start()
 
@@ -208,6 +209,8 @@ class DetectionProcess:
             self._finish(done, findings)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
+        if time.monotonic() - self._started < 1.0 and not self._closing:
+            time.sleep(1.0)  # a child that cannot even start: retry once a second, not in a tight loop
         with self._lock:
             if self._closing or self._proc is not proc:
                 return
