@@ -181,28 +181,21 @@ def _tree(proc: psutil.Process) -> list[psutil.Process]:
     return [proc]
 
 
-def _tree_cpu(proc: psutil.Process) -> float:
+def _cpu(procs: list[psutil.Process]) -> float:
+    """User + system CPU seconds of the processes still there."""
     total = 0.0
-    for p in _tree(proc):
+    for p in procs:
         with contextlib.suppress(psutil.Error):
             total += sum(p.cpu_times()[:2])
     return total
 
 
-def _tree_rss_mib(proc: psutil.Process) -> float:
+def _rss_mib(procs: list[psutil.Process]) -> float:
     total = 0
-    for p in _tree(proc):
+    for p in procs:
         with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
     return total / 2**20
-
-
-def _clients_cpu(clients: list[Any]) -> float:
-    total = 0.0
-    for p in clients:
-        with contextlib.suppress(psutil.Error):
-            total += sum(psutil.Process(p.pid).cpu_times()[:2])
-    return total
 
 
 def _ack_histogram(url: str) -> list[tuple[float, float]]:
@@ -307,6 +300,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
         p.start()
         clients.append(p)
         pipes.append(recv)
+    client_procs = [psutil.Process(p.pid) for p in clients]
 
     spy = None
     if args.profile:
@@ -328,10 +322,10 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
     last_print = 0.0
     while time.time() < t_stop:
         now = time.time()
-        rss.append((now, _tree_rss_mib(proc)))
+        rss.append((now, _rss_mib(_tree(proc))))
         if now >= t_measure and cpu_start is None:
-            cpu_start = (now, _tree_cpu(proc))
-            load_start = _clients_cpu(clients)
+            cpu_start = (now, _cpu(_tree(proc)))
+            load_start = _cpu(client_procs)
             counts.append((now, _stored_steps(store)))
             acks_start = _ack_histogram(url)
         if now - last_print >= (30 if args.duration > 120 else 5):
@@ -344,9 +338,9 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
     end = time.time()
     counts.append((end, _stored_steps(store)))
     acks_end = _ack_histogram(url)
-    cpu_used = _tree_cpu(proc) - cpu_start[1] if cpu_start else math.nan
-    load_used = _clients_cpu(clients) - load_start if cpu_start else math.nan
-    rss.append((end, _tree_rss_mib(proc)))
+    cpu_used = _cpu(_tree(proc)) - cpu_start[1] if cpu_start else math.nan
+    load_used = _cpu(client_procs) - load_start if cpu_start else math.nan
+    rss.append((end, _rss_mib(_tree(proc))))
 
     reports = [pipe.recv() for pipe in pipes]
     for p in clients:

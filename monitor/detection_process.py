@@ -103,7 +103,7 @@ class DetectionProcess:
         self._start()
 
     @property
-    def pid(self) -> int | None:
+    def pid(self) -> int:
         return self._proc.pid
 
     @property

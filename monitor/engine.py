@@ -140,7 +140,7 @@ class Engine:
 
         def detected(found: list[Found]) -> None:
             try:
-                self._publish(self._store(found))
+                self._apply(found)
             except Exception:  # the events are stored and get answered; what they showed is logged as lost
                 log.exception("storing or publishing %d findings failed", len(found))
             finally:
@@ -157,9 +157,7 @@ class Engine:
 
         def detected(found: list[Found]) -> None:
             try:
-                changes = self._store(found)
-                result.append(changes)
-                self._publish(changes)
+                result.append(self._apply(found))
             finally:
                 ready.set()
 
@@ -167,9 +165,12 @@ class Engine:
         ready.wait()
         return result[0] if result else []
 
-    def _publish(self, changes: list[AnomalyChange]) -> None:
+    def _apply(self, found: list[Found]) -> list[AnomalyChange]:
+        """Findings into the anomaly table, and what changed to the listener."""
+        changes = self._store(found)
         if changes and self._on_changes is not None:
             self._on_changes(changes)
+        return changes
 
     def forget(self, run: str) -> None:
         """Drop a finished run's detector state and open-anomaly index entries (bounded memory).
