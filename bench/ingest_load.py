@@ -263,10 +263,10 @@ def main() -> None:
             db = create_database(stack.enter_context(throwaway_cluster(fsync=True)), prefix="load_")
         else:
             db = args.db or str(tmp / "load.sqlite")
-        _load(args, tmp, db)
+        _load(args, tmp, db, stack)
 
 
-def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
+def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitStack) -> None:
     store = sqlalchemy.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=sqlalchemy.pool.NullPool)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -277,6 +277,8 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
         stderr=subprocess.STDOUT,
         env=env,
     )
+    clients: list[mp.process.BaseProcess] = []
+    stack.callback(_leave_nothing_behind, collector, clients)  # whatever goes wrong below
     _wait_healthy(url, collector)
     proc = psutil.Process(collector.pid)
 
@@ -288,7 +290,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
     assert len(set(fault_ranks)) == len(fault_ranks) or args.ranks < len(fault_ranks)
     plan = dict(zip(fault_ranks, fault_times, strict=True))
     ctx = mp.get_context("spawn")
-    clients, pipes = [], []
+    pipes = []
     for k in range(args.procs):
         ranks = list(range(k, args.ranks, args.procs))
         recv, send = ctx.Pipe(duplex=False)
@@ -373,8 +375,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
         ).all()
         total_steps = conn.exec_driver_sql("SELECT count(*) FROM steps").scalar_one()
     store.dispose()
-    collector.send_signal(signal.SIGTERM)
-    collector.wait(60)
+    stop_s = _terminate(collector)
 
     sent_faults = {r: t for rep in reports for r, t in rep["faults"].items()}
     latencies = [opened[r] - t if r in opened else math.inf for r, t in sent_faults.items()]
@@ -410,6 +411,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
     for kind, rank, step, opened_at, message in examples:  # false positives: what they said, and when
         print(f"  {kind} rank {rank} step {step} at t={opened_at - t_start:.1f}s: {message}")
     peak = max(m for _, m in rss)
+    print(f"collector stop        exited {stop_s:.1f}s after SIGTERM")
     print(f"collector RSS         start {rss[0][1]:.1f} MiB, early {early:.1f}, late {late:.1f}, peak {peak:.1f}")
     print(f"RSS growth            {growth:+.1f} MiB (late median - early median, measured window)")
     if len(measured) > 10:
@@ -420,8 +422,32 @@ def _load(args: argparse.Namespace, tmp: Path, db: str) -> None:
     print(
         f"samples_per_s={samples_per_s:.0f} steps_per_s={steps_per_s:.0f} p50_latency_s={_pct(latencies, 0.5):.3f} "
         f"p99_latency_s={_pct(latencies, 0.99):.3f} ack_p99_s={ack99:.3f} missed_faults={missed} "
-        f"rss_growth_mib={growth:.1f} ranks={args.ranks} seconds={t1 - t0:.0f}"
+        f"rss_growth_mib={growth:.1f} ranks={args.ranks} seconds={t1 - t0:.0f} sigterm_exit_s={stop_s:.1f}"
     )
+
+
+def _terminate(collector: subprocess.Popen, grace: float = 30.0) -> float:
+    """SIGTERM, then SIGKILL to the whole tree if it is not gone within ``grace``; seconds it took."""
+    t0 = time.monotonic()
+    tree = _tree(psutil.Process(collector.pid))
+    collector.send_signal(signal.SIGTERM)
+    try:
+        collector.wait(grace)
+    except subprocess.TimeoutExpired:
+        print(f"collector still running {grace:.0f}s after SIGTERM: killing it and its children", file=sys.stderr)
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    collector.wait()
+    return time.monotonic() - t0
+
+
+def _leave_nothing_behind(collector: subprocess.Popen, clients: list[mp.process.BaseProcess]) -> None:
+    for p in clients:
+        if p.is_alive():
+            p.kill()
+    if collector.poll() is None:
+        _terminate(collector)
 
 
 if __name__ == "__main__":

@@ -467,6 +467,10 @@ class CollectorConfig:
     metrics_public: bool = False
     """Serve ``/metrics`` without the token (for scrapers that cannot send one); Prometheus can:
     ``authorization: {credentials: TOKEN}`` in the scrape config, so it stays protected by default."""
+    shutdown_grace_seconds: float = 20.0
+    """On SIGTERM/SIGINT the collector stops within this long whatever its parts do: half of it for the
+    requests in flight to be answered, half for the queued batches to be committed and detected. A
+    detection that is not done by then is dropped (logged); acknowledged events are always stored."""
     evict_after_seconds: float = 600.0
     """A run that ended (rank 0 sent ``run_end``) leaves memory (detectors, live state) this long
     after its last event; it stays in storage. Keep it above the exporter's 300 s final-scrape window."""

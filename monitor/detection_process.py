@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -73,7 +74,7 @@ class LocalDetection:
     def forget(self, run: str) -> None:
         self.detection.forget(run)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 0.0) -> None:
         pass
 
 
@@ -88,18 +89,30 @@ class DetectionProcess:
     ``stuck_after`` seconds while a call waits (a detector in an endless loop, a stopped process)
     is killed and replaced like a dead one: otherwise the collector would stop acknowledging.
     The default leaves room for priming a thousand ranks' history after a restart.
+
+    Three threads touch the pipes, and only one of them may ever block on the child's stdin: a
+    sender (the writer or the ticker) writes under ``_write_lock``; the reader drains stdout and
+    takes nothing but the short ``_lock`` of the pending table; callbacks run on a dispatcher
+    thread of their own. So the child can always hand its replies over and go back to reading
+    its stdin, whatever locks the callbacks need (they take the engine's lock, which a sender may
+    hold while it writes a rank's history). Holding a lock across a blocking write that the
+    reader also needed froze the collector for good under load (both pipes full).
     """
 
     def __init__(self, config: DetectorsConfig, max_inflight: int = 8, stuck_after: float = 120.0) -> None:
         self._config = json.dumps(dataclasses.asdict(config)).encode()
         self._stuck_after = stuck_after
         self.generation = 0
-        self._lock = threading.Lock()  # sends, the pending table and the swap to a new child
+        self._lock = threading.Lock()  # the pending table, ``_closing``; never held across I/O
+        self._write_lock = threading.Lock()  # the child's stdin, and the swap to a new child
         # call id -> (callback, monotonic time sent)
         self._pending: dict[int, tuple[Callable[[list[Found]], None], float]] = {}
         self._ids = itertools.count()
         self._slots = threading.Semaphore(max_inflight)
         self._closing = False
+        self._answers: queue.SimpleQueue[tuple[Callable[[list[Found]], None], list[Found]] | None] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(target=self._dispatch, name="trainmon-detection-callbacks", daemon=True)
+        self._dispatcher.start()
         self._start()
 
     @property
@@ -145,47 +158,77 @@ class DetectionProcess:
     def forget(self, run: str) -> None:
         self._send(["forget", run])
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Let the child answer what it was sent, then stop it."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Let the child answer what it was sent within ``timeout`` seconds, then stop it.
+
+        Bounded whatever the child does: one that is stuck (or stopped) is killed at the deadline,
+        and the calls it never answered get no findings (their events are stored; only their
+        detection is lost, and logged)."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-            with contextlib.suppress(OSError):  # already gone
-                _write_frame(self._proc.stdin.fileno(), b'["stop"]')
+        proc = self._proc
+        # From a thread of its own: the write blocks if the child does not read, and must not hold up the deadline.
+        threading.Thread(target=self._write, args=(b'["stop"]',), name="trainmon-detection-stop", daemon=True).start()
         try:
-            self._proc.wait(timeout)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait(5)
-        self._reader.join(5)  # the last answers' callbacks have run
-        self._proc.stdin.close()
-        self._proc.stdout.close()
+            log.error("detection process %s did not finish within %.0f s of shutdown; killing it", proc.pid, timeout)
+            proc.kill()
+            proc.wait(5)
+        self._reader.join(5)  # it has read every answer the child wrote
+        with self._lock:
+            lost, self._pending = [done for done, _ in self._pending.values()], {}
+        if lost:
+            log.error("shutdown: %d groups lost their detection (their events are stored)", len(lost))
+        for done in lost:
+            self._answers.put((done, []))
+        self._answers.put(None)
+        self._dispatcher.join(timeout)  # the last answers' callbacks have run
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
 
     def _send(self, message: list[Any], done: Callable[[list[Found]], None] | None = None) -> None:
         key = None
         if done is not None:
             key = next(self._ids)
             message.insert(1, key)
-        data = json.dumps(message).encode()  # outside the lock: the tick thread sends too
-        with self._lock:
-            if key is not None:
-                self._pending[key] = (done, time.monotonic())
-            try:
-                _write_frame(self._proc.stdin.fileno(), data)  # blocks while the child is a pipe-full behind
+        data = json.dumps(message).encode()  # outside any lock: the tick thread sends too
+        if key is not None:
+            with self._lock:
+                closing = self._closing
+                if not closing:
+                    self._pending[key] = (done, time.monotonic())  # before the write: the answer may come first
+            if closing:  # the dispatcher may be gone: answer here, with no findings
+                self._slots.release()
+                done([])
                 return
-            except OSError:  # the child is gone; the reader thread is replacing it
-                if key is None:
-                    return
-                lost, _ = self._pending.pop(key)
-        self._finish(lost, [])
+        if self._write(data) or key is None:
+            return
+        with self._lock:  # the child is gone; the reader is replacing it and may have answered this call already
+            lost = self._pending.pop(key, None)
+        if lost is not None:
+            self._answers.put((lost[0], []))
 
-    def _finish(self, done: Callable[[list[Found]], None], found: list[Found]) -> None:
-        self._slots.release()
-        try:
-            done(found)
-        except Exception:  # a callback bug must not stop the reader: later groups would never be answered
-            log.exception("detection callback failed")
+    def _write(self, data: bytes) -> bool:
+        """One frame to the child; False if it is gone. Blocks while the child is a pipe-full behind."""
+        with self._write_lock:
+            try:
+                _write_frame(self._proc.stdin.fileno(), data)
+                return True
+            except (OSError, ValueError):  # a dead child's pipe (EPIPE), or one closed at shutdown
+                return False
+
+    def _dispatch(self) -> None:
+        while (answer := self._answers.get()) is not None:
+            done, found = answer
+            self._slots.release()
+            try:
+                done(found)
+            except Exception:  # a callback bug must not stop later groups from being answered
+                log.exception("detection callback failed")
 
     def _read(self, proc: subprocess.Popen) -> None:
         frames = _Frames(proc.stdout.fileno())
@@ -198,20 +241,24 @@ class DetectionProcess:
                     continue
                 key, found = json.loads(frame)
                 findings = [(run, rank, Finding(*f)) for run, rank, f in found]
-                with self._lock:
-                    done, _ = self._pending.pop(key)
             except (EOFError, OSError):
                 break
             except Exception:  # a reply this side cannot read: start over rather than leave groups unanswered
                 log.exception("unreadable reply from the detection process; replacing it")
-                proc.kill()
                 break
-            self._finish(done, findings)
+            with self._lock:
+                entry = self._pending.pop(key, None)
+            if entry is not None:
+                self._answers.put((entry[0], findings))
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # dead already, or unreadable: a sender blocked on its stdin gets EPIPE now
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
-        if time.monotonic() - self._started < 1.0 and not self._closing:
+        if self._closing:
+            return
+        if time.monotonic() - self._started < 1.0:
             time.sleep(1.0)  # a child that cannot even start: retry once a second, not in a tight loop
-        with self._lock:
+        with self._write_lock, self._lock:
             if self._closing or self._proc is not proc:
                 return
             lost, self._pending = [done for done, _ in self._pending.values()], {}
@@ -227,7 +274,7 @@ class DetectionProcess:
             self._start()
             self.generation += 1
         for done in lost:
-            self._finish(done, [])
+            self._answers.put((done, []))
 
     def _stuck(self, proc: subprocess.Popen) -> bool:
         with self._lock:
@@ -235,7 +282,6 @@ class DetectionProcess:
         if oldest is None or time.monotonic() - oldest < self._stuck_after:
             return False
         log.error("detection process %s answered nothing for %.0f s; replacing it", proc.pid, self._stuck_after)
-        proc.kill()
         return True
 
 

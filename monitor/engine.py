@@ -185,8 +185,9 @@ class Engine:
             for key in [k for k in self._open if k[0] == run]:
                 del self._open[key]
 
-    def close(self) -> None:
-        self._detection.close()
+    def close(self, timeout: float = 10.0) -> None:
+        """Answer what is in flight within ``timeout`` seconds (a stuck detection is cut off)."""
+        self._detection.close(timeout)
 
     def _store(self, found: list[tuple[str, int, Finding]]) -> list[AnomalyChange]:
         if not found:

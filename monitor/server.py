@@ -71,11 +71,17 @@ class Collector:
             except Exception:
                 log.exception("eviction failed; continuing")
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Commit what was received, detect it and answer it, within ``timeout`` seconds whatever the
+        detection process does (default: half the configured shutdown grace)."""
+        timeout = self.config.shutdown_grace_seconds / 2 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         self._stop.set()
-        self._ticker.join(5)
-        self.writer.close()  # what was received is committed ...
-        self.ingestor.engine.close()  # ... and detected, and answered
+        self.writer.close(max(0.0, deadline - time.monotonic() - 2))  # what was received is committed ...
+        # ... and detected, and answered; a detection still running at the deadline is dropped (logged).
+        self.ingestor.engine.close(max(1.0, deadline - time.monotonic()))
+        self.writer.close(2)  # a writer that waited for detection slots has been let go
+        self._ticker.join(2)
         if self.notifier is not None:
             self.notifier.close()
         self.storage.close()
@@ -123,7 +129,8 @@ class _Replies:
             self._pending.append((fut, reply))
             if len(self._pending) > 1:
                 return  # a wake-up is on its way and will take this one too
-        self.loop.call_soon_threadsafe(self._deliver)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped, nobody waits any more
+            self.loop.call_soon_threadsafe(self._deliver)
 
     def _deliver(self) -> None:
         with self._lock:
@@ -417,6 +424,8 @@ def serve(config: CollectorConfig) -> None:
             access_log=False,  # one line per batch from every rank costs more than the batch; metrics count them
             proxy_headers=False,  # no X-Forwarded-* rewriting: a middleware call per request, never used here
             server_header=False,
+            # Requests waiting for an acknowledgement get half the grace; closing the collector the rest.
+            timeout_graceful_shutdown=config.shutdown_grace_seconds / 2,
         )
     )
     try:

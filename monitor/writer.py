@@ -96,11 +96,20 @@ class IngestWriter:
         return time.perf_counter() - min(waiting) if waiting else 0.0
 
     def close(self, timeout: float = 30.0) -> None:
-        """Commit what was queued, then stop the thread (answers of the last groups may follow)."""
+        """Commit what was queued within ``timeout`` seconds, then stop the thread (answers of the last
+        groups may follow). Batches still queued at the deadline are answered 503, not acknowledged:
+        their producers send them again to the next collector."""
         with self._ready:
             self._stop = True
             self._ready.notify()
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            return
+        with self._ready:
+            abandoned = list(self._queue)  # the thread returns when it finds the queue empty
+            self._queue.clear()
+        for _, done, _ in abandoned:
+            done((503, {"error": "collector shutting down; retry later"}, [(b"retry-after", b"1")]))
 
     def _run(self) -> None:
         while True:
