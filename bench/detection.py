@@ -38,13 +38,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.synthetic import Trace, clean_controls, fault_traces
-from hooks.wire import validate_event
-from monitor.config import DetectorsConfig
-from monitor.engine import Engine
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import validate_event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.store.storage import Storage
 
 MAX_DELAY = {  # steps after the fault's last step within which a detection still counts
     "nan_inf": 1,
@@ -151,7 +151,7 @@ def _trainer(out: Path, run: str, steps: int, *args: str) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "reference_trainer",
+        "trainmon.reference_trainer",
         "--run",
         run,
         "--steps",
@@ -176,7 +176,7 @@ def _torchrun(out: Path, run: str, steps: int, *args: str) -> None:
         "--nproc-per-node",
         "2",
         "-m",
-        "reference_trainer",
+        "trainmon.reference_trainer",
         "--run-id",
         run,
         "--steps",
@@ -337,7 +337,7 @@ def score(results: list[Result]) -> tuple[dict[str, Score], int, list[str]]:
 
 def anchor_comparison(results: list[Result]) -> dict[str, float]:
     """F1 of each anchor rule and of trainmon on the synthetic loss-spike scenarios (+ clean controls)."""
-    from monitor.detectors import anchors
+    from trainmon.monitor.detectors import anchors
 
     pool = [r for r in results if r.source == "synthetic" and (r.clean or r.name.startswith("spike-"))]
     out = {}

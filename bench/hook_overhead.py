@@ -52,8 +52,8 @@ from typing import Any
 
 import torch
 
-from hooks.train_monitor import TrainMonitor
-from reference_trainer.model import GPT, GPTConfig
+from trainmon.hooks.train_monitor import TrainMonitor
+from trainmon.reference_trainer.model import GPT, GPTConfig
 
 VOCAB, SEQ, BATCH, D_MODEL, HEADS, LAYERS = 256, 64, 8, 128, 4, 2
 CLIP = 1.0

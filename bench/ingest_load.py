@@ -1,6 +1,6 @@
 """Ingest load: N simulated ranks against a real ``trainmon serve`` on SQLite, with detection.
 
-Each simulated rank is a real ``hooks.transport.Transport`` (bounded queue, sender thread,
+Each simulated rank is a real ``trainmon.hooks.transport.Transport`` (bounded queue, sender thread,
 keep-alive HTTP, disk spool), exactly what ``TrainMonitor`` uses, fed step events shaped like
 the reference trainer's at ``--step-hz`` steps per second. The ranks are spread over
 ``--procs`` client processes so the load generator is not limited by one GIL. The collector is
@@ -57,7 +57,7 @@ import sqlalchemy
 import sqlalchemy.pool
 from prometheus_client.parser import text_string_to_metric_families
 
-from hooks.transport import Transport
+from trainmon.hooks.transport import Transport
 
 RUN = "load"
 SAMPLE_FIELDS = 19  # numeric leaves of the step below, ``step`` itself not counted
@@ -272,7 +272,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"}
     collector = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "serve", "--db", db, "--port", str(port)],
+        [sys.executable, "-m", "trainmon.monitor.cli", "serve", "--db", db, "--port", str(port)],
         stdout=open(tmp / "collector.log", "w"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
         env=env,

@@ -3,7 +3,7 @@
 The target (issue 8): everything ``trainmon postmortem --json`` computes, on a run that long, in
 at most 10 s and 2 GiB of peak RSS on this machine. The run is written straight into a SQLite
 store with the collector's schema (bulk insert, no detectors: the anomalies a collector would
-have stored are inserted with it), then ``monitor.postmortem.summarize`` reads it back.
+have stored are inserted with it), then ``trainmon.monitor.analysis.postmortem.summarize`` reads it back.
 
 What the run holds, so the analysis has something to find: a loss curve decaying to a floor
 with noise and a spike at 40% of the run, a crash at 60% and a resume from the last checkpoint
@@ -85,7 +85,7 @@ def _lr(sched: dict, steps: np.ndarray) -> np.ndarray:
 
 def generate(db: Path, n: int, seed: int = 0) -> dict:
     """Write the synthetic run into a fresh store at ``db``; returns what was injected where."""
-    from monitor.storage import Storage
+    from trainmon.monitor.store.storage import Storage
 
     Storage(str(db)).close()  # the collector's schema, migrated
     con = sqlite3.connect(db)
@@ -318,7 +318,7 @@ def generate(db: Path, n: int, seed: int = 0) -> dict:
 def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
     """``trainmon postmortem RUN --db DB --json [--out DIR]`` as a user runs it: wall seconds (Python
     start-up and imports included), the child's peak RSS in MiB, and its JSON."""
-    cmd = [sys.executable, "-m", "monitor.cli", "postmortem", RUN, "--db", str(db), "--json"]
+    cmd = [sys.executable, "-m", "trainmon.monitor.cli", "postmortem", RUN, "--db", str(db), "--json"]
     if out is not None:
         cmd += ["--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}

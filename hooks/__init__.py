@@ -1,6 +1,6 @@
 """In-trainer instrumentation for trainmon.
 
-``hooks.wire`` and ``hooks.schedules`` are standard-library only, so the collector can import
+``trainmon.hooks.wire`` and ``trainmon.hooks.schedules`` are standard-library only, so the collector can import
 them without torch; ``TrainMonitor`` (which needs torch) is loaded on first use.
 """
 
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["TrainMonitor"]
 
 if TYPE_CHECKING:
-    from hooks.train_monitor import TrainMonitor
+    from trainmon.hooks.train_monitor import TrainMonitor
 
 
 def __getattr__(name: str) -> Any:
     if name == "TrainMonitor":
-        from hooks.train_monitor import TrainMonitor
+        from trainmon.hooks.train_monitor import TrainMonitor
 
         return TrainMonitor
-    raise AttributeError(f"module 'hooks' has no attribute {name!r}")
+    raise AttributeError(f"module 'trainmon.hooks' has no attribute {name!r}")

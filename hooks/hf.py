@@ -1,6 +1,6 @@
 """trainmon for the Hugging Face ``Trainer``: one callback, no changes to the training script.
 
-    from hooks.hf import TrainmonCallback
+    from trainmon.hooks.hf import TrainmonCallback
     trainer = Trainer(..., callbacks=[TrainmonCallback(run="gpt2-ft", collector="http://127.0.0.1:9400")])
 
 Why a callback alone is not enough: the ``TrainerCallback`` events say *when* things happen but
@@ -37,10 +37,10 @@ in a plain loop. Steps are numbered from 0: step ``s`` is the ``s``-th optimizer
 
 Host-device crossings (all outside the per-step hot path except where noted as host-only):
 
-- per step: none. Loss and norms stay tensors until ``hooks.readback`` has them; the LR and the
+- per step: none. Loss and norms stay tensors until ``trainmon.hooks.readback`` has them; the LR and the
   token counts are host values.
 - ``on_evaluate``: the metrics are already host floats (the Trainer read them back).
-- ``on_save`` and the first step after a resume: ``hooks.fingerprint.state_fingerprint`` reads
+- ``on_save`` and the first step after a resume: ``trainmon.hooks.fingerprint.state_fingerprint`` reads
   the optimizer's moment norms back (one stacked copy, ``SYNC``), at checkpoint time only.
 """
 
@@ -58,8 +58,8 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hooks.fingerprint import state_fingerprint
-from hooks.train_monitor import TrainMonitor
+from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
 

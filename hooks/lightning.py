@@ -1,6 +1,6 @@
 """trainmon for Lightning: one ``Callback``, no changes to the ``LightningModule``.
 
-    from hooks.lightning import TrainmonCallback
+    from trainmon.hooks.lightning import TrainmonCallback
     trainer = lightning.Trainer(..., callbacks=[TrainmonCallback(run="lit-7", collector="http://127.0.0.1:9400")])
 
 Why more than callback hooks: Lightning never calls the module's ``forward`` itself (it calls
@@ -31,7 +31,7 @@ Steps are numbered from 0 (``trainer.global_step - 1`` after the update), and a 
 at ``on_train_batch_end`` only for batches that stepped the optimizer, so with
 ``accumulate_grad_batches=k`` each record covers ``k`` micro-batches.
 
-Host-device crossings: none per step (loss and norms go through ``hooks.readback``; LR and
+Host-device crossings: none per step (loss and norms go through ``trainmon.hooks.readback``; LR and
 counts are host values). ``on_validation_end`` reads the logged validation loss back (``SYNC``,
 once per evaluation); checkpoint and resume fingerprints read the optimizer moment norms back
 (``SYNC``, at save/resume time only).
@@ -60,8 +60,8 @@ except ImportError:  # pragma: no cover - the older distribution
     from pytorch_lightning.plugins.precision import Precision as _BasePrecision  # type: ignore[no-redef]
     from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
 
-from hooks.fingerprint import state_fingerprint
-from hooks.train_monitor import TrainMonitor
+from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
 

@@ -31,7 +31,7 @@ What ``watch`` installs, and what each phase means:
 
 Host-device traffic: none on the hot path. On GPU, forward/backward/optimizer are timed with
 CUDA events, and loss, norms, loss scale and per-parameter grad norms stay tensors until their
-non-blocking copy to pinned memory has landed (``hooks.readback``); the step's record is sent
+non-blocking copy to pinned memory has landed (``trainmon.hooks.readback``); the step's record is sent
 when that happens, usually one step later. Events leave through the transport's bounded deque.
 """
 
@@ -54,11 +54,11 @@ from typing import Any
 
 import torch
 
-from hooks.health import HealthSampler, gpu_uuid_of
-from hooks.readback import Readback, read
-from hooks.schedules import Schedule
-from hooks.transport import Transport
-from hooks.wire import PHASES
+from trainmon.hooks.health import HealthSampler, gpu_uuid_of
+from trainmon.hooks.readback import Readback, read
+from trainmon.hooks.schedules import Schedule
+from trainmon.hooks.transport import Transport
+from trainmon.hooks.wire import PHASES
 
 __all__ = ["TrainMonitor"]
 

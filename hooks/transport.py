@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hooks.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
+from trainmon.hooks.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
 
 __all__ = ["Transport"]
 

@@ -108,7 +108,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "global_batch_tokens": _i("tokens per optimizer step over all ranks"),
         "accum_steps": _i("micro-batches per optimizer step"),
         "planned_steps": _i("optimizer steps the run intends to take"),
-        "schedule": Field("object", doc="declared LR schedule, see hooks.schedules"),
+        "schedule": Field("object", doc="declared LR schedule, see trainmon.hooks.schedules"),
         "loss_floor": _f("lowest reachable loss when known (synthetic data's entropy rate)"),
         "flops_per_token": _f("training FLOPs per token, for MFU"),
         "peak_flops": _f("peak FLOP/s of one device, for MFU"),

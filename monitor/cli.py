@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hooks.wire import json_safe
-from monitor.config import ConfigError, load_config
+from trainmon.hooks.wire import json_safe
+from trainmon.monitor.config import ConfigError, load_config
 
 __all__ = ["main"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from monitor.server import serve
+    from trainmon.monitor.collector.server import serve
 
     # Flag, then environment, then the config file; the token is never echoed back.
     token = args.token or os.environ.get("TRAINMON_TOKEN") or None
@@ -28,8 +28,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_postmortem(args: argparse.Namespace) -> int:
-    from monitor.postmortem import analyse, import_file
-    from monitor.storage import Storage
+    from trainmon.monitor.analysis.postmortem import analyse, import_file
+    from trainmon.monitor.store.storage import Storage
 
     with _progress(quiet=args.json) as progress:
         if args.db is not None:
@@ -69,7 +69,7 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
         progress.update(task, total=1, completed=1)
         report = None
         if args.out is not None:
-            from monitor.report import write_report
+            from trainmon.monitor.analysis.report import write_report
 
             task = progress.add_task("plots", total=None)
             report = write_report(
@@ -82,7 +82,7 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
             summary = {**summary, "report": str(report)}
         print(json.dumps(json_safe(summary), allow_nan=False))
     else:
-        from monitor.report import print_summary
+        from trainmon.monitor.analysis.report import print_summary
 
         print_summary(summary)
         if report is not None:
@@ -107,9 +107,9 @@ def _progress(quiet: bool) -> Any:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from monitor.importers import ImportFormatError
-    from monitor.importers.store import import_log
-    from monitor.storage import Storage
+    from trainmon.monitor.importers import ImportFormatError
+    from trainmon.monitor.importers.store import import_log
+    from trainmon.monitor.store.storage import Storage
 
     path = Path(args.file)
     if not path.exists():
@@ -126,7 +126,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _live_source(args: argparse.Namespace) -> Any:
-    from monitor.live_view import DbSource, HttpSource
+    from trainmon.monitor.analysis.live_view import DbSource, HttpSource
 
     if args.url:
         return HttpSource(args.url, args.token or os.environ.get("TRAINMON_TOKEN") or None)
@@ -134,7 +134,7 @@ def _live_source(args: argparse.Namespace) -> Any:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from monitor.live_view import SourceError
+    from trainmon.monitor.analysis.live_view import SourceError
 
     try:
         rows = _live_source(args).runs()
@@ -144,7 +144,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_safe(rows), allow_nan=False))
     else:
-        from monitor.report import print_runs
+        from trainmon.monitor.analysis.report import print_runs
 
         print_runs(rows)
     return 0
@@ -153,7 +153,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from monitor.live_view import SourceError, follow, render_status
+    from trainmon.monitor.analysis.live_view import SourceError, follow, render_status
 
     source = _live_source(args)
 
@@ -178,19 +178,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from monitor.demo import run_demo
+    from trainmon.monitor.demo import run_demo
 
     return run_demo(out=Path(args.out), steps=args.steps, injects=args.inject)
 
 
 def _cmd_grafana_provision(args: argparse.Namespace) -> int:
-    from monitor.grafana import provision_command
+    from trainmon.monitor.grafana import provision_command
 
     return provision_command(args.url, args.token, args.folder, args.datasource_uid, args.dashboards)
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from monitor.budget import BudgetError, plan, render
+    from trainmon.monitor.analysis.budget import BudgetError, plan, render
 
     names = [a.dest for a in _budget_actions]
     try:
@@ -206,7 +206,7 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from monitor.compare import CompareError, compare, load_run, render
+    from trainmon.monitor.analysis.compare import CompareError, compare, load_run, render
 
     try:
         a = load_run(args.a, args.db, args.run_a)
@@ -310,7 +310,7 @@ _budget_actions: list[argparse.Action] = []
 
 
 def _add_budget(sub: argparse._SubParsersAction) -> None:
-    from monitor.budget import RECIPES
+    from trainmon.monitor.analysis.budget import RECIPES
 
     p = sub.add_parser(
         "budget",

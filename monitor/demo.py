@@ -19,12 +19,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from monitor.config import CollectorConfig
-from monitor.live_view import render_status, run_status
-from monitor.postmortem import analyse
-from monitor.report import fmt, print_summary, write_report
-from monitor.server import Collector, ServerThread, create_app
-from monitor.storage import Storage
+from trainmon.monitor.analysis.live_view import render_status, run_status
+from trainmon.monitor.analysis.postmortem import analyse
+from trainmon.monitor.analysis.report import fmt, print_summary, write_report
+from trainmon.monitor.collector.server import Collector, ServerThread, create_app
+from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.store.storage import Storage
 
 __all__ = ["DEFAULT_INJECTS", "run_demo"]
 
@@ -66,7 +66,7 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     cmd = [
         sys.executable,
         "-m",
-        "reference_trainer",
+        "trainmon.reference_trainer",
         "--run",
         run,
         "--steps",

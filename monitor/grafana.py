@@ -19,10 +19,12 @@ from typing import Any
 
 from grafana_client import GrafanaApi
 
+from trainmon import dashboards
+
 __all__ = ["DASHBOARD_DIR", "DASHBOARD_FILES", "ProvisionResult", "load_dashboards", "provision", "provision_command"]
 
-DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboards"
-"""The repository's dashboards/ folder (the JSON model lives there, next to its provisioning)."""
+DASHBOARD_DIR = Path(dashboards.__file__).resolve().parent
+"""The dashboards' folder (``trainmon.dashboards``: the repository's dashboards/, or its copy in a wheel)."""
 DASHBOARD_FILES = ("trainmon-run.json", "trainmon-fleet.json")
 DEFAULT_DATASOURCE_UID = "trainmon-prometheus"
 

@@ -1,25 +1,25 @@
-"""``python -m reference_trainer --run NAME --steps N --out DIR [...]`` (see ``--help``)."""
+"""``python -m trainmon.reference_trainer --run NAME --steps N --out DIR [...]`` (see ``--help``)."""
 
 from __future__ import annotations
 
 import sys
 
-from reference_trainer.config import ConfigError, config_from_args
-from reference_trainer.faults import FaultError
+from trainmon.reference_trainer.config import ConfigError, config_from_args
+from trainmon.reference_trainer.faults import FaultError
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(argv)
     except ConfigError as exc:
-        print(f"python -m reference_trainer: error: {exc}", file=sys.stderr)
+        print(f"python -m trainmon.reference_trainer: error: {exc}", file=sys.stderr)
         return 2
-    from reference_trainer.train import train  # torch is imported only once the config is valid
+    from trainmon.reference_trainer.train import train  # torch is imported only once the config is valid
 
     try:
         status = train(cfg)
     except (FaultError, FileNotFoundError) as exc:
-        print(f"python -m reference_trainer: error: {exc}", file=sys.stderr)
+        print(f"python -m trainmon.reference_trainer: error: {exc}", file=sys.stderr)
         return 2
     return 0 if status in ("finished", "interrupted") else 1
 

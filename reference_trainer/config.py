@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from hooks.schedules import SCHEDULE_NAMES
-from hooks.wire import RUN_ID_PATTERN
+from trainmon.hooks.schedules import SCHEDULE_NAMES
+from trainmon.hooks.wire import RUN_ID_PATTERN
 
 __all__ = ["ConfigError", "TrainConfig", "build_parser", "config_from_args", "load_toml"]
 
@@ -247,10 +247,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: one option per field, grouped, each documented, plus ``--config``."""
-    from reference_trainer.faults import catalog_help  # late: faults imports this module
+    from trainmon.reference_trainer.faults import catalog_help  # late: faults imports this module
 
     parser = argparse.ArgumentParser(
-        prog="python -m reference_trainer",
+        prog="python -m trainmon.reference_trainer",
         description="Reference GPT trainer for trainmon: small GPT on synthetic or token-file data, "
         "AdamW, LR schedules, grad accumulation, clipping, full-state checkpoint/resume, DDP via "
         "torchrun, and deterministic fault injection with ground-truth labels.",

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from hooks.schedules import Schedule
+from trainmon.hooks.schedules import Schedule
 
 __all__ = ["CATALOG", "Fault", "FaultError", "FaultPlan", "catalog_help", "parse_fault", "write_labels"]
 

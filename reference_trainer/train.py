@@ -32,22 +32,22 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hooks.fingerprint import batch_fingerprint, state_fingerprint
-from hooks.flops import peak_flops_for, training_flops_per_token
-from hooks.schedules import Schedule
-from hooks.train_monitor import TrainMonitor
-from reference_trainer.checkpoint import (
+from trainmon.hooks.fingerprint import batch_fingerprint, state_fingerprint
+from trainmon.hooks.flops import peak_flops_for, training_flops_per_token
+from trainmon.hooks.schedules import Schedule
+from trainmon.hooks.train_monitor import TrainMonitor
+from trainmon.reference_trainer.checkpoint import (
     capture_rng,
     latest_checkpoint,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
 )
-from reference_trainer.config import TrainConfig
-from reference_trainer.data import Loader, MarkovSource, TokenFileSource
-from reference_trainer.faults import FaultPlan, write_labels
-from reference_trainer.model import GPT, GPTConfig
-from reference_trainer.precision import autocast_for, make_scaler, resolve_precision
+from trainmon.reference_trainer.config import TrainConfig
+from trainmon.reference_trainer.data import Loader, MarkovSource, TokenFileSource
+from trainmon.reference_trainer.faults import FaultPlan, write_labels
+from trainmon.reference_trainer.model import GPT, GPTConfig
+from trainmon.reference_trainer.precision import autocast_for, make_scaler, resolve_precision
 
 __all__ = ["train"]
 
@@ -279,7 +279,8 @@ def train(cfg: TrainConfig) -> str:
         resumed=resuming,
         resume_path=str(ckpt_dir) if ckpt_dir else None,
         config_hash=cfg.config_hash(),
-        # MFU inputs (hooks.flops, shared with monitor.budget): lookups (wte, wpe) cost no FLOPs, the head does.
+        # MFU inputs (trainmon.hooks.flops, shared with the budget arithmetic): lookups (wte, wpe) cost no FLOPs,
+        # the head does.
         flops_per_token=training_flops_per_token(
             sum(p.numel() for p in model.parameters()) - model.wte.weight.numel() - model.wpe.weight.numel(),
             cfg.n_layer,

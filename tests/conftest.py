@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from monitor.config import CollectorConfig
-from monitor.server import Collector, ServerThread, create_app
+from trainmon.monitor.collector.server import Collector, ServerThread, create_app
+from trainmon.monitor.config import CollectorConfig
 
 
 @dataclass

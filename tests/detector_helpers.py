@@ -9,10 +9,10 @@ from pathlib import Path
 
 from trainer_helpers import run_trainer
 
-from hooks.wire import Event
-from monitor.detectors.base import Detector, Finding
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.store.storage import Storage
 
 
 def ev(kind: str, fields: dict, t: float = 0.0) -> Event:

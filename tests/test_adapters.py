@@ -3,8 +3,8 @@
 One tiny randomly initialised GPT-2 (no downloads), trained three ways for 12 optimizer steps
 with 2 micro-batches each, clipping at 1.0, evaluating and saving after steps 5 and 11: a plain
 loop instrumented through ``TrainMonitor``, a real ``transformers.Trainer`` with
-``hooks.hf.TrainmonCallback`` and a real ``lightning.Trainer`` with
-``hooks.lightning.TrainmonCallback``. The three JSONL streams must carry the same events with
+``trainmon.hooks.hf.TrainmonCallback`` and a real ``lightning.Trainer`` with
+``trainmon.hooks.lightning.TrainmonCallback``. The three JSONL streams must carry the same events with
 the same fields, and the HF stream's numbers must be the ones HF itself logged.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from hooks import TrainMonitor
-from hooks.fingerprint import compare_fingerprints, state_fingerprint
-from hooks.wire import validate_event
+from trainmon.hooks import TrainMonitor
+from trainmon.hooks.fingerprint import compare_fingerprints, state_fingerprint
+from trainmon.hooks.wire import validate_event
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
@@ -135,7 +135,7 @@ def _hf_args(out: Path, **overrides: Any) -> Any:
 
 
 def _hf(tmp_path: Path, *, resume: str | None = None, run: str = "hf") -> tuple[Path, Any]:
-    from hooks.hf import TrainmonCallback
+    from trainmon.hooks.hf import TrainmonCallback
 
     path = tmp_path / run / "events.jsonl"
     path.parent.mkdir(exist_ok=True)
@@ -171,7 +171,7 @@ class _LitGPT(lightning.LightningModule):
 def _lightning(tmp_path: Path, *, resume: str | None = None, run: str = "lit") -> Path:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from hooks.lightning import TrainmonCallback
+    from trainmon.hooks.lightning import TrainmonCallback
 
     path = tmp_path / run / "events.jsonl"
     path.parent.mkdir(exist_ok=True)
@@ -305,8 +305,8 @@ class _Boom(Exception):
 
 
 def test_a_failing_run_ends_with_status_failed(tmp_path: Path) -> None:
-    from hooks.hf import TrainmonCallback as HFCallback
-    from hooks.lightning import TrainmonCallback as LitCallback
+    from trainmon.hooks.hf import TrainmonCallback as HFCallback
+    from trainmon.hooks.lightning import TrainmonCallback as LitCallback
 
     class Explode(transformers.TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:

@@ -102,7 +102,7 @@ def test_every_alert_has_firing_and_silent_unit_tests() -> None:
 
 def test_rules_only_read_exported_names() -> None:
     """Every trainmon_* series a rule reads is one the exporter writes (or a recording rule)."""
-    exporter = (REPO / "monitor" / "exporter.py").read_text()
+    exporter = (REPO / "monitor" / "collector" / "exporter.py").read_text()
     exported = set(re.findall(r'"(trainmon_[a-z_]+)"', exporter))
     counters = set(re.findall(r'CounterMetricFamily\(\s*"(trainmon_[a-z_]+)"', exporter))
     counters |= set(re.findall(r'Counter\(\s*"(trainmon_[a-z_]+)"', exporter))

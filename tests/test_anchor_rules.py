@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors import anchors
-from monitor.detectors.loss_spike import LossSpike
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors import anchors
+from trainmon.monitor.detectors.loss_spike import LossSpike
 
 
 def _toy_trace() -> list[float]:

@@ -30,7 +30,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error, status_code_conformance
 from sqlalchemy import select
 
-from monitor.storage import Storage, steps
+from trainmon.monitor.store.storage import Storage, steps
 
 EXAMPLES = 200
 
@@ -52,7 +52,7 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "collector.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "monitor.cli", "serve", "--db", str(self.db), "--port", str(self.port)],
+            [sys.executable, "-m", "trainmon.monitor.cli", "serve", "--db", str(self.db), "--port", str(self.port)],
             stdout=open(self.log, "w"),  # noqa: SIM115 - closed when the child exits
             stderr=subprocess.STDOUT,
             env={k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"},

@@ -17,15 +17,15 @@ from pathlib import Path
 import psutil
 from sqlalchemy import select
 
-from hooks.wire import validate_batch
-from monitor.config import DetectorsConfig
-from monitor.detection_process import LocalDetection
-from monitor.engine import Engine
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
-from monitor.storage import Storage, anomalies
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
+from trainmon.hooks.wire import validate_batch
+from trainmon.monitor.collector.detection_process import LocalDetection
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.store.storage import Storage, anomalies
 
 
 def _run_events(run: str, rank: int, n_steps: int, *, nan_at: int | None = None, end: bool = True) -> list[dict]:

@@ -1,4 +1,4 @@
-"""``monitor.budget`` and ``trainmon budget``: every worked number of the seeds, reproduced.
+"""``trainmon.monitor.analysis.budget`` and ``trainmon budget``: every worked number of the seeds, reproduced.
 
 Seeds: 001 the theory notebook, 002 "Infra math for LLM training", 003 "Planning LLM
 training" (GPT-2 XL), 004 "How to train an LLM" (the 8B Megatron example).
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hooks.flops import peak_flops_for, training_flops_per_token
-from monitor import budget as b
-from monitor.cli import main
+from trainmon.hooks.flops import peak_flops_for, training_flops_per_token
+from trainmon.monitor.analysis import budget as b
+from trainmon.monitor.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_XL = {"layers": 48, "d_model": 1600, "vocab": 50257, "heads": 25, "seq": 1024}
@@ -169,7 +169,18 @@ def _budget_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 def test_cli_issue_example_subprocess() -> None:
     """The issue's example command, run as a script runs it."""
-    cmd = [sys.executable, "-m", "monitor.cli", "budget", "--layers", "48", "--d-model", "1600", "--vocab", "50257"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainmon.monitor.cli",
+        "budget",
+        "--layers",
+        "48",
+        "--d-model",
+        "1600",
+        "--vocab",
+        "50257",
+    ]
     cmd += ["--heads", "25", "--seq", "1024", "--precision", "fp32", "--gpu-memory", "80GB", "--json"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     out = json.loads(proc.stdout)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.events import batch, event, step_events
 
-TRAINMON = [sys.executable, "-m", "monitor.cli"]
+TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 
 
 def _free_port() -> int:

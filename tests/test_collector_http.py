@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from sqlalchemy import func, select
 
-from monitor.storage import runs, steps, streams
 from tests.conftest import LiveCollector, start_collector
 from tests.events import batch, event, step_events
+from trainmon.monitor.store.storage import runs, steps, streams
 
 
 def _count(lc: LiveCollector, table) -> int:

@@ -29,11 +29,11 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detection_process import DetectionProcess
-from monitor.storage import Storage, steps
 from tests.events import batch, event, step_events
+from trainmon.hooks.wire import Event
+from trainmon.monitor.collector.detection_process import DetectionProcess
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.store.storage import Storage, steps
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,18 @@ def test_sigterm_ends_a_loaded_collector_whose_detection_froze(tmp_path: Path, b
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "collector.log"
     collector = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "serve", "--db", str(db), "--port", str(port), "--config", str(config)],
+        [
+            sys.executable,
+            "-m",
+            "trainmon.monitor.cli",
+            "serve",
+            "--db",
+            str(db),
+            "--port",
+            str(port),
+            "--config",
+            str(config),
+        ],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"},

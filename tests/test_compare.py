@@ -1,4 +1,4 @@
-"""``monitor.compare`` and ``trainmon compare``: synthetic stories with known answers, then real runs.
+"""``trainmon.monitor.analysis.compare`` and ``trainmon compare``: synthetic stories with known answers, then real runs.
 
 The headline story is seed 004's TP seeding bug: the run with tensor parallelism was
 "consistently worse" than its reference, which only a side-by-side with the noise taken
@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor.cli import main
-from monitor.compare import compare, load_run, noise_sigma, series_from_arrays
-from monitor.postmortem import import_file
-from monitor.storage import Storage
 from tests.events import event
 from tests.trainer_helpers import ROOT, TINY, run_trainer
+from trainmon.monitor.analysis.compare import compare, load_run, noise_sigma, series_from_arrays
+from trainmon.monitor.analysis.postmortem import import_file
+from trainmon.monitor.cli import main
+from trainmon.monitor.store.storage import Storage
 
 STEPS = 2000
 NOISE = 0.03
@@ -218,7 +218,15 @@ def test_real_runs_different_seeds_within_noise(real_runs: dict[str, Path]) -> N
 
 @pytest.mark.slow
 def test_real_runs_different_lr_cli(real_runs: dict[str, Path]) -> None:
-    cmd = [sys.executable, "-m", "monitor.cli", "compare", str(real_runs["seed1"]), str(real_runs["lr"]), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainmon.monitor.cli",
+        "compare",
+        str(real_runs["seed1"]),
+        str(real_runs["lr"]),
+        "--json",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     out = json.loads(proc.stdout)
     assert out["lr"]["first_step"] == 0

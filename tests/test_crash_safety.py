@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from monitor.storage import Storage, anomalies, steps, streams
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from trainmon.monitor.store.storage import Storage, anomalies, steps, streams
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def _free_port() -> int:
 def _start_collector(db: str, port: int, log: Path) -> subprocess.Popen:
     out = open(log, "a")  # noqa: SIM115 - handed to the child; closed with the test's tmp_path
     proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "serve", "--db", db, "--port", str(port)],
+        [sys.executable, "-m", "trainmon.monitor.cli", "serve", "--db", db, "--port", str(port)],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"},
@@ -101,7 +101,7 @@ def _crash_twice_during_training(db: str, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "reference_trainer",
+            "trainmon.reference_trainer",
             "--run",
             RUN,
             "--steps",

@@ -25,7 +25,7 @@ import yaml
 from conftest import start_collector
 from prometheus import REPO, Prometheus, fake_nvml_env, needs_prometheus, start_prometheus, stopping, write_test_rules
 
-from monitor.cli import main as cli_main
+from trainmon.monitor.cli import main as cli_main
 
 DASHBOARDS = REPO / "dashboards"
 FILES = ("trainmon-run.json", "trainmon-fleet.json")
@@ -207,7 +207,17 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
     prom = start_prometheus(tmp / "prom", [collector.url.removeprefix("http://")], [rules])
     with stopping(collector, prom):
         start = time.time()
-        cmd = [sys.executable, "-m", "reference_trainer", "--run", RUN, "--steps", "160", "--out", str(tmp / "out")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainmon.reference_trainer",
+            "--run",
+            RUN,
+            "--steps",
+            "160",
+            "--out",
+            str(tmp / "out"),
+        ]
         cmd += ["--collector", collector.url, "--threads", "1", "--seq-len", "32", "--precision", "fp16"]
         cmd += ["--heartbeat-interval", "1", "--health-interval", "1", "--eval-every", "20", "--peak-flops", "1e11"]
         cmd += ["--inject", "data_stall@100:seconds=1,steps=3", "--inject", "nan@140"]

@@ -15,15 +15,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hooks.wire import Event, validate_batch
-from monitor.config import DetectorsConfig, detectors_config
-from monitor.detection_process import DetectionProcess
-from monitor.engine import Engine
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
-from monitor.storage import Storage
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
+from trainmon.hooks.wire import Event, validate_batch
+from trainmon.monitor.collector.detection_process import DetectionProcess
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.config import DetectorsConfig, detectors_config
+from trainmon.monitor.store.storage import Storage
 
 
 def _trace(run: str, nan_at: set[int], n: int = 60, rank: int = 0, start_seq: int = 1) -> list[dict]:
@@ -146,9 +146,9 @@ def test_a_script_without_a_main_guard_can_open_a_collector(tmp_path: Path) -> N
     and a collector that was never closed does not keep its script from exiting."""
     script = tmp_path / "embed.py"
     script.write_text(
-        "from hooks.wire import validate_batch\n"
-        "from monitor.config import CollectorConfig\n"
-        "from monitor.server import Collector\n"
+        "from trainmon.hooks.wire import validate_batch\n"
+        "from trainmon.monitor.config import CollectorConfig\n"
+        "from trainmon.monitor.collector.server import Collector\n"
         "from tests.events import batch, event, step_events\n"
         f"c = Collector.open(CollectorConfig(db={str(tmp_path / 'e.sqlite')!r}))\n"
         "nan_at_3 = step_events(5, loss=lambda i: 'NaN' if i == 3 else 2.0)\n"

@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from hooks.wire import Event
-from monitor.config import BadResumeConfig
-from monitor.detectors import BadResume, Finding
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import BadResumeConfig
+from trainmon.monitor.detectors import BadResume, Finding
+from trainmon.monitor.store.storage import Storage
 
 KIND = "bad_resume"
 
 
 def fingerprint(next_step: int, *, skipped: int = 0) -> dict[str, Any]:
-    """What the reference trainer saves (hooks.fingerprint.state_fingerprint), with made-up values."""
+    """What the reference trainer saves (trainmon.hooks.fingerprint.state_fingerprint), with made-up values."""
     return {
         "next_step": next_step,
         "tokens": 256 * next_step,

@@ -7,9 +7,9 @@ import tracemalloc
 
 import pytest
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors import ALL_DETECTORS, SEVERITIES, Detector, Finding
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors import ALL_DETECTORS, SEVERITIES, Detector, Finding
 
 
 def _ev(kind: str, fields: dict, t: float, rank: int = 0) -> Event:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors.divergence import Divergence
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors.divergence import Divergence
 
 
 def _steps(losses) -> list[Event]:

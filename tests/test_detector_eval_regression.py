@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, run_reference, start
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors.eval_regression import EvalRegression
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors.eval_regression import EvalRegression
 
 
 def _run(train, evals, every: int, resume_at: int | None = None) -> list[Event]:

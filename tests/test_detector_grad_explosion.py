@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from detector_helpers import ev, feed, run_reference, start
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors.grad_explosion import GradExplosion
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors.grad_explosion import GradExplosion
 
 
 def _norms(n: int, seed: int, sigma: float = 0.15, warm: int = 20) -> list[float]:

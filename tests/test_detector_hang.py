@@ -9,13 +9,13 @@ import time
 import pytest
 from trainer_helpers import TINY, read_labels, torchrun
 
-from hooks.wire import Event
-from monitor.config import HangConfig
-from monitor.detectors.hang import Hang
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
 from tests.conftest import start_collector
 from tests.events import batch, event
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import HangConfig
+from trainmon.monitor.detectors.hang import Hang
+from trainmon.monitor.store.storage import Storage
 
 KIND = "hang"
 T0 = 1e9

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors.init_loss import InitLoss
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors.init_loss import InitLoss
 
 
 def _steps(losses, **fields) -> list[Event]:

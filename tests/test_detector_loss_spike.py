@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors.loss_spike import LossSpike
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors.loss_spike import LossSpike
 
 
 def _steps(losses, norms=None, fingerprint=True, lr=None) -> list[Event]:
@@ -74,7 +74,7 @@ def test_earlier_spike_does_not_blind_the_baseline() -> None:
 
 
 def test_small_spike_beats_olmo_six_sigma() -> None:
-    from monitor.detectors.anchors import olmo_core_stability
+    from trainmon.monitor.detectors.anchors import olmo_core_stability
 
     losses = curve(600, 5, 0.02)
     losses[300] *= 5.0  # a big spike first, which inflates OLMo's 128-step sigma

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from hooks.schedules import SCHEDULE_NAMES, Schedule
-from hooks.wire import Event
-from monitor.config import LrScheduleDriftConfig
-from monitor.detectors import Finding, LrScheduleDrift
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.schedules import SCHEDULE_NAMES, Schedule
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import LrScheduleDriftConfig
+from trainmon.monitor.detectors import Finding, LrScheduleDrift
+from trainmon.monitor.store.storage import Storage
 
 KIND = "lr_schedule_drift"
 REAL_LOGS = Path("/work/shared/real-logs")

@@ -7,11 +7,11 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer
 
-from hooks.wire import Event
-from monitor.config import MemoryLeakConfig
-from monitor.detectors.memory_leak import MemoryLeak, theil_sen
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import MemoryLeakConfig
+from trainmon.monitor.detectors.memory_leak import MemoryLeak, theil_sen
+from trainmon.monitor.store.storage import Storage
 
 MIB = 1 << 20
 GIB = 1 << 30

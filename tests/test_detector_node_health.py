@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import TINY, of_kind, read_events, run_trainer
 
-from hooks.wire import Event
-from monitor.config import NodeHealthConfig
-from monitor.detectors.node_health import NodeHealth, decode_throttle
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import NodeHealthConfig
+from trainmon.monitor.detectors.node_health import NodeHealth, decode_throttle
+from trainmon.monitor.store.storage import Storage
 
 GIB = 1 << 30
 

@@ -8,11 +8,11 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, torchrun
 
-from hooks.wire import Event
-from monitor.config import StragglerConfig
-from monitor.detectors.straggler import Straggler
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import StragglerConfig
+from trainmon.monitor.detectors.straggler import Straggler
+from trainmon.monitor.store.storage import Storage
 
 KIND = "straggler"
 

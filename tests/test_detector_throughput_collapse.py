@@ -7,11 +7,11 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer
 
-from hooks.wire import Event
-from monitor.config import ThroughputCollapseConfig
-from monitor.detectors.throughput_collapse import ThroughputCollapse
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.config import ThroughputCollapseConfig
+from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse
+from trainmon.monitor.store.storage import Storage
 
 KIND = "throughput_collapse"
 

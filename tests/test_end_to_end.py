@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from monitor.postmortem import summarize
-from monitor.storage import runs, steps, streams
 from tests.conftest import LiveCollector
+from trainmon.monitor.analysis.postmortem import summarize
+from trainmon.monitor.store.storage import runs, steps, streams
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_reference_trainer_through_a_live_collector(live_collector: LiveCollecto
     cmd = [
         sys.executable,
         "-m",
-        "reference_trainer",
+        "trainmon.reference_trainer",
         "--run",
         "e2e",
         "--steps",

@@ -63,7 +63,7 @@ def test_a_new_fault_after_resolution_opens_a_new_anomaly(tmp_path: Path) -> Non
 
 def test_active_gauge_follows_the_stored_severity(tmp_path: Path) -> None:
     """An anomaly opened as critical and resolved by a finding of another severity leaves 0 active."""
-    from monitor.live import LiveState
+    from trainmon.monitor.collector.live import LiveState
 
     live = LiveState()
     live.anomaly("r", "throughput_collapse", "opened", "warning")

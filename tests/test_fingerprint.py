@@ -1,4 +1,4 @@
-"""hooks.fingerprint: cheap state summaries whose save/load round trip compares equal."""
+"""trainmon.hooks.fingerprint: cheap state summaries whose save/load round trip compares equal."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from hooks.fingerprint import (
+from trainmon.hooks.fingerprint import (
     batch_fingerprint,
     compare_fingerprints,
     optimizer_summary,
@@ -121,5 +121,7 @@ def test_compare_fingerprints_rules():
 
 
 def test_import_does_not_pull_torch():
-    code = "import sys, hooks.fingerprint as f; f.compare_fingerprints({}, {}); assert 'torch' not in sys.modules"
+    code = (
+        "import sys, trainmon.hooks.fingerprint as f; f.compare_fingerprints({}, {}); assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

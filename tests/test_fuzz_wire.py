@@ -8,8 +8,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooks import wire
-from hooks.transport import encode_event
+from trainmon.hooks import wire
+from trainmon.hooks.transport import encode_event
 
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=20)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from hooks import TrainMonitor
+from trainmon.hooks import TrainMonitor
 
 
 def _events(path: Path, kind: str = "step") -> list[dict]:
@@ -148,7 +148,7 @@ def test_sigterm_flushes_and_reports_interrupted(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     script = textwrap.dedent(f"""
         import time, torch
-        from hooks import TrainMonitor
+        from trainmon.hooks import TrainMonitor
         mon = TrainMonitor("term", collector="file://{path}", health_interval=0, heartbeat_interval=0,
                            flush_interval=60)
         model = torch.nn.Linear(4, 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hooks import TrainMonitor
+from trainmon.hooks import TrainMonitor
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from hooks import TrainMonitor
-from hooks.transport import Transport
-from monitor.storage import steps, streams
 from tests.conftest import start_collector
+from trainmon.hooks import TrainMonitor
+from trainmon.hooks.transport import Transport
+from trainmon.monitor.store.storage import steps, streams
 
 
 def _free_port() -> int:

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from hooks.wire import Event
-from monitor.cli import main
-from monitor.importers import ImportFormatError, detect_format, read_events
-from monitor.importers.store import import_log
-from monitor.importers.tensorboard import read_scalars
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.cli import main
+from trainmon.monitor.importers import ImportFormatError, detect_format, read_events
+from trainmon.monitor.importers.store import import_log
+from trainmon.monitor.importers.tensorboard import read_scalars
+from trainmon.monitor.store.storage import Storage
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
-TRAINMON = [sys.executable, "-m", "monitor.cli"]
+TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 
 
 def _events(path: Path, **kw: object) -> list[Event]:
@@ -399,7 +399,7 @@ def test_detection_by_content_not_extension(tmp_path: Path) -> None:
 
 
 def _raw(e: Event) -> dict:
-    from hooks.wire import json_safe
+    from trainmon.hooks.wire import json_safe
 
     return json_safe(
         {

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.live_view import sparkline
 from tests.conftest import LiveCollector, start_collector
 from tests.events import batch, event
+from trainmon.monitor.analysis.live_view import sparkline
 
-TRAINMON = [sys.executable, "-m", "monitor.cli"]
+TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 RUN = "live"
 PLANNED = 400
 

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor.config import ConfigError, NotifyConfig, NotifyTargetConfig, load_config
-from monitor.detectors.base import Finding
-from monitor.engine import AnomalyChange
-from monitor.notify import Notifier, redact
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
+from trainmon.monitor.collector.engine import AnomalyChange
+from trainmon.monitor.config import ConfigError, NotifyConfig, NotifyTargetConfig, load_config
+from trainmon.monitor.detectors.base import Finding
+from trainmon.monitor.notify import Notifier, redact
 
 
 @dataclass

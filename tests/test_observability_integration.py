@@ -79,7 +79,7 @@ def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
     faults = [
         sys.executable,
         "-m",
-        "reference_trainer",
+        "trainmon.reference_trainer",
         "--run",
         FAULTS,
         "--steps",
@@ -95,7 +95,7 @@ def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
         "nan@310",
     ]
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    hang = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "reference_trainer"]
+    hang = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "trainmon.reference_trainer"]
     hang += ["--run-id", HANG, "--steps", "60", "--out", str(tmp_path / "hang"), "--collector", collector_url]
     hang += [*COMMON, "--inject", "hang@20:rank=1,seconds=12"]
     hang_env = fake_nvml_env(tmp_path / "fake_nvml")  # a healthy GPU: this run only hangs

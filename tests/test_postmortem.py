@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from monitor.postmortem import analyse, import_file, optimal_checkpoint_interval
-from monitor.storage import Storage
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from tests.trainer_helpers import ROOT, read_labels, run_trainer
+from trainmon.monitor.analysis.postmortem import analyse, import_file, optimal_checkpoint_interval
+from trainmon.monitor.store.storage import Storage
 
-TRAINMON = [sys.executable, "-m", "monitor.cli"]
+TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 PLOTS = ("loss", "grad_norm", "lr", "throughput", "rank_heatmap", "gpu_health")
 TRAINER = ["--threads", "1", "--seq-len", "32", "--batch-size", "8", "--checkpoint-every", "25", "--eval-every", "20"]
 # What the hint of each expected detection must point at for the injected fault (labels.json).
@@ -102,7 +102,7 @@ def test_json_contract_and_the_run_summary(faulted_run: Any) -> None:
     assert (resume["attempt"], resume["step"]) == (1, 49)
     ck = s["checkpoint"]
     assert ck["count"] >= 4 and 0 < ck["overhead_fraction"] < 1 and ck["interval_steps"] == 25
-    # one failure in the run's wall time: MTBF = wall time; Young/Daly from monitor.budget
+    # one failure in the run's wall time: MTBF = wall time; Young/Daly from trainmon.monitor.analysis.budget
     assert ck["mtbf_seconds"] == pytest.approx(s["duration_seconds"])
     expected = optimal_checkpoint_interval(ck["mean_seconds"], ck["mtbf_seconds"])
     assert ck["optimal_interval_seconds"] == pytest.approx(expected["daly_seconds"])

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from monitor.postmortem import import_file, summarize
-from monitor.storage import Storage
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.store.storage import Storage
 
 LOGS = Path("/work/shared/real-logs")
 MANIFEST = json.loads((LOGS / "manifest.json").read_text()) if (LOGS / "manifest.json").exists() else []
@@ -190,7 +190,7 @@ def _analysis(name: str) -> dict[str, Any]:
         runs = import_file(LOGS / name, storage)
         assert len(runs) == 1
         summary = summarize(storage, runs[0])
-        from monitor.storage import runs as runs_table
+        from trainmon.monitor.store.storage import runs as runs_table
 
         with storage.connect() as conn:
             row = conn.execute(runs_table.select().where(runs_table.c.run == runs[0])).first()

@@ -11,10 +11,10 @@ import pytest
 import torch
 from trainer_helpers import ROOT, TINY, attempts, losses, of_kind, read_events, run_trainer, trainer_env
 
-from hooks.fingerprint import compare_fingerprints
-from hooks.wire import validate_event
-from reference_trainer.config import ConfigError, TrainConfig, build_parser, config_from_args, load_toml
-from reference_trainer.data import Loader, MarkovSource, TokenFileSource
+from trainmon.hooks.fingerprint import compare_fingerprints
+from trainmon.hooks.wire import validate_event
+from trainmon.reference_trainer.config import ConfigError, TrainConfig, build_parser, config_from_args, load_toml
+from trainmon.reference_trainer.data import Loader, MarkovSource, TokenFileSource
 
 
 @pytest.mark.slow
@@ -77,7 +77,7 @@ def test_clean_default_run_learns_from_ln_v_to_entropy_floor(tmp_path):
 
 def test_help_documents_every_option():
     proc = subprocess.run(
-        [sys.executable, "-m", "reference_trainer", "--help"],
+        [sys.executable, "-m", "trainmon.reference_trainer", "--help"],
         cwd=ROOT,
         env=trainer_env(),
         capture_output=True,
@@ -126,7 +126,7 @@ def test_bad_config_file_cli_error_names_field(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("warmup = 5\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "reference_trainer", "--config", str(path)],
+        [sys.executable, "-m", "trainmon.reference_trainer", "--config", str(path)],
         cwd=ROOT,
         env=trainer_env(),
         capture_output=True,

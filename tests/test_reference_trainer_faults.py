@@ -23,11 +23,11 @@ from trainer_helpers import (
     trainer_env,
 )
 
-from hooks.fingerprint import compare_fingerprints
-from hooks.schedules import Schedule
-from reference_trainer.config import TrainConfig
-from reference_trainer.data import MarkovSource
-from reference_trainer.faults import CATALOG, FaultError, FaultPlan, parse_fault
+from trainmon.hooks.fingerprint import compare_fingerprints
+from trainmon.hooks.schedules import Schedule
+from trainmon.reference_trainer.config import TrainConfig
+from trainmon.reference_trainer.data import MarkovSource
+from trainmon.reference_trainer.faults import CATALOG, FaultError, FaultPlan, parse_fault
 
 LN_V = math.log(TrainConfig().vocab_size)
 FLOOR = MarkovSource(64, 1337, 4).entropy_floor
@@ -371,7 +371,18 @@ def test_fault_defaults_and_ranks():
 )
 def test_cli_rejects_bad_injection(tmp_path, args, needle):
     proc = subprocess.run(
-        [sys.executable, "-m", "reference_trainer", "--run", "x", "--steps", "3", "--out", str(tmp_path), *args],
+        [
+            sys.executable,
+            "-m",
+            "trainmon.reference_trainer",
+            "--run",
+            "x",
+            "--steps",
+            "3",
+            "--out",
+            str(tmp_path),
+            *args,
+        ],
         cwd=ROOT,
         env=trainer_env(),
         capture_output=True,

@@ -8,7 +8,7 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hooks.schedules import Schedule
+from trainmon.hooks.schedules import Schedule
 
 
 def test_cosine_warms_up_linearly_then_decays_to_the_floor() -> None:

@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from monitor.config import CollectorConfig, ConfigError, load_config
-from monitor.server import _Ingress, check_bind
-from monitor.storage import Storage, steps
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
+from trainmon.monitor.collector.server import _Ingress, check_bind
+from trainmon.monitor.config import CollectorConfig, ConfigError, load_config
+from trainmon.monitor.store.storage import Storage, steps
 
 TOKEN = "tm-s3cret-Zq8x1vK0pL"
-TRAINMON = [sys.executable, "-m", "monitor.cli"]
+TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -172,7 +172,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
 def _train(run: str, url: str, spool: Path, n: int) -> Any:
     import torch
 
-    from hooks import TrainMonitor
+    from trainmon.hooks import TrainMonitor
 
     mon = TrainMonitor(run, collector=url, spool_dir=spool, flush_interval=0.05, health_interval=0)
     model = torch.nn.Linear(4, 1)

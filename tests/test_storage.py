@@ -10,14 +10,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, select
 
-from hooks.wire import validate_batch
-from monitor.config import DetectorsConfig
-from monitor.engine import Engine
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
-from monitor.storage import Storage, anomalies, metadata, steps, streams
 from tests.events import batch, event, step_events
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from trainmon.hooks.wire import validate_batch
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.store.storage import Storage, anomalies, metadata, steps, streams
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from hooks import wire
 from tests.events import batch, event, step_events
+from trainmon.hooks import wire
 
 
 def test_every_kind_round_trips_through_validation() -> None:
@@ -102,6 +102,9 @@ def test_json_schema_covers_every_kind_and_field() -> None:
 
 
 def test_wire_module_does_not_import_torch() -> None:
-    code = "import sys, hooks.wire, hooks.schedules, monitor.server; print('torch' in sys.modules)"
+    code = (
+        "import sys, trainmon, trainmon.hooks.wire, trainmon.hooks.schedules, trainmon.monitor.collector.server, "
+        "trainmon.monitor.cli; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

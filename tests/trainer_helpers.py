@@ -28,8 +28,19 @@ def trainer_env() -> dict[str, str]:
 def run_trainer(
     out: Path, *args: str, steps: int = 12, run: str = "t", check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess:
-    """``python -m reference_trainer --run RUN --steps N --out OUT ARGS...``; fails the test on error."""
-    cmd = [sys.executable, "-m", "reference_trainer", "--run", run, "--steps", str(steps), "--out", str(out), *args]
+    """``python -m trainmon.reference_trainer --run RUN --steps N --out OUT ARGS...``; fails the test on error."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainmon.reference_trainer",
+        "--run",
+        run,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -39,7 +50,7 @@ def run_trainer(
 def torchrun(out: Path, *args: str, nproc: int = 2, steps: int = 8, run: str = "ddp", timeout: float = 180):
     """The same through ``torchrun --standalone`` on CPU (gloo). ``--run-id``: torchrun owns ``--run``."""
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    cmd = [exe, "--standalone", "--nproc-per-node", str(nproc), "-m", "reference_trainer"]
+    cmd = [exe, "--standalone", "--nproc-per-node", str(nproc), "-m", "trainmon.reference_trainer"]
     cmd += ["--run-id", run, "--steps", str(steps), "--out", str(out), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

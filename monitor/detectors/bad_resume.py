@@ -7,7 +7,7 @@ piece of state (Adam step 151 -> 1, the scheduler position, duplicate batch hash
 check is on state, at load time, not on the loss:
 
 * The ``checkpoint`` events of the earlier attempt carry a fingerprint of the saved state
-  (``hooks.fingerprint``); the ``resume`` event carries the same fingerprint of the restored
+  (``trainmon.hooks.fingerprint``); the ``resume`` event carries the same fingerprint of the restored
   state. A correct resume restores everything, so any key that differs names a bug directly:
   ``next_step`` (step counter reset, R4), ``optimizer.*`` (Adam state not loaded, R3),
   ``scheduler.*`` (R1), ``rng.*`` (R6), ``data_position`` (replay or skip, R5),
@@ -37,10 +37,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooks.fingerprint import compare_fingerprints
-from hooks.wire import Event, json_safe
-from monitor.config import BadResumeConfig
-from monitor.detectors.base import Detector, Finding
+from trainmon.hooks.fingerprint import compare_fingerprints
+from trainmon.hooks.wire import Event, json_safe
+from trainmon.monitor.config import BadResumeConfig
+from trainmon.monitor.detectors.base import Detector, Finding
 
 __all__ = ["BadResume"]
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hooks.wire import Event
+from trainmon.hooks.wire import Event
 
 __all__ = ["SEVERITIES", "Detector", "Finding"]
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 import collections
 import math
 
-from hooks.wire import Event
-from monitor.config import DivergenceConfig
-from monitor.detectors.base import Detector, Finding, finite
-from monitor.detectors.rolling import RollingWindow
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DivergenceConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Divergence"]
 

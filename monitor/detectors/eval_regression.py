@@ -20,10 +20,10 @@ import collections
 import itertools
 from typing import Any
 
-from hooks.wire import Event
-from monitor.config import EvalRegressionConfig
-from monitor.detectors.base import Detector, Finding, finite
-from monitor.detectors.rolling import RollingWindow
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import EvalRegressionConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["EvalRegression"]
 

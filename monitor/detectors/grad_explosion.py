@@ -26,10 +26,10 @@ import collections
 import math
 from typing import Any
 
-from hooks.wire import Event
-from monitor.config import GradExplosionConfig
-from monitor.detectors.base import Detector, Finding, finite
-from monitor.detectors.rolling import RollingWindow
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import GradExplosionConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["GradExplosion"]
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hooks.wire import Event
-from monitor.config import HangConfig
-from monitor.detectors.base import Detector, Finding
-from monitor.detectors.rolling import RollingWindow
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import HangConfig
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Hang"]
 

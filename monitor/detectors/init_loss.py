@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 
-from hooks.wire import Event
-from monitor.config import InitLossConfig
-from monitor.detectors.base import Detector, Finding, finite
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import InitLossConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
 
 __all__ = ["InitLoss"]
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from hooks.wire import Event
-from monitor.config import LossScaleCollapseConfig
-from monitor.detectors.base import Detector, Finding, finite
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import LossScaleCollapseConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
 
 __all__ = ["LossScaleCollapse"]
 

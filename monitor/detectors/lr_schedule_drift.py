@@ -4,7 +4,7 @@ Why the rule is what it is (``/work/shared/research/failure-modes.md``, rows R1,
 scheduler bugs barely move the loss of a small model (the resume simulation saw +0.014 for a
 restarted warmup), but they are exact in the LR trace. So the check is on the LR itself:
 
-* With a schedule declared in ``run_start`` (``hooks.schedules``), every step's LR of group 0
+* With a schedule declared in ``run_start`` (``trainmon.hooks.schedules``), every step's LR of group 0
   must equal ``schedule.lr(step)`` and every other group must keep the ratio to group 0 it
   started with; more than 1% off for 2 consecutive steps fires (the R1/L3 rule). When it
   fires, a few hypotheses are tried against the recent trace to name the bug: the scheduler
@@ -33,10 +33,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from hooks.schedules import Schedule
-from hooks.wire import Event
-from monitor.config import LrScheduleDriftConfig
-from monitor.detectors.base import Detector, Finding
+from trainmon.hooks.schedules import Schedule
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import LrScheduleDriftConfig
+from trainmon.monitor.detectors.base import Detector, Finding
 
 __all__ = ["LrScheduleDrift"]
 

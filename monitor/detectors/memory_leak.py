@@ -31,9 +31,9 @@ from __future__ import annotations
 import itertools
 import math
 
-from hooks.wire import Event
-from monitor.config import MemoryLeakConfig
-from monitor.detectors.base import Detector, Finding
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import MemoryLeakConfig
+from trainmon.monitor.detectors.base import Detector, Finding
 
 __all__ = ["MemoryLeak", "theil_sen"]
 

@@ -6,9 +6,9 @@ import collections
 import math
 import statistics
 
-from hooks.wire import Event
-from monitor.config import NanInfConfig
-from monitor.detectors.base import Detector, Finding
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import NanInfConfig
+from trainmon.monitor.detectors.base import Detector, Finding
 
 __all__ = ["NanInf"]
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from hooks.wire import Event
-from monitor.config import NodeHealthConfig
-from monitor.detectors.base import Detector, Finding
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import NodeHealthConfig
+from trainmon.monitor.detectors.base import Detector, Finding
 
 __all__ = ["THROTTLE_REASONS", "NodeHealth", "decode_throttle"]
 

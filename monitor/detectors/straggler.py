@@ -15,10 +15,10 @@ from __future__ import annotations
 import bisect
 import statistics
 
-from hooks.wire import Event
-from monitor.config import StragglerConfig
-from monitor.detectors.base import Detector, Finding
-from monitor.detectors.rolling import RollingWindow
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import StragglerConfig
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Straggler"]
 

@@ -28,10 +28,10 @@ import math
 import statistics
 from typing import Any
 
-from hooks.wire import Event
-from monitor.config import ThroughputCollapseConfig
-from monitor.detectors.base import Detector, Finding
-from monitor.detectors.rolling import RollingWindow
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import ThroughputCollapseConfig
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["ThroughputCollapse"]
 

@@ -11,7 +11,7 @@ CSV                       ``csv``: W&B exports, Lightning ``metrics.csv``
 llm.c / nanoGPT logs      ``textlog``: ``s:N trl:X``, ``step N | loss X``, ...
 ========================  =======================================================
 
-Foreign formats go through :func:`monitor.importers.common.build_events`, which makes the
+Foreign formats go through :func:`trainmon.monitor.importers.common.build_events`, which makes the
 ``run_start`` (with ``config.imported_from``, ``format``, ``synthetic_time`` and
 ``missing_signals``), the steps, evals and a ``run_end``. A folder is read as a folder of
 trainmon JSONL files (one per rank, merged by time) or of TensorBoard event files (one run).
@@ -26,13 +26,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from hooks.wire import RUN_ID_PATTERN, Event
-from monitor.importers.common import ImportFormatError, build_events, file_digest, mtime_of, run_id_from_path
-from monitor.importers.csv import looks_like_csv, parse_csv, parse_mapping
-from monitor.importers.hf import looks_like_hf, parse_hf
-from monitor.importers.jsonl import read_jsonl
-from monitor.importers.tensorboard import is_event_file, looks_like_tfrecord, parse_tensorboard
-from monitor.importers.textlog import looks_like_textlog, parse_textlog
+from trainmon.hooks.wire import RUN_ID_PATTERN, Event
+from trainmon.monitor.importers.common import ImportFormatError, build_events, file_digest, mtime_of, run_id_from_path
+from trainmon.monitor.importers.csv import looks_like_csv, parse_csv, parse_mapping
+from trainmon.monitor.importers.hf import looks_like_hf, parse_hf
+from trainmon.monitor.importers.jsonl import read_jsonl
+from trainmon.monitor.importers.tensorboard import is_event_file, looks_like_tfrecord, parse_tensorboard
+from trainmon.monitor.importers.textlog import looks_like_textlog, parse_textlog
 
 __all__ = ["FORMATS", "ImportFormatError", "detect_format", "parse_mapping", "read_events"]
 

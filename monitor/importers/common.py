@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hooks.wire import Event, validate_event
+from trainmon.hooks.wire import Event, validate_event
 
 __all__ = [
     "EvalPoint",

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint, to_float
+from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint, to_float
 
 __all__ = ["DEFAULT_COLUMNS", "FIELDS", "looks_like_csv", "parse_csv", "parse_mapping"]
 

@@ -30,7 +30,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from monitor.importers.common import (
+from trainmon.monitor.importers.common import (
     EvalPoint,
     ImportFormatError,
     Item,

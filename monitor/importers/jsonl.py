@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from hooks.wire import Event, WireError, validate_event
+from trainmon.hooks.wire import Event, WireError, validate_event
 
 __all__ = ["read_jsonl"]
 

@@ -1,7 +1,7 @@
 """Store an imported log in a collector database (``trainmon import FILE --db``).
 
-The one import path (``monitor.postmortem.import_file`` calls it too): the collector's
-:class:`~monitor.ingest.Ingestor` and detector engine, so an imported run lands in the store with
+The one import path (``trainmon.monitor.analysis.postmortem.import_file`` calls it too): the collector's
+:class:`~trainmon.monitor.collector.ingest.Ingestor` and detector engine, so an imported run lands in the store with
 its anomalies, exactly as if its trainer had reported live, with an optional run name and CSV
 column mapping.
 """
@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hooks.wire import Event
-from monitor.config import CollectorConfig
-from monitor.engine import Engine
-from monitor.importers import read_events
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
-from monitor.storage import Storage
+from trainmon.hooks.wire import Event
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.importers import read_events
+from trainmon.monitor.store.storage import Storage
 
 __all__ = ["ImportResult", "import_log"]
 

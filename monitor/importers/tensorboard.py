@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
 
 __all__ = ["TAGS", "is_event_file", "looks_like_tfrecord", "parse_tensorboard", "read_scalars"]
 

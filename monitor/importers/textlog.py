@@ -21,7 +21,7 @@ import math
 import re
 from pathlib import Path
 
-from monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
 
 __all__ = ["looks_like_textlog", "parse_textlog"]
 

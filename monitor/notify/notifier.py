@@ -35,11 +35,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy import select
 
-from monitor.config import ConfigError, NotifyConfig
-from monitor.detectors.base import SEVERITIES
-from monitor.engine import AnomalyChange
-from monitor.notify.targets import Alert, Target, make_target
-from monitor.storage import Storage, anomalies
+from trainmon.monitor.collector.engine import AnomalyChange
+from trainmon.monitor.config import ConfigError, NotifyConfig
+from trainmon.monitor.detectors.base import SEVERITIES
+from trainmon.monitor.notify.targets import Alert, Target, make_target
+from trainmon.monitor.store.storage import Storage, anomalies
 
 __all__ = ["Notifier", "open_anomalies"]
 

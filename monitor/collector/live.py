@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooks.schedules import Schedule
-from hooks.wire import Event
-from monitor.budget import mfu_from_throughput
+from trainmon.hooks.schedules import Schedule
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.budget import mfu_from_throughput
 
 __all__ = ["LiveState", "RankState", "RunState"]
 

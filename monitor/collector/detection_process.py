@@ -6,13 +6,13 @@ batches queued behind each other (issue 7: p99 ingest-to-anomaly above 2 s at 10
 Detection is pure computation over the committed events, so it moves to a child process: the
 writer thread commits group N+1 while the child looks at group N.
 
-The child is ``python -m monitor.detection_process``, talking over its stdin and stdout in
+The child is ``python -m trainmon.monitor.collector.detection_process``, talking over its stdin and stdout in
 length-prefixed frames. Not ``multiprocessing``: its spawn and forkserver methods re-run the
 parent's ``__main__`` in the child (a user script that opens a collector without a
 ``__main__`` guard would start it again), and fork is unsafe in a process with threads. The
 parent sends events (JSON: the internal pipe carries NaN and Infinity tokens, which the
 detectors must see) and gets findings back; storage, the anomaly table and notifications stay
-in the parent (``monitor.engine``). The child ignores SIGINT and SIGTERM and exits when its
+in the parent (``trainmon.monitor.collector.engine``). The child ignores SIGINT and SIGTERM and exits when its
 stdin closes, so it never outlives the collector, and a signal to the collector (or, since it
 runs in a session of its own, to the collector's process group) cannot kill it half-way through
 a group. If it dies anyway, the parent answers what was in flight with no findings
@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig, detectors_config
-from monitor.detection import Detection, Found
-from monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.hooks.wire import Event
+from trainmon.monitor.collector.detection import Detection, Found
+from trainmon.monitor.config import DetectorsConfig, detectors_config
+from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 
 __all__ = ["DetectionProcess", "LocalDetection"]
 

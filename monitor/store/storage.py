@@ -6,7 +6,7 @@ streams (one per process and rank, which is how attempts are counted), steps key
 and anomalies. Steps repeat across attempts when a run resumes from an older checkpoint, so
 ``attempt`` is part of every per-step key.
 
-The schema is versioned with Alembic (``monitor/migrations``): opening a store upgrades it.
+The schema is versioned with Alembic (``monitor/store/migrations``): opening a store upgrades it.
 
 SQLite stores NaN as NULL, and a NaN loss is data, so floats go through :class:`Real`, which
 keeps NaN as the text ``'NaN'`` on SQLite (PostgreSQL has a native NaN).

@@ -18,7 +18,7 @@ The report names:
 * the configuration keys whose values differ.
 
 Runs come from a store (``--db``) or from log files/folders, which are imported into an
-in-memory store first (:func:`monitor.postmortem.import_file`), so both paths share one query.
+in-memory store first (:func:`trainmon.monitor.analysis.postmortem.import_file`), so both paths share one query.
 Runs are aligned by optimizer step, or by tokens consumed (a run with a different batch size).
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
-from monitor.storage import PHASE_COLUMNS, Storage, evals, runs, steps
+from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps
 
 __all__ = ["CompareError", "RunSeries", "compare", "load_run", "noise_sigma", "render", "series_from_arrays"]
 
@@ -169,7 +169,7 @@ def load_run(spec: str, db: str | None = None, run: str | None = None) -> RunSer
     if not path.exists():
         where = f"a run in {db} nor " if db else ""
         raise CompareError(f"{spec}: not {where}a log file or folder" + ("" if db else " (give --db for run ids)"))
-    from monitor.postmortem import import_file
+    from trainmon.monitor.analysis.postmortem import import_file
 
     storage = Storage("sqlite://")
     try:

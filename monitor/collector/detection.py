@@ -1,16 +1,16 @@
 """The detector instances of every (run, rank) and run, and the routing of events to them.
 
-Pure computation: no storage, no threads. The engine (``monitor.engine``) owns the anomaly
+Pure computation: no storage, no threads. The engine (``trainmon.monitor.collector.engine``) owns the anomaly
 lifecycle around it and decides where it runs: in the caller's thread (imports, tests) or in a
-child process (``monitor.detection_process``, the collector), where it does not share the
+child process (``trainmon.monitor.collector.detection_process``, the collector), where it does not share the
 ingest path's GIL.
 """
 
 from __future__ import annotations
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 
 __all__ = ["RUN_WIDE", "Detection", "Found"]
 

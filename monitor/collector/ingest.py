@@ -18,10 +18,10 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
-from hooks.wire import Event
-from monitor.engine import Engine
-from monitor.live import LiveState
-from monitor.storage import (
+from trainmon.hooks.wire import Event
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     STEP_FIELDS,
     Storage,

@@ -1,6 +1,6 @@
 """Prometheus exposition of the live state and of the collector's own health.
 
-Training series are built at scrape time from :class:`~monitor.live.LiveState` by a custom
+Training series are built at scrape time from :class:`~trainmon.monitor.collector.live.LiveState` by a custom
 collector (the ``prometheus_client`` pattern for mirroring external state), so a run that ends
 simply stops being exported: no stale label sets to remember to remove. Labels are bounded:
 ``run``, ``rank``, ``phase``, ``group``, ``kind``, ``severity``; never a step or a layer.
@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from monitor.detection_process import DetectionProcess, LocalDetection
-from monitor.live import LiveState
+from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
+from trainmon.monitor.collector.live import LiveState
 
 __all__ = ["FINISHED_RUN_TTL_SECONDS", "CollectorMetrics", "DetectionCollector", "TrainingCollector"]
 

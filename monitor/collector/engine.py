@@ -12,8 +12,8 @@ storage at start, and each detector's state is rebuilt from the stored tail of i
 first time the stream is seen again, so a collector restart neither loses nor re-raises an
 anomaly, and does not blind a detector for a window.
 
-The detectors themselves (``monitor.detection``) run either in the caller's thread or, in the
-collector, in a child process (``monitor.detection_process``) that works on one group while
+The detectors themselves (``trainmon.monitor.collector.detection``) run either in the caller's thread or, in the
+collector, in a child process (``trainmon.monitor.collector.detection_process``) that works on one group while
 the writer commits the next. Every change to the anomaly table goes to one listener
 (``on_changes``: the collector's live state and notifier).
 """
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, select, update
 
-from hooks.wire import Event
-from monitor.config import DetectorsConfig
-from monitor.detection import RUN_WIDE, Found
-from monitor.detection_process import DetectionProcess, LocalDetection
-from monitor.detectors import ALL_DETECTORS, Detector, Finding
-from monitor.replay import recent_events
-from monitor.storage import Storage, anomalies, streams
+from trainmon.hooks.wire import Event
+from trainmon.monitor.collector.detection import RUN_WIDE, Found
+from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.monitor.store.replay import recent_events
+from trainmon.monitor.store.storage import Storage, anomalies, streams
 
 __all__ = ["RUN_WIDE", "AnomalyChange", "Engine"]
 

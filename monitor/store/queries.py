@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from monitor.storage import anomalies, runs, steps, streams
+from trainmon.monitor.store.storage import anomalies, runs, steps, streams
 
 __all__ = ["anomaly_rows", "latest_step", "run_rows"]
 

@@ -1,6 +1,6 @@
 """What happened in a run, from the collector's store or from a log file.
 
-A file is ingested into an in-memory store through the same :class:`~monitor.ingest.Ingestor`
+A file is ingested into an in-memory store through the same :class:`~trainmon.monitor.collector.ingest.Ingestor`
 the daemon uses, so imported runs go through the same detectors and the same queries.
 
 The analysis has to stay fast on a run of a million steps on eight ranks (``bench/postmortem.py``:
@@ -37,11 +37,11 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, and_, bindparam, case, func, select
 
-from hooks.schedules import Schedule
-from monitor import budget
-from monitor.config import CollectorConfig
-from monitor.queries import anomaly_rows
-from monitor.storage import (
+from trainmon.hooks.schedules import Schedule
+from trainmon.monitor.analysis import budget
+from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.store.queries import anomaly_rows
+from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     Storage,
     checkpoints,
@@ -95,14 +95,14 @@ def import_file(
 
     ``progress`` is called with the number of events read so far after each batch.
     """
-    from monitor.importers.store import import_log  # the detectors: only files need them
+    from trainmon.monitor.importers.store import import_log  # the detectors: only files need them
 
     return import_log(path, storage, config, progress=progress).runs
 
 
 @dataclass
 class Analysis:
-    """The summary (JSON-safe after ``hooks.wire.json_safe``) and the series the plots draw."""
+    """The summary (JSON-safe after ``trainmon.hooks.wire.json_safe``) and the series the plots draw."""
 
     summary: dict[str, Any]
     bins: pd.DataFrame  # lowest rank, exact aggregates per step range (see the module docstring)
@@ -831,7 +831,7 @@ def expected_lr(schedule: Schedule, step_values: Iterable[int]) -> np.ndarray:
 
 
 def optimal_checkpoint_interval(checkpoint_seconds: float, mtbf_seconds: float) -> dict[str, float]:
-    """Young's and Daly's optimal compute time between checkpoints, from :mod:`monitor.budget`
+    """Young's and Daly's optimal compute time between checkpoints, from :mod:`trainmon.monitor.analysis.budget`
     (one definition of the arithmetic for the CLI, the live view and the post-mortem)."""
     return {
         "young_seconds": budget.young_interval_seconds(checkpoint_seconds, mtbf_seconds),

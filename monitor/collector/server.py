@@ -22,17 +22,17 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import select, text
 
-from hooks import wire
-from monitor import live_view
-from monitor.config import CollectorConfig, ConfigError
-from monitor.engine import AnomalyChange, Engine
-from monitor.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
-from monitor.ingest import Ingestor
-from monitor.live import LiveState
-from monitor.notify import Notifier, open_anomalies
-from monitor.queries import anomaly_rows, run_rows
-from monitor.storage import Storage, anomalies, runs
-from monitor.writer import IngestWriter, Reply
+from trainmon.hooks import wire
+from trainmon.monitor.analysis import live_view
+from trainmon.monitor.collector.engine import AnomalyChange, Engine
+from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
+from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.collector.writer import IngestWriter, Reply
+from trainmon.monitor.config import CollectorConfig, ConfigError
+from trainmon.monitor.notify import Notifier, open_anomalies
+from trainmon.monitor.store.queries import anomaly_rows, run_rows
+from trainmon.monitor.store.storage import Storage, anomalies, runs
 
 __all__ = ["Collector", "check_bind", "create_app", "serve"]
 

@@ -1,7 +1,7 @@
 """The collector's single write path: request bodies in, acknowledgements out.
 
 One thread decodes, validates and commits every batch the HTTP layer receives, then hands the
-group to the detectors (in a child process: see ``monitor.detection_process``) and goes on with
+group to the detectors (in a child process: see ``trainmon.monitor.collector.detection_process``) and goes on with
 the next group; each batch is answered when its group's detection is done, so a producer that
 got its acknowledgement can read the anomalies its events raised. Batches that
 arrive while a group is being committed wait in a queue and go into the next group, so a
@@ -26,9 +26,9 @@ from typing import Any
 
 import orjson
 
-from hooks import wire
-from monitor.exporter import CollectorMetrics
-from monitor.ingest import IngestError, Ingestor, IngestResult
+from trainmon.hooks import wire
+from trainmon.monitor.collector.exporter import CollectorMetrics
+from trainmon.monitor.collector.ingest import IngestError, Ingestor, IngestResult
 
 __all__ = ["IngestWriter", "Reply"]
 

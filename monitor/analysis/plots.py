@@ -2,7 +2,7 @@
 
 Figures are built with ``matplotlib.figure.Figure`` directly, not ``pyplot``: no global state,
 no backend to select, nothing that needs a display. Each plot draws the already-downsampled
-series of :class:`monitor.postmortem.Analysis` (about 200 step bins, a ~100k-row sample), so
+series of :class:`trainmon.monitor.analysis.postmortem.Analysis` (about 200 step bins, a ~100k-row sample), so
 drawing costs the same for a run of a thousand steps or of a million. A plot whose data the
 input lacks is still written, saying what is missing, so the report always has the same shape.
 """
@@ -19,8 +19,8 @@ from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from monitor.postmortem import Analysis, expected_lr
-from monitor.storage import PHASE_COLUMNS
+from trainmon.monitor.analysis.postmortem import Analysis, expected_lr
+from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = ["PLOTS", "write_plots"]
 

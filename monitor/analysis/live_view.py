@@ -25,9 +25,9 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Connection, select
 
-from monitor import budget
-from monitor.queries import anomaly_rows, latest_step, run_rows
-from monitor.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
+from trainmon.monitor.analysis import budget
+from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows
+from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
 __all__ = [
     "DbSource",

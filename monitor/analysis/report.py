@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from monitor.storage import PHASE_COLUMNS
+from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = ["fmt", "print_runs", "print_summary", "write_html", "write_report"]
 
@@ -420,8 +420,8 @@ def _img(path: Path, alt: str) -> str:
 
 def write_report(analysis: Any, out: Path, progress: Callable[[str], Any] | None = None) -> Path:
     """PNG plots and ``report.html`` under ``out``; returns the HTML path."""
-    from hooks.wire import json_safe
-    from monitor.plots import write_plots  # matplotlib only when plots are asked for
+    from trainmon.hooks.wire import json_safe
+    from trainmon.monitor.analysis.plots import write_plots  # matplotlib only when plots are asked for
 
     plots = write_plots(analysis, out, progress)
     return write_html(json_safe(analysis.summary), plots, out / "report.html")

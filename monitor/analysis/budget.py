@@ -3,7 +3,7 @@
 Plain functions, SI units in the names (``_bytes``, ``_seconds``, ``_flops``); ``GB`` means
 10⁹ bytes, as in the seeds' worked examples (16 x 1,555,126,400 B = 24.88 GB). ``plan`` puts
 them together for ``trainmon budget``; the live MFU uses :func:`mfu_from_throughput` with the
-same FLOPs-per-token definition the trainer declares (:mod:`hooks.flops`).
+same FLOPs-per-token definition the trainer declares (:mod:`trainmon.hooks.flops`).
 
 Seeds (``/work/shared/seeds``): 001 the theory notebook, 002 "Infra math for LLM training",
 003 "Planning LLM training" (GPT-2 XL), 004 "How to train an LLM" (8B Megatron example).
@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hooks.flops import training_flops_per_token
+from trainmon.hooks.flops import training_flops_per_token
 
 __all__ = [
     "RECIPES",
@@ -235,7 +235,7 @@ def tokens_per_step(micro_batch: int, seq_len: int, data_parallel: int = 1, grad
 
 
 def train_flops(params: float, tokens: float) -> float:
-    """Training FLOPs ``6·N·D`` (seed 001 §10, seed 003 "6P per token"), via :mod:`hooks.flops`."""
+    """Training FLOPs ``6·N·D`` (seed 001 §10, seed 003 "6P per token"), via :mod:`trainmon.hooks.flops`."""
     return training_flops_per_token(params) * tokens
 
 
