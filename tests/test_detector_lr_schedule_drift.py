@@ -255,7 +255,13 @@ def _hf_steps(path: Path) -> list[tuple[int, float]]:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in REAL_LOGS.glob("*.json") if p.name != "manifest.json"))
+# HF logs whose reading (manifest.json) names an LR-schedule problem: file -> step where it shows.
+_LR_FAULTS = {"52_wav2vec2-bangla-lr-restart.json": 800}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in REAL_LOGS.glob("*.json") if p.name != "manifest.json" and p.name not in _LR_FAULTS)
+)
 def test_real_hf_logs_are_silent_with_an_inferred_schedule(name):
     points = _hf_steps(REAL_LOGS / name)
     if not points:
@@ -266,6 +272,21 @@ def test_real_hf_logs_are_silent_with_an_inferred_schedule(name):
     for s, lr in points:
         feed.step(s, [lr])
     assert feed.findings == [], feed.findings[0].message
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _LR_FAULTS if (REAL_LOGS / n).exists()))
+def test_real_hf_log_with_a_restarted_schedule_is_flagged_where_it_restarted(name):
+    """52: resumed from checkpoint-800 with the scheduler restarted (LR 6.0e-5 back up to 9.9e-5)."""
+    data = json.loads((REAL_LOGS / name).read_text())
+    feed = Feed()
+    feed.start(None, planned=data.get("max_steps") or None)
+    for s, lr in _hf_steps(REAL_LOGS / name):
+        feed.step(s, [lr])
+    assert feed.findings, "the LR restart was not flagged"
+    first = feed.findings[0]
+    logging_interval = 50
+    assert _LR_FAULTS[name] <= first.step <= _LR_FAULTS[name] + logging_interval, first.message
+    assert "rose" in first.message
 
 
 # -- (c) the reference trainer: a real fault and a clean run ------------------------------------
