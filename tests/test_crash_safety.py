@@ -2,8 +2,8 @@
 
 The collector acknowledges a batch only after its transaction committed (SQLite WAL with
 ``synchronous=FULL``, or PostgreSQL), the trainer's transport spools what was not acknowledged
-and replays it once the collector answers again, and ingest skips what it already stored by
-the stream's high-water mark. So a ``kill -9`` at any moment must leave, after the restart and
+and replays it once the collector answers again, and ingest skips what it already stored (by
+stream and sequence number). So a ``kill -9`` at any moment must leave, after the restart and
 the replay, the complete step series with each step once, and anomalies opened before the kill
 must still be open (not lost, not opened a second time by the replayed detectors).
 

@@ -1,8 +1,10 @@
 """Validated events → storage (one transaction per group of batches) → live state and detectors.
 
-Ingest is idempotent: each producer stream's events carry increasing sequence numbers and the
-collector remembers the highest one it committed, so a batch that arrives again (a retry
-after a lost response, a spool replay) is recognised and not stored twice. A batch is
+Ingest is idempotent: each producer stream's events carry sequence numbers and the collector
+remembers which ones it committed (``seqs.SeqSet``), so a batch that arrives again (a retry
+after a lost response, a spool replay) is recognised and not stored twice, while events that
+arrive after newer ones (a resent batch, a reversed one) are stored: a duplicate is only an
+event already stored. A batch is
 committed whole or not at all, and only a committed batch is acknowledged.
 
 The collector assigns attempts: the first stream seen for a (run, rank) is attempt 0, the
@@ -21,6 +23,7 @@ from sqlalchemy import Connection, bindparam, func, select, update
 from trainmon.hooks.wire import Event
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.collector.seqs import SeqSet
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     STEP_FIELDS,
@@ -48,13 +51,13 @@ class IngestResult:
     duplicates: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Stream:
     run: str
     rank: int
     attempt: int
-    last_seq: int
-    missing: int
+    seqs: SeqSet  # stored sequence numbers; a group works on a copy, kept only if it commits
+    missing: int  # seqs below the highest that never arrived
     new: bool = False
 
 
@@ -161,15 +164,13 @@ class Ingestor:
                         slot.error = exc
                         continue
                     fresh: list[tuple[Event, int]] = []
-                    seqs: dict[str, tuple[int, int]] = {}  # stream -> (last seq, missing) after this batch
                     for ev in slot.events:
-                        last_seq, missing = seqs.get(ev.stream) or (known[ev.stream].last_seq, known[ev.stream].missing)
-                        if ev.seq <= last_seq:
-                            continue
-                        seqs[ev.stream] = (ev.seq, missing + (ev.seq - last_seq - 1))
-                        fresh.append((ev, known[ev.stream].attempt))
-                    for stream, (last_seq, missing) in seqs.items():
-                        known[stream] = replace(known[stream], last_seq=last_seq, missing=missing)
+                        st = known[ev.stream]
+                        highest = st.seqs.last
+                        if not st.seqs.add(ev.seq):
+                            continue  # stored before: a duplicate
+                        st.missing += ev.seq - highest - 1 if ev.seq > highest else -1  # a gap, or one filled
+                        fresh.append((ev, st.attempt))
                     slot.fresh = fresh
                     fresh_all.extend(fresh)
                 if fresh_all:
@@ -214,7 +215,8 @@ class Ingestor:
             if ev.stream in known:
                 st = known[ev.stream]
             else:
-                st = self._streams.get(ev.stream) or self._fetch(conn, ev.stream)
+                cached = self._streams.get(ev.stream)
+                st = replace(cached, seqs=cached.seqs.copy()) if cached else self._fetch(conn, ev.stream)
                 if st is None:
                     attempt = conn.execute(
                         select(func.count())
@@ -222,7 +224,7 @@ class Ingestor:
                         .where(streams.c.run == ev.run, streams.c.rank == ev.rank)
                     ).scalar_one()
                     attempt += sum(1 for s in known.values() if s.new and s.run == ev.run and s.rank == ev.rank)
-                    st = _Stream(ev.run, ev.rank, attempt, -1, 0, new=True)
+                    st = _Stream(ev.run, ev.rank, attempt, SeqSet(), 0, new=True)
                 known[ev.stream] = st
                 added.append(ev.stream)
             if (st.run, st.rank) != (ev.run, ev.rank):
@@ -235,7 +237,8 @@ class Ingestor:
         row = conn.execute(select(streams).where(streams.c.stream == stream)).first()
         if row is None:
             return None
-        return _Stream(row.run, row.rank, row.attempt, row.last_seq, row.missing)
+        seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
+        return _Stream(row.run, row.rank, row.attempt, seqs, row.missing)
 
     def _write(self, conn: Connection, fresh: list[tuple[Event, int]], known: dict[str, _Stream]) -> None:
         rows: dict[Any, list[dict]] = {t: [] for t in (steps, layer_stats, evals, checkpoints, resumes, health)}
@@ -326,7 +329,7 @@ class Ingestor:
                 for k in ("host", "last_time", "start", "end_status", "end_step", "end_error", "dropped_events")
                 if k in su
             }
-            values.update(last_seq=st.last_seq, missing=st.missing)
+            values.update(last_seq=st.seqs.last, missing=st.missing, received=st.seqs.ranges())
             if st.new:
                 conn.execute(
                     streams.insert().values(

@@ -84,6 +84,8 @@ class LiveState:
         last_seq = rank.seqs.get(event.stream, -1)
         if event.seq > last_seq + 1:
             rank.missing_events += event.seq - last_seq - 1
+        elif event.seq < last_seq and rank.missing_events > 0:  # fresh, so a gap being filled (a resent batch)
+            rank.missing_events -= 1
         rank.seqs[event.stream] = max(last_seq, event.seq)
         if attempt < rank.attempt:
             return  # a late replay of an earlier attempt must not roll the gauges back

@@ -120,6 +120,7 @@ streams = Table(
     Column("last_time", Real, nullable=False),
     Column("events", BigInteger, nullable=False),
     Column("missing", BigInteger, nullable=False),  # seq gaps: events the producer dropped
+    Column("received", JSON),  # stored seqs as [first, last] ranges (collector.seqs); NULL: all up to last_seq
     Column("start", JSON),  # this stream's run_start fields
     Column("end_status", String(16)),
     Column("end_step", BigInteger),
