@@ -7,6 +7,7 @@ after newer ones were acknowledged (what a client does after a timeout) lost the
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def test_seqset_is_a_set(seqs: list[int]) -> None:
         model.add(q)
     ranges = s.ranges()
     assert [q for a, b in ranges for q in range(a, b + 1)] == sorted(model)
-    assert all(b + 1 < a2 for (_, b), (a2, _) in zip(ranges, ranges[1:], strict=False))  # disjoint, not adjacent
+    assert all(b + 1 < a2 for (_, b), (a2, _) in itertools.pairwise(ranges))  # disjoint, not adjacent
     assert s.last == max(model, default=-1)
 
 
