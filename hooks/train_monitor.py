@@ -114,6 +114,8 @@ class TrainMonitor:
             multiple of its median over the last 50 steps.
         health_interval, heartbeat_interval: seconds between health samples and heartbeats
             (0 disables the sampler thread).
+        close_timeout: seconds ``close()`` may take in all, however broken the collector is; what
+            is not delivered by then waits in the spool for the next process.
     """
 
     def __init__(
@@ -131,8 +133,11 @@ class TrainMonitor:
         detail_trigger: float = 3.0,
         health_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
+        close_timeout: float = 2.0,
     ) -> None:
         self.run = run
+        self.close_timeout = close_timeout
+        self._sigterm = False  # a SIGTERM arrived: the run ends as interrupted
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.host = host or socket.gethostname()
         self.stream = uuid.uuid4().hex
@@ -621,17 +626,24 @@ class TrainMonitor:
             "fields": {k: v for k, v in fields.items() if v is not None},
         }
 
-    def close(self, status: str = "finished", error: str | None = None, timeout: float = 10.0) -> None:
-        """Flush pending records, send ``run_end`` and stop the threads (idempotent)."""
+    def close(self, status: str = "finished", error: str | None = None, timeout: float | None = None) -> None:
+        """Flush pending records, send ``run_end`` and stop the threads (idempotent).
+
+        Takes at most ``timeout`` seconds (default ``close_timeout``) whatever the collector does;
+        what was not acknowledged by then is spooled for the next process to send."""
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
+        if self._sigterm and status == "finished":
+            status, error = "interrupted", error or "SIGTERM"
         atexit.unregister(self.close)
         for handle in self._handles:
             handle.remove()
         if self._health is not None:
             self._health.stop()
-        self.transport.flush(timeout)  # the sender finishes what it took from the readback first (order)
+        # The sender finishes what it took from the readback first (order); half the budget at most.
+        self.transport.flush(max(0.0, deadline - time.monotonic()) / 2)
         for item, values in self._readback.drain():
             self.transport.put(self._to_event(item, values))
         self.emit(
@@ -640,19 +652,25 @@ class TrainMonitor:
                 "status": status,
                 "step": self._last_step if self._last_step >= 0 else None,
                 "error": error,
-                "dropped_events": self.transport.dropped + self._readback.dropped,
+                "dropped_events": self.transport.dropped + self.transport.dropped_spool + self._readback.dropped,
             },
         )
-        self.transport.close(timeout)
+        self.transport.close(max(0.0, deadline - time.monotonic()))
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        # torchrun and schedulers stop jobs with SIGTERM: flush what we have, then let the
-        # previous handler (or the default action) proceed.
-        self.close(status="interrupted", error="SIGTERM")
+        # torchrun and schedulers stop jobs with SIGTERM. A handler of the trainer's own (one that saves a
+        # checkpoint within the grace period) runs at once: the monitor only nudges its sender and
+        # closes later (explicitly or at exit), so the steps until the trainer stops are recorded too.
+        # With the default action the process dies now, so the monitor closes first, within close_timeout.
+        self._sigterm = True
         previous = self._previous_sigterm
         if callable(previous):
+            self.transport.wake()
             previous(signum, frame)
-        elif previous != signal.SIG_IGN:
+        elif previous == signal.SIG_IGN:
+            self.transport.wake()
+        else:
+            self.close(status="interrupted", error="SIGTERM")
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -15,11 +15,13 @@ runs that are imported later; spool segments use the same line format.
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.client
 import json
 import logging
 import os
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -33,7 +35,8 @@ __all__ = ["Transport"]
 log = logging.getLogger("trainmon.transport")
 
 _SEGMENT_BYTES = 4 << 20
-_MAX_BACKOFF = 30.0
+# Retry delays double from 0.5 s up to this (with jitter): a collector that is back is found within seconds.
+_MAX_BACKOFF = 5.0
 _REPLAY_BATCH = 1000  # spooled events per request on replay: a recovering collector gets small bites
 # The sender thread holds the GIL for at most _SLICE_S of Python work at a time, then sleeps _PAUSE_S:
 # a training thread coming back from a torch op (which releases the GIL) waits for the GIL at most one
@@ -55,7 +58,13 @@ def encode_event(event: dict) -> str:
 
 
 class _HttpSink:
-    """POSTs batches over one keep-alive connection; raises ``OSError`` when it cannot deliver."""
+    """POSTs batches over one keep-alive connection; raises ``OSError`` when it cannot deliver.
+
+    A request has ``timeout`` seconds in all, not per socket operation: a collector that accepts the
+    connection and never answers, or trickles its answer a byte at a time, would otherwise hold the
+    sender (and a closing trainer) for ever. A watchdog thread shuts the socket down when the budget
+    is spent, which wakes the blocked read with an error.
+    """
 
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
         parsed = urllib.parse.urlsplit(url)
@@ -69,29 +78,47 @@ class _HttpSink:
             self._headers["Authorization"] = f"Bearer {token}"
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
+        self._until = 0.0  # monotonic end of the request in flight; 0: none
+        self._busy = threading.Event()  # a request is in flight: the watchdog looks only then
+        self._lock = threading.Lock()  # the connection and ``_until``, between the sender and the watchdog
+        self._watchdog: threading.Thread | None = None
 
-    def send(self, lines: list[str]) -> None:
+    def send(self, lines: list[str], deadline: float = float("inf")) -> None:
+        """Deliver within ``timeout`` seconds, and by ``deadline`` (monotonic) at the latest."""
         body = f'{{"version":{VERSION},"events":[{",".join(lines)}]}}'.encode()
+        with self._lock:
+            self._until = min(time.monotonic() + self._timeout, deadline)
+        self._watch()
+        self._busy.set()
+        try:
+            self._post(body, lines, deadline)
+        finally:
+            self._busy.clear()
+            with self._lock:
+                self._until = 0.0
+
+    def _post(self, body: bytes, lines: list[str], deadline: float) -> None:
         for attempt in (0, 1):  # one silent retry on a stale keep-alive connection
-            if self._conn is None:
-                cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-                self._conn = cls(self._netloc, timeout=self._timeout)
+            with self._lock:
+                if self._conn is None:
+                    cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                    self._conn = cls(self._netloc, timeout=max(0.05, self._until - time.monotonic()))
+                conn = self._conn
             try:
-                self._conn.request("POST", self._path, body, self._headers)
-                resp = self._conn.getresponse()
+                conn.request("POST", self._path, body, self._headers)
+                resp = conn.getresponse()
                 text = resp.read()
             except (OSError, http.client.HTTPException) as exc:
-                self._conn.close()
-                self._conn = None
-                if attempt:
+                self._drop(conn)
+                if attempt or time.monotonic() >= self._until:
                     raise OSError(f"collector unreachable: {exc}") from exc
                 continue
             if resp.status < 300:
                 return
             if resp.status == 413 and len(lines) > 1:
                 half = len(lines) // 2
-                self.send(lines[:half])
-                self.send(lines[half:])
+                self.send(lines[:half], deadline)
+                self.send(lines[half:], deadline)
                 return
             if resp.status in (401, 403):  # a token problem is fixed by an operator, not by dropping data
                 raise OSError(f"collector refused the bearer token ({resp.status}); set TRAINMON_TOKEN")
@@ -100,9 +127,44 @@ class _HttpSink:
                 raise _Rejected(f"collector rejected {len(lines)} events: {resp.status} {text[:300]!r}")
             raise OSError(f"collector answered {resp.status}")
 
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            conn.close()
+            if self._conn is conn:
+                self._conn = None
+
+    def _watch(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch_forever, name="trainmon-send-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def _watch_forever(self) -> None:
+        while True:
+            self._busy.wait()
+            time.sleep(0.1)
+            self.abort(late_only=True)
+
+    def cut(self, deadline: float) -> None:
+        """End the request in flight by ``deadline`` (monotonic) at the latest, and do not retry it."""
+        with self._lock:
+            if self._until:
+                self._until = min(self._until, deadline)
+
+    def abort(self, late_only: bool = False) -> None:
+        """Fail the request in flight (from any thread; ``late_only``: only if past its budget)."""
+        with self._lock:
+            if late_only and not (self._until and time.monotonic() > self._until):
+                return
+            sock = self._conn.sock if self._conn is not None else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 class _Rejected(Exception):
@@ -161,6 +223,12 @@ class Transport:
             self._segment: Path | None = None
             self._backoff = 0.0
             self._retry_at = 0.0
+            # Batches the spool could not take (disk full, read-only): they wait here, bounded by
+            # queue_size events, behind the spooled ones. Lost only if the process ends first (counted).
+            self._held: collections.deque[list[str]] = collections.deque()
+            self._held_events = 0
+            self._spool_broken = False  # logged once per episode, not once per batch
+        self._deadline = float("inf")  # set by close(): after it, nothing waits on the network
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._stop = False
@@ -179,6 +247,10 @@ class Transport:
         self._queue.append(event)
         return True
 
+    def wake(self) -> None:
+        """Send now rather than at the next tick (never blocks)."""
+        self._wake.set()
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Ask the sender to deliver (or spool) everything queued; True when it did in time."""
         self._idle.clear()
@@ -186,17 +258,33 @@ class Transport:
         self._wake.set()
         return self._idle.wait(timeout)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Deliver what is queued (spooling what cannot be delivered) and stop the thread."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Deliver what is queued within ``timeout`` seconds, spool the rest, and stop the thread.
+
+        Bounded however broken the collector is (hung, trickling, gone): a request still in flight at
+        the deadline is aborted and its batch spooled with everything else not yet acknowledged, to
+        be sent by the next process that uses this spool. Events that could be neither sent nor
+        spooled (disk full) are counted in ``dropped_spool``."""
         if self._stop:
             return
+        self._deadline = time.monotonic() + timeout
         self._stop = True
+        if self._sink is not None:
+            self._sink.cut(self._deadline)  # a request in flight ends by the deadline; its lines get spooled
         self._wake.set()
-        self._thread.join(timeout)
+        self._thread.join(timeout + 1.0)  # spooling what is left is local and quick
         if self._file is not None:
             self._file.close()
         if self._sink is not None:
             self._sink.close()
+            if self._held_events:
+                self.dropped_spool += self._held_events
+                log.error(
+                    "trainmon: %d events could be neither delivered nor spooled before exit; they are lost",
+                    self._held_events,
+                )
+                self._held.clear()
+                self._held_events = 0
 
     @property
     def pending_spool_bytes(self) -> int:
@@ -267,8 +355,9 @@ class Transport:
             self._replay(final)
 
     def _deliver(self, lines: list[str]) -> None:
-        # Anything already spooled must go first, so new events join the spool behind it.
-        if self._segments() or time.monotonic() < self._retry_at:
+        # Anything already spooled (or held) must go first, so new events join the queue behind it.
+        now = time.monotonic()
+        if self._held or self._segments() or now < self._retry_at or now >= self._deadline:
             self._spool_lines(lines)
             return
         try:
@@ -280,7 +369,7 @@ class Transport:
     def _send(self, lines: list[str]) -> None:
         assert self._sink is not None
         try:
-            self._sink.send(lines)
+            self._sink.send(lines, self._deadline)
             self.sent += len(lines)
         except _Rejected as exc:
             self.rejected += len(lines)
@@ -297,22 +386,56 @@ class Transport:
         return sorted(self._spool.glob("*.jsonl"), key=lambda p: (p.stat().st_mtime_ns, p.name))
 
     def _spool_lines(self, lines: list[str]) -> None:
+        """Lines to the spool; to memory if the spool cannot take them; dropped (counted) past both bounds."""
         data = ("\n".join(lines) + "\n").encode()
-        if self.pending_spool_bytes + len(data) > self._spool_max:
-            self.dropped_spool += len(lines)
+        if self._held:  # the spool failed before: keep the order, do not write behind what waits in memory
+            self._hold(lines)
             return
+        if self.pending_spool_bytes + len(data) > self._spool_max:
+            self._drop(lines, f"the spool {self._spool} is over its budget of {self._spool_max} bytes")
+            return
+        try:
+            self._write_segment(data)
+        except OSError as exc:  # disk full, read-only, removed: keep sending from memory
+            if not self._spool_broken:
+                self._spool_broken = True
+                log.warning("trainmon: cannot spool to %s (%s); holding events in memory", self._spool, exc)
+            self._hold(lines)
+            return
+        self.spooled += len(lines)
+
+    def _write_segment(self, data: bytes) -> None:
         if self._segment is None or not self._segment.exists() or self._segment.stat().st_size > _SEGMENT_BYTES:
             self._spool.mkdir(parents=True, exist_ok=True)  # someone may have removed it under us
             self._segment = self._spool / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
         with open(self._segment, "ab") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        self.spooled += len(lines)
+            size = f.tell()
+            try:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError:
+                with contextlib.suppress(OSError):
+                    f.truncate(size)  # no half line left behind for the replay to trip on
+                raise
+
+    def _hold(self, lines: list[str]) -> None:
+        if self._held_events + len(lines) > self._cap:
+            self._drop(lines, f"the spool cannot be written and {self._held_events} events already wait in memory")
+            return
+        self._held.append(lines)
+        self._held_events += len(lines)
+
+    def _drop(self, lines: list[str], why: str) -> None:
+        if not self.dropped_spool:
+            log.error("trainmon: dropping events (counted in dropped_spool): %s", why)
+        self.dropped_spool += len(lines)
 
     def _replay(self, final: bool) -> None:
-        """Send spooled segments oldest first; stop at the first failure and back off."""
-        if time.monotonic() < self._retry_at and not final:
+        """Send spooled segments oldest first, then what waits in memory; stop at the first failure and
+        back off. At close, only until the deadline: the segments stay for the next process."""
+        now = time.monotonic()
+        if (now < self._retry_at and not final) or now >= self._deadline:
             return
         for segment in self._segments():
             if segment == self._segment:
@@ -337,3 +460,13 @@ class Transport:
                 self._failed(exc)
                 return
             segment.unlink()
+        while self._held:
+            try:
+                self._send(self._held[0])
+            except OSError as exc:
+                self._failed(exc)
+                return
+            self._held_events -= len(self._held.popleft())
+        if self._spool_broken:
+            self._spool_broken = False
+            log.warning("trainmon: events held in memory delivered; spooling to %s again", self._spool)
