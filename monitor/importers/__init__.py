@@ -6,6 +6,7 @@ extension only breaks ties), one module per format:
 ========================  =======================================================
 trainmon JSONL            ``jsonl``: one wire event per line (spool, ``file://``)
 HF ``trainer_state.json`` ``hf``: the Trainer's ``log_history``
+LLaMA-Factory, ms-swift   ``jsonlog``: ``trainer_log.jsonl``, ``logging.jsonl``
 TensorBoard event files   ``tensorboard``: scalars, read without TensorBoard
 CSV                       ``csv``: W&B exports, Lightning ``metrics.csv``
 llm.c / nanoGPT logs      ``textlog``: ``s:N trl:X``, ``step N | loss X``, ...
@@ -15,6 +16,10 @@ Foreign formats go through :func:`trainmon.monitor.importers.common.build_events
 ``run_start`` (with ``config.imported_from``, ``format``, ``synthetic_time`` and
 ``missing_signals``), the steps, evals and a ``run_end``. A folder is read as a folder of
 trainmon JSONL files (one per rank, merged by time) or of TensorBoard event files (one run).
+
+A file no reader recognises fails at detection with one line naming the formats tried and what
+the file starts with, before any reader runs: a JSON-lines log of a format we do not read must
+not reach the trainmon JSONL reader and be rejected there line by line.
 """
 
 from __future__ import annotations
@@ -31,27 +36,88 @@ from trainmon.monitor.importers.common import ImportFormatError, build_events, f
 from trainmon.monitor.importers.csv import looks_like_csv, parse_csv, parse_mapping
 from trainmon.monitor.importers.hf import looks_like_hf, parse_hf
 from trainmon.monitor.importers.jsonl import read_jsonl
+from trainmon.monitor.importers.jsonlog import (
+    looks_like_llamafactory,
+    looks_like_ms_swift,
+    parse_llamafactory,
+    parse_ms_swift,
+)
 from trainmon.monitor.importers.tensorboard import is_event_file, looks_like_tfrecord, parse_tensorboard
 from trainmon.monitor.importers.textlog import looks_like_textlog, parse_textlog
 
 __all__ = ["FORMATS", "ImportFormatError", "detect_format", "parse_mapping", "read_events"]
 
-FORMATS = ("jsonl", "hf_trainer_state", "tensorboard", "csv", "textlog")
+FORMATS = (
+    "jsonl",
+    "hf_trainer_state",
+    "llamafactory_trainer_log",
+    "ms_swift_logging",
+    "tensorboard",
+    "csv",
+    "textlog",
+)
+
+# What each format is, for the error that says none of them matched.
+_TRIED = (
+    "trainmon JSONL",
+    "HF trainer_state.json",
+    "LLaMA-Factory trainer_log.jsonl",
+    "ms-swift logging.jsonl",
+    "TensorBoard event file",
+    "CSV with a step column",
+    "llm.c / nanoGPT text log",
+)
 
 _HEAD = 64 * 1024
+_SHOWN = 120  # characters of a line quoted in the error
 
 
-def _looks_like_jsonl(head: str) -> bool:
-    for line in head.splitlines()[:5]:
-        line = line.strip()
+def _head_objects(head: str) -> list[object]:
+    """The first (up to five) non-empty whole lines of ``head``, each JSON-decoded or None."""
+    lines = head.splitlines()
+    if len(lines) > 1 and not head.endswith(("\n", "\r")):
+        lines = lines[:-1]  # cut by the end of the head: judge whole lines only
+    out: list[object] = []
+    for line in lines:
+        line = line.strip().lstrip("\ufeff")
         if not line:
             continue
         try:
-            obj = json.loads(line)
+            out.append(json.loads(line))
         except ValueError:
-            return False
-        return isinstance(obj, dict) and "kind" in obj and "run" in obj and "fields" in obj
-    return False
+            out.append(None)
+        if len(out) == 5:
+            break
+    return out
+
+
+def _is_wire(obj: object) -> bool:
+    return isinstance(obj, dict) and "kind" in obj and "run" in obj and "fields" in obj
+
+
+def _looks_like_jsonl(head: str) -> bool:
+    """One of the first lines is a wire event (a damaged first line does not hide the others)."""
+    return any(_is_wire(obj) for obj in _head_objects(head))
+
+
+def _looks(head: str, raw: bytes) -> str:
+    """What the file starts with, in a few words on one line: its JSON keys, or its first line."""
+    if b"\0" in raw[:4096] or sum(b < 9 or 13 < b < 32 for b in raw[:4096]) > 8:
+        return "binary data"
+    obj = next((o for o in _head_objects(head) if o is not None), None)
+    if isinstance(obj, dict):
+        keys = ", ".join(json.dumps(k) for k in list(obj)[:15]) + (", ..." if len(obj) > 15 else "")
+        many = sum(isinstance(o, dict) for o in _head_objects(head)) > 1
+        return f"{'JSON lines' if many else 'a JSON object'} with keys {keys}"
+    first = next((line.strip() for line in head.splitlines() if line.strip()), "")
+    shown = first[:_SHOWN] + ("..." if len(first) > _SHOWN else "")
+    return f"the line {shown!r}"
+
+
+def _unrecognised(path: Path, head: str, raw: bytes) -> ImportFormatError:
+    return ImportFormatError(
+        f"{path}: unrecognised log format (tried {', '.join(_TRIED)}); the file starts with {_looks(head, raw)}"
+    )
 
 
 def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
@@ -79,6 +145,12 @@ def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
     if looks_like_tfrecord(raw):
         return "tensorboard"
     head = raw.decode("utf-8", errors="replace")
+    # Before HF: the JSON-lines logs end with a summary object holding log_history, which a short
+    # log brings into the head.
+    if looks_like_llamafactory(head):
+        return "llamafactory_trainer_log"
+    if looks_like_ms_swift(head):
+        return "ms_swift_logging"
     if looks_like_hf(head):
         return "hf_trainer_state"
     if _looks_like_jsonl(head):
@@ -89,12 +161,12 @@ def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
         return "textlog"
     if is_event_file(path):
         return "tensorboard"  # damaged from its first record: let the reader say so
-    if path.suffix == ".jsonl":
-        return "jsonl"  # every line corrupt: the JSONL reader warns line by line
-    raise ImportFormatError(
-        f"{path}: unrecognised log format (expected trainmon JSONL, a HF trainer_state.json, TensorBoard "
-        "event files, a CSV with a step column, or an llm.c / nanoGPT text log)"
-    )
+    if path.suffix == ".jsonl" and all(o is None for o in _head_objects(head)):
+        # A damaged trainmon spool (no line decodes): the JSONL reader skips what it cannot read.
+        # Decodable lines that are not wire events are another tool's JSONL: said here, in one line,
+        # rather than by the reader rejecting every line.
+        return "jsonl"
+    raise _unrecognised(path, head, raw)
 
 
 def read_events(
@@ -131,6 +203,10 @@ def read_events(
     else:
         if fmt == "hf_trainer_state":
             items, meta = parse_hf(path)
+        elif fmt == "llamafactory_trainer_log":
+            items, meta = parse_llamafactory(path)
+        elif fmt == "ms_swift_logging":
+            items, meta = parse_ms_swift(path)
         elif fmt == "csv":
             items, meta = parse_csv(path, parse_mapping(mapping))
         else:

@@ -13,9 +13,14 @@ __all__ = ["read_jsonl"]
 
 log = logging.getLogger("trainmon.import")
 
+WARN_LINES = 10
+"""Bad lines reported one by one; later ones are only counted, so a file of another format that
+reaches this reader gives a dozen warnings, not one per line."""
+
 
 def read_jsonl(path: Path) -> Iterator[Event]:
     """Yield valid events; a corrupt or truncated line is skipped with a warning, never fatal."""
+    bad = 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -24,4 +29,8 @@ def read_jsonl(path: Path) -> Iterator[Event]:
             try:
                 yield validate_event(json.loads(line), f"line {n}")
             except (ValueError, WireError) as exc:
-                log.warning("%s: skipping line %d: %s", path, n, exc)
+                bad += 1
+                if bad <= WARN_LINES:
+                    log.warning("%s: skipping line %d: %s", path, n, exc)
+    if bad > WARN_LINES:
+        log.warning("%s: %d unreadable lines skipped in all (the first %d reported)", path, bad, WARN_LINES)

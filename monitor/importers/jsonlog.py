@@ -261,7 +261,9 @@ class _Damage:
 
     def finish(self) -> None:
         if self.count > _WARN_LINES:
-            log.warning("%s: %d damaged lines skipped in all (the first %d reported)", self.path, self.count, _WARN_LINES)
+            log.warning(
+                "%s: %d damaged lines skipped in all (the first %d reported)", self.path, self.count, _WARN_LINES
+            )
 
 
 @dataclass
@@ -451,9 +453,13 @@ def _precise_elapsed(rows: list[_Row]) -> list[float | None] | None:
     return out if agreed else None
 
 
-def _assemble(rows: list[_Row], path: Path) -> tuple[list[Item], dict[str, Any], list[str]]:
+def _assemble(rows: list[_Row]) -> tuple[list[Item], dict[str, Any], list[str]]:
     """Items, config facts and notes shared by both formats (see the module docstring)."""
     precise = _precise_elapsed(rows)
+    # Rows without train_speed (ms-swift's eval lines) keep their printed whole seconds; a window
+    # is only timed between two readings of the same resolution (a 0.5 s rounding is a 30% error
+    # on a 1.5 s step).
+    exact = [p is not None for p in precise] if precise else [False] * len(rows)
     clock: list[float | None] = (
         [p if p is not None else r.elapsed for p, r in zip(precise, rows, strict=True)]
         if precise
@@ -481,8 +487,9 @@ def _assemble(rows: list[_Row], path: Path) -> tuple[list[Item], dict[str, Any],
     latest_t: float | None = None
     prev_epoch: float | None = None
     prev_tokens: tuple[int, float] | None = None
-    timed = False
-    for r, t in zip(rows, clock, strict=True):
+    derived = False
+    prev_any_exact = False
+    for r, t, t_exact in zip(rows, clock, exact, strict=True):
         if r.kind == "train":
             if prev_train is not None and r.step <= prev_train.step:
                 # A restart: build_events starts the new attempt; the baselines start over.
@@ -506,9 +513,10 @@ def _assemble(rows: list[_Row], path: Path) -> tuple[list[Item], dict[str, Any],
                 and prev_train is not None
                 and r.step > prev_train.step
                 and t >= prev_any_t
+                and t_exact == prev_any_exact
             ):
-                step_time = (t - prev_any_t) / (r.step - prev_train.step)
-            timed = timed or step_time is not None
+                step_time = round((t - prev_any_t) / (r.step - prev_train.step), 6)
+                derived = True
             tokens = None
             if r.tokens_seen is not None and r.tokens_seen > 0:
                 if prev_tokens is not None and r.step > prev_tokens[0] and r.tokens_seen >= prev_tokens[1]:
@@ -534,7 +542,7 @@ def _assemble(rows: list[_Row], path: Path) -> tuple[list[Item], dict[str, Any],
                 duration = t - prev_any_t
             items.append(EvalPoint(r.step, r.loss, dict(r.metrics), duration=duration))
         if t is not None:
-            prev_any, prev_any_t = r, t
+            prev_any, prev_any_t, prev_any_exact = r, t, t_exact
             latest_t = t if latest_t is None else max(latest_t, t)
 
     train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
@@ -551,21 +559,16 @@ def _assemble(rows: list[_Row], path: Path) -> tuple[list[Item], dict[str, Any],
     last_t = next((t for t in reversed(clock) if t is not None), None)
     if last_t is not None:
         config["elapsed_seconds"] = round(last_t, 3)
-        config["time_source"] = (
-            "synthetic; the log's elapsed time ("
-            + ("from train_speed, ms resolution" if precise else "whole seconds")
-            + ") gives step_time and eval durations"
-            + ("" if timed else " only where the clock is fine enough")
-        )
-    if any(r.kind == "train" and r.step_time is None for r in rows) and not use_clock and windows:
-        notes.append(
-            f"no step_time: the log's elapsed time has {tick:g} s resolution and its logging windows "
-            f"are about {statistics.median(windows):.3g} s long, too short to time"
-        )
-    elif timed and any(r.step_time is None for r in rows if r.kind == "train"):
+        config["elapsed_resolution_seconds"] = tick
+    if derived:
         notes.append(
             "step_time is the logged elapsed time between two training lines over the steps between them "
             "(the mean over the logging window, evaluation time excluded)"
+        )
+    elif windows and not use_clock and not any(r.step_time is not None for r in rows):
+        notes.append(
+            f"no step_time: the log's elapsed time has a {tick:g} s resolution and its logging windows "
+            f"are about {statistics.median(windows):.3g} s long, too short to time"
         )
     return items, config, notes
 
@@ -602,7 +605,7 @@ def _finish(
     damage.finish()
     if not rows and damage.count:
         raise ImportFormatError(f"{path}: no readable {fmt} line ({damage.count} damaged lines)")
-    items, config, notes = _assemble(rows, path)
+    items, config, notes = _assemble(rows)
     planned = next((r.planned for r in reversed(rows) if r.planned), None)
     end_steps = [r.step for r in rows if r.kind == "end"]
     if end_steps:
@@ -618,7 +621,9 @@ def _finish(
         notes.append(f"the log ends at step {last} of {planned} planned, with no closing line: a stopped run")
     if damage.count:
         notes.append(f"{damage.count} damaged lines could not be read and were skipped")
-    return items, LogMeta(format=fmt, framework=framework, planned_steps=planned, status=status, config=config, notes=notes)
+    return items, LogMeta(
+        format=fmt, framework=framework, planned_steps=planned, status=status, config=config, notes=notes
+    )
 
 
 def parse_llamafactory(path: Path) -> tuple[list[Item], LogMeta]:
@@ -649,7 +654,8 @@ def parse_ms_swift(path: Path) -> tuple[list[Item], LogMeta]:
         lines = ", ".join(str(n) for n in summary_lines)
         notes.append(f"the closing summary object (line {lines}) repeats the log_history above: not imported again")
     lrs = [x for r in rows if r.kind == "train" and r.lr for x in r.lr]
-    if lrs and any(x != 0 for x in lrs) and all(abs(x * 1e8 - round(x * 1e8)) < 1e-6 for x in lrs):
+    small = [x for x in lrs if 0 < abs(x) < 1e-5]
+    if small and len(set(lrs)) >= 3 and all(abs(x * 1e8 - round(x * 1e8)) < 1e-6 for x in lrs):
         notes.append("learning_rate is printed rounded to 8 decimals: small LRs keep few significant digits")
     return _finish(
         rows,
