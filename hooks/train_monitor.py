@@ -595,8 +595,10 @@ class TrainMonitor:
     # -- occasional events ----------------------------------------------------------------
 
     def eval(self, step: int, loss: float, **metrics: float) -> None:
-        """Record an evaluation on held-out data after ``step``."""
-        self.emit("eval", {"step": step, "loss": float(loss), "metrics": metrics or None})
+        """Record an evaluation on held-out data after ``step``. Metrics that are not numbers are left
+        out: the collector would refuse the whole batch they travel in."""
+        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.emit("eval", {"step": step, "loss": float(loss), "metrics": numbers or None})
 
     def checkpoint(self, step: int, *, path: str | None = None, duration: float | None = None, **fields: Any) -> None:
         """Record a checkpoint save (``fingerprint`` holds the saved state's summary)."""

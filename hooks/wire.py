@@ -15,14 +15,20 @@ batch that is sent twice (a retry, a spool replay) is stored once. Gaps in ``seq
 the producer dropped, which the collector can count.
 
 JSON has no NaN or infinity, yet a NaN loss is data, not an error. Float fields that may be
-non-finite accept the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (and Python's
-bare ``NaN`` tokens); every other float field must be a finite number.
+non-finite accept the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; the body is
+strict JSON, so bare ``NaN`` tokens are refused (400). Every other float field must be finite.
+
+Everything is bounded at the door, so that no single accepted event can break a shared view
+(``/metrics``, ``runs``, ``status``, ``postmortem``): strings, maps, GPU lists, the nesting and
+size of free-form JSON (configs, fingerprints), and ``time`` (seconds since the epoch, up to
+2**32).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +73,9 @@ class WireError(ValueError):
 class Field:
     """One field of an event: its JSON type and whether it is required.
 
-    ``type`` is one of ``int``, ``float``, ``str``, ``bool``, ``object``, ``float_list``,
-    ``phases`` (an object of phase name → seconds) and ``object_list``.
+    ``type`` is one of ``int``, ``float``, ``str``, ``bool``, ``float_list``, ``phases`` (an
+    object of phase name → seconds), ``float_map`` (name → number), ``gpus`` (a list of per-GPU
+    objects, see ``GPU_FIELDS``) and ``json`` (free-form JSON, bounded in depth and size).
     ``nonfinite`` lets a float be NaN/±Infinity (losses and norms, where that is the news).
     """
 
@@ -87,14 +94,28 @@ def _i(doc: str, **kw: Any) -> Field:
 
 
 _FINGERPRINT = Field(
-    "object",
+    "json",
     doc="restored or saved state: optimizer step counts and moment norms, scheduler position, "
     "RNG hashes, data position, world size, global batch, config hash",
 )
 
+GPU_FIELDS: dict[str, Field] = {
+    "index": _i("device index on the node"),
+    "uuid": Field("str", doc="NVML UUID"),
+    "temperature_c": _f("temperature, degrees Celsius"),
+    "utilization_ratio": _f("busy fraction"),
+    "mem_used_bytes": _i("memory in use"),
+    "mem_total_bytes": _i("memory installed"),
+    "power_w": _f("power draw, watts"),
+    "sm_clock_hz": _f("SM clock"),
+    "throttle_reasons": _i("NVML clock-event reasons bitmask"),
+    "ecc_corrected": _i("corrected ECC errors"),
+    "ecc_uncorrected": _i("uncorrected ECC errors"),
+}
+
 EVENT_KINDS: dict[str, dict[str, Field]] = {
     "run_start": {
-        "config": Field("object", doc="the trainer's configuration, as given"),
+        "config": Field("json", doc="the trainer's configuration, as given"),
         "config_hash": Field("str", doc="hash of the configuration, to spot changes on resume"),
         "world_size": _i("number of ranks"),
         "local_rank": _i("rank within the node"),
@@ -108,7 +129,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "global_batch_tokens": _i("tokens per optimizer step over all ranks"),
         "accum_steps": _i("micro-batches per optimizer step"),
         "planned_steps": _i("optimizer steps the run intends to take"),
-        "schedule": Field("object", doc="declared LR schedule, see trainmon.hooks.schedules"),
+        "schedule": Field("json", doc="declared LR schedule, see trainmon.hooks.schedules"),
         "loss_floor": _f("lowest reachable loss when known (synthetic data's entropy rate)"),
         "flops_per_token": _f("training FLOPs per token, for MFU"),
         "peak_flops": _f("peak FLOP/s of one device, for MFU"),
@@ -133,13 +154,13 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "mem_allocated_bytes": _i("device memory allocated now"),
         "mem_peak_bytes": _i("peak device memory since the previous step"),
         "batch_fingerprint": Field("str", doc="cheap hash of the batch, for data-replay checks"),
-        "layer_grad_norms": Field("object", doc="second level: grad norm per parameter name"),
+        "layer_grad_norms": Field("float_map", doc="second level: grad norm per parameter name"),
         "update_ratio": _f("second level: |update| / |param|", nonfinite=True),
     },
     "eval": {
         "step": _i("step the evaluation ran after", required=True),
         "loss": _f("evaluation loss", required=True, nonfinite=True),
-        "metrics": Field("object", doc="other evaluation metrics"),
+        "metrics": Field("float_map", doc="other evaluation metrics"),
         "duration": _f("seconds spent evaluating"),
     },
     "checkpoint": {
@@ -166,12 +187,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "disk_write_bytes": _i("host disk bytes written, cumulative"),
         "net_sent_bytes": _i("host network bytes sent, cumulative"),
         "net_recv_bytes": _i("host network bytes received, cumulative"),
-        "gpus": Field(
-            "object_list",
-            doc="per GPU: index, uuid, temperature_c, utilization_ratio, mem_used_bytes, "
-            "mem_total_bytes, power_w, sm_clock_hz, throttle_reasons, ecc_corrected, "
-            "ecc_uncorrected",
-        ),
+        "gpus": Field("gpus", doc="per GPU: " + ", ".join(GPU_FIELDS)),
     },
     "heartbeat": {
         "step": _i("last step the rank finished"),
@@ -192,11 +208,17 @@ HEADER_FIELDS: dict[str, Field] = {
     "stream": Field("str", required=True, doc="producer id, new each process start"),
     "seq": Field("int", required=True, doc="event number within the stream, from 0"),
     "time": Field("float", required=True, doc="wall time, seconds since the epoch"),
-    "fields": Field("object", required=True, doc="the kind's fields"),
+    "fields": Field("fields", required=True, doc="the kind's fields"),
 }
 
 _MAX_STR = 4096
 _MAX_INT = 2**53  # integers every JSON parser reads exactly (doubles), on both sides of the schema
+_MAX_TIME = 2.0**32  # seconds since the epoch: year 2106; beyond it dates overflow in the views
+_MAX_KEY = 256  # characters of a name in a float_map or a json object
+_MAX_MAP = 65_536  # entries of a float_map (per-parameter grad norms of a large model)
+_MAX_GPUS = 64
+_MAX_DEPTH = 16  # nesting of a json field
+_MAX_NODES = 20_000  # values in a json field, all levels
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,9 +276,49 @@ def _name(key: str) -> str:
     return key if key.isidentifier() else repr(key)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 30, 30
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)  # bounded in depth: a 1,000-deep value must not exhaust the stack here
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_json(value: Any) -> None:
+    """Free-form JSON (configs, fingerprints), bounded so one event cannot break storage or a view:
+    depth, number of values, string and key lengths, integer range. Iterative: no recursion limit."""
+    if not isinstance(value, dict):
+        raise WireError("", f"expected an object, got {_show(value)}")
+    stack: list[tuple[str, Any, int]] = [("", value, 1)]
+    nodes = 0
+    while stack:
+        path, v, depth = stack.pop()
+        nodes += 1
+        if nodes > _MAX_NODES:
+            raise WireError("", f"more than {_MAX_NODES} values")
+        if isinstance(v, dict):
+            if depth > _MAX_DEPTH:
+                raise WireError(path, f"nested deeper than {_MAX_DEPTH} levels")
+            for k, item in v.items():
+                if len(k) > _MAX_KEY:
+                    raise WireError(path, f"a key longer than {_MAX_KEY} characters")
+                stack.append((f"{path}.{_name(k)}", item, depth + 1))
+        elif isinstance(v, list):
+            if depth > _MAX_DEPTH:
+                raise WireError(path, f"nested deeper than {_MAX_DEPTH} levels")
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(v))
+        elif isinstance(v, str):
+            if len(v) > _MAX_STR:
+                raise WireError(path, f"longer than {_MAX_STR} characters")
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise WireError(path, f"must be finite, got {v!r}")
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if abs(v) > 2**63 - 1:
+                raise WireError(path, "integer out of the 64-bit range")
+        elif v is not None and not isinstance(v, bool):
+            raise WireError(path, f"expected a JSON value, got {_show(v)}")
 
 
 def _check(value: Any, spec: Field) -> Any:
@@ -283,10 +345,27 @@ def _check(value: Any, spec: Field) -> Any:
         if not isinstance(value, bool):
             raise WireError("", f"expected true or false, got {_show(value)}")
         return value
-    if t == "object":
+    if t == "fields":  # checked field by field by validate_event
         if not isinstance(value, dict):
             raise WireError("", f"expected an object, got {_show(value)}")
         return value
+    if t == "json":
+        _check_json(value)
+        return value
+    if t == "float_map":
+        if not isinstance(value, dict):
+            raise WireError("", f"expected an object of numbers, got {_show(value)}")
+        if len(value) > _MAX_MAP:
+            raise WireError("", f"more than {_MAX_MAP} entries")
+        out = {}
+        for k, v in value.items():
+            if len(k) > _MAX_KEY:
+                raise WireError("", f"a key longer than {_MAX_KEY} characters")
+            try:
+                out[k] = v if type(v) is float else decode_float(v)
+            except WireError as exc:
+                raise WireError(f".{_name(k)}", exc.problem) from None
+        return out
     if t == "float_list":
         if not isinstance(value, list):
             raise WireError("", f"expected a list of numbers, got {_show(value)}")
@@ -317,10 +396,28 @@ def _check(value: Any, spec: Field) -> Any:
             except WireError as exc:
                 raise WireError(f".{name}", exc.problem) from None
         return phases
-    if t == "object_list":
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise WireError("", f"expected a list of objects, got {_show(value)}")
-        return value
+    if t == "gpus":
+        if not isinstance(value, list):
+            raise WireError("", f"expected a list of GPU objects, got {_show(value)}")
+        if len(value) > _MAX_GPUS:
+            raise WireError("", f"more than {_MAX_GPUS} GPUs")
+        gpus = []
+        for i, gpu in enumerate(value):
+            if not isinstance(gpu, dict):
+                raise WireError(f"[{i}]", f"expected an object, got {_show(gpu)}")
+            checked = {}
+            for k, v in gpu.items():
+                spec = GPU_FIELDS.get(k)
+                if spec is None:
+                    raise WireError(f"[{i}].{_name(k)}", f"unknown GPU field, expected one of {list(GPU_FIELDS)}")
+                if v is None:
+                    continue
+                try:
+                    checked[k] = _check(v, spec)
+                except WireError as exc:
+                    raise WireError(f"[{i}].{k}{exc.path}", exc.problem) from None
+            gpus.append(checked)
+        return gpus
     raise AssertionError(f"unknown field type {t}")
 
 
@@ -343,6 +440,8 @@ def validate_event(raw: Any, path: str = "event") -> Event:
             header[key] = _check(raw[key], spec)
         except WireError as exc:
             raise WireError(f"{path}.{key}{exc.path}", exc.problem) from None
+    if not 0.0 <= header["time"] <= _MAX_TIME:
+        raise WireError(f"{path}.time", f"must be seconds since the epoch, between 0 and 2**32, got {header['time']}")
     kind = header["kind"]
     if kind not in EVENT_KINDS:
         raise WireError(f"{path}.kind", f"unknown kind {kind!r}, expected one of {list(EVENT_KINDS)}")
@@ -399,8 +498,8 @@ _JSON_TYPES = {
     "int": {"type": "integer", "minimum": 0, "maximum": _MAX_INT},
     "str": {"type": "string", "maxLength": _MAX_STR},
     "bool": {"type": "boolean"},
-    "object": {"type": "object"},
-    "object_list": {"type": "array", "items": {"type": "object"}},
+    "fields": {"type": "object"},
+    "json": {"type": "object", "description": f"at most {_MAX_DEPTH} levels deep and {_MAX_NODES} values"},
 }
 _NUMBER = {"type": "number"}
 _NUMBER_OR_MARKER = {"anyOf": [{"type": "number"}, {"enum": list(_NONFINITE)}]}
@@ -411,6 +510,23 @@ def _field_schema(spec: Field) -> dict[str, Any]:
         schema = dict(_NUMBER_OR_MARKER if spec.nonfinite else _NUMBER)
     elif spec.type == "float_list":
         schema = {"type": "array", "items": _NUMBER_OR_MARKER}
+    elif spec.type == "float_map":
+        schema = {
+            "type": "object",
+            "additionalProperties": _NUMBER_OR_MARKER,
+            "propertyNames": {"maxLength": _MAX_KEY},
+            "maxProperties": _MAX_MAP,
+        }
+    elif spec.type == "gpus":
+        schema = {
+            "type": "array",
+            "maxItems": _MAX_GPUS,
+            "items": {
+                "type": "object",
+                "properties": {k: _field_schema(g) for k, g in GPU_FIELDS.items()},
+                "additionalProperties": False,
+            },
+        }
     elif spec.type == "phases":
         schema = {
             "type": "object",
@@ -432,6 +548,7 @@ def json_schema() -> dict[str, Any]:
         header["kind"] = {"const": kind}
         header["run"] = {"type": "string", "pattern": RUN_ID_PATTERN}
         header["stream"] = {"type": "string", "pattern": STREAM_PATTERN}
+        header["time"] = {**_NUMBER, "minimum": 0, "maximum": _MAX_TIME, "description": HEADER_FIELDS["time"].doc}
         header["fields"] = {
             "type": "object",
             "properties": {k: _field_schema(s) for k, s in specs.items()},

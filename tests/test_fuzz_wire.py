@@ -22,15 +22,41 @@ json_values = st.recursive(
     max_leaves=20,
 )
 
+
+def _finite_json(value: object) -> bool:
+    """What free-form JSON fields accept: finite numbers, integers within 64 bits."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return abs(value) < 2**63
+    if isinstance(value, list):
+        return all(_finite_json(v) for v in value)
+    return all(_finite_json(v) for v in value.values())  # type: ignore[union-attr]
+
+
 _VALUES = {
     "int": st.integers(0, 2**40),
     "float": st.floats(allow_nan=False, allow_infinity=False, width=64),
     "str": st.text(max_size=30),
     "bool": st.booleans(),
-    "object": st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
+    "json": st.dictionaries(st.text(max_size=8), json_values, max_size=3).filter(_finite_json),
+    "float_map": st.dictionaries(st.text(max_size=8), st.floats(allow_nan=False, allow_infinity=False), max_size=3),
     "float_list": st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=4),
     "phases": st.dictionaries(st.sampled_from(wire.PHASES), st.floats(0, 100), max_size=4),
-    "object_list": st.lists(st.dictionaries(st.text(max_size=8), st.integers(), max_size=3), max_size=3),
+    "gpus": st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "index": st.integers(0, 16),
+                "uuid": st.text(max_size=20),
+                "temperature_c": st.floats(0, 120),
+                "throttle_reasons": st.integers(0, 2**40),
+            },
+        ),
+        max_size=3,
+    ),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -47,8 +48,9 @@ _GPU_GAUGES = {
 }
 
 
-def _put(family: Metric, labels: list[str], value: float | None, scale: float = 1.0) -> None:
-    if value is not None:
+def _put(family: Metric, labels: list[str], value: Any, scale: float = 1.0) -> None:
+    """One sample, if the value is a number: whatever one rank sent, the scrape of every run must work."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         family.add_metric(labels, float(value) * scale)
 
 
@@ -133,13 +135,11 @@ class TrainingCollector(Collector):
                         if r.tokens_per_second is not None:
                             tps.add_metric(labels, r.tokens_per_second)
                         for key, fam in gauges.items():
-                            value = r.last.get(key)
-                            if value is not None:
-                                fam.add_metric(labels, float(value))
+                            _put(fam, labels, r.last.get(key))
                         for i, value in enumerate(r.last.get("lr") or ()):
-                            lr.add_metric([*labels, str(i)], value)
+                            _put(lr, [*labels, str(i)], value)
                         for name, secs in (r.last.get("phases") or {}).items():
-                            phase.add_metric([*labels, name], secs)
+                            _put(phase, [*labels, name], secs)
                         if (expected := r.expected_lr()) is not None:
                             lr_expected.add_metric(labels, expected)
                         if (ratio := r.mfu()) is not None:
@@ -153,6 +153,8 @@ class TrainingCollector(Collector):
                         _put(host_used, node, h.get("host_mem_used_bytes"))
                         _put(host_total, node, h.get("host_mem_total_bytes"))
                         for g in h.get("gpus") or ():
+                            if not isinstance(g, dict):
+                                continue
                             gpu = [*node, str(g.get("index", 0))]
                             for key, fam in gpu_gauges.items():
                                 _put(fam, gpu, g.get(key))
@@ -198,7 +200,7 @@ class CollectorMetrics:
         self.rejected = Counter(
             "trainmon_ingest_rejected_batches", "Batches refused, by reason.", ["reason"], registry=registry
         )
-        for reason in ("json", "schema", "too_large", "conflict", "auth", "overload", "storage"):
+        for reason in ("json", "schema", "too_large", "conflict", "auth", "overload", "storage", "unstorable"):
             self.rejected.labels(reason)
         self.latency = Histogram(
             "trainmon_ingest_duration_seconds",

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import sqlalchemy.exc
 
 from trainmon.hooks import wire
 from trainmon.monitor.collector.exporter import CollectorMetrics
@@ -141,15 +142,34 @@ class IngestWriter:
             if events is not None:
                 batches.append(events)
                 waiting.append((done, received))
-        if not batches:
-            return
+        if batches:
+            self._commit(batches, waiting)
+
+    def _commit(self, batches: list[list[wire.Event]], waiting: list[tuple[Callable[[Reply], None], float]]) -> None:
+        """One transaction for the batches. If it fails on a batch's data rather than on the database,
+        each batch gets a transaction of its own: the others of the group commit, and the one that
+        cannot be stored is refused (422: retrying would fail forever), without the SQL."""
         try:
             self._ingestor.ingest_group(batches, lambda results: self._answer(batches, waiting, results))
-        except Exception as exc:  # storage failed: nothing of the group was stored or acknowledged
-            log.exception("storage failed; %d batches answered 503", len(batches))
-            self._metrics.rejected.labels("storage").inc(len(batches))
-            for done, _ in waiting:
-                done((503, {"error": f"storage failed, retry later: {exc}"}, [(b"retry-after", b"1")]))
+            return
+        except Exception as exc:  # nothing of the group was stored or acknowledged
+            failure = exc
+        if len(batches) > 1 and not isinstance(failure, _OUTAGE):
+            log.warning("a group of %d batches failed (%s); committing them one by one", len(batches), failure)
+            for events, pending in zip(batches, waiting, strict=True):
+                self._commit([events], [pending])
+            return
+        if len(batches) == 1 and isinstance(failure, _UNSTORABLE) and not isinstance(failure, _OUTAGE):
+            problem = str(getattr(failure, "orig", None) or failure).splitlines()[0][:200]
+            log.error("a batch of %d events could not be stored and was refused: %s", len(batches[0]), problem)
+            self._metrics.rejected.labels("unstorable").inc()
+            waiting[0][0]((422, {"error": f"events could not be stored ({type(failure).__name__}: {problem})"}, []))
+            return
+        log.error("storage failed; %d batches answered 503", len(batches), exc_info=failure)
+        self._metrics.rejected.labels("storage").inc(len(batches))
+        problem = str(getattr(failure, "orig", None) or failure).splitlines()[0][:200]
+        for done, _ in waiting:
+            done((503, {"error": f"storage failed, retry later: {problem}"}, [(b"retry-after", b"1")]))
 
     def _answer(
         self,
@@ -183,6 +203,12 @@ class IngestWriter:
             self._metrics.rejected.labels("schema").inc()
             done((422, {"error": str(exc), "field": exc.path}, []))
             return None
+
+
+# The database is unreachable or failing as a whole: every batch is answered 503 and retried.
+_OUTAGE = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, sqlalchemy.exc.TimeoutError, OSError)
+# Errors that one batch's data can cause: alone in its transaction, such a batch is refused for good.
+_UNSTORABLE = (sqlalchemy.exc.DataError, sqlalchemy.exc.IntegrityError, RecursionError, ValueError, TypeError)
 
 
 def _overloaded(pending: int) -> Reply:
