@@ -14,6 +14,11 @@ resetting) starts a new producer stream with ``run_start.resumed``, exactly as a
 trainer would, so attempts are counted and the detectors keep their baselines across it.
 No ``resume`` or ``checkpoint`` event is made up: the log does not say which checkpoint was
 loaded, only that the run went on from somewhere.
+
+A log can also hold several *separate* runs written one after another (a sweep script appending
+fresh runs to one stdout file). That is not a resume, so it is not an attempt: a
+:class:`RunMark` ends the current run and starts another one, named ``{run}-{label}``, with its
+own ``run_start`` and ``run_end``. Importing such a file yields one run id per run.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ __all__ = [
     "ImportFormatError",
     "LogMeta",
     "ResumeMark",
+    "RunMark",
     "TrainPoint",
     "build_events",
     "file_digest",
     "run_id_from_path",
+    "split_runs",
 ]
 
 log = logging.getLogger("trainmon.import")
@@ -69,6 +76,10 @@ class TrainPoint:
     tokens: int | None = None
     step_time: float | None = None
     time: float | None = None
+    loss_scale: float | None = None
+    """The mixed-precision loss scale the log prints (fp16), None when it has none."""
+    skipped: bool | None = None
+    """The optimizer step was skipped (overflow or NaN gradients); None when the log cannot tell."""
 
 
 @dataclass
@@ -90,7 +101,25 @@ class ResumeMark:
     reason: str
 
 
-Item = TrainPoint | EvalPoint | ResumeMark
+@dataclass
+class RunMark:
+    """A separate run starts here: the file holds several runs written one after another.
+
+    Not a resume (the run's counters and model start over). The items after it, up to the next
+    mark, become their own run named ``{run}-{label}``; items before the first mark belong to the
+    first marked run. ``planned_steps``, ``status`` and ``config`` override the file's
+    :class:`LogMeta` for that run, ``notes`` add to its notes (a sweep's runs need not share their length or outcome).
+    """
+
+    label: str
+    reason: str
+    planned_steps: int | None = None
+    status: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+Item = TrainPoint | EvalPoint | ResumeMark | RunMark
 
 
 @dataclass
@@ -160,12 +189,93 @@ def build_events(
 
     ``digest`` (the file's content hash) seeds the stream ids, so re-importing a file is
     idempotent. Raises :class:`ImportFormatError` at once (not on iteration) when the log holds
-    no training step at all.
+    no training step at all. With :class:`RunMark` items the events of each run follow one
+    another, each run under its own name (see :func:`split_runs`).
     """
-    train = [it for it in items if isinstance(it, TrainPoint)]
-    if not train:
+    runs = split_runs(items, meta, run)
+    if not runs:
         raise ImportFormatError(f"{source}: no training steps found in this {meta.format} log")
-    return _events(items, train, meta, run=run, source=source, digest=digest, mtime=mtime)
+    if len(runs) == 1 and not any(isinstance(it, RunMark) for it in items):
+        name, its, m = runs[0]
+        train = [it for it in its if isinstance(it, TrainPoint)]
+        return _events(its, train, m, run=name, source=source, digest=digest, mtime=mtime)
+    return _runs_events(runs, source=source, digest=digest, mtime=mtime)
+
+
+def split_runs(items: list[Item], meta: LogMeta, run: str) -> list[tuple[str, list[Item], LogMeta]]:
+    """The runs of a file: (run name, items, meta) for each run that has a training step.
+
+    Without a :class:`RunMark` that is the whole file under ``run``. With marks, each run is
+    ``{run}-{label}`` (the base name shortened to keep the id valid) and its meta is the file's
+    with the mark's planned steps, status and config laid over it; a run without a training step
+    (a launch that crashed before its first iteration) is left out with a warning.
+    """
+    if not any(isinstance(it, RunMark) for it in items):
+        return [(run, items, meta)] if any(isinstance(it, TrainPoint) for it in items) else []
+    groups: list[tuple[RunMark | None, list[Item]]] = [(None, [])]
+    for it in items:
+        if isinstance(it, RunMark):
+            if groups[-1][0] is None and not any(isinstance(x, TrainPoint) for x in groups[-1][1]):
+                groups[-1] = (it, groups[-1][1])  # evals before the first mark join the first run
+            else:
+                groups.append((it, []))
+        else:
+            groups[-1][1].append(it)
+    n = len(groups)
+    out: list[tuple[str, list[Item], LogMeta]] = []
+    for i, (mark, its) in enumerate(groups, 1):
+        label = _clean_label(mark.label if mark is not None else f"run{i}")
+        name = f"{run[: max(1, 127 - len(label))].rstrip('-._')}-{label}"
+        if not any(isinstance(it, TrainPoint) for it in its):
+            log.warning("%s: run %d of %d in the file (%s) has no training step; left out", run, i, n, label)
+            continue
+        config = {**meta.config, **(mark.config if mark is not None else {})}
+        config["run_in_file"] = {"index": i, "of": n, "label": label}
+        if mark is not None:
+            config["run_split_reason"] = mark.reason
+        notes = [
+            *meta.notes,
+            *(mark.notes if mark is not None else []),
+            f"this file holds {n} separate runs; this is run {i} ({label}), imported as {name}",
+        ]
+        sub = LogMeta(
+            format=meta.format,
+            framework=meta.framework,
+            planned_steps=(mark.planned_steps if mark is not None and mark.planned_steps else meta.planned_steps),
+            status=(mark.status if mark is not None and mark.status else meta.status),
+            config=config,
+            notes=notes,
+            world_size=meta.world_size,
+        )
+        out.append((name, its, sub))
+    return out
+
+
+def _clean_label(label: str) -> str:
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-._")
+    return clean[:48].rstrip("-._") or "run"
+
+
+def _runs_events(
+    runs: list[tuple[str, list[Item], LogMeta]], *, source: Path, digest: str, mtime: float | None
+) -> Iterator[Event]:
+    """The events of several runs of one file, one run after the other.
+
+    A run without real time gets a synthetic clock that ends where the next run's begins (the
+    last run's at the file's modification time), so the runs keep their order in the file.
+    """
+    ends: list[float | None] = [None] * len(runs)
+    end = mtime if mtime is not None else 0.0
+    for k in range(len(runs) - 1, -1, -1):
+        train = [it for it in runs[k][1] if isinstance(it, TrainPoint)]
+        ends[k] = end
+        if all(p.time is not None for p in train):
+            end = float(min(p.time for p in train)) - 2.0  # type: ignore[type-var]
+        else:
+            end -= len(train) + 2.0
+    for (name, its, m), end_k in zip(runs, ends, strict=True):
+        train = [it for it in its if isinstance(it, TrainPoint)]
+        yield from _events(its, train, m, run=name, source=source, digest=digest, mtime=end_k)
 
 
 def _events(
@@ -318,6 +428,10 @@ class _Emitter:
             fields["tokens"] = int(p.tokens)
         if p.step_time is not None and math.isfinite(p.step_time) and p.step_time >= 0:
             fields["step_time"] = float(p.step_time)
+        if p.loss_scale is not None:
+            fields["loss_scale"] = _wire_float(p.loss_scale)
+        if p.skipped is not None:
+            fields["skipped"] = bool(p.skipped)
         yield self._event("step", t, fields)
 
     def eval(self, p: EvalPoint, t: float) -> Iterator[Event]:

@@ -12,6 +12,16 @@ Line shapes recognised (anything else is ignored, so interleaved prints do not b
 Step durations (``dt``, ``time``) become ``step_time`` and drive the synthetic clock; tokens per
 step are ``tok/sec x dt`` when both are printed (rounded: the log prints them rounded). A line
 that matches a shape but carries a damaged number is skipped and counted.
+
+Trainers with a stdout of their own are read by their own module, chosen from the first 64 KiB
+(their first step line is often further in, after a long preamble):
+
+* Megatron-LM / Megatron-DeepSpeed ``iteration N/ M | ... | lm loss: X | ...``: :mod:`.megatron`
+  (real step times, several runs in one file split into runs).
+* nanochat ``step 00042 (0.20%) | loss: X | lrm: ... | dt: Tms | ...``: :mod:`.nanochat`.
+* modded-nanogpt record logs (the training script, then ``step:N/M train_loss:X train_time:Tms``):
+  :mod:`.modded_nanogpt`.
+* MiniMind ``Epoch:[e/E](s/S), loss: X, ..., lr: Y, ...``: :mod:`.minimind`.
 """
 
 from __future__ import annotations
@@ -22,6 +32,10 @@ import re
 from pathlib import Path
 
 from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
+from trainmon.monitor.importers.minimind import looks_like_minimind, parse_minimind
+from trainmon.monitor.importers.modded_nanogpt import looks_like_modded_nanogpt, parse_modded_nanogpt
+from trainmon.monitor.importers.nanochat import looks_like_nanochat, parse_nanochat
 
 __all__ = ["looks_like_textlog", "parse_textlog"]
 
@@ -65,13 +79,39 @@ def _kind(line: str) -> str | None:
     return None
 
 
+# Trainer stdouts read by their own module: (name, detector on the head, parser). Checked in
+# this order, before the generic shapes: a modded-nanogpt record's script or a Megatron preamble
+# could hold a line that looks like one of them.
+_DIALECTS = (
+    ("modded_nanogpt", looks_like_modded_nanogpt, parse_modded_nanogpt),
+    ("megatron", looks_like_megatron, parse_megatron),
+    ("nanochat", looks_like_nanochat, parse_nanochat),
+    ("minimind", looks_like_minimind, parse_minimind),
+)
+_HEAD = 64 * 1024
+
+
+def _dialect(head: str) -> str | None:
+    return next((name for name, looks, _ in _DIALECTS if looks(head)), None)
+
+
 def looks_like_textlog(head: str) -> bool:
-    """Some of the first lines match one of the recognised shapes."""
+    """Some of the first lines match one of the recognised shapes, or a trainer's stdout is recognised."""
     lines = [ln.strip() for ln in head.splitlines()[:200] if ln.strip()]
-    return any(_kind(ln) for ln in lines)
+    return any(_kind(ln) for ln in lines) or _dialect(head) is not None
 
 
 def parse_textlog(path: Path) -> tuple[list[Item], LogMeta]:
+    with open(path, "rb") as f:
+        head = f.read(_HEAD).decode("utf-8", errors="replace")
+    dialect = _dialect(head)
+    if dialect is not None:
+        parse = next(p for name, _, p in _DIALECTS if name == dialect)
+        return parse(path)
+    return _parse_generic(path)
+
+
+def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
     items: list[Item] = []
     kinds: dict[str, int] = {}
     planned: int | None = None

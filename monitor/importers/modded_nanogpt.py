@@ -1,0 +1,233 @@
+"""modded-nanogpt record logs (``records/*/<uuid>.txt``, ``logs/<uuid>.txt``).
+
+The file is what ``train_gpt.py`` writes: a ``====`` line, the whole training script, a ``====``
+line, the PyTorch version and an ``nvidia-smi`` dump, another ``====`` line, then the log:
+
+* ``step:N/M train_loss:X train_time:Tms step_avg:Sms``: one training step. ``M`` is the
+  planned length. ``train_time`` is the cumulative training time (the script pauses the timer
+  during validation, and zeroes it after the first 10 warm-up steps, so it restarts there by
+  design: that is not a resume). Step times are its increments; the clock is the ``nvidia-smi``
+  banner's date plus the cumulative train time (validation pauses are not in it).
+* ``step:N/M val_loss:X train_time:Tms step_avg:Sms``: a validation.
+
+The script is skipped as a block (everything up to the ``====`` line that closes it), so its
+``print(f"step:{step}/...")`` lines are never read as log lines. The script's
+``Hyperparameters`` (``num_iterations``, ``warmup_iters``, ``warmdown_iters``, ``learning_rate``,
+batch size, sequence length) are kept in the config (evaluated when plain arithmetic); tokens per step are
+``batch_size x sequence_length`` when both are plain arithmetic. No LR or gradient norm is logged.
+"""
+
+from __future__ import annotations
+
+import ast
+import calendar
+import contextlib
+import logging
+import math
+import operator
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.textclock import Segment, lay_out
+
+__all__ = ["looks_like_modded_nanogpt", "parse_modded_nanogpt"]
+
+log = logging.getLogger("trainmon.import")
+
+_RULE = re.compile(r"^={20,}\s*$")
+_LINE = re.compile(
+    r"^step:(\d+)/(\d+)\s+(train_loss|val_loss):(\S+)(?:\s+train_time:([-+\d.eE]+|nan)ms)?(?:\s+step_avg:(\S+?)ms)?"
+)
+_SMI_DATE = re.compile(r"^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+\d{4}$")
+_HYPER = re.compile(r"^\s+(\w+)\s*:\s*[\w\[\], ]+?\s*=\s*([^#]+?)\s*(?:#.*)?$")
+_END = re.compile(r"^peak memory", re.IGNORECASE)
+_KEEP = (
+    "num_iterations",
+    "warmup_iters",
+    "warmdown_iters",
+    "cooldown_frac",
+    "learning_rate",
+    "batch_size",
+    "device_batch_size",
+    "sequence_length",
+    "train_seq_len",
+    "val_loss_every",
+    "weight_decay",
+)
+
+
+def looks_like_modded_nanogpt(head: str) -> bool:
+    """A ``step:N/M train_loss:`` line, or the record header: a ``====`` rule then a script that
+    prints such lines (the log itself may start past the first 64 KiB)."""
+    lines = head.splitlines()
+    if any(_LINE.match(ln.strip()) for ln in lines):
+        return True
+    first = next((ln for ln in lines if ln.strip()), "")
+    return bool(_RULE.match(first)) and ("step:{step" in head or "step:{" in head) and "train_loss" in head
+
+
+def _arith(text: str) -> float | None:
+    """A plain arithmetic expression (``2*10172``, ``0.0036 / 2``); None for anything else."""
+    ops = {
+        ast.Add: operator.add,
+        ast.Sub: operator.sub,
+        ast.Mult: operator.mul,
+        ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv,
+        ast.Pow: operator.pow,
+    }
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError("exponent too large")
+            return ops[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            x = ev(node.operand)
+            return -x if isinstance(node.op, ast.USub) else x
+        raise ValueError("not arithmetic")
+
+    if len(text) > 80:
+        return None
+    try:
+        return ev(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+def _float(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
+    items: list[Item] = []
+    seg = Segment(anchor=None)
+    hyper: dict[str, str] = {}
+    in_script = False
+    seen_text = False
+    planned: int | None = None
+    offset = 0.0  # train_time restarts after the warm-up steps: what it had counted before
+    prev_ms: float | None = None  # train_time of the last line that printed one, and its step
+    ms_step: int | None = None
+    prev_step: int | None = None
+    resets = 0
+    ended = False
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.rstrip("\n")
+            if not seen_text:
+                if not line.strip():
+                    continue
+                seen_text = True
+                if _RULE.match(line):
+                    in_script = True
+                    continue
+            if in_script:
+                if _RULE.match(line):
+                    in_script = False
+                    continue
+                m = _HYPER.match(line)
+                if m is not None and m.group(1) in _KEEP:
+                    hyper.setdefault(m.group(1), m.group(2))
+                continue
+            s = line.strip()
+            if not s:
+                continue
+            m = _LINE.match(s)
+            if m is None:
+                if _SMI_DATE.match(s) and seg.anchor is None:
+                    with contextlib.suppress(ValueError):
+                        seg.anchor = float(calendar.timegm(time.strptime(s, "%a %b %d %H:%M:%S %Y")))
+                elif prev_step is not None and _END.match(s):
+                    ended = True
+                continue
+            step, total, tag = int(m.group(1)), int(m.group(2)), m.group(3)
+            value = _float(m.group(4))
+            if value is None:
+                bad += 1
+                log.warning("%s: line %d: %s %r is not a number; skipped", path, n, tag, m.group(4))
+                continue
+            planned = total or planned
+            ms = _float(m.group(5))
+            t: float | None = None
+            step_time = None
+            if ms is not None and math.isfinite(ms):
+                if prev_ms is not None and ms < prev_ms:
+                    offset += prev_ms  # the timer was zeroed (after the warm-up steps)
+                    resets += 1
+                    prev_ms = 0.0
+                if tag == "train_loss" and prev_ms is not None and ms_step is not None and step > ms_step:
+                    step_time = (ms - prev_ms) / 1000.0 / (step - ms_step)
+                t = (offset + ms) / 1000.0
+                prev_ms, ms_step = ms, step
+            if tag == "val_loss":
+                ev = EvalPoint(step, value, time=t)
+                items.append(ev)
+                seg.points.append(ev)
+                continue
+            point = TrainPoint(step=step, loss=value, step_time=step_time, time=t)
+            items.append(point)
+            seg.points.append(point)
+            prev_step = step
+    if prev_step is None:
+        raise ImportFormatError(f"{path}: no modded-nanogpt step:N/M train_loss lines found")
+    tokens = _tokens(hyper)
+    if tokens is not None:
+        for it in items:
+            if isinstance(it, TrainPoint):
+                it.tokens = tokens
+    time_source = lay_out([seg], path, "cumulative train_time (validation pauses excluded)")
+    status = None
+    if (planned and prev_step >= planned) or ended:
+        status = "finished"
+    elif planned:
+        status = "interrupted"
+    notes = []
+    if resets:
+        notes.append(
+            f"train_time restarted {resets} time(s) (the script zeroes it after its warm-up steps): "
+            "not a resume, the clock carries on"
+        )
+    if bad:
+        notes.append(f"{bad} damaged log lines skipped")
+    config: dict[str, Any] = {"time_source": time_source}
+    if hyper:
+        config["script_hyperparameters"] = {k: _literal(v) for k, v in hyper.items()}
+    if tokens is not None:
+        config["tokens_per_step"] = tokens
+    return items, LogMeta(
+        format="modded_nanogpt_log",
+        framework="modded-nanogpt",
+        planned_steps=planned,
+        status=status,
+        config=config,
+        notes=notes,
+    )
+
+
+def _literal(text: str) -> Any:
+    """A hyperparameter as a number when it is plain arithmetic (``2*10172`` -> 20344), else as written."""
+    x = _arith(text)
+    if x is None:
+        return text
+    return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
+
+
+def _tokens(hyper: dict[str, str]) -> int | None:
+    batch = _arith(hyper["batch_size"]) if "batch_size" in hyper else None
+    seq = _arith(hyper["sequence_length"]) if "sequence_length" in hyper else None
+    if batch is None or seq is None or batch <= 0 or seq <= 0:
+        return None
+    return round(batch * seq)
