@@ -9,7 +9,9 @@ HF ``trainer_state.json`` ``hf``: the Trainer's ``log_history``
 LLaMA-Factory, ms-swift   ``jsonlog``: ``trainer_log.jsonl``, ``logging.jsonl``
 TensorBoard event files   ``tensorboard``: scalars, read without TensorBoard
 CSV                       ``csv``: W&B exports, Lightning ``metrics.csv``
-llm.c / nanoGPT logs      ``textlog``: ``s:N trl:X``, ``step N | loss X``, ...
+text logs                 ``textlog``: llm.c and nanoGPT (``s:N trl:X``, ``step N | loss X``),
+                          Megatron-LM / DeepSpeed stdout (``megatron``), nanochat,
+                          modded-nanogpt records, MiniMind
 ========================  =======================================================
 
 Foreign formats go through :func:`trainmon.monitor.importers.common.build_events`, which makes the
@@ -65,7 +67,7 @@ _TRIED = (
     "ms-swift logging.jsonl",
     "TensorBoard event file",
     "CSV with a step column",
-    "llm.c / nanoGPT text log",
+    "text log (llm.c, nanoGPT, Megatron-LM, nanochat, modded-nanogpt, MiniMind)",
 )
 
 _HEAD = 64 * 1024
