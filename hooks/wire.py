@@ -357,15 +357,15 @@ def _check(value: Any, spec: Field) -> Any:
             raise WireError("", f"expected an object of numbers, got {_show(value)}")
         if len(value) > _MAX_MAP:
             raise WireError("", f"more than {_MAX_MAP} entries")
-        out = {}
         for k, v in value.items():
             if len(k) > _MAX_KEY:
                 raise WireError("", f"a key longer than {_MAX_KEY} characters")
-            try:
-                out[k] = v if type(v) is float else decode_float(v)
-            except WireError as exc:
-                raise WireError(f".{_name(k)}", exc.problem) from None
-        return out
+            if type(v) is not float:
+                try:
+                    decode_float(v)
+                except WireError as exc:
+                    raise WireError(f".{_name(k)}", exc.problem) from None
+        return value  # as sent: stored as JSON, where the non-finite markers must stay strings
     if t == "float_list":
         if not isinstance(value, list):
             raise WireError("", f"expected a list of numbers, got {_show(value)}")
