@@ -467,6 +467,9 @@ class CollectorConfig:
     metrics_public: bool = False
     """Serve ``/metrics`` without the token (for scrapers that cannot send one); Prometheus can:
     ``authorization: {credentials: TOKEN}`` in the scrape config, so it stays protected by default."""
+    allowed_hosts: list[str] = field(default_factory=list)
+    """Extra names the ``Host`` header may carry on a loopback bind (a local reverse proxy). Any other
+    name is refused: a web page whose DNS name was rebound to 127.0.0.1 must not read or write runs."""
     shutdown_grace_seconds: float = 20.0
     """On SIGTERM/SIGINT the collector stops within this long whatever its parts do: half of it for the
     requests in flight to be answered, half for the queued batches to be committed and detected. A

@@ -125,8 +125,10 @@ class DetectionProcess:
         return len(self._pending)
 
     def _start(self) -> None:
-        # The parent's import path, so the child finds this package wherever the collector found it.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # The parent's import path, so the child finds this package wherever the collector found it; none
+        # of its secrets (the bearer token, notification URLs): the child only computes.
+        env = {k: v for k, v in os.environ.items() if not _secret(k)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         proc = subprocess.Popen(
             [sys.executable, "-m", __name__],
             stdin=subprocess.PIPE,
@@ -283,6 +285,12 @@ class DetectionProcess:
             return False
         log.error("detection process %s answered nothing for %.0f s; replacing it", proc.pid, self._stuck_after)
         return True
+
+
+def _secret(name: str) -> bool:
+    """Environment variables the detection child must not inherit."""
+    upper = name.upper()
+    return upper.startswith("TRAINMON_") or any(w in upper for w in ("TOKEN", "SECRET", "PASSWORD", "WEBHOOK"))
 
 
 def _events(items: Items) -> list[list[Any]]:

@@ -40,6 +40,8 @@ __all__ = ["RUN_WIDE", "AnomalyChange", "Engine"]
 
 log = logging.getLogger("trainmon.collector")
 
+_MAX_UNSAVED = 10_000  # findings held through a storage outage (the newest are kept)
+
 
 @dataclass(frozen=True, slots=True)
 class AnomalyChange:
@@ -74,6 +76,8 @@ class Engine:
         self._config = config
         self._on_changes = on_changes
         self._lock = threading.Lock()  # the open-anomaly index and the primed sets
+        self._unsaved: list[Found] = []  # findings a failed commit did not store; stored first next time
+        self._unsaved_lock = threading.Lock()
         self._primed_ranks: set[tuple[str, int]] = set()
         self._primed_runs: set[str] = set()
         self._generation = 0  # of the detection process the primed sets were fed to
@@ -166,8 +170,21 @@ class Engine:
         return result[0] if result else []
 
     def _apply(self, found: list[Found]) -> list[AnomalyChange]:
-        """Findings into the anomaly table, and what changed to the listener."""
-        changes = self._store(found)
+        """Findings into the anomaly table, and what changed to the listener.
+
+        Findings that could not be stored (the database is down) are kept, in order, and stored with
+        the next ones, at the latest on the next tick: an outage delays an anomaly, it does not lose it."""
+        with self._unsaved_lock:
+            pending, self._unsaved = [*self._unsaved, *found], []
+        try:
+            changes = self._store(pending)
+        except Exception:
+            with self._unsaved_lock:
+                self._unsaved = [*pending, *self._unsaved][-_MAX_UNSAVED:]
+                lost = len(pending) - len(self._unsaved)
+            if lost > 0:
+                log.error("storage down: %d findings beyond the %d kept were dropped", lost, _MAX_UNSAVED)
+            raise
         if changes and self._on_changes is not None:
             self._on_changes(changes)
         return changes
@@ -192,8 +209,14 @@ class Engine:
     def _store(self, found: list[tuple[str, int, Finding]]) -> list[AnomalyChange]:
         if not found:
             return []
-        with self._lock, self._storage.begin() as conn:
-            changes = [self._record(conn, run, rank, f) for run, rank, f in found]
+        with self._lock:
+            before = dict(self._open)
+            try:
+                with self._storage.begin() as conn:
+                    changes = [self._record(conn, run, rank, f) for run, rank, f in found]
+            except BaseException:
+                self._open = before  # rolled back: the index must not point at rows that were never written
+                raise
         return [c for c in changes if c is not None]
 
     def _record(self, conn: Connection, run: str, rank: int, f: Finding) -> AnomalyChange | None:

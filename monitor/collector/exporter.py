@@ -200,7 +200,18 @@ class CollectorMetrics:
         self.rejected = Counter(
             "trainmon_ingest_rejected_batches", "Batches refused, by reason.", ["reason"], registry=registry
         )
-        for reason in ("json", "schema", "too_large", "conflict", "auth", "overload", "storage", "unstorable"):
+        for reason in (
+            "json",
+            "schema",
+            "too_large",
+            "conflict",
+            "auth",
+            "origin",
+            "content_type",
+            "overload",
+            "storage",
+            "unstorable",
+        ):
             self.rejected.labels(reason)
         self.latency = Histogram(
             "trainmon_ingest_duration_seconds",

@@ -156,6 +156,11 @@ class _Ingress:
         self.collector = collector
         config = collector.config
         self._token = config.token.encode() if config.token else None
+        # On a loopback bind, only loopback names (and the configured ones) in Host: DNS rebinding.
+        self._hosts: frozenset[bytes] | None = None
+        if _is_loopback(config.host):
+            names = {"localhost", "127.0.0.1", "[::1]", "::1", config.host, *config.allowed_hosts}
+            self._hosts = frozenset(n.lower().encode() for n in names)
         self._open = frozenset({"/healthz"} | ({"/metrics"} if config.metrics_public else set()))
         self._limit = config.max_body_bytes
         self._metrics = collector.metrics
@@ -164,6 +169,10 @@ class _Ingress:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.api(scope, receive, send)
+            return
+        if (problem := self._foreign(scope)) is not None:
+            self._metrics.rejected.labels("origin").inc()
+            await self._reply(send, 403, {"error": problem})
             return
         if self._token is not None and scope["path"] not in self._open and not self._authorized(scope):
             await self._refuse(scope, send)
@@ -174,6 +183,24 @@ class _Ingress:
             await self._reply(send, 405, {"error": "method not allowed: POST events here"}, [(b"allow", b"POST")])
         else:
             await self._events(scope, receive, send)
+
+    def _foreign(self, scope: dict) -> str | None:
+        """Why a request may come from a web page rather than a producer or a user (None: it does not).
+
+        A page the user opens can send requests to 127.0.0.1: as a cross-site request (its Origin
+        names another site) or, after rebinding its own DNS name to 127.0.0.1, as a same-origin one
+        (its Host names that site). Producers and CLIs send neither an Origin nor a foreign Host."""
+        host = origin = b""
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.lower()
+            elif name == b"origin":
+                origin = value.lower()
+        if self._hosts is not None and _host_name(host) not in self._hosts:
+            return f"Host {host.decode(errors='replace')!r} is not this collector's (loopback only; allowed_hosts)"
+        if origin and origin.partition(b"://")[2] != host:
+            return f"cross-site request from Origin {origin.decode(errors='replace')!r} refused"
+        return None
 
     def _authorized(self, scope: dict) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -191,11 +218,17 @@ class _Ingress:
         await self._reply(send, 401, {"error": message}, [(b"www-authenticate", b'Bearer realm="trainmon"')])
 
     async def _events(self, scope: dict, receive: Any, send: Any) -> None:
-        declared = b""
+        declared = media = b""
         for name, value in scope["headers"]:
             if name == b"content-length":
                 declared = value
-                break
+            elif name == b"content-type":
+                media = value.partition(b";")[0].strip().lower()
+        if media != b"application/json":
+            # Also what keeps a web page from posting events: text/plain needs no CORS preflight, JSON does.
+            self._metrics.rejected.labels("content_type").inc()
+            await self._reply(send, 415, {"error": "Content-Type must be application/json"})
+            return
         if declared.isdigit() and int(declared) > self._limit:
             await self._too_large(send, f"body of {int(declared)} bytes exceeds the limit of {self._limit} bytes")
             return
@@ -255,6 +288,8 @@ def _events_openapi() -> dict[str, Any]:
                     },
                 },
                 "400": {"description": "body is not JSON"},
+                "403": {"description": "a cross-site Origin, or a Host that is not this loopback collector's"},
+                "415": {"description": "Content-Type is not application/json"},
                 "401": {"description": "missing or invalid bearer token (collectors started with a token)"},
                 "409": {"description": "events contradict stored data (stream reused by another run or rank)"},
                 "413": {"description": "body larger than the limit"},
@@ -286,13 +321,17 @@ def create_app(collector: Collector) -> _Ingress:
         body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
         return JSONResponse(body, status_code=exc.status_code)
 
-    @app.get("/healthz", summary="Liveness and database reachability")
+    @app.get("/healthz", summary="Liveness, database reachability, and whether writes succeed")
     def healthz() -> dict[str, Any]:
         try:
             with collector.storage.connect() as conn:
                 conn.execute(text("SELECT 1"))
         except Exception as exc:  # report, do not crash: this endpoint exists to say what is wrong
             raise HTTPException(503, {"status": "unhealthy", "error": f"database: {exc}"}) from exc
+        if (failing := collector.writer.write_failure) is not None:  # readable is not writable (a full disk)
+            since, why = failing
+            error = f"writes failing for {time.time() - since:.0f} s: {why}"
+            raise HTTPException(503, {"status": "unhealthy", "error": error})
         return {"status": "ok", "database": collector.storage.dialect}
 
     @app.get("/metrics", summary="Prometheus exposition")
@@ -387,6 +426,13 @@ class _DaemonServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _host_name(host: bytes) -> bytes:
+    """The name in a Host header, without its port ("[::1]:9400" -> "[::1]")."""
+    if host.startswith(b"["):
+        return host.partition(b"]")[0] + b"]"
+    return host.rpartition(b":")[0] if host.count(b":") == 1 else host
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -396,9 +442,17 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve to anything: treat it as exposed
 
 
+MIN_TOKEN_LENGTH = 16
+
+
 def check_bind(config: CollectorConfig) -> None:
     """Refuse a non-loopback bind without a token unless ``insecure`` was asked for explicitly:
     anyone on the network could otherwise write runs or read them."""
+    if config.token and len(config.token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(
+            f"token: at least {MIN_TOKEN_LENGTH} characters (a short token can be guessed); "
+            "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(24))'"
+        )
     if _is_loopback(config.host) or config.token:
         return
     if not config.insecure:

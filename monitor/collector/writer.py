@@ -57,6 +57,7 @@ class IngestWriter:
         self._ready = threading.Condition()
         self._stop = False
         self._busy_since: float | None = None  # when the oldest batch of the group being committed arrived
+        self.write_failure: tuple[float, str] | None = None  # (since, why) while commits fail; /healthz says it
         self._thread = threading.Thread(target=self._run, name="trainmon-writer", daemon=True)
         self._thread.start()
 
@@ -151,6 +152,7 @@ class IngestWriter:
         cannot be stored is refused (422: retrying would fail forever), without the SQL."""
         try:
             self._ingestor.ingest_group(batches, lambda results: self._answer(batches, waiting, results))
+            self.write_failure = None
             return
         except Exception as exc:  # nothing of the group was stored or acknowledged
             failure = exc
@@ -168,6 +170,8 @@ class IngestWriter:
         log.error("storage failed; %d batches answered 503", len(batches), exc_info=failure)
         self._metrics.rejected.labels("storage").inc(len(batches))
         problem = str(getattr(failure, "orig", None) or failure).splitlines()[0][:200]
+        if self.write_failure is None:
+            self.write_failure = (time.time(), problem)
         for done, _ in waiting:
             done((503, {"error": f"storage failed, retry later: {problem}"}, [(b"retry-after", b"1")]))
 
