@@ -43,14 +43,34 @@ class ConfigError(ValueError):
 
 @dataclass
 class NanInfConfig:
-    """``nan_inf``: any non-finite loss or grad norm."""
+    """``nan_inf``: any non-finite loss or grad norm, and a loss that is exactly 0.0 where no real
+    loss can be (the way HF Trainer logs a window of NaN steps)."""
 
     resolve_after: int = 20
     """Consecutive finite steps after which the anomaly is marked resolved."""
     precursor_window: int = 20
-    """Steps of grad-norm history used to tell a numerical blow-up from a sudden fault."""
+    """Steps of grad-norm and loss history used to tell a numerical blow-up from a sudden fault."""
     precursor_z: float = 3.0
     """A log grad-norm z-score above this before the NaN means it was building up."""
+    precursor_loss_rise: float = 1.3
+    """The median of the last 3 finite losses at this many times the lowest loss before them (within
+    ``precursor_window``) means the loss was climbing into the NaN: a numerical blow-up, which is all
+    a log without grad norms shows (nanochat's SFT went 5.5 -> 9.5 -> NaN). Multiplicative noise of
+    5% puts that ratio near 1.15, so 1.3 is a real climb."""
+    early_steps: int = 10
+    """Fewer finite steps than this before the first non-finite one are too little history to call
+    it a sudden fault (the grad-norm precursor needs a baseline): the hint points at the setup (LR,
+    warmup, init scale, fp16) instead of a bad batch or the hardware."""
+    zero_confirm: int = 3
+    """Consecutive logged losses of exactly 0.0 before the zero rule speaks: three logging windows
+    in a row with no finite-loss step, not one odd window."""
+    zero_jump_min_loss: float = 0.1
+    """A loss of exactly 0.0 right after a logged loss at least this large (or with no nonzero loss
+    before it) is not convergence: a converging loss passes through small values first (HF rounds to
+    4 digits and averages each window, so a classification fine-tune shows 0.0003, 0.0002, 0.0001
+    before its zeros), while HF's ``logging_nan_inf_filter`` turns an all-NaN window into 0.0 straight
+    after a real loss (LLaMA-Factory: 122.14, then 0.0 for 36 windows). Falling 2000x from 0.1 to
+    under 5e-5 within one logging window is not a descent."""
 
 
 @dataclass
@@ -477,8 +497,24 @@ class CollectorConfig:
     evict_after_seconds: float = 600.0
     """A run that ended (rank 0 sent ``run_end``) leaves memory (detectors, live state) this long
     after its last event; it stays in storage. Keep it above the exporter's 300 s final-scrape window."""
-    evict_idle_seconds: float = 86400.0
-    """A run that sent nothing for this long leaves memory too (crashed without ``run_end``)."""
+    evict_idle_seconds: float = 3600.0
+    """A run that sent nothing for this long leaves memory too (crashed without ``run_end``). A hung
+    rank is found long before (the hang detector's timeout); the run stays in storage."""
+    max_live_runs: int = 256
+    """Runs held in memory (detectors, live state, exported series) at once; a batch that would start
+    one more is answered 429 (its producer spools and retries) until finished runs are evicted."""
+    max_ranks_per_run: int = 8192
+    """Ranks of one run; a 1,024-rank job fits eight times over. Beyond: 429."""
+    max_runs_per_batch: int = 16
+    """Distinct runs in one batch (a producer sends one): creating runs costs detector priming, and a
+    batch of thousands of new runs would stall every other producer. Beyond: 429."""
+    max_inflight_bytes: int = 256 << 20
+    """Request bytes being received plus waiting for the writer; beyond, new bodies get 503 at once.
+    Bounds the memory stalled or slow uploads can hold."""
+    header_timeout_seconds: float = 10.0
+    """A connection must send its request headers within this long, or it is closed (slow-header)."""
+    body_timeout_seconds: float = 30.0
+    """A request body must arrive within this long, or it is answered 408 and dropped (slow-body)."""
     detectors: DetectorsConfig = field(default_factory=DetectorsConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 

@@ -197,6 +197,12 @@ class CollectorMetrics:
             registry=registry,
         )
         self.batches = Counter("trainmon_ingest_batches", "Batches accepted.", registry=registry)
+        self.limits = Gauge(
+            "trainmon_collector_limit",
+            "The collector's configured limits; trainmon_ingest_rejected_batches_total counts what they refused.",
+            ["limit"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "trainmon_ingest_rejected_batches", "Batches refused, by reason.", ["reason"], registry=registry
         )
@@ -208,6 +214,9 @@ class CollectorMetrics:
             "auth",
             "origin",
             "content_type",
+            "limit",
+            "slow_headers",
+            "slow_body",
             "overload",
             "storage",
             "unstorable",

@@ -38,11 +38,24 @@ from trainmon.monitor.store.storage import (
     streams,
 )
 
-__all__ = ["IngestError", "IngestResult", "Ingestor"]
+__all__ = ["IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
 
 
 class IngestError(ValueError):
     """Events that are well-formed but contradict what the collector already knows."""
+
+
+class LimitError(IngestError):
+    """A batch that would take the collector past one of its limits (answered 429: retry later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestLimits:
+    """What one collector holds in memory at most (see ``CollectorConfig`` for why each exists)."""
+
+    max_live_runs: int
+    max_ranks_per_run: int
+    max_runs_per_batch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +109,11 @@ def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
 class Ingestor:
     """The collector's write path. Thread-safe: groups are committed one at a time."""
 
-    def __init__(self, storage: Storage, engine: Engine, live: LiveState) -> None:
+    def __init__(self, storage: Storage, engine: Engine, live: LiveState, limits: IngestLimits | None = None) -> None:
         self.storage = storage
         self.engine = engine
         self.live = live
+        self.limits = limits  # None: unlimited (imports, tests)
         self._lock = threading.Lock()  # held while a group is committed
         self._streams: dict[str, _Stream] = {}
 
@@ -152,12 +166,21 @@ class Ingestor:
 
     def _commit(self, group: list[_Slot]) -> None:
         """One transaction for the group; a batch that conflicts is refused alone."""
-        try:
-            self.engine.prime({(ev.run, ev.rank) for slot in group for ev in slot.events})
+        if self.limits is not None:
+            admitted: dict[str, set[int]] = {}
+            for slot in group:
+                try:
+                    self._check_limits(slot.events, admitted)
+                except LimitError as exc:
+                    slot.error = exc
+        try:  # priming a run is the costly part of a new one: only for batches within the limits
+            self.engine.prime({(ev.run, ev.rank) for slot in group if slot.error is None for ev in slot.events})
             known: dict[str, _Stream] = {}
             fresh_all: list[tuple[Event, int]] = []
             with self.storage.begin() as conn:
                 for slot in group:
+                    if slot.error is not None:
+                        continue
                     try:
                         self._load_streams(conn, slot.events, known)
                     except IngestError as exc:
@@ -181,6 +204,33 @@ class Ingestor:
                     slot.error = exc
             raise
         self._streams.update({k: replace(v, new=False) for k, v in known.items()})
+
+    def _check_limits(self, events: list[Event], admitted: dict[str, set[int]]) -> None:
+        """Refuse a batch that would take memory past the limits; ``admitted`` holds the group's earlier batches."""
+        limits = self.limits
+        assert limits is not None
+        ranks: dict[str, set[int]] = {}
+        for ev in events:
+            ranks.setdefault(ev.run, set()).add(ev.rank)
+        if len(ranks) > limits.max_runs_per_batch:
+            raise LimitError(
+                f"{len(ranks)} runs in one batch, at most {limits.max_runs_per_batch} (max_runs_per_batch)"
+            )
+        live = self.live.runs
+        new = {run for run in (*ranks, *admitted) if run not in live}
+        if new and len(live) + len(new) > limits.max_live_runs:
+            raise LimitError(
+                f"the collector holds {len(live)} live runs, at most {limits.max_live_runs} (max_live_runs); "
+                "finished runs leave memory after evict_after_seconds: retry later"
+            )
+        for run, rs in ranks.items():
+            state = live.get(run)
+            known = state.ranks.keys() if state is not None else ()
+            total = len(rs.union(known, admitted.get(run, ())))
+            if total > limits.max_ranks_per_run:
+                raise LimitError(f"run {run} would have {total} ranks, at most {limits.max_ranks_per_run}")
+        for run, rs in ranks.items():
+            admitted.setdefault(run, set()).update(rs)
 
     def evict(self, ended_after: float, idle_after: float) -> list[str]:
         """Forget runs that ended (or went silent) long enough ago: detectors, live values, stream cache.

@@ -21,12 +21,13 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import select, text
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from trainmon.hooks import wire
 from trainmon.monitor.analysis import live_view
 from trainmon.monitor.collector.engine import AnomalyChange, Engine
 from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
-from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.ingest import IngestLimits, Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.writer import IngestWriter, Reply
 from trainmon.monitor.config import CollectorConfig, ConfigError
@@ -52,7 +53,9 @@ class Collector:
     notifier: Notifier | None = None
 
     def __post_init__(self) -> None:
-        self.writer = IngestWriter(self.ingestor, self.metrics, self.config.max_pending_batches)
+        self.writer = IngestWriter(
+            self.ingestor, self.metrics, self.config.max_pending_batches, self.config.max_inflight_bytes
+        )
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_forever, name="trainmon-ticker", daemon=True)
         self._ticker.start()
@@ -110,9 +113,25 @@ class Collector:
 
         engine = Engine(storage, config.detectors, process=True, on_changes=publish)
         registry.register(DetectionCollector(engine.detection))
-        return cls(
-            config, storage, live, Ingestor(storage, engine, live), registry, CollectorMetrics(registry), notifier
-        )
+        limits = IngestLimits(config.max_live_runs, config.max_ranks_per_run, config.max_runs_per_batch)
+        ingestor = Ingestor(storage, engine, live, limits)
+        metrics = CollectorMetrics(registry)
+        for name in _EXPORTED_LIMITS:
+            metrics.limits.labels(name).set(getattr(config, name))
+        return cls(config, storage, live, ingestor, registry, metrics, notifier)
+
+
+# Limits shown in /metrics (trainmon_collector_limit{limit=...}), next to the refusals they cause.
+_EXPORTED_LIMITS = (
+    "max_body_bytes",
+    "max_pending_batches",
+    "max_inflight_bytes",
+    "max_live_runs",
+    "max_ranks_per_run",
+    "max_runs_per_batch",
+    "header_timeout_seconds",
+    "body_timeout_seconds",
+)
 
 
 class _Replies:
@@ -163,6 +182,9 @@ class _Ingress:
             self._hosts = frozenset(n.lower().encode() for n in names)
         self._open = frozenset({"/healthz"} | ({"/metrics"} if config.metrics_public else set()))
         self._limit = config.max_body_bytes
+        self._inflight_limit = config.max_inflight_bytes
+        self._body_timeout = config.body_timeout_seconds
+        self._receiving = 0  # bytes of bodies being received (one event loop: no lock)
         self._metrics = collector.metrics
         self._replies: _Replies | None = None  # made on the first request, on the serving loop
 
@@ -233,16 +255,21 @@ class _Ingress:
             await self._too_large(send, f"body of {int(declared)} bytes exceeds the limit of {self._limit} bytes")
             return
         body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the producer gave up; it will resend (nothing was acknowledged)
-            body += message.get("body", b"")
-            if len(body) > self._limit:
-                await self._too_large(send, f"body exceeds the limit of {self._limit} bytes")
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self._body_timeout):
+                refusal = await self._receive_body(receive, body)
+        except TimeoutError:
+            self._metrics.rejected.labels("slow_body").inc()
+            await self._reply(send, 408, {"error": f"request body not received within {self._body_timeout:g} s"})
+            return
+        finally:
+            self._receiving -= len(body)
+        if refusal is not None:
+            status, reason, message = refusal
+            if status:
+                self._metrics.rejected.labels(reason).inc()
+                await self._reply(send, status, {"error": message}, [(b"retry-after", b"1")] if status == 503 else [])
+            return
         loop = asyncio.get_running_loop()
         if self._replies is None or self._replies.loop is not loop:
             self._replies = _Replies(loop)
@@ -251,6 +278,22 @@ class _Ingress:
         self.collector.writer.submit(bytes(body), lambda reply: replies.put(fut, reply))
         status, payload, headers = await fut
         await self._reply(send, status, payload, headers)
+
+    async def _receive_body(self, receive: Any, body: bytearray) -> tuple[int, str, str] | None:
+        """Read the body into ``body``; (status, reason, message) if it is refused (status 0: gone)."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return 0, "", ""  # the producer gave up; it will resend (nothing was acknowledged)
+            chunk = message.get("body", b"")
+            if len(body) + len(chunk) > self._limit:
+                return 413, "too_large", f"body exceeds the limit of {self._limit} bytes"
+            if self._receiving + self.collector.writer.queued_bytes + len(chunk) > self._inflight_limit:
+                return 503, "overload", f"collector busy: {self._inflight_limit} bytes in flight; retry later"
+            body += chunk
+            self._receiving += len(chunk)
+            if not message.get("more_body", False):
+                return None
 
     async def _too_large(self, send: Any, message: str) -> None:
         self._metrics.rejected.labels("too_large").inc()
@@ -384,12 +427,71 @@ def create_app(collector: Collector) -> _Ingress:
     return _Ingress(app, collector)
 
 
+def _timed_protocol(timeout: float, metrics: CollectorMetrics) -> type[HttpToolsProtocol]:
+    """uvicorn's HTTP protocol with a deadline for the request headers: uvicorn has none, so a
+    client that connects and sends its headers a byte a minute (slowloris) would hold a connection
+    and its memory for ever."""
+
+    class HeaderDeadline(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(timeout, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                metrics.rejected.labels("slow_headers").inc()
+                self.transport.close()
+
+    return HeaderDeadline
+
+
+def uvicorn_config(app: _Ingress, host: str, port: int, log_level: str) -> uvicorn.Config:
+    """One uvicorn configuration for the daemon, the demo and the tests."""
+    config = app.collector.config
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
+        http=_timed_protocol(config.header_timeout_seconds, app.collector.metrics),
+        access_log=False,  # one line per batch from every rank costs more than the batch; metrics count them
+        proxy_headers=False,  # no X-Forwarded-* rewriting: a middleware call per request, never used here
+        server_header=False,
+        # Requests waiting for an acknowledgement get half the grace; closing the collector the rest.
+        timeout_graceful_shutdown=config.shutdown_grace_seconds / 2,
+    )
+
+
 class ServerThread:
     """A uvicorn server on a background thread (demo and tests); ``stop()`` shuts it down."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
+    def __init__(self, app: _Ingress, host: str, port: int) -> None:
+        self.server = uvicorn.Server(uvicorn_config(app, host, port, "warning"))
         self.thread = threading.Thread(target=self.server.run, name="trainmon-collector", daemon=True)
 
     def start(self, timeout: float = 10.0) -> None:
@@ -468,20 +570,7 @@ def serve(config: CollectorConfig) -> None:
     """Run the collector in the foreground until SIGTERM or SIGINT."""
     check_bind(config)
     collector = Collector.open(config)
-    server = _DaemonServer(
-        uvicorn.Config(
-            create_app(collector),
-            host=config.host,
-            port=config.port,
-            log_level="info",
-            lifespan="off",
-            access_log=False,  # one line per batch from every rank costs more than the batch; metrics count them
-            proxy_headers=False,  # no X-Forwarded-* rewriting: a middleware call per request, never used here
-            server_header=False,
-            # Requests waiting for an acknowledgement get half the grace; closing the collector the rest.
-            timeout_graceful_shutdown=config.shutdown_grace_seconds / 2,
-        )
-    )
+    server = _DaemonServer(uvicorn_config(create_app(collector), config.host, config.port, "info"))
     try:
         server.run()
     finally:

@@ -29,7 +29,7 @@ import sqlalchemy.exc
 
 from trainmon.hooks import wire
 from trainmon.monitor.collector.exporter import CollectorMetrics
-from trainmon.monitor.collector.ingest import IngestError, Ingestor, IngestResult
+from trainmon.monitor.collector.ingest import IngestError, Ingestor, IngestResult, LimitError
 
 __all__ = ["IngestWriter", "Reply"]
 
@@ -49,10 +49,14 @@ class IngestWriter:
     """Owns ingestion: ``submit`` from any thread; replies come from the writer thread, or from the
     detection reader thread once the group's detection is done."""
 
-    def __init__(self, ingestor: Ingestor, metrics: CollectorMetrics, max_pending: int = 4096) -> None:
+    def __init__(
+        self, ingestor: Ingestor, metrics: CollectorMetrics, max_pending: int = 4096, max_bytes: int = 256 << 20
+    ) -> None:
         self._ingestor = ingestor
         self._metrics = metrics
         self._max_pending = max_pending
+        self._max_bytes = max_bytes
+        self.queued_bytes = 0  # bodies waiting in the queue (the ingress adds what it is still receiving)
         self._queue: collections.deque[_Pending] = collections.deque()
         self._ready = threading.Condition()
         self._stop = False
@@ -64,10 +68,11 @@ class IngestWriter:
     def submit(self, body: bytes, done: Callable[[Reply], None]) -> None:
         """Queue a request body; ``done(reply)`` is called once, when it is committed and detected, or refused."""
         with self._ready:
-            if self._stop or len(self._queue) >= self._max_pending:
+            if self._stop or len(self._queue) >= self._max_pending or self.queued_bytes + len(body) > self._max_bytes:
                 self._metrics.rejected.labels("overload").inc()
                 done(_overloaded(len(self._queue)))
                 return
+            self.queued_bytes += len(body)
             self._queue.append((body, self._answer_once(done), time.perf_counter()))
             self._metrics.inflight.inc()
             self._ready.notify()
@@ -110,6 +115,7 @@ class IngestWriter:
         with self._ready:
             abandoned = list(self._queue)  # the thread returns when it finds the queue empty
             self._queue.clear()
+            self.queued_bytes = 0
         for _, done, _ in abandoned:
             done((503, {"error": "collector shutting down; retry later"}, [(b"retry-after", b"1")]))
 
@@ -125,6 +131,7 @@ class IngestWriter:
                 while self._queue and size + len(self._queue[0][0]) <= _MAX_GROUP_BYTES:
                     group.append(self._queue.popleft())
                     size += len(group[-1][0])
+                self.queued_bytes -= size
                 self._busy_since = group[0][2]  # FIFO: the first is the oldest
             try:
                 self._ingest(group)
@@ -184,6 +191,10 @@ class IngestWriter:
         now = time.perf_counter()
         for events, (done, received), result in zip(batches, waiting, results, strict=True):
             self._metrics.latency.observe(now - received)
+            if isinstance(result, LimitError):
+                self._metrics.rejected.labels("limit").inc()
+                done((429, {"error": str(result)}, [(b"retry-after", b"5")]))
+                continue
             if isinstance(result, IngestError):
                 self._metrics.rejected.labels("conflict").inc()
                 done((409, {"error": str(result)}, []))
