@@ -62,8 +62,8 @@ class _HttpSink:
 
     A request has ``timeout`` seconds in all, not per socket operation: a collector that accepts the
     connection and never answers, or trickles its answer a byte at a time, would otherwise hold the
-    sender (and a closing trainer) for ever. A watchdog thread shuts the socket down when the budget
-    is spent, which wakes the blocked read with an error.
+    sender (and a closing trainer) for ever. The process's watchdog (``_Watchdog``) shuts the socket
+    down when the budget is spent, which wakes the blocked read with an error.
     """
 
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
@@ -79,21 +79,18 @@ class _HttpSink:
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
         self._until = 0.0  # monotonic end of the request in flight; 0: none
-        self._busy = threading.Event()  # a request is in flight: the watchdog looks only then
         self._lock = threading.Lock()  # the connection and ``_until``, between the sender and the watchdog
-        self._watchdog: threading.Thread | None = None
 
     def send(self, lines: list[str], deadline: float = float("inf")) -> None:
         """Deliver within ``timeout`` seconds, and by ``deadline`` (monotonic) at the latest."""
         body = f'{{"version":{VERSION},"events":[{",".join(lines)}]}}'.encode()
         with self._lock:
             self._until = min(time.monotonic() + self._timeout, deadline)
-        self._watch()
-        self._busy.set()
+        _WATCHDOG.watch(self)
         try:
             self._post(body, lines, deadline)
         finally:
-            self._busy.clear()
+            _WATCHDOG.forget(self)
             with self._lock:
                 self._until = 0.0
 
@@ -133,17 +130,6 @@ class _HttpSink:
             if self._conn is conn:
                 self._conn = None
 
-    def _watch(self) -> None:
-        if self._watchdog is None:
-            self._watchdog = threading.Thread(target=self._watch_forever, name="trainmon-send-watchdog", daemon=True)
-            self._watchdog.start()
-
-    def _watch_forever(self) -> None:
-        while True:
-            self._busy.wait()
-            time.sleep(0.1)
-            self.abort(late_only=True)
-
     def cut(self, deadline: float) -> None:
         """End the request in flight by ``deadline`` (monotonic) at the latest, and do not retry it."""
         with self._lock:
@@ -165,6 +151,49 @@ class _HttpSink:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class _Watchdog:
+    """One thread per process that ends requests past their budget (``_HttpSink.abort``).
+
+    One for all sinks, not one per sink: a load generator or a process with many transports would
+    otherwise run a polling thread per transport. It looks five times a second while any request is
+    in flight and sleeps otherwise; a budget is therefore kept to within 0.2 s.
+    """
+
+    _PERIOD = 0.2
+
+    def __init__(self) -> None:
+        self._busy: set[_HttpSink] = set()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, sink: _HttpSink) -> None:
+        with self._cond:
+            self._busy.add(sink)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trainmon-send-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def forget(self, sink: _HttpSink) -> None:
+        with self._cond:
+            self._busy.discard(sink)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._busy:
+                    self._cond.wait()
+                busy = list(self._busy)
+            now = time.monotonic()
+            for sink in busy:
+                if 0 < sink._until < now:
+                    sink.abort(late_only=True)
+            time.sleep(self._PERIOD)
+
+
+_WATCHDOG = _Watchdog()
 
 
 class _Rejected(Exception):
