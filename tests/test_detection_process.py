@@ -18,11 +18,13 @@ import pytest
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
 from trainmon.hooks.wire import Event, validate_batch
+from trainmon.monitor.collector.detection import Detection
 from trainmon.monitor.collector.detection_process import DetectionProcess
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig, detectors_config
+from trainmon.monitor.detectors import LossSpike, NanInf
 from trainmon.monitor.store.storage import Storage
 
 
@@ -162,3 +164,31 @@ def test_a_script_without_a_main_guard_can_open_a_collector(tmp_path: Path) -> N
     assert out.returncode == 0, out.stderr
     assert "[('nan_inf', 3)]" in out.stdout, out.stdout + out.stderr
     assert "Error" not in out.stderr, out.stderr
+
+
+class _Boom(NanInf):
+    """A detector with a bug: it raises on the third step it sees."""
+
+    kind = "nan_inf"
+
+    def __init__(self, config: object) -> None:
+        super().__init__(config)  # type: ignore[arg-type]
+        self.seen = 0
+
+    def observe(self, event: Event, attempt: int) -> list:
+        self.seen += 1
+        if self.seen == 3:
+            raise ZeroDivisionError("a detector bug")
+        return []
+
+
+def test_a_failing_detector_does_not_blind_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    detection = Detection(DetectorsConfig(), (_Boom, LossSpike, NanInf))
+    steps = [
+        (Event("step", "b", 0, "h", "s", i, 1e9 + i, {"step": i, "loss": math.nan if i == 30 else 3.0}), 0)
+        for i in range(40)
+    ]
+    with caplog.at_level(logging.ERROR, logger="trainmon.collector"):
+        found = detection.observe(steps)
+    assert [(f.kind, f.step) for _, _, f in found][:1] == [("nan_inf", 30)]  # the real NanInf still sees it
+    assert sum("failed on a step event" in r.getMessage() for r in caplog.records) == 1  # logged once, then dropped

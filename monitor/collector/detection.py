@@ -8,6 +8,8 @@ ingest path's GIL.
 
 from __future__ import annotations
 
+import logging
+
 from trainmon.hooks.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
@@ -15,6 +17,8 @@ from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 __all__ = ["RUN_WIDE", "Detection", "Found"]
 
 RUN_WIDE = -1
+
+log = logging.getLogger("trainmon.collector")
 
 # (run, rank the anomaly belongs to (RUN_WIDE: the run), finding)
 Found = tuple[str, int, Finding]
@@ -31,7 +35,13 @@ class Detection:
         self.run_dets: dict[str, list[Detector]] = {}
 
     def _make(self, classes: list[type[Detector]]) -> list[Detector]:
-        return [cls(getattr(self._config, cls.kind)) for cls in classes]
+        dets = []
+        for cls in classes:
+            try:
+                dets.append(cls(getattr(self._config, cls.kind)))
+            except Exception:  # one broken detector must not blind the others
+                log.exception("detector %s could not be created; running without it", cls.kind)
+        return dets
 
     def feed_rank(self, run: str, rank: int, history: list[tuple[Event, int]]) -> None:
         """Fresh detectors for (run, rank), rebuilt from its stored history; their findings are dropped
@@ -51,15 +61,11 @@ class Detection:
             rank_dets = self.rank_dets.get((event.run, event.rank))
             if rank_dets is None:
                 rank_dets = self.rank_dets[(event.run, event.rank)] = self._make(self._rank_classes)
-            for det in rank_dets:
-                if out := det.observe(event, attempt):  # usually empty: no generator per call
-                    found.extend((event.run, _rank(f, event.rank), f) for f in out)
+            _observe(rank_dets, event, attempt, event.rank, found)
             run_dets = self.run_dets.get(event.run)
             if run_dets is None:
                 run_dets = self.run_dets[event.run] = self._make(self._run_classes)
-            for det in run_dets:
-                if out := det.observe(event, attempt):
-                    found.extend((event.run, _rank(f, RUN_WIDE), f) for f in out)
+            _observe(run_dets, event, attempt, RUN_WIDE, found)
         return found
 
     def tick(self, now: float) -> list[Found]:
@@ -77,6 +83,22 @@ class Detection:
         for key in [k for k in self.rank_dets if k[0] == run]:
             del self.rank_dets[key]
         self.run_dets.pop(run, None)
+
+
+def _observe(dets: list[Detector], event: Event, attempt: int, rank: int, found: list[Found]) -> None:
+    """One event to each detector; a detector that raises is dropped (for this run or rank), not the others."""
+    failed = None
+    for det in dets:
+        try:
+            out = det.observe(event, attempt)
+        except Exception:
+            log.exception("detector %s failed on a %s event of run %s; dropped for it", det.kind, event.kind, event.run)
+            failed = [*(failed or ()), det]
+            continue
+        if out:  # usually empty: no generator per call
+            found.extend((event.run, _rank(f, rank), f) for f in out)
+    for det in failed or ():
+        dets.remove(det)
 
 
 def _rank(f: Finding, default: int) -> int:
