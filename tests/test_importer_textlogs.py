@@ -492,3 +492,87 @@ def test_real_modded_nanogpt_reads_no_script_line() -> None:
     assert (evals[0]["loss"], evals[-1]["loss"]) == tuple(m["file_meta"]["val_first_last"])
     assert _starts(events)[0].fields["planned_steps"] == m["file_meta"]["num_iterations"]
     assert events[-1].fields["status"] == "finished"
+
+
+# -- the batch scheduler's end of a run ----------------------------------------------------------------
+
+_PIPE_LOG = "".join(
+    f"step {s:4d}/1000 | loss {10.5 - 0.01 * s:.4f} | lr 6.0000e-04 | norm 1.2000 | dt 250.00ms | tok/sec 2000.00\n"
+    for s in range(1, 6)
+)
+_SLURM_TIME_LIMIT = (
+    "slurmstepd: error: *** JOB 4242 ON gpu-node-17 CANCELLED AT 2024-05-01T12:00:00 DUE TO TIME LIMIT ***"
+)
+
+
+def test_slurm_time_limit_line_is_the_runs_end_status(tmp_path: Path) -> None:
+    """The scheduler's line after the last step: the run was interrupted (cancelled at its time limit),
+    not failed, and the line is neither a step nor an error."""
+    path = tmp_path / "train.out"
+    path.write_text(
+        _PIPE_LOG
+        + "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+        + _SLURM_TIME_LIMIT
+        + "\n"
+    )
+    events = _events(path)
+    assert [s["step"] for s in _steps(events)] == [1, 2, 3, 4, 5]
+    assert events[-1].kind == "run_end" and events[-1].fields == {"status": "interrupted", "step": 5}
+    cfg = _starts(events)[0].fields["config"]
+    assert cfg["scheduler_end"] == {
+        "scheduler": "slurm",
+        "event": "cancelled",
+        "at": "2024-05-01T12:00:00",
+        "reason": "time limit",
+        "job": "4242",
+        "node": "gpu-node-17",
+    }
+    (note,) = [n for n in cfg["notes"] if "SLURM" in n]
+    assert "cancelled by SLURM at its time limit at 2024-05-01T12:00:00" in note and "not by an error" in note
+    storage = Storage("sqlite://")
+    (run,) = import_file(path, storage)
+    s = summarize(storage, run)
+    assert s["status"] == "interrupted" and s["anomalies"] == []
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("CANCELLED AT 2024-05-01T12:00:00 DUE TO TIME LIMIT", "at its time limit"),
+        ("*** STEP 4242.0 CANCELLED AT 2024-05-01T12:00:00 DUE TO PREEMPTION ***", "to preempt it"),
+        ("slurmstepd: error: *** JOB 4242 ON n1 CANCELLED AT 2024-05-01T12:00:00 ***", "(scancel, by a user"),
+        (  # the job's line and its step's line: one cancellation, the reason kept
+            "slurmstepd: error: *** JOB 4242 ON n1 CANCELLED AT 2024-05-01T12:00:00 DUE TO TIME LIMIT ***\n"
+            "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+            "slurmstepd: error: *** STEP 4242.0 ON n1 CANCELLED AT 2024-05-01T12:00:01 ***",
+            "job 4242 on n1 was cancelled by SLURM at its time limit at 2024-05-01T12:00:01",
+        ),
+    ],
+)
+def test_slurm_cancel_forms(tmp_path: Path, line: str, why: str) -> None:
+    path = tmp_path / "ckpt.log"
+    path.write_text(
+        "".join(f"iter {i}: loss {4.0 - 0.1 * i:.4f}, time 120.00ms, mfu 30.00%\n" for i in range(4)) + line + "\n"
+    )
+    events = _events(path)
+    assert len(_steps(events)) == 4 and events[-1].fields["status"] == "interrupted"
+    assert any(why in n for n in _starts(events)[0].fields["config"]["notes"])
+
+
+def test_slurm_cancel_followed_by_more_steps_is_only_a_note(tmp_path: Path) -> None:
+    """A requeued job appending to the same log: the cancellation is not how this log ends."""
+    path = tmp_path / "train.out"
+    path.write_text(_PIPE_LOG + _SLURM_TIME_LIMIT + "\n" + _PIPE_LOG.replace("step    5", "step    6"))
+    events = _events(path)
+    cfg = _starts(events)[0].fields["config"]
+    assert events[-1].fields["status"] == "unknown" and "scheduler_end" not in cfg
+    assert any("the log goes on after it" in n for n in cfg["notes"])
+
+
+def test_a_finished_run_cancelled_afterwards_stays_finished(tmp_path: Path) -> None:
+    path = tmp_path / "sft.log"
+    path.write_text(_NANOCHAT + _SLURM_TIME_LIMIT + "\n")
+    events = _events(path)
+    assert events[-1].fields["status"] == "finished"
+    (note,) = [n for n in _starts(events)[0].fields["config"]["notes"] if "SLURM" in n]
+    assert "at its time limit" in note and "after its training steps had finished" in note

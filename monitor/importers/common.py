@@ -41,9 +41,12 @@ __all__ = [
     "LogMeta",
     "ResumeMark",
     "RunMark",
+    "SchedulerEnd",
     "TrainPoint",
+    "apply_scheduler_end",
     "build_events",
     "file_digest",
+    "read_scheduler_end",
     "run_id_from_path",
     "split_runs",
 ]
@@ -137,6 +140,92 @@ class LogMeta:
     notes: list[str] = field(default_factory=list)
     """Caveats a reader of the post-mortem should know (window-averaged losses, truncation...)."""
     world_size: int | None = None
+
+
+# SLURM's own line when it kills a job or step: ``slurmstepd: error: *** JOB 123 ON node CANCELLED AT
+# 2024-05-01T12:00:00 DUE TO TIME LIMIT ***`` (no ``DUE TO`` when a user cancelled it), and the plain
+# ``CANCELLED AT ...`` form. The ISO time is required: it is what makes the line SLURM's.
+_SLURM_CANCEL = re.compile(
+    r"(?:\*{3}\s*(?P<unit>JOB|STEP)\s+(?P<job>\S+)\s+(?:ON\s+(?P<node>\S+)\s+)?)?"
+    r"\bCANCELLED AT (?P<at>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})"
+    r"(?:\s+DUE TO (?P<reason>[A-Z][A-Z ]*[A-Z]))?"
+)
+# A training-step line of any text format read here: a cancel line followed by one is not the end.
+_STEP_LIKE = re.compile(r"(?i)\b(?:step|iter(?:ation)?|epoch)\b\s*[:\[]?\s*\d|^s:\d+\s|^\d+\s+(?:train|val)\s")
+_CANCEL_REASONS = {
+    "TIME LIMIT": "at its time limit",
+    "PREEMPTION": "to preempt it",
+    "NODE FAILURE": "after a node failure",
+}
+
+
+@dataclass
+class SchedulerEnd:
+    """The batch scheduler stopped the job: a status and a note for the run, not a training event."""
+
+    at: str
+    reason: str | None
+    job: str | None = None
+    node: str | None = None
+    ends_log: bool = True
+    """No training step is logged after it (False: the log goes on, e.g. a requeued job appending)."""
+
+    def note(self, finished: bool = False) -> str:
+        why = _CANCEL_REASONS.get(self.reason or "", f"due to {self.reason.lower()}" if self.reason else "")
+        who = "cancelled by SLURM " + (why or "(scancel, by a user or an admin)")
+        job = f"job {self.job}" + (f" on {self.node}" if self.node else "") if self.job else "the job"
+        if not self.ends_log:
+            return f"{job} was {who} at {self.at}, and the log goes on after it (requeued or restarted)"
+        if finished:
+            return f"{job} was {who} at {self.at}, after its training steps had finished (while saving or exiting)"
+        return (
+            f"{job} was {who} at {self.at}: the run was stopped from outside, not by an error in training; "
+            "it ends where the log ends (resume it from its last checkpoint)"
+        )
+
+
+def read_scheduler_end(path: Path) -> SchedulerEnd | None:
+    """The last SLURM cancellation of a text log, and whether training steps follow it.
+
+    SLURM often prints the job's line and its steps' lines together (``*** JOB 7 ... DUE TO TIME
+    LIMIT ***`` then ``*** STEP 7.0 ... ***``): lines with no step between them are one cancellation,
+    the job's id and any stated reason kept."""
+    found: SchedulerEnd | None = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "CANCELLED AT" in line and (m := _SLURM_CANCEL.search(line)) is not None:
+                same = found is not None and found.ends_log
+                prev = found if same else None
+                job = m["job"] if m["unit"] == "JOB" or prev is None or prev.job is None else prev.job
+                found = SchedulerEnd(
+                    at=m["at"],
+                    reason=m["reason"] or (prev.reason if prev else None),
+                    job=job,
+                    node=m["node"] or (prev.node if prev else None),
+                )
+            elif found is not None and found.ends_log and _STEP_LIKE.search(line.strip()):
+                found.ends_log = False
+    return found
+
+
+def apply_scheduler_end(items: list[Item], meta: LogMeta, end: SchedulerEnd) -> None:
+    """Read a scheduler's cancellation into the run's end: ``interrupted`` (unless the log shows the
+    run finished its training first) and a note; in a file of several runs, into the last one."""
+    marks = [it for it in items if isinstance(it, RunMark)]
+    target: RunMark | LogMeta = marks[-1] if marks else meta
+    finished = (target.status or (meta.status if marks else None)) == "finished"
+    if end.ends_log:
+        if not finished:
+            target.status = "interrupted"
+        target.config["scheduler_end"] = {
+            "scheduler": "slurm",
+            "event": "cancelled",
+            "at": end.at,
+            "reason": end.reason.lower() if end.reason else "scancel",
+            **({"job": end.job} if end.job else {}),
+            **({"node": end.node} if end.node else {}),
+        }
+    target.notes.append(end.note(finished))
 
 
 def file_digest(path: Path) -> str:

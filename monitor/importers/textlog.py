@@ -22,6 +22,10 @@ Trainers with a stdout of their own are read by their own module, chosen from th
 * modded-nanogpt record logs (the training script, then ``step:N/M train_loss:X train_time:Tms``):
   :mod:`.modded_nanogpt`.
 * MiniMind ``Epoch:[e/E](s/S), loss: X, ..., lr: Y, ...``: :mod:`.minimind`.
+
+Whatever the format, a SLURM cancellation line (``slurmstepd: error: *** JOB N ON node CANCELLED AT
+... DUE TO TIME LIMIT ***``) after the last step is how the run ended: ``interrupted``, with a note
+saying the scheduler stopped it (and why), not a failure of the training.
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ import math
 import re
 from pathlib import Path
 
-from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import (
+    EvalPoint,
+    ImportFormatError,
+    Item,
+    LogMeta,
+    TrainPoint,
+    apply_scheduler_end,
+    read_scheduler_end,
+)
 from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
 from trainmon.monitor.importers.minimind import looks_like_minimind, parse_minimind
 from trainmon.monitor.importers.modded_nanogpt import looks_like_modded_nanogpt, parse_modded_nanogpt
@@ -107,8 +119,13 @@ def parse_textlog(path: Path) -> tuple[list[Item], LogMeta]:
     dialect = _dialect(head)
     if dialect is not None:
         parse = next(p for name, _, p in _DIALECTS if name == dialect)
-        return parse(path)
-    return _parse_generic(path)
+        items, meta = parse(path)
+    else:
+        items, meta = _parse_generic(path)
+    end = read_scheduler_end(path)  # a SLURM cancellation is how the run ended, whatever printed the log
+    if end is not None:
+        apply_scheduler_end(items, meta, end)
+    return items, meta
 
 
 def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
