@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.hooks.wire import json_safe
+from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.config import ConfigError, load_config
 
 __all__ = ["main"]
@@ -38,33 +39,31 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
         else:
             path = Path(args.target)
             if not path.exists():
-                print(
-                    f"trainmon postmortem: {args.target} is not a file or folder; give --db to read a run from a store",
-                    file=sys.stderr,
-                )
+                _error("postmortem", f"{args.target} is not a file or folder; give --db to read a run from a store")
                 return 2
             storage = Storage("sqlite://")
-            task = progress.add_task(f"importing {path.name}", total=None)
+            name = escape_for_terminal(path.name)  # progress descriptions are rich markup
+            task = progress.add_task(f"importing {name}", total=None)
             try:
                 found = import_file(
                     path,
                     storage,
                     load_config(args.config),
-                    progress=lambda n: progress.update(task, description=f"importing {path.name}: {n:,} events"),
+                    progress=lambda n: progress.update(task, description=f"importing {name}: {n:,} events"),
                 )
             except ValueError as exc:
-                print(f"trainmon postmortem: {exc}", file=sys.stderr)
+                _error("postmortem", exc)
                 return 2
             progress.update(task, total=1, completed=1)
             if args.run is None and len(found) > 1:
-                print(f"trainmon postmortem: {path} holds runs {found}; choose one with --run", file=sys.stderr)
+                _error("postmortem", f"{path} holds runs {found}; choose one with --run")
                 return 2
             run = args.run or found[0]
         task = progress.add_task("analysing", total=None)
         try:
             analysis = analyse(storage, run, lambda stage: progress.update(task, description=f"analysing: {stage}"))
         except KeyError as exc:
-            print(f"trainmon postmortem: {exc.args[0]}", file=sys.stderr)
+            _error("postmortem", exc.args[0])
             return 2
         progress.update(task, total=1, completed=1)
         report = None
@@ -86,8 +85,13 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
 
         print_summary(summary)
         if report is not None:
-            print(f"report: {report} (plots next to it)")
+            print(visible_controls(f"report: {report} (plots next to it)"))
     return 0
+
+
+def _error(command: str, message: Any) -> None:
+    """``trainmon COMMAND: message`` on stderr; the message may hold data, so controls are made visible."""
+    print(visible_controls(f"trainmon {command}: {message}"), file=sys.stderr)
 
 
 def _progress(quiet: bool) -> Any:
@@ -113,15 +117,19 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     if not path.exists():
-        print(f"trainmon import: {args.file} is not a file or folder", file=sys.stderr)
+        _error("import", f"{args.file} is not a file or folder")
         return 2
     try:
         result = import_log(path, Storage(args.db), load_config(args.config), run=args.run, mapping=args.map)
     except (ImportFormatError, ValueError) as exc:
-        print(f"trainmon import: {exc}", file=sys.stderr)
+        _error("import", exc)
         return 2
     again = "" if result.stored else " (already imported: nothing new)"
-    print(f"imported {', '.join(result.runs)}: {result.stored} of {result.events} events stored in {args.db}{again}")
+    print(
+        visible_controls(
+            f"imported {', '.join(result.runs)}: {result.stored} of {result.events} events stored in {args.db}{again}"
+        )
+    )
     return 0
 
 
@@ -139,7 +147,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     try:
         rows = _live_source(args).runs()
     except SourceError as exc:
-        print(f"trainmon runs: {exc}", file=sys.stderr)
+        _error("runs", exc)
         return 2
     if args.json:
         print(json.dumps(json_safe(rows), allow_nan=False))
@@ -162,18 +170,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     try:
         if args.follow:
-            return follow(fetch, Console(), args.interval, args.max_refreshes, source.where)
+            return follow(fetch, Console(emoji=False), args.interval, args.max_refreshes, source.where)
         st = fetch()
     except KeyError as exc:
-        print(f"trainmon status: {exc.args[0]} in {source.where}", file=sys.stderr)
+        _error("status", f"{exc.args[0]} in {source.where}")
         return 2
     except SourceError as exc:
-        print(f"trainmon status: {exc}", file=sys.stderr)
+        _error("status", exc)
         return 2
     if args.json:
         print(json.dumps(json_safe(st), allow_nan=False))
     else:
-        Console().print(render_status(st, source.where))
+        Console(emoji=False).print(render_status(st, source.where))
     return 0
 
 
@@ -196,7 +204,7 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     try:
         result = plan(**{n: getattr(args, n) for n in names})
     except BudgetError as exc:
-        print(f"trainmon budget: {exc}", file=sys.stderr)
+        _error("budget", exc)
         return 2
     if args.json:
         print(json.dumps(result, allow_nan=False))
@@ -213,7 +221,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         b = load_run(args.b, args.db, args.run_b)
         result = compare(a, b, by=args.by)
     except CompareError as exc:
-        print(f"trainmon compare: {exc}", file=sys.stderr)
+        _error("compare", exc)
         return 2
     if args.json:
         print(json.dumps(json_safe(result), allow_nan=False))
@@ -375,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"trainmon {args.command}: configuration error: {exc}", file=sys.stderr)
+        _error(args.command, f"configuration error: {exc}")
         return 2
     except KeyboardInterrupt:
         return 130

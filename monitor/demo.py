@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.live_view import render_status, run_status
 from trainmon.monitor.analysis.postmortem import analyse
 from trainmon.monitor.analysis.report import fmt, print_summary, write_report
@@ -49,11 +50,11 @@ def _view(storage: Storage, run: str) -> RenderableType:
     try:
         return render_status(run_status(storage, run), source="demo")
     except KeyError:
-        return Text(f"waiting for run {run} to report...")
+        return Text(visible_controls(f"waiting for run {run} to report..."))
 
 
 def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> int:
-    console = Console()
+    console = Console(emoji=False)
     out.mkdir(parents=True, exist_ok=True)
     db = out / "trainmon.sqlite"
     run = time.strftime("demo-%Y%m%d-%H%M%S")
@@ -61,7 +62,7 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     server = ServerThread(create_app(collector), "127.0.0.1", 0)
     server.start()
     url = f"http://127.0.0.1:{server.port}"
-    console.print(f"collector on {url} (metrics: {url}/metrics), store {db}")
+    console.print(f"collector on {url} (metrics: {url}/metrics), store {escape_for_terminal(db)}")
     run_dir = out / run
     cmd = [
         sys.executable,
@@ -78,7 +79,7 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     ]
     for spec in injects if injects is not None else DEFAULT_INJECTS:
         cmd += ["--inject", spec]
-    console.print("trainer: " + " ".join(cmd[1:]))
+    console.print("trainer: " + escape_for_terminal(" ".join(cmd[1:])))
     log = open(run_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -91,7 +92,7 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     finally:
         log.close()
     if proc.returncode != 0:
-        console.print(f"[red]trainer exited with {proc.returncode}; see {log.name}[/red]")
+        console.print(f"[red]trainer exited with {proc.returncode}; see {escape_for_terminal(log.name)}[/red]")
     analysis = analyse(collector.storage, run)
     summary = analysis.summary
     console.print()
@@ -100,12 +101,13 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     labels_path = run_dir / "labels.json"
     if labels_path.exists():
         _print_labels(console, json.loads(labels_path.read_text()), summary["anomalies"])
+    db_shown = escape_for_terminal(db)
     console.print(
-        f"\nreport: {report} (plots next to it)\n"
-        f"store: {db}\n"
-        f"again later: trainmon postmortem {run} --db {db}\n"
+        f"\nreport: {escape_for_terminal(report)} (plots next to it)\n"
+        f"store: {db_shown}\n"
+        f"again later: trainmon postmortem {run} --db {db_shown}\n"
         f"live metrics were at {url}/metrics (the collector stops with the demo; "
-        f"`trainmon serve --db {db}` serves the store again)"
+        f"`trainmon serve --db {db_shown}` serves the store again)"
     )
     server.stop()
     collector.close()
@@ -126,10 +128,10 @@ def _print_labels(console: Console, labels: list[dict], anomalies: list[dict]) -
             and a["first_step"] >= lab.get("first_step", 0)
         ]
         table.add_row(
-            lab.get("kind", "?"),
-            fmt(lab.get("rank")),
-            f"{fmt(lab.get('first_step'))}-{fmt(lab.get('last_step'))}",
-            fmt(lab.get("expected_detection")),
-            ", ".join(f"step {a['first_step']}" for a in hits[:1]) or "[yellow]not detected[/yellow]",
+            escape_for_terminal(fmt(lab.get("kind", "?"))),
+            escape_for_terminal(fmt(lab.get("rank"))),
+            escape_for_terminal(f"{fmt(lab.get('first_step'))}-{fmt(lab.get('last_step'))}"),
+            escape_for_terminal(fmt(lab.get("expected_detection"))),
+            f"step {escape_for_terminal(hits[0]['first_step'])}" if hits else "[yellow]not detected[/yellow]",
         )
     console.print(table)

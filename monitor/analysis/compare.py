@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
+from trainmon.monitor.analysis.escape import escape_for_terminal
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps
 
 __all__ = ["CompareError", "RunSeries", "compare", "load_run", "noise_sigma", "render", "series_from_arrays"]
@@ -529,22 +530,24 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
 
 
 def render(result: dict[str, Any], console: Any = None) -> None:
-    """Print a comparison: the summary sentences, then the numbers behind them."""
+    """Print a comparison: the summary sentences, then the numbers behind them.
+
+    Labels and summary sentences hold data (file names, config keys and values): escaped, never markup.
+    """
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
-    console.print(
-        f"[bold]A[/bold] {result['a']['label']}  vs  [bold]B[/bold] {result['b']['label']}  (by {result['by']})"
-    )
+    console = console or Console(emoji=False)
+    a, b, by = (escape_for_terminal(v) for v in (result["a"]["label"], result["b"]["label"], result["by"]))
+    console.print(f"[bold]A[/bold] {a}  vs  [bold]B[/bold] {b}  (by {by})")
     for line in result["summary"]:
-        console.print(f"- {line}")
+        console.print(f"- {escape_for_terminal(line)}")
     loss = result["loss"]
     table = Table(title="loss gap (B - A)", show_header=False, box=None)
     for key in ("points", "noise_a", "noise_b", "window", "threshold", "final_gap", "verdict"):
         if key in loss:
             val = loss[key]
-            table.add_row(key.replace("_", " "), f"{val:.4g}" if isinstance(val, float) else str(val))
+            table.add_row(key.replace("_", " "), f"{val:.4g}" if isinstance(val, float) else escape_for_terminal(val))
     console.print(table)
     ev = result.get("eval")
     if ev and ev.get("common"):

@@ -26,6 +26,7 @@ from rich.text import Text
 from sqlalchemy import Connection, select
 
 from trainmon.monitor.analysis import budget
+from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
@@ -352,17 +353,26 @@ def _duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def _cell(v: Any, digits: int = 4) -> str:
+    """A value formatted with :func:`_fmt`, ready for a table cell (cells are parsed as markup)."""
+    return escape_for_terminal(_fmt(v, digits))
+
+
 def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
-    """The status view: progress bar with ETA, trends, phase split, ranks, open anomalies."""
+    """The status view: progress bar with ETA, trends, phase split, ranks, open anomalies.
+
+    Everything in ``st`` is data (from a store, or a collector's JSON): it goes into ``Text``
+    with its control characters made visible, or into table cells through ``escape_for_terminal``.
+    """
     parts: list[RenderableType] = []
     step = st.get("step")
     planned = st.get("planned_steps")
     head = Text.assemble(
-        (f"run {st['run']}", "bold"),
-        f"  {st['status']}  ",
-        f"step {'-' if step is None else step + 1}" + (f"/{planned}" if planned else ""),
-        f"  attempt {st.get('attempts')}",
-        f"  world {st.get('world_size')}",
+        (visible_controls(f"run {st['run']}"), "bold"),
+        visible_controls(f"  {st['status']}  "),
+        visible_controls(f"step {'-' if step is None else step + 1}" + (f"/{planned}" if planned else "")),
+        visible_controls(f"  attempt {st.get('attempts')}"),
+        visible_controls(f"  world {st.get('world_size')}"),
         (f"  last update {_duration(st.get('age_seconds'))} ago", "dim"),
     )
     parts.append(head)
@@ -372,7 +382,7 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
             ProgressBar(total=1.0, completed=st["progress"], width=50),
             f"{100 * st['progress']:.1f}%",
             f"ETA {_duration(st.get('eta_seconds'))}" if st.get("eta_seconds") is not None else "",
-            f"({_fmt(st.get('seconds_per_step'), 3)} s/step)",
+            f"({_cell(st.get('seconds_per_step'), 3)} s/step)",
         )
         parts.append(bar)
     recent = st.get("recent") or {}
@@ -380,14 +390,14 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     trends.add_column(style="bold")
     trends.add_column()
     trends.add_column(justify="right")
-    trends.add_row("loss", sparkline(recent.get("loss") or []), _fmt(st.get("loss")))
-    trends.add_row("tokens/s", sparkline(recent.get("tokens_per_second") or []), _fmt(st.get("tokens_per_second")))
+    trends.add_row("loss", sparkline(recent.get("loss") or []), _cell(st.get("loss")))
+    trends.add_row("tokens/s", sparkline(recent.get("tokens_per_second") or []), _cell(st.get("tokens_per_second")))
     if any(v is not None for v in recent.get("grad_norm") or []):
         gn = recent["grad_norm"]
-        trends.add_row("grad norm", sparkline(gn), _fmt(gn[-1] if gn else None))
+        trends.add_row("grad norm", sparkline(gn), _cell(gn[-1] if gn else None))
     extra = []
     if st.get("eval_loss") is not None:
-        extra.append(f"eval loss {_fmt(st['eval_loss'])} @ step {st.get('eval_step')}")
+        extra.append(visible_controls(f"eval loss {_fmt(st['eval_loss'])} @ step {st.get('eval_step')}"))
     if st.get("mfu") is not None:
         extra.append(f"MFU {100 * st['mfu']:.1f}%")
     parts.append(trends)
@@ -396,7 +406,8 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     phases = st.get("phases")
     if phases:
         used = {p: v for p, v in phases.items() if v and v > 0.005}
-        parts.append(Text("phases (recent steps): " + "  ".join(f"{p} {100 * v:.0f}%" for p, v in used.items())))
+        shares = "  ".join(f"{p} {100 * v:.0f}%" for p, v in used.items())
+        parts.append(Text(visible_controls(f"phases (recent steps): {shares}")))
     ranks = st.get("ranks") or []
     if len(ranks) > 1:
         table = Table(title="ranks", title_justify="left")
@@ -406,14 +417,14 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
             rel = r.get("step_time_rel")
             slow = (rel is not None and rel > 1.1) or (r.get("lag_steps") or 0) > 2
             table.add_row(
-                str(r["rank"]),
-                _fmt(r.get("host")),
-                _fmt(None if r.get("step") is None else r["step"] + 1),
-                _fmt(r.get("lag_steps")),
-                _fmt(r.get("step_time"), 3),
-                _fmt(rel, 3),
-                _fmt(r.get("compute"), 3),
-                _fmt(r.get("comm"), 3),
+                _cell(r["rank"]),
+                _cell(r.get("host")),
+                _cell(None if r.get("step") is None else r["step"] + 1),
+                _cell(r.get("lag_steps")),
+                _cell(r.get("step_time"), 3),
+                _cell(rel, 3),
+                _cell(r.get("compute"), 3),
+                _cell(r.get("comm"), 3),
                 style="bold red" if slow else "",
             )
         parts.append(table)
@@ -424,16 +435,16 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
             table.add_column(col, overflow="fold")
         for a in found:
             table.add_row(
-                a["kind"],
-                a["severity"],
-                "all" if a["rank"] < 0 else str(a["rank"]),
-                f"{a['first_step']}-{a['last_step']}",
-                f"{a['message']}\n[dim]→ {a['hint']}[/dim]",
+                _cell(a["kind"]),
+                _cell(a["severity"]),
+                "all" if a["rank"] < 0 else _cell(a["rank"]),
+                escape_for_terminal(f"{a['first_step']}-{a['last_step']}"),
+                f"{escape_for_terminal(a['message'])}\n[dim]→ {escape_for_terminal(a['hint'])}[/dim]",
             )
         parts.append(table)
     else:
         parts.append(Text("no open anomalies", style="green"))
-    return Panel(Group(*parts), title="trainmon status", subtitle=source or None, expand=False)
+    return Panel(Group(*parts), title="trainmon status", subtitle=escape_for_terminal(source) or None, expand=False)
 
 
 def follow(
@@ -454,7 +465,7 @@ def follow(
         try:
             st = fetch()
         except SourceError as exc:  # a collector restart should not end the view
-            return Text(f"waiting: {exc}", style="yellow"), False
+            return Text(visible_controls(f"waiting: {exc}"), style="yellow"), False
         return render_status(st, source), st.get("status") != "running"
 
     view, ended = frame()

@@ -39,6 +39,13 @@ ATTEMPT_COLOURS = ("#1f77b4", "#9467bd", "#17becf", "#bcbd22", "#8c564b")
 DPI = 100
 
 
+def _legend(ax: Axes, **kwargs: Any) -> None:
+    """``ax.legend``, its labels never parsed as mathtext: they hold data (host names), and a
+    ``$`` in them would be read as a formula (a parse error stops the whole report)."""
+    for text in ax.legend(**kwargs).get_texts():
+        text.set_parse_math(False)
+
+
 def _figure(rows: int = 1, height: float = 4.0) -> tuple[Figure, list[Axes]]:
     fig = Figure(figsize=(11, height * rows), dpi=DPI, layout="constrained")
     axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
@@ -69,7 +76,7 @@ def _mark_anomalies(ax: Axes, a: Analysis, kinds: tuple[str, ...] | None = None)
         colour = SEVERITY_COLOURS.get(worst["severity"], "#1f77b4")
         ax.axvline(first, color=colour, lw=1.2, ls="--", alpha=0.9)
         label = " " + ", ".join(dict.fromkeys(an["kind"] for an in group))
-        ax.text(first, top, label, rotation=90, va="top", ha="left", fontsize=8, color=colour)
+        ax.text(first, top, label, rotation=90, va="top", ha="left", fontsize=8, color=colour, parse_math=False)
 
 
 def _by_attempt(df: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
@@ -103,10 +110,10 @@ def plot_loss(a: Analysis) -> Figure:
         ax.set_yscale("log")
     ax.set_ylabel("loss")
     ax.set_xlabel("step")
-    ax.set_title(f"loss - run {a.summary['run']}")
+    ax.set_title(f"loss - run {a.summary['run']}", parse_math=False)
     ax.grid(alpha=0.3)
     _mark_anomalies(ax, a)
-    ax.legend(loc="upper right", fontsize=8)
+    _legend(ax, loc="upper right", fontsize=8)
     return fig
 
 
@@ -129,7 +136,7 @@ def plot_grad_norm(a: Analysis) -> Figure:
     ax.set_title("gradient norm before and after clipping")
     ax.grid(alpha=0.3)
     _mark_anomalies(ax, a, ("grad_explosion", "loss_spike", "nan_inf", "divergence"))
-    ax.legend(loc="upper right", fontsize=8)
+    _legend(ax, loc="upper right", fontsize=8)
     return fig
 
 
@@ -160,7 +167,7 @@ def plot_lr(a: Analysis) -> Figure:
     ax.set_ylabel("learning rate")
     ax.set_title("learning rate: actual vs declared schedule")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+    _legend(ax, loc="upper right", fontsize=8)
     axes[1].set_xlabel("step")
     axes[1].grid(alpha=0.3)
     _mark_anomalies(ax, a, ("lr_schedule_drift", "bad_resume"))
@@ -183,7 +190,7 @@ def plot_throughput(a: Analysis) -> Figure:
     axes[0].set_ylabel("tokens/s (all ranks)")
     axes[0].set_title("throughput and where the step time goes")
     axes[0].grid(alpha=0.3)
-    axes[0].legend(loc="lower right", fontsize=8)
+    _legend(axes[0], loc="lower right", fontsize=8)
     _mark_anomalies(axes[0], a, ("throughput_collapse", "straggler", "hang"))
     cols = [f"phase_{p}" for p in PHASE_COLUMNS]
     if not b[cols].notna().any().any():
@@ -198,7 +205,7 @@ def plot_throughput(a: Analysis) -> Figure:
     axes[1].set_ylabel("seconds per step")
     axes[1].set_xlabel("step")
     axes[1].grid(alpha=0.3)
-    axes[1].legend(loc="upper left", fontsize=8, ncol=4)
+    _legend(axes[1], loc="upper left", fontsize=8, ncol=4)
     return fig
 
 
@@ -267,7 +274,7 @@ def plot_gpu_health(a: Analysis) -> Figure:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_title("node health per rank")
-    axes[0].legend(loc="upper right", fontsize=7, ncol=4)
+    _legend(axes[0], loc="upper right", fontsize=7, ncol=4)
     axes[-1].set_xlabel("hours since the first sample")
     return fig
 

@@ -24,6 +24,7 @@ sorts them, is out of budget. The analysis therefore reads three things, each th
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Callable, Iterable
@@ -222,15 +223,24 @@ def _import_notes(config: Any) -> list[str]:
     """What a run imported from a foreign log cannot hold, as its importer recorded it: said, not faked."""
     if not isinstance(config, dict) or not config.get("imported_from"):
         return []
-    missing = config.get("missing_signals") or []
+    missing = _texts(config.get("missing_signals"))
     out = [
         f"imported from {config['imported_from']} ({config.get('format', '?')})"
         + (f"; the log has no {', '.join(missing)}" if missing else "")
     ]
     if config.get("synthetic_time"):
         out.append("times are synthetic (" + str(config.get("time_source") or "one second per logged entry") + ")")
-    out.extend(str(n) for n in config.get("notes") or [])
+    out.extend(_texts(config.get("notes")))
     return out
+
+
+def _texts(value: Any) -> list[str]:
+    """A config entry meant to be a list of strings, as strings whatever a producer sent: the run's
+    config is free-form JSON (``[1, {"a": 2}]``, a bare string, an object)."""
+    if not value:
+        return []
+    items = value if isinstance(value, list) else [value]
+    return [v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in items]
 
 
 def _schedule(raw: Any) -> Schedule | None:

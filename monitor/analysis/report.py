@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trainmon.monitor.analysis.escape import escape_for_terminal
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = ["fmt", "print_runs", "print_summary", "write_html", "write_report"]
@@ -105,16 +106,23 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 # -- terminal -------------------------------------------------------------------------------
+# Every value that came from a producer goes through escape_for_terminal before it meets a rich
+# markup string or a table cell (both are parsed as markup); only trainmon's own styling is markup.
+
+
+def _cell(value: Any, digits: int = 4) -> str:
+    """A value formatted with :func:`fmt`, ready for a table cell or a markup string."""
+    return escape_for_terminal(fmt(value, digits))
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     """The whole post-mortem as rich tables."""
-    console = console or Console()
-    head = Table(title=f"run {summary['run']}", show_header=False, box=None)
+    console = console or Console(emoji=False)
+    head = Table(title=f"run {escape_for_terminal(summary['run'])}", show_header=False, box=None)
     head.add_column(style="bold")
     head.add_column()
     for label, value in overview_rows(summary):
-        head.add_row(label, value)
+        head.add_row(label, escape_for_terminal(value))
     console.print(head)
     _print_timeline(summary, console)
     _print_attempts(summary, console)
@@ -122,7 +130,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     _print_ranks(summary, console)
     _print_health(summary, console)
     for note in summary.get("notes") or []:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {escape_for_terminal(note)}[/dim]")
 
 
 def _print_timeline(s: dict[str, Any], console: Console) -> None:
@@ -140,12 +148,12 @@ def _print_timeline(s: dict[str, Any], console: Console) -> None:
         indent = "" if e["level"] == 1 else "  └ "
         sev = e["severity"]
         table.add_row(
-            _steps(e["first_step"], e["last_step"]),
-            indent + e["kind"],
-            f"[{colour.get(sev, 'white')}]{sev}[/]",
-            _rank(e["rank"]),
-            fmt(e.get("status")),
-            f"{e['message']}\n[dim]→ {e['hint']}[/dim]",
+            escape_for_terminal(_steps(e["first_step"], e["last_step"])),
+            indent + escape_for_terminal(e["kind"]),
+            f"[{colour.get(sev, 'white')}]{escape_for_terminal(sev)}[/]",
+            escape_for_terminal(_rank(e["rank"])),
+            _cell(e.get("status")),
+            f"{escape_for_terminal(e['message'])}\n[dim]→ {escape_for_terminal(e['hint'])}[/dim]",
         )
     console.print(table)
 
@@ -161,11 +169,11 @@ def _print_attempts(s: dict[str, Any], console: Console) -> None:
     for a in attempts:
         r = resumed.get(a["attempt"])
         table.add_row(
-            str(a["attempt"]),
-            _steps(a["first_step"], a["last_step"]),
-            a["status"],
-            f"step {r['step']} ({r.get('path') or '?'})" if r else "-",
-            fmt(a.get("error")),
+            _cell(a["attempt"]),
+            escape_for_terminal(_steps(a["first_step"], a["last_step"])),
+            _cell(a["status"]),
+            escape_for_terminal(f"step {r['step']} ({r.get('path') or '?'})") if r else "-",
+            _cell(a.get("error")),
         )
     console.print(table)
 
@@ -180,7 +188,9 @@ def _print_phases(s: dict[str, Any], console: Console) -> None:
     for p in used:
         table.add_column(p, justify="right")
     for part in phases["by_part"]:
-        table.add_row(_steps(part["first_step"], part["last_step"]), *[pct(part["shares"][p]) for p in used])
+        table.add_row(
+            escape_for_terminal(_steps(part["first_step"], part["last_step"])), *[pct(part["shares"][p]) for p in used]
+        )
     table.add_row("[bold]overall[/bold]", *[f"[bold]{pct(phases['overall'][p])}[/bold]" for p in used])
     console.print(table)
 
@@ -195,13 +205,13 @@ def _print_ranks(s: dict[str, Any], console: Console) -> None:
     for r in ranks:
         style = "bold red" if r["slow"] else ""
         table.add_row(
-            str(r["rank"]),
-            fmt(r["host"]),
-            f"{fmt(r['step_time'], 3)} s (x{fmt(r['step_time_rel'], 3)})",
-            f"{fmt(r['compute'], 3)} s (x{fmt(r['compute_rel'], 3)})",
-            f"{fmt(r['comm'], 3)} s (x{fmt(r['comm_rel'], 3)})",
-            f"{fmt(r['data'], 3)} s",
-            ", ".join(r["anomalies"]) or "-",
+            _cell(r["rank"]),
+            _cell(r["host"]),
+            f"{_cell(r['step_time'], 3)} s (x{_cell(r['step_time_rel'], 3)})",
+            f"{_cell(r['compute'], 3)} s (x{_cell(r['compute_rel'], 3)})",
+            f"{_cell(r['comm'], 3)} s (x{_cell(r['comm_rel'], 3)})",
+            f"{_cell(r['data'], 3)} s",
+            escape_for_terminal(", ".join(map(str, r["anomalies"]))) or "-",
             style=style,
         )
     console.print(table)
@@ -217,14 +227,15 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
     for r in rows:
         clock = r["min_sm_clock_hz"]
         table.add_row(
-            str(r["rank"]),
-            fmt(r["host"]),
-            fmt(r["max_temperature_c"], 3),
-            fmt(None if clock is None else clock / 1e9, 3),
-            f"{fmt(r['max_ecc_corrected'])}/{fmt(r['max_ecc_uncorrected'])}",
+            _cell(r["rank"]),
+            _cell(r["host"]),
+            _cell(r["max_temperature_c"], 3),
+            _cell(None if clock is None else clock / 1e9, 3),
+            f"{_cell(r['max_ecc_corrected'])}/{_cell(r['max_ecc_uncorrected'])}",
             pct(r["max_host_mem_ratio"]),
             "\n".join(
-                f"{e['severity']} @{_steps(e['first_step'], e['last_step'])}: {e['message']}" for e in r["events"]
+                escape_for_terminal(f"{e['severity']} @{_steps(e['first_step'], e['last_step'])}: {e['message']}")
+                for e in r["events"]
             )
             or "-",
         )
@@ -232,7 +243,7 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
 
 
 def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or Console(emoji=False)
     table = Table(title="runs")
     for col in ("run", "status", "step", "loss", "tokens/s", "attempts", "open anomalies", "updated"):
         table.add_column(col)
@@ -243,14 +254,18 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
             step += f"/{r['planned_steps']}"
         opened = r.get("open_anomalies") or 0
         kinds = r.get("open_kinds") or []
-        open_text = f"[red]{opened}[/red] ({', '.join(kinds)})" if opened and kinds else str(opened)
+        open_text = (
+            f"[red]{_cell(opened)}[/red] ({escape_for_terminal(', '.join(map(str, kinds)))})"
+            if opened and kinds
+            else _cell(opened)
+        )
         table.add_row(
-            r["run"],
-            r["status"],
-            step,
-            fmt(r.get("loss")),
+            _cell(r["run"]),
+            _cell(r["status"]),
+            escape_for_terminal(step),
+            _cell(r.get("loss")),
             "-" if r.get("tokens_per_second") is None else f"{r['tokens_per_second']:,.0f}",
-            fmt(r.get("attempts")),
+            _cell(r.get("attempts")),
             open_text,
             updated,
         )
