@@ -34,7 +34,11 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
 
     with _progress(quiet=args.json) as progress:
         if args.db is not None:
-            storage = Storage(args.db)
+            try:
+                storage = Storage(args.db, create=False)
+            except FileNotFoundError as exc:
+                _error("postmortem", exc)
+                return 2
             run = args.target
         else:
             path = Path(args.target)
@@ -134,11 +138,14 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _live_source(args: argparse.Namespace) -> Any:
-    from trainmon.monitor.analysis.live_view import DbSource, HttpSource
+    from trainmon.monitor.analysis.live_view import DbSource, HttpSource, default_source
 
+    token = args.token or os.environ.get("TRAINMON_TOKEN") or None
     if args.url:
-        return HttpSource(args.url, args.token or os.environ.get("TRAINMON_TOKEN") or None)
-    return DbSource(args.db)
+        return HttpSource(args.url, token)
+    if args.db:
+        return DbSource(args.db)
+    return default_source(token)
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
@@ -163,7 +170,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     from trainmon.monitor.analysis.live_view import SourceError, follow, render_status
 
-    source = _live_source(args)
+    try:
+        source = _live_source(args)
+    except SourceError as exc:
+        _error("status", exc)
+        return 2
 
     def fetch() -> dict:
         return source.status(args.run, window=args.window)
@@ -220,7 +231,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         a = load_run(args.a, args.db, args.run_a)
         b = load_run(args.b, args.db, args.run_b)
         result = compare(a, b, by=args.by)
-    except CompareError as exc:
+    except (CompareError, FileNotFoundError) as exc:
         _error("compare", exc)
         return 2
     if args.json:
@@ -309,8 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_live_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", default="trainmon.sqlite", help="SQLite path or SQLAlchemy URL (default trainmon.sqlite)")
-    p.add_argument("--url", help="ask a running collector instead, e.g. http://127.0.0.1:9400")
+    p.add_argument("--db", help="read this store (SQLite path or SQLAlchemy URL); it must exist, nothing is created")
+    p.add_argument(
+        "--url",
+        help="ask this collector; default: the local one ($TRAINMON_COLLECTOR or http://127.0.0.1:9400), "
+        "then ./trainmon.sqlite",
+    )
     p.add_argument("--token", help="the collector's bearer token (default: $TRAINMON_TOKEN)")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.events import batch, event, step_events
+from trainmon.monitor.store.storage import Storage
 
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 
@@ -110,6 +111,9 @@ def test_postmortem_errors_are_plain(tmp_path: Path) -> None:
     )
     assert missing.returncode == 2 and "is not a file or folder" in missing.stderr
     db = tmp_path / "empty.sqlite"
+    absent = subprocess.run([*TRAINMON, "postmortem", "ghost", "--db", str(db)], capture_output=True, text=True)
+    assert absent.returncode == 2 and "no store at" in absent.stderr and not db.exists()
+    Storage(str(db)).close()
     unknown = subprocess.run([*TRAINMON, "postmortem", "ghost", "--db", str(db)], capture_output=True, text=True)
     assert unknown.returncode == 2 and "no run 'ghost'" in unknown.stderr
 

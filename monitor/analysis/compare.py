@@ -160,7 +160,7 @@ def load_run(spec: str, db: str | None = None, run: str | None = None) -> RunSer
     ``run`` picks one run of a multi-run file.
     """
     if db is not None:
-        storage = Storage(db)
+        storage = Storage(db, create=False)
         try:
             if spec in storage.run_ids():
                 return _from_storage(storage, spec, spec)

@@ -10,12 +10,14 @@ while it ingests. This module stays free of pandas and matplotlib: the collector
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -235,10 +237,13 @@ def steps_since(storage: Storage, run: str, since: int = -1, rank: int = 0, limi
 
 
 class DbSource:
-    """Read a store directly (SQLite path or SQLAlchemy URL)."""
+    """Read a store directly (SQLite path or SQLAlchemy URL); it must exist: reading never creates one."""
 
     def __init__(self, db: str) -> None:
-        self.storage = Storage(db)
+        try:
+            self.storage = Storage(db, create=False)
+        except FileNotFoundError as exc:
+            raise SourceError(str(exc)) from exc
         self.where = self.storage.url
 
     def runs(self) -> list[dict[str, Any]]:
@@ -246,6 +251,31 @@ class DbSource:
 
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
         return run_status(self.storage, run, window)
+
+
+DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
+DEFAULT_STORE = "trainmon.sqlite"  # what ``trainmon serve`` writes without --db
+
+
+def default_source(token: str | None = None) -> DbSource | HttpSource:
+    """Where ``runs`` and ``status`` look without --db/--url: the local collector ($TRAINMON_COLLECTOR,
+    else 127.0.0.1:9400) first, then the store a collector started here would have written."""
+    url = os.environ.get("TRAINMON_COLLECTOR") or DEFAULT_COLLECTOR
+    http = HttpSource(url, token, timeout=10.0)
+    if url.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(http.url + "/healthz", timeout=1.0):
+                return http
+        except urllib.error.HTTPError:
+            return http  # it answers (perhaps unhealthy): let the real request say what is wrong
+        except OSError:
+            pass
+    if Path(DEFAULT_STORE).is_file():
+        return DbSource(DEFAULT_STORE)
+    raise SourceError(
+        f"no collector answers at {url} and there is no ./{DEFAULT_STORE}: start one with `trainmon serve`, "
+        "or point at one with --url URL or at a store with --db PATH"
+    )
 
 
 class HttpSource:

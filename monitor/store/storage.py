@@ -248,11 +248,14 @@ anomalies = Table(
 )
 
 
-def database_url(path_or_url: str) -> str:
-    """Accept a file path (SQLite) or any SQLAlchemy URL."""
+def database_url(path_or_url: str, *, create: bool = True) -> str:
+    """Accept a file path (SQLite) or any SQLAlchemy URL. ``create=False``: a SQLite file must exist
+    already (reading commands must never leave an empty store behind a typo)."""
     if "://" in path_or_url:
         return path_or_url
     path = Path(path_or_url).expanduser()
+    if not create and not path.is_file():
+        raise FileNotFoundError(f"no store at {path} (a SQLite file); give the collector's --db, or --url")
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
 
@@ -264,8 +267,8 @@ class Storage:
     the collector or of the machine, which is what lets ingest acknowledge only after commit.
     """
 
-    def __init__(self, path_or_url: str, *, background_checkpoint: bool = False) -> None:
-        self.url = database_url(path_or_url)
+    def __init__(self, path_or_url: str, *, background_checkpoint: bool = False, create: bool = True) -> None:
+        self.url = database_url(path_or_url, create=create)
         self.engine: Engine = create_engine(self.url)
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
