@@ -101,11 +101,66 @@ class LossSpikeConfig:
     """Steps before the spike inspected for a grad-norm rise (BLOOM ordering)."""
     precursor_ratio: float = 2.0
     """A grad norm this many times its baseline median in those steps means it rose first."""
+    norm_jump_ratio: float = 10.0
+    """A grad norm this many times its median at the spike step itself is an instability in evidence
+    (recurring spikes that each carry a 20-78x norm); below that, a norm that rises with the loss is
+    what one hard batch does to the gradient, and names no cause."""
+    lr_jump_ratio: float = 3.0
+    """An LR that is this many times the LR of the entry before it (in the precursor steps) jumped.
+    Entry to entry, so a linear warmup from a tiny LR (4x over four steps) is a ramp, not a jump."""
+    quick_steps: int = 3
+    """A spike whose loss is back in the band within this many logged entries came back at once: a
+    hard batch. Heavy-tailed healthy runs (56_modded-nanogpt-1b: ~60 excursions of 1.3-1.9x) come back
+    in 1-3 steps; a spike still up after that opens (or stays) a warning."""
+    warn_rel: float = 1.0
+    """A spike with no cause in evidence (no grad-norm rise, no LR jump) opens as a warning only when
+    the loss is at least (1 + warn_rel) x the baseline and outside the run's own tail; a smaller one
+    opens as info and escalates only if it does not come back within ``quick_steps``. Real logs' readings
+    call one-step excursions of up to 1.9x (48, 56) and 2.3x (57) single-batch noise, and a wrong
+    warning costs more than a late one: the rule that fires still fires on the spike step."""
+    tail_min_z: float = 3.0
+    """An accepted loss this many robust sigma above the baseline is an excursion the run's tail is
+    learned from (with the spikes that came back at once): the MAD sigma describes the core of the
+    noise, not a heavy tail."""
+    tail_factor: float = 1.5
+    """A spike is inside the run's tail when at least ``tail_count`` remembered excursions were at
+    least 1/tail_factor of its size (relative to the baseline). A pattern that grows by more than
+    tail_factor ** (1/tail_count) (14%) per spike therefore never counts as its own tail."""
+    tail_count: int = 3
+    """...this many excursions (one large excursion is not a tail; PaLM/BLOOM spikes came alone)."""
+    tail_memory: int = 64
+    """Excursions remembered for the tail (the most recent ones)."""
+    tail_horizon: int = 2000
+    """...and only those of the last this many logged entries (a run that calmed down forgets its
+    noisy start)."""
+    descent_drop: float = 0.35
+    """The level is in a fast descent (in practice the initial one) while it falls by more than this
+    fraction per ``window`` entries (median of the oldest quarter of the window against the newest).
+    The benchmark's slowest synthetic curves fall ~20% per window where spikes are injected."""
+    descent_ratio: float = 4.0
+    """During a fast descent a spike with no cause in evidence must be this many times the baseline:
+    the band is stale and per-batch losses of a model that changes this fast jump 1.3-3.7x (34 false
+    warnings in one real first descent). A spike with a cause (LR jump, grad norm) uses the normal rule."""
+    growth_min: int = 3
+    """Spikes needed before an episode can be called growing: the last this many significant spikes
+    (with a cause, or outside the tail) each larger than the one before ..."""
+    growth_ratio: float = 1.5
+    """... the last at least this many times the first of them (or, for frequency, the last two gaps
+    both this many times shorter than the median gap before). A growing episode is critical."""
+    episode_quiet: int = 200
+    """An episode (one anomaly for a run of repeated spikes) closes, resolved, after this many logged
+    entries with no spike, or ``episode_quiet_periods`` of its period if longer, or at the run's end."""
+    episode_quiet_periods: float = 3.0
+    """...in units of the median interval between the run's recent spikes (across episodes: two spikes
+    are too few to know a period); a run that spikes every ~200 steps keeps one episode open."""
+    episode_quiet_max: int = 1000
+    """...but never more than this many entries."""
 
 
 @dataclass
 class GradExplosionConfig:
-    """``grad_explosion``: pre-clip grad-norm spike or a rising clip rate."""
+    """``grad_explosion``: pre-clip grad-norm spike episodes (graded by magnitude and consequence) or a rising
+    clip rate."""
 
     window: int = 64
     """Accepted (non-spike) log grad norms forming the baseline."""
@@ -121,10 +176,35 @@ class GradExplosionConfig:
     spike inside its own tail, however many sigma of the main mode it is."""
     tail_quantile: float = 0.9
     """Quantile of the last ``window`` norms (spikes included) that the tail rule compares with."""
-    critical_ratio: float = 100.0
-    """A norm this many times the baseline is critical (BLOOM's spike went 0.17 → 960)."""
-    resolve_after: int = 5
-    """Consecutive in-band steps after which the anomaly resolves."""
+    warn_ratio: float = 10.0
+    """An episode whose largest spike is this many times the median (an order of magnitude: with
+    clipping off, an update that size) is a warning; smaller ones are a note (info) unless the loss
+    followed or the norm stayed up. Magnitude alone never makes it critical: healthy runs spike
+    3-17x (real logs 09, 15, 33, 39, 52) and even 2200x (57) with no loss consequence."""
+    sustain_entries: int = 3
+    """Consecutive spike entries that make it an explosion rather than one bad batch: with at least
+    ``warn_ratio`` it is critical while it lasts and until its loss watch ends (BLOOM's first spike
+    grew over five steps; the real logs' healthy spikes are back at the next entry)."""
+    follow_entries: int = 5
+    """Entries after a spike whose loss is watched: a rise there is the spike's consequence and
+    escalates the episode (the loss peaks a few steps after the norm in BLOOM and OLMo 2)."""
+    loss_rise: float = 0.1
+    """A watched loss counts as following the spike when it is this fraction above the median loss
+    before the spike ..."""
+    loss_z: float = 5.0
+    """... and this many robust sigma (MAD of entry-to-entry differences) above it: real log 57's
+    per-step loss swings 0.4-2.3 around 1.16 without any spike."""
+    quiet_entries: int = 200
+    """In-band entries after the last spike that end an episode (the run's end also does). Healthy
+    runs with heavy-tailed norms repeat their spikes every 10-400 entries (real logs 09, 57): a
+    shorter stretch splits one behaviour into many near-identical findings (issue 14: 26 on 09).
+    Kept below ``DetectorsConfig.replay_window`` so a restarted collector rebuilds an open episode."""
+    degenerate_share: float = 0.5
+    """Share of the last ``window`` losses that are exactly 0.0 or equal to the previous one above
+    which the loss is degenerate (nothing learned, labels all masked, NaNs logged as 0): gradients
+    are ~0 there and their spikes are not judged; one note says so."""
+    max_listed: int = 20
+    """Spikes an episode's evidence lists (the largest; the count covers all): bounded state."""
     clip_recent: int = 50
     """Steps in the recent clip-rate window."""
     clip_baseline: int = 200
@@ -171,7 +251,22 @@ class DivergenceConfig:
 
 @dataclass
 class ThroughputCollapseConfig:
-    """``throughput_collapse``: sustained tokens/s drop, naming the phase whose time grew."""
+    """``throughput_collapse``: sustained throughput drop, naming the part of the step that slowed.
+
+    Throughput is tokens/s when the steps carry token counts, steps/s otherwise. Severity says
+    what a person should do, so it needs magnitude *and* duration, never a few slow steps alone:
+
+    * ``info``: throughput is measurably down (the window or level rule holds) but the drop has
+      not lasted ``warning_steps`` steps and ``warning_seconds``: recorded, nothing to do yet (a
+      short input stall, another job on the host for a few seconds).
+    * ``warning``: the drop has lasted that long: it costs real time, look into it when you can.
+    * ``critical``: throughput has stayed under 1/``critical_slowdown`` of the baseline, both over
+      the whole episode and in the current window, for ``critical_steps`` steps and
+      ``critical_seconds``: most of the run's compute is being lost, someone should act now.
+
+    An open anomaly keeps the highest severity it reached; its message and evidence follow the
+    condition until it resolves.
+    """
 
     baseline_window: int = 100
     """Steps in the baseline of seconds per token (taken before the recent window, failure-modes P3/P5)."""
@@ -180,7 +275,7 @@ class ThroughputCollapseConfig:
     warmup_steps: int = 5
     """Steps ignored after each (re)start: first iterations are slow for benign reasons."""
     window: int = 8
-    """Recent steps compared with the baseline; also bounds the detection delay."""
+    """Recent steps compared with the baseline by the window rule; also bounds its detection delay."""
     slowdown: float = 1.5
     """Recent mean time per token over the baseline median that counts as a collapse (throughput -33%)."""
     slow_step: float = 1.5
@@ -189,10 +284,46 @@ class ThroughputCollapseConfig:
     """Slow steps the recent window must hold: one slow step is a blip, not a collapse."""
     min_excess_seconds: float = 0.25
     """Seconds the recent window must lose against the baseline (ignores millisecond jitter of tiny runs)."""
+    spread_quantile: float = 0.9
+    """The baseline quantile that measures the run's own spread: how slow a routinely slow normal step is.
+    A steady run's q90 is ~1.07x its median; an SFT run on unpacked variable-length batches (real log
+    57: steps of 0.8-4.9 s by design) has its q90 at 2-2.6x its median."""
+    spread_margin: float = 1.25
+    """The window rule's bars (window mean, slow step) are at least this multiple of that q90: only a
+    window slower than the run's routinely slow steps is news. On real log 57 no 8-step window (without
+    its worst step) ever reaches 0.92x its baseline q90, so 1.25 leaves a margin; on a steady run
+    1.25 x 1.07 stays under ``slowdown`` and the rule is unchanged."""
+    level_window: int = 24
+    """Steps whose median the level rule compares with its own baseline (the ``baseline_window`` steps
+    before them): it fires when the typical step is above that baseline's q90 and ``slowdown`` x its
+    median (a sustained shift of a variable run, which the window rule's higher bar misses). The
+    median of 24 steps of real log 57 never reaches its baseline q90 (at most 0.92x; the median of 8
+    steps does); a shift shows after about half the window."""
+    warning_steps: int = 16
+    """Steps a drop must have lasted (since its first slow step) to be a warning rather than info..."""
+    warning_seconds: float = 30.0
+    """...and seconds (the steps' own durations, summed: imported logs have no real clock): 16 steps
+    of a 50 ms CPU loop are a moment, not a warning."""
     critical_slowdown: float = 4.0
-    """Slowdown (throughput under a quarter) at which the finding becomes critical."""
+    """Slowdown (throughput under a quarter) the episode and the current window must both show to be critical..."""
+    critical_steps: int = 30
+    """...for at least this many steps (four windows: no burst of slow steps is critical)..."""
+    critical_seconds: float = 120.0
+    """...and this many seconds (summed step times): two minutes at a quarter of the speed is worth a page,
+    ten seconds are not."""
     resolve_after: int = 10
     """Consecutive normal steps after which the anomaly is resolved."""
+    update_every: int = 25
+    """While a collapse lasts, its finding is restated at least every this many steps (extent, totals)..."""
+    update_ratio: float = 1.25
+    """...and as soon as the slowdown moved by this factor either way (or the severity or the cause changed)."""
+    dominant_share: float = 0.6
+    """A phase that carries this share of the step's growth is named as the cause."""
+    phase_min_share: float = 0.02
+    """Phases under this share of the baseline step are too small to judge whether they slowed too."""
+    together_growth: float = 0.5
+    """Every phase slowed together (the host, not one stage) when each phase present, host-side ones
+    (data, other) included, grew by at least this fraction of the step's relative growth."""
     checkpoint_ratio: float = 3.0
     """A save slower than this multiple of the median of earlier saves is a stall (P5)..."""
     checkpoint_fraction: float = 0.05

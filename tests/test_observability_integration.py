@@ -48,7 +48,6 @@ EXPECTED_FIRING = {
     ("TrainmonThroughputCollapse", (("run", FAULTS),)),
     ("TrainmonLossNotFinite", (("rank", "0"), ("run", FAULTS))),
     ("TrainmonAnomalyCritical", (("kind", "nan_inf"), ("run", FAULTS))),
-    ("TrainmonAnomalyCritical", (("kind", "throughput_collapse"), ("run", FAULTS))),
     ("TrainmonGPUHot", (("gpu", "0"), ("run", FAULTS))),
     ("TrainmonGPUOverheating", (("gpu", "0"), ("run", FAULTS))),
     ("TrainmonGPUThrottled", (("gpu", "0"), ("run", FAULTS))),
@@ -169,7 +168,9 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
             assert all("{{" not in v and "<no value>" not in v for v in notes.values()), notes
             assert labels.get("run", "") in notes["summary"], notes["summary"]
         anomaly_kinds = {a["labels"]["kind"] for a in firing if a["labels"]["alertname"] == "TrainmonAnomalyCritical"}
-        assert {"nan_inf", "throughput_collapse"} <= anomaly_kinds
+        # A 6-step data stall is a collapse Prometheus' rule sees, but not one the collector calls critical
+        # (critical needs size and duration: detectors' ThroughputCollapseConfig).
+        assert "nan_inf" in anomaly_kinds and "throughput_collapse" not in anomaly_kinds
         # Inhibition: the faults run had criticals (its GPU) from its first health sample on, so
         # its warnings (hot GPU, throttling, throughput) fired in Prometheus but were not sent.
         assert ("TrainmonGPUHot", (("gpu", "0"), ("run", FAULTS))) in seen

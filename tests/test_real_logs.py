@@ -284,14 +284,6 @@ EXPECT: dict[str, Expect] = {
             Need("grad_explosion", s, 1, "manifest: grad-norm spike, back to normal at the next step")
             for s in (173, 292, 899, 1124, 1276, 2222)
         ),
-        known=(
-            Known(
-                "throughput_collapse",
-                1,
-                2353,
-                "step time varies 0.8-4.9 s with unpacked variable-length batches; read as throughput collapses",
-            ),
-        ),
     ),
     "58_minimind-pretrain.log": Expect(),
     "60_cantillation-evalloss-up-acc-up.json": Expect(
