@@ -278,7 +278,12 @@ def _hit(label: dict[str, Any], anomaly: dict[str, Any]) -> bool:
         return False
     if label.get("rank") is not None and anomaly["rank"] not in (label["rank"], -1) and kind in ("straggler", "hang"):
         return False
-    return label["first_step"] <= anomaly["first_step"] <= label["last_step"] + MAX_DELAY.get(kind, 10)
+    hi = label["last_step"] + MAX_DELAY.get(kind, 10)
+    if label["first_step"] <= anomaly["first_step"] <= hi:
+        return True
+    # One anomaly for recurring spikes (an episode) lists each spike: a fault inside it is detected there.
+    steps = (anomaly.get("evidence") or {}).get("spike_steps") or ()
+    return any(isinstance(s, int) and label["first_step"] <= s <= hi for s in steps)
 
 
 @dataclass

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.test_real_logs import BY_FILE, EXPECT, LOGS, _matches  # noqa: E402  (the readings, encoded once)
+from tests.test_real_logs import BY_FILE, EXPECT, LOGS, _matches, flagged_at  # noqa: E402  (the readings, once)
 from trainmon.monitor.analysis.postmortem import import_file, summarize  # noqa: E402
 from trainmon.monitor.store.storage import Storage  # noqa: E402
 
@@ -54,7 +54,7 @@ def _score(name: str) -> tuple[list[dict], list[str], str | None]:
     missed = [
         f"{n.kind}@{n.step}"
         for n in exp.required
-        if not any(_matches(a, n.kind, n.step - n.tol, n.step + n.tol) for a in anomalies)
+        if not any(flagged_at(a, n.kind, n.step, n.tol) for a in anomalies)
     ]
     return false, missed, None
 
