@@ -282,7 +282,8 @@ def _hit(label: dict[str, Any], anomaly: dict[str, Any]) -> bool:
     if label["first_step"] <= anomaly["first_step"] <= hi:
         return True
     # One anomaly for recurring spikes (an episode) lists each spike: a fault inside it is detected there.
-    steps = (anomaly.get("evidence") or {}).get("spike_steps") or ()
+    evidence = anomaly.get("evidence") or {}
+    steps = evidence.get("spike_steps") or (evidence.get("episode") or {}).get("spike_steps") or ()
     return any(isinstance(s, int) and label["first_step"] <= s <= hi for s in steps)
 
 

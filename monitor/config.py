@@ -112,6 +112,9 @@ class LossSpikeConfig:
     """A spike whose loss is back in the band within this many logged entries came back at once: a
     hard batch. Heavy-tailed healthy runs (56_modded-nanogpt-1b: ~60 excursions of 1.3-1.9x) come back
     in 1-3 steps; a spike still up after that opens (or stays) a warning."""
+    keep_warning_ratio: float = 10.0
+    """A spike at least this many times the baseline stays a warning even when the loss is back at once:
+    noise does not reach 10x, a corrupt sample or a tokenizer bug does, and it is worth a look."""
     warn_rel: float = 1.0
     """A spike with no cause in evidence (no grad-norm rise, no LR jump) opens as a warning only when
     the loss is at least (1 + warn_rel) x the baseline and outside the run's own tail; a smaller one

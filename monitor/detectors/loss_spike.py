@@ -1,7 +1,7 @@
-"""``loss_spike``: a loss far above its recent robust level; recoverable or not.
+"""``loss_spike``: a loss far above its recent robust level; one finding per incident, as trusted as its evidence.
 
 Why the rule is what it is (failure-modes.md S1, and §2 "spike rules shipped in open-source
-code"):
+code"; issue 14, "a wrong finding is worse than silence"):
 
 * The level is the **median** of the last ``window`` accepted losses and the noise scale sigma is the
   MAD of their step-to-step differences (÷√2). A spike is never admitted to the window, so an
@@ -9,18 +9,43 @@ code"):
   blinded for 128 steps by the very spike it just saw, and a falling trend inflates a plain
   std. Differences cancel the trend, so the rule stays sensitive through warmup and decay.
 * It fires on the spike step itself (a rollback decision wants the exact step and batch).
-* Spikes often self-recover (BLOOM's first one took ~30 iterations): the anomaly opens as a
-  warning, resolves when the loss is back in the band within ``recover_steps``, and escalates
-  to critical with the rollback recipe (PaLM/BLOOM: restart before the spike, skip the
-  batches around it) when it is not.
-* Grad norm leads loss in real spikes (BLOOM 0.17 → 960 over ~5 steps): the hint says whether
-  it rose first (optimisation instability) or not (a bad batch, named by its fingerprint).
+* **The severity is what the evidence supports.** The MAD sigma describes the core of the noise,
+  not its tail: a healthy run with heavy-tailed per-batch losses (56_modded-nanogpt-1b: ~60 one-step
+  excursions of 1.3-1.9x, each back in 1-3 steps) is many "sigma" out every few hundred steps. So:
+
+  - a spike with a cause in evidence (the grad norm rose first, or jumped ``norm_jump_ratio``x with
+    it; the LR jumped), or at least ``1 + warn_rel`` x the baseline and outside the run's own tail,
+    opens as a **warning**; any other spike opens as **info** and becomes a warning only if the loss
+    is not back in the band within ``quick_steps`` entries;
+  - the run's tail is learned: accepted losses ``tail_min_z`` sigma out and spikes that came back at
+    once (with no cause) are remembered; a spike is inside the tail when ``tail_count`` of them were
+    at least 1/``tail_factor`` of its size;
+  - a spike that came back at once, with nothing repeating or growing, de-escalates to info;
+  - not back within ``recover_steps``: **critical** with the rollback recipe (PaLM/BLOOM: restart
+    before the spike, skip the batches around it; BLOOM's first spike took ~30 iterations).
+* **The initial descent.** While the level falls fast (``descent_drop`` per window) the band is
+  stale and per-batch losses of a fast-changing model jump 1.3-3.7x: a spike with no cause in
+  evidence must then be ``descent_ratio`` x the baseline.
+* **One finding per incident.** Spikes are grouped into an episode, one anomaly: the first spike
+  opens it at its step, each later spike updates its message (count, period, largest, trend) and
+  extent, and it closes (resolved) after a quiet stretch (``episode_quiet`` entries, or a few of the
+  run's recent spike intervals) or at the run's end if the loss is back. Recurring spikes that grow
+  (in size or frequency) are **critical**; recurring spikes with a cause in evidence stay a warning.
+  An episode of info-level noise does not swallow a real spike: that one closes it and opens its own
+  anomaly at its step.
+* **The hint follows the evidence.** An LR jump names the LR, not the batch; grad norm rising first
+  (BLOOM 0.17 → 960 over ~5 steps) names optimisation instability; otherwise the batch, by its
+  fingerprint. Only a log with grad norms can say "the grad norm did not rise first".
+
+State is bounded: fixed windows, a fixed tail memory and the last few spikes of an episode.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import math
+import statistics
 from typing import Any
 
 from trainmon.hooks.wire import Event
@@ -30,9 +55,16 @@ from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["LossSpike"]
 
+_KEEP = 16
+"""Spikes an episode keeps (steps, entries, sizes) for its period, trend and evidence."""
+
+
+def _gaps(xs: Any) -> list[Any]:
+    return [b - a for a, b in itertools.pairwise(xs)]
+
 
 class LossSpike(Detector):
-    """Robust loss-spike detector with a recoverable/not-recoverable lifecycle."""
+    """Robust loss-spike detector: evidence-graded severity, episodes, recoverable or not."""
 
     kind = "loss_spike"
 
@@ -45,8 +77,13 @@ class LossSpike(Detector):
         self._recent: collections.deque[tuple[int, float | None, float | None]] = collections.deque(
             maxlen=config.precursor_steps + 1
         )
-        self._spike: dict[str, Any] | None = None  # the open spike, if any
-        self._lrs: collections.deque[list[float]] = collections.deque(maxlen=config.precursor_steps + 1)
+        self._lrs: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=config.precursor_steps + 1)
+        self._n = 0  # entries (steps with a finite loss) seen
+        self._tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.tail_memory)
+        self._excursion: list[Any] | None = None  # [entry, peak size, length] of an accepted excursion
+        self._spike: dict[str, Any] | None = None  # the spike whose loss is not back in the band yet
+        self._ep: dict[str, Any] | None = None  # the open episode
+        self._spiked: collections.deque[int] = collections.deque(maxlen=_KEEP)  # entries of recent spikes, any episode
 
     # -- statistics --------------------------------------------------------------------------
 
@@ -61,188 +98,527 @@ class LossSpike(Detector):
     def _threshold(self, level: float, sigma: float, z: float) -> float:
         return level + max(z * sigma, self.config.min_rel * abs(level), self.config.min_abs)
 
+    @staticmethod
+    def _size(loss: float, level: float, sigma: float) -> float:
+        """How far above the baseline, relative to it (1.0 = twice the baseline); in sigma if the
+        baseline is about zero or negative."""
+        return (loss - level) / (abs(level) if abs(level) > sigma else sigma)
+
     def _accept(self, loss: float) -> None:
         if self._prev is not None:
             self._diffs.add(abs(loss - self._prev))
         self._prev = loss
         self._level.add(loss)
 
+    def _descending(self) -> bool:
+        """The level falls by more than ``descent_drop`` per window: oldest quarter against newest.
+
+        Each quarter is read at its lower quartile: the path the loss descends along, not the
+        upward per-batch jumps that cluster in a fast descent."""
+        vals = self._level.values()
+        q = len(vals) // 4
+        if q < 4:
+            return False
+        old, new = sorted(vals[:q])[q // 4], sorted(vals[-q:])[q // 4]
+        if new <= 0 or old <= new:
+            return False
+        gap = len(vals) - q  # entries between the two quarters' centres
+        return math.log(old / new) * self.config.window / gap >= math.log1p(self.config.descent_drop)
+
+    def _in_tail(self, size: float) -> int:
+        """How many remembered excursions were at least 1/tail_factor of ``size``."""
+        floor = size / self.config.tail_factor
+        since = self._n - self.config.tail_horizon
+        return sum(1 for entry, s in self._tail if entry >= since and s >= floor)
+
+    def _track(self, loss: float, level: float, sigma: float) -> None:
+        """Remember accepted excursions (``tail_min_z`` sigma out, back within ``quick_steps``)."""
+        if loss - level >= self.config.tail_min_z * sigma:
+            size = self._size(loss, level, sigma)
+            if self._excursion is None:
+                self._excursion = [self._n, size, 1]
+            else:
+                self._excursion[1] = max(self._excursion[1], size)
+                self._excursion[2] += 1
+        elif self._excursion is not None:
+            entry, size, length = self._excursion
+            self._excursion = None
+            if length <= self.config.quick_steps and not self._descending():
+                self._tail.append((entry, size))
+
+    def _lr_jump(self) -> tuple[int, float, float, int] | None:
+        """(group, before, after, step) of the first entry-to-entry LR jump in the precursor steps."""
+        entries = list(self._lrs)
+        for (_, was_lrs), (s, now_lrs) in itertools.pairwise(entries):
+            if len(was_lrs) != len(now_lrs):
+                continue
+            for g, (was, now) in enumerate(zip(was_lrs, now_lrs, strict=True)):
+                if finite(was) and finite(now) and was > 0 and now > self.config.lr_jump_ratio * was:
+                    return g, float(was), float(now), s
+        return None
+
+    def _cause(self, norm: float | None) -> dict[str, Any]:
+        """What the evidence says about the spike at the current step (before it is recorded)."""
+        cfg = self.config
+        norm_med = self._norms.median() if len(self._norms) >= 4 else None
+        c: dict[str, Any] = {"norm": norm, "norm_med": norm_med, "precursor": None, "jump": False, "lr": None}
+        if norm_med:
+            before = [(s, n) for s, _, n in self._recent if n is not None][-cfg.precursor_steps :]
+            risen = [(s, n) for s, n in before if n > cfg.precursor_ratio * norm_med]
+            if risen:
+                c["precursor"] = risen[0]
+            elif norm is not None and norm > cfg.precursor_ratio * norm_med:
+                c["jump"] = True
+        c["lr"] = self._lr_jump()
+        big_jump = norm is not None and norm_med is not None and norm >= cfg.norm_jump_ratio * norm_med
+        c["named"] = c["lr"] is not None or c["precursor"] is not None or big_jump
+        return c
+
     # -- events ------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
+            out: list[Finding] = []
             if not event.fields.get("resumed", False):
+                if self._ep is not None:
+                    out = self._close("the run restarted from scratch")
                 self.__init__(self.config)  # a fresh run (same id, restarted from scratch): a new baseline
             self._prev = None  # a resume may legitimately move the level a little; keep the window
-            return []
+            return out
+        if event.kind == "run_end":
+            if self._ep is not None and self._spike is None:
+                return self._close("the run ended with the loss back in the band")
+            return []  # a spike still up at the end stays open: it did not pass
         if event.kind != "step":
             return []
+        cfg = self.config
         f = event.fields
         step = f["step"]
         loss = f.get("loss")
         norm = f.get("grad_norm")
         norm = norm if finite(norm) and norm > 0 else None
+        lrs = f.get("lr")
+        if isinstance(lrs, list):
+            self._lrs.append((step, list(lrs[:64])))
         out: list[Finding] = []
         if not finite(loss):
             self._recent.append((step, None, norm))
             return out  # non-finite values are nan_inf's business
+        self._n += 1
         if self._spike is not None:
-            out.extend(self._follow(step, loss))
-        elif len(self._level) >= self.config.min_history:
+            out.extend(self._follow(event, step, loss, norm))
+        elif len(self._level) >= cfg.min_history:
             level = self._level.median()
             sigma = self._sigma(level)
-            if loss > self._threshold(level, sigma, self.config.z):
-                out.append(self._open(event, step, loss, level, sigma, norm))
+            threshold = self._threshold(level, sigma, cfg.z)
+            if loss > threshold:
+                cause = self._cause(norm)
+                if not cause["named"] and level > 0 and self._descending():
+                    threshold = max(threshold, cfg.descent_ratio * level)
+                if loss > threshold:
+                    out.extend(self._new_spike(event, step, loss, level, sigma, threshold, cause))
+            if self._spike is None:
+                self._track(loss, level, sigma)
         if self._spike is None:
             self._accept(loss)
             if norm is not None:
                 self._norms.add(norm)
-        lrs = f.get("lr")
-        if isinstance(lrs, list):
-            self._lrs.append(list(lrs[:64]))
+            if self._ep is not None and self._n - self._ep["last_entry"] >= self._ep["quiet"]:
+                out.extend(self._close(f"no spike for {self._n - self._ep['last_entry']} entries"))
         self._recent.append((step, loss, norm))
         return out
 
-    def _open(self, event: Event, step: int, loss: float, level: float, sigma: float, norm: float | None) -> Finding:
+    # -- spikes and episodes -----------------------------------------------------------------
+
+    def _new_spike(
+        self, event: Event, step: int, loss: float, level: float, sigma: float, threshold: float, cause: dict[str, Any]
+    ) -> list[Finding]:
         cfg = self.config
-        f = event.fields
-        norm_med = self._norms.median() if len(self._norms) >= 4 else None
-        precursor = None
-        if norm_med:
-            before = [(s, n) for s, _, n in self._recent if n is not None][-cfg.precursor_steps :]
-            risen = [(s, n) for s, n in before if n > cfg.precursor_ratio * norm_med]
-            if risen:
-                precursor = risen[0]
-        lr_jump = None
-        lrs = f.get("lr")
-        recent_lrs = [*self._lrs, lrs] if isinstance(lrs, list) else list(self._lrs)
-        if len(recent_lrs) >= 2:
-            base = recent_lrs[0]  # LRs of a step before the precursor window
-            for cur in recent_lrs[1:]:
-                if len(cur) != len(base):
-                    continue
-                for g, (now, was) in enumerate(zip(cur, base, strict=True)):
-                    if finite(now) and finite(was) and was > 0 and now > 3 * was:
-                        lr_jump = (g, was, now)
-                        break
-                if lr_jump:
-                    break
+        size = self._size(loss, level, sigma)
+        tail_n = self._in_tail(size)
+        in_tail = tail_n >= cfg.tail_count
+        significant = cause["named"] or (size >= cfg.warn_rel and not in_tail)
+        out: list[Finding] = []
+        ep = self._ep
+        if ep is not None and not (ep["real"] or ep["slow"]) and significant:
+            # An episode of info-level noise does not swallow a real spike: it opens its own anomaly here.
+            out.extend(self._close(f"a larger spike followed at step {step}"))
+            ep = None
+        if ep is None:
+            ep = self._ep = {
+                "first_step": step,
+                "count": 0,
+                "steps": collections.deque(maxlen=_KEEP),
+                "entries": collections.deque(maxlen=_KEEP),
+                "sizes": collections.deque(maxlen=_KEEP),
+                "significant": collections.deque(maxlen=_KEEP),
+                "largest": None,
+                "caused": 0,
+                "real": False,
+                "slow": False,
+                "stuck": False,
+                "growth": None,
+                "recovered": None,
+                "severity": None,
+                "last_entry": self._n,
+            }
         self._spike = {
+            "step": step,
+            "entry": self._n,
+            "loss": loss,
+            "level": level,
+            "sigma": sigma,
+            "threshold": threshold,
+            "band": self._threshold(level, sigma, cfg.recover_z),
+            "peak": loss,
+            "above": True,
+            "warned": False,
+            "escalated": False,
+            "caused": cause["named"],
+            "significant": significant,
+            "fingerprint": event.fields.get("batch_fingerprint"),
+        }
+        self._record(step, loss, level, sigma, size, in_tail, tail_n, cause, significant, event)
+        out.append(self._finding(step))
+        return out
+
+    def _record(
+        self,
+        step: int,
+        loss: float,
+        level: float,
+        sigma: float,
+        size: float,
+        in_tail: bool,
+        tail_n: int,
+        cause: dict[str, Any],
+        significant: bool,
+        event: Event,
+    ) -> None:
+        """Add a spike to the open episode (its count, period, largest, trend, and the latest spike)."""
+        ep = self._ep
+        assert ep is not None
+        ep["count"] += 1
+        ep["steps"].append(step)
+        ep["entries"].append(self._n)
+        self._spiked.append(self._n)
+        ep["sizes"].append(size)
+        ep["significant"].append(significant)
+        ep["caused"] += bool(cause["named"])
+        ep["real"] = ep["real"] or significant
+        ep["last_entry"] = self._n
+        ep["recovered"] = None
+        ratio = loss / level if level > 0 else None
+        if ep["largest"] is None or size > ep["largest"][0]:
+            ep["largest"] = (size, step, ratio)
+        ep["latest"] = {
             "step": step,
             "loss": loss,
             "level": level,
             "sigma": sigma,
-            "band": self._threshold(level, sigma, cfg.recover_z),
-            "peak": loss,
-            "escalated": False,
-            "fingerprint": f.get("batch_fingerprint"),
+            "z": (loss - level) / sigma,
+            "ratio": ratio,
+            "size": size,
+            "in_tail": in_tail,
+            "tail_n": tail_n,
+            "cause": cause,
+            "significant": significant,
+            "fingerprint": event.fields.get("batch_fingerprint"),
         }
-        z = (loss - level) / sigma
-        evidence: dict[str, Any] = {
-            "loss": loss,
-            "baseline_median": round(level, 6),
-            "sigma": round(sigma, 6),
-            "z": round(z, 1),
-            "ratio": round(loss / level, 3) if level else None,
-        }
-        if norm is not None:
-            evidence["grad_norm"] = norm
-        if norm_med:
-            evidence["grad_norm_median"] = round(norm_med, 6)
-        if f.get("batch_fingerprint"):
-            evidence["batch_fingerprint"] = f["batch_fingerprint"]
-        causes = []
-        if precursor is not None:
-            evidence["grad_norm_rose_at"] = precursor[0]
-            causes.append(
-                f"the grad norm rose first (step {precursor[0]}: {precursor[1]:.3g} vs median {norm_med:.3g}): "
-                "optimisation instability (BLOOM/OLMo ordering): lower the LR or lengthen warmup, check the "
-                "fp16 loss scale and attention-logit growth"
-            )
-        elif norm is not None and norm_med and norm > cfg.precursor_ratio * norm_med:
-            causes.append(
-                f"the grad norm jumped at the same step ({norm:.3g} vs median {norm_med:.3g}) with no build-up: "
-                "a bad batch or a sudden change to the weights or LR"
-            )
-        else:
-            causes.append("the grad norm did not rise first: most likely the data of this batch")
-        if lr_jump is not None:
-            g, was, now = lr_jump
-            evidence["lr_jump"] = [g, was, now]
-            causes.insert(0, f"the LR of param group {g} jumped {now / was:.0f}x ({was:.3g} -> {now:.3g})")
-        fp = f.get("batch_fingerprint")
-        batch = f"; inspect batch {fp} (step {step})" if fp else f"; inspect the batch of step {step}"
-        lo = max(0, step - cfg.skip_back)
-        hint = (
-            "; ".join(causes)
-            + batch
-            + f". If the loss is not back within {cfg.recover_steps} steps, roll back to the checkpoint before "
-            f"step {step} and skip the batches in [{lo}, {step}]."
-        )
-        return Finding(
-            kind=self.kind,
-            severity="warning",
-            step=step,
-            message=(
-                f"loss spike at step {step}: {loss:.4g} vs a median of {level:.4g} "
-                f"({loss / level:.2f}x, {z:.1f} robust sigma)"
-                if level
-                else f"loss spike at step {step}: {loss:.4g} ({z:.1f} robust sigma)"
-            ),
-            hint=hint,
-            evidence=evidence,
-        )
+        ep["quiet"] = self._quiet()
+        if ep["growth"] is None:
+            ep["growth"] = self._growth(ep)
 
-    def _follow(self, step: int, loss: float) -> list[Finding]:
-        """While a spike is open: resolve when back in the band, escalate when it stays up."""
-        sp = self._spike
-        assert sp is not None
+    def _growth(self, ep: dict[str, Any]) -> str | None:
+        """'growing' / 'more frequent' once the last significant spikes grow; None otherwise."""
+        cfg = self.config
+        m = cfg.growth_min
+        if len(ep["sizes"]) < m or not all(list(ep["significant"])[-m:]):
+            return None
+        sizes = list(ep["sizes"])[-m:]
+        if all(b > a for a, b in itertools.pairwise(sizes)) and sizes[-1] >= cfg.growth_ratio * sizes[0]:
+            return "growing"
+        gaps = _gaps(ep["entries"])
+        if len(gaps) >= 3:
+            med = statistics.median(gaps[:-2])
+            if all(g * cfg.growth_ratio <= med for g in gaps[-2:]):
+                return "more frequent"
+        return None
+
+    def _trend(self, ep: dict[str, Any]) -> str | None:
+        if ep["growth"] is not None:
+            return ep["growth"]
+        if ep["count"] < 3:
+            return None
+        *earlier, last = ep["sizes"]
+        if last * self.config.growth_ratio <= statistics.median(earlier):
+            return "shrinking"
+        return "steady"
+
+    def _period(self, ep: dict[str, Any]) -> int | None:
+        steps = list(ep["steps"])
+        if len(steps) < 2:
+            return None
+        return round(statistics.median(_gaps(steps)))
+
+    def _quiet(self) -> float:
+        """Entries without a spike after which the open episode is over: a few of the run's recent spike
+        intervals (across episodes: two spikes are too few to know a period), at least ``episode_quiet``."""
+        cfg = self.config
+        quiet = float(cfg.episode_quiet)
+        entries = list(self._spiked)
+        if len(entries) >= 3:
+            quiet = max(quiet, cfg.episode_quiet_periods * statistics.median(_gaps(entries)))
+        return min(quiet, float(cfg.episode_quiet_max))
+
+    def _severity(self) -> str:
+        ep, sp = self._ep, self._spike
+        assert ep is not None
+        if ep["stuck"] or ep["growth"] is not None:
+            return "critical"
+        if sp is not None and (sp["significant"] or self._n - sp["entry"] > self.config.quick_steps):
+            return "warning"
+        if ep["slow"] or ep["caused"] >= 2:
+            return "warning"
+        ratio = ep["largest"][2]
+        if ratio is not None and ratio >= self.config.keep_warning_ratio:
+            return "warning"  # back at once, but a batch this far off is worth a look (corrupt sample, tokenizer)
+        return "info"
+
+    def _follow(self, event: Event, step: int, loss: float, norm: float | None) -> list[Finding]:
+        """While a spike is up: back in the band, another spike, or escalation."""
+        sp, ep = self._spike, self._ep
+        assert sp is not None and ep is not None
         cfg = self.config
         sp["peak"] = max(sp["peak"], loss)
-        since = step - sp["step"]
+        since = self._n - sp["entry"]
         if loss <= sp["band"]:
             self._spike = None
-            how = "recovered" if not sp["escalated"] else "finally recovered"
-            return [
-                Finding(
-                    kind=self.kind,
-                    severity="critical" if sp["escalated"] else "warning",
-                    step=step,
-                    message=(
-                        f"loss {how} at step {step} ({loss:.4g}, band {sp['band']:.4g}) "
-                        f"{since} steps after the spike at step {sp['step']}"
-                    ),
-                    hint="Recoverable spike: no action needed unless spikes repeat; then lower the LR.",
-                    evidence={"loss": loss, "band": round(sp["band"], 6), "spike_step": sp["step"], "steps": since},
-                    resolved=True,
-                )
-            ]
-        if not sp["escalated"] and since >= cfg.recover_steps:
+            quick = since <= cfg.quick_steps
+            if quick and not sp["caused"] and not self._descending():  # a hard batch: part of the run's tail
+                self._tail.append((sp["entry"], self._size(sp["peak"], sp["level"], sp["sigma"])))
+            ep["slow"] = ep["slow"] or not quick
+            ep["recovered"] = (step, step - sp["step"])
+            ep["last_entry"] = self._n
+            # news when the severity changes, or when a spike announced as not back is back
+            changed = self._severity() != ep["severity"] or sp["warned"] or sp["escalated"]
+            return [self._finding(step)] if changed else []
+        out: list[Finding] = []
+        above = loss > sp["threshold"]
+        if above and not sp["above"]:  # over the threshold again after dipping below it: another spike
+            cause = self._cause(norm)
+            level, sigma = sp["level"], sp["sigma"]
+            size = self._size(loss, level, sigma)
+            significant = cause["named"] or (size >= cfg.warn_rel and self._in_tail(size) < cfg.tail_count)
+            sp["caused"] = sp["caused"] or cause["named"]
+            sp["significant"] = sp["significant"] or significant
+            self._record(step, loss, level, sigma, size, False, 0, cause, significant, event)
+            ep["recovered"] = None
+            out.append(self._finding(step))
+        sp["above"] = above
+        if not sp["escalated"] and step - sp["step"] >= cfg.recover_steps and since > cfg.quick_steps:
             sp["escalated"] = True
-            x = sp["step"]
-            lo = max(0, x - cfg.skip_back)
-            fp = f" (batch {sp['fingerprint']})" if sp["fingerprint"] else ""
-            return [
-                Finding(
-                    kind=self.kind,
-                    severity="critical",
-                    step=step,
-                    message=(
-                        f"loss has not recovered {since} steps after the spike at step {x}{fp}: {loss:.4g} vs "
-                        f"{sp['level']:.4g} before it. Roll back to the checkpoint before step {x} and skip the "
-                        f"batches in [{lo}, {x}]."
-                    ),
-                    hint=(
-                        f"Not recoverable on its own: roll back to the checkpoint before step {x}, skip the batches "
-                        f"in [{lo}, {x}], and lower the LR if it happens again (PaLM/BLOOM practice)."
-                    ),
-                    evidence={
-                        "loss": loss,
-                        "baseline_median": round(sp["level"], 6),
-                        "spike_step": x,
-                        "peak": sp["peak"],
-                        "steps_since": since,
-                    },
+            ep["stuck"] = True
+            out.append(self._finding(step, stuck=(sp, loss, step - sp["step"])))
+        elif not sp["warned"] and since > cfg.quick_steps:
+            sp["warned"] = True
+            if self._severity() != ep["severity"]:
+                out.append(self._finding(step))
+        return out
+
+    def _close(self, why: str) -> list[Finding]:
+        ep = self._ep
+        assert ep is not None
+        self._ep = None
+        self._spike = None
+        step = ep["recovered"][0] if ep["recovered"] else ep["latest"]["step"]
+        return [
+            Finding(
+                kind=self.kind,
+                severity=ep["severity"] or "info",
+                step=step,
+                message=f"{self._head(ep)}; over: {why}",
+                hint="",
+                evidence={"episode": self._episode_evidence(ep)},
+                resolved=True,
+            )
+        ]
+
+    # -- what a finding says -----------------------------------------------------------------
+
+    def _head(self, ep: dict[str, Any]) -> str:
+        last = ep["latest"]
+        if ep["count"] == 1:
+            level = last["level"]
+            if last["ratio"] is not None:
+                return (
+                    f"loss spike at step {last['step']}: {last['loss']:.4g} vs a median of {level:.4g} "
+                    f"({last['ratio']:.2f}x, {last['z']:.1f} robust sigma)"
                 )
-            ]
-        return []
+            return f"loss spike at step {last['step']}: {last['loss']:.4g} ({last['z']:.1f} robust sigma)"
+        _, big_step, big_ratio = ep["largest"]
+        big = f"{big_ratio:.2f}x" if big_ratio is not None else "the largest"
+        now = f"{last['ratio']:.2f}x" if last["ratio"] is not None else f"{last['z']:.1f} sigma"
+        trend = self._trend(ep)
+        return (
+            f"loss spikes recurring: {ep['count']} spikes since step {ep['first_step']} "
+            f"(every ~{self._period(ep)} steps), largest {big} at step {big_step}, latest {now} at step "
+            f"{last['step']}" + (f"; {trend}" if trend else "")
+        )
+
+    def _episode_evidence(self, ep: dict[str, Any]) -> dict[str, Any]:
+        _, big_step, big_ratio = ep["largest"]
+        return {
+            "count": ep["count"],
+            "first_step": ep["first_step"],
+            "spike_steps": list(ep["steps"]),
+            "period": self._period(ep),
+            "largest_ratio": round(big_ratio, 3) if big_ratio is not None else None,
+            "largest_step": big_step,
+            "trend": self._trend(ep),
+        } | ({"recovered_at": ep["recovered"][0]} if ep["recovered"] else {})
+
+    def _cause_text(self, last: dict[str, Any]) -> tuple[str, bool]:
+        """The cause the evidence names, and whether the batch is a suspect."""
+        c = last["cause"]
+        if c["lr"] is not None:
+            g, was, now, s = c["lr"]
+            text = (
+                f"the LR of param group {g} jumped {now / was:.0f}x ({was:.3g} -> {now:.3g}) at step {s}, just "
+                "before the spike: the step size, not the batch, is the likely cause; check the scheduler and "
+                "the param groups (a scheduler re-created or re-stepped on resume, scheduler.step() per "
+                "micro-batch, a manual LR override)"
+            )
+            if c["precursor"] is not None or c["jump"]:
+                text += "; the grad norm rose with it"
+            return text, False
+        med = c["norm_med"]
+        if c["precursor"] is not None:
+            s, n = c["precursor"]
+            return (
+                f"the grad norm rose first (step {s}: {n:.3g} vs median {med:.3g}): optimisation instability "
+                "(BLOOM/OLMo ordering): lower the LR or lengthen warmup, check the fp16 loss scale and "
+                "attention-logit growth",
+                True,
+            )
+        if c["jump"]:
+            return (
+                f"the grad norm jumped at the same step ({c['norm']:.3g} vs median {med:.3g}) with no build-up: "
+                "a bad batch or a sudden change to the weights or LR",
+                True,
+            )
+        if med:
+            return "the grad norm did not rise first: most likely the data of this batch", True
+        return "no grad norm is logged to tell an instability from a bad batch", True
+
+    def _finding(self, step: int, stuck: tuple[dict[str, Any], float, int] | None = None) -> Finding:
+        cfg = self.config
+        ep, sp = self._ep, self._spike
+        assert ep is not None
+        last = ep["latest"]
+        severity = self._severity()
+        ep["severity"] = severity
+        head = self._head(ep)
+        cause, batch_suspect = self._cause_text(last)
+        x = last["step"] if stuck is None else stuck[0]["step"]  # the spike to roll back before
+        lo = max(0, x - cfg.skip_back)
+        fp = last["fingerprint"]
+        batch = (
+            (f"; inspect batch {fp} (step {x})" if fp else f"; inspect the batch of step {x}") if batch_suspect else ""
+        )
+        if batch_suspect:
+            rollback = f"roll back to the checkpoint before step {x} and skip the batches in [{lo}, {x}]"
+        else:  # the LR jumped before the spike: the checkpoint to go back to is before the jump
+            rollback = f"roll back to the checkpoint before step {min(x, last['cause']['lr'][3])} with the LR fixed"
+
+        if stuck is not None:
+            s, loss, since = stuck
+            fpx = f" (batch {s['fingerprint']})" if s["fingerprint"] else ""
+            message = (
+                f"loss has not recovered {since} steps after the spike at step {x}{fpx}: {loss:.4g} vs "
+                f"{s['level']:.4g} before it. {rollback[0].upper()}{rollback[1:]}."
+            )
+            if ep["count"] > 1:
+                message = f"{head}. {message}"
+            hint = (
+                f"Not recoverable on its own: {rollback}, and lower the LR if it happens again (PaLM/BLOOM "
+                f"practice). Cause: {cause}."
+            )
+        else:
+            message = head
+            if sp is not None:
+                if self._n - sp["entry"] > cfg.quick_steps:
+                    message += f"; not back in the band after {step - sp['step']} steps"
+            elif ep["recovered"] is not None:
+                at, took = ep["recovered"]
+                message += f"; back in the band at step {at} ({took} step{'s' if took != 1 else ''} after the spike)"
+            advice = self._advice(ep, sp, severity, rollback)
+            hint = cause[0].upper() + cause[1:] + batch + ". " + advice
+        evidence: dict[str, Any] = {
+            "spike_step": last["step"],
+            "loss": last["loss"],
+            "baseline_median": round(last["level"], 6),
+            "sigma": round(last["sigma"], 6),
+            "z": round(last["z"], 1),
+            "ratio": round(last["ratio"], 3) if last["ratio"] is not None else None,
+            "in_tail": last["in_tail"],
+            "episode": self._episode_evidence(ep),
+        }
+        c = last["cause"]
+        if c["norm"] is not None:
+            evidence["grad_norm"] = c["norm"]
+        if c["norm_med"]:
+            evidence["grad_norm_median"] = round(c["norm_med"], 6)
+        if c["precursor"] is not None:
+            evidence["grad_norm_rose_at"] = c["precursor"][0]
+        if c["lr"] is not None:
+            evidence["lr_jump"] = list(c["lr"])
+        if fp:
+            evidence["batch_fingerprint"] = fp
+        return Finding(kind=self.kind, severity=severity, step=step, message=message, hint=hint, evidence=evidence)
+
+    def _advice(self, ep: dict[str, Any], sp: dict[str, Any] | None, severity: str, rollback: str) -> str:
+        cfg = self.config
+        last = ep["latest"]
+        if ep["growth"] is not None:
+            return (
+                f"Recurring spikes, {ep['growth']}: an instability building up; lower the LR (or lengthen warmup, "
+                f"tighten clipping) and, if they keep growing, roll back to the checkpoint before step "
+                f"{ep['first_step']}."
+            )
+        if ep["caused"] >= 2:
+            return (
+                "Recurring spikes with the grad norm or the LR in evidence: lower the LR (or lengthen warmup, "
+                "tighten clipping) before they grow."
+            )
+        if sp is not None and severity != "info":
+            return f"If the loss is not back within {cfg.recover_steps} steps, {rollback}."
+        if sp is not None:
+            if last["in_tail"]:
+                return self._tail_text(last) + " Escalates if the loss stays up."
+            return (
+                f"A spike below {1 + cfg.warn_rel:.1f}x with no cause in evidence is most often one hard batch: "
+                f"it escalates if the loss is not back within {cfg.quick_steps} steps."
+            )
+        if ep["stuck"]:
+            return (
+                f"It was not back within {cfg.recover_steps} steps: check that the loss is back on its earlier "
+                "curve before trusting the run, and lower the LR if spikes recur."
+            )
+        if ep["slow"]:
+            return "It took a while to come back: watch for a repeat; lower the LR if spikes recur."
+        if last["cause"]["lr"] is not None:
+            return (
+                "Back at once, but an LR jump like this is more often a bug than a choice: check it before it repeats."
+            )
+        if last["in_tail"]:
+            return self._tail_text(last) + " Nothing to do unless they grow or stop coming back."
+        return "Back at once: no action needed unless spikes recur and grow; then lower the LR."
+
+    def _tail_text(self, last: dict[str, Any]) -> str:
+        floor = last["size"] / self.config.tail_factor
+        at_least = f"{1 + floor:.2f}x the baseline" if last["ratio"] is not None else f"{floor:.1f} sigma"
+        return (
+            f"Inside this run's own tail: {last['tail_n']} recent excursions of at least {at_least} came back "
+            "at once (heavy-tailed per-batch noise)."
+        )
