@@ -52,9 +52,7 @@ def _score(name: str) -> tuple[list[dict], list[str], str | None]:
         and not any(_matches(a, w.kind, w.lo, w.hi) and a["severity"] in w.severities for w in exp.allowed)
     ]
     missed = [
-        f"{n.kind}@{n.step}"
-        for n in exp.required
-        if not any(flagged_at(a, n.kind, n.step, n.tol) for a in anomalies)
+        f"{n.kind}@{n.step}" for n in exp.required if not any(flagged_at(a, n.kind, n.step, n.tol) for a in anomalies)
     ]
     return false, missed, None
 
