@@ -122,6 +122,9 @@ def test_hf_real_trainer_state_values() -> None:
     start = _start(events)
     assert start["planned_steps"] == raw["max_steps"] == 6
     assert start["config"]["logging_steps"] == 1 and "notes" not in start["config"]
+    # global_step counts from 1: the last logged step, 6, is 6 steps done (the trainer's own count)
+    assert (start["config"]["step_base"], start["config"]["steps_done"]) == (1, 6)
+    assert "ends_at_checkpoint" not in start["config"]  # the run finished
     evals = [e.fields for e in events if e.kind == "eval"]
     assert [(e["step"], e["loss"]) for e in evals] == [
         (e["step"], e["eval_loss"]) for e in raw["log_history"] if "eval_loss" in e
@@ -157,8 +160,11 @@ def test_hf_lr_key_partial_and_custom_keys(tmp_path: Path) -> None:
     assert all(s["lr"] and s["grad_norm"] == 1.5 for s in _steps(events))
     cfg = _start(events)["config"]
     assert cfg["ignored_keys"] == ["train/acc_0"]
-    assert events[-1].fields["status"] == "interrupted"
-    assert any("ends at step 80 of max_steps 200" in n for n in cfg["notes"])
+    # checkpoint-80's snapshot: the log ends there because the file was saved then, not because the
+    # run stopped; how it ended is unknown (not "interrupted": that would count a failed attempt)
+    assert events[-1].fields["status"] == "unknown"
+    assert cfg["ends_at_checkpoint"] == 80 and cfg["steps_done"] == 80 and cfg["step_base"] == 1
+    assert any("ends at step 80 of max_steps 200" in n and "snapshot" in n for n in cfg["notes"])
 
 
 def test_hf_resumes_become_attempts(tmp_path: Path) -> None:
@@ -200,6 +206,7 @@ def test_hf_truncated_file_is_salvaged(tmp_path: Path, caplog: pytest.LogCapture
     assert cfg["global_step"] == 200  # header fields before log_history survive
     assert any("truncated" in n for n in cfg["notes"])
     assert events[-1].fields["status"] == "unknown"
+    assert "ends_at_checkpoint" not in cfg  # entries after the damage are lost: where it ends is not known
 
 
 def test_tensorboard_reader_matches_tensorboard(tmp_path: Path) -> None:

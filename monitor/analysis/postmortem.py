@@ -20,6 +20,29 @@ sorts them, is out of budget. The analysis therefore reads three things, each th
   (checkpoints every 1,000 steps), so their share is not over- or under-counted.
 * small tables in full - anomalies, checkpoints, resumes, evals, streams; per-layer norms only
   around the anomalies they may localise; health samples (thinned past 50k rows).
+
+What the input cannot tell is said, not computed. A figure the run's data cannot give is null in
+the summary and its key is in ``summary["unknown"]`` with the reason, as the path to it
+(``"duration_seconds"``, ``"checkpoint.mtbf_seconds"``, ``"attempts_detail.started_at"``); a null
+whose key is not there is merely absent (no checkpoints, no tokens logged). The main case: a log
+imported without a clock carries a synthetic one (one second per logged entry, flagged
+``synthetic_time`` by the importer), so wall time, attempt start/end times, checkpoint overhead
+and interval in seconds, failure rate, MTBF, the Young/Daly interval, and tokens/s (and MFU) when
+the log records no step durations are unknown. Step durations a log does record are the
+trainer's own measurements: busy time and tokens/s from them are kept, the synthetic clock never
+enters them.
+
+Steps: ``steps`` is the number of optimizer steps done by the end of the log, counted as the
+trainer counts them: ``last_step + 1 - step_base`` (``step_base`` 0 for trainmon's own runs, 1 for
+logs numbering the first step 1, as HF's ``global_step`` does), or the trainer's own count when
+the imported file states one (``steps_done``). ``first_step`` and ``last_step`` are the steps the
+log holds; ``steps_logged`` the number of logged entries. A log whose first step lies well past
+its first logging window starts mid-run (``starts_mid_run``, and a note names the step).
+
+Status: ``status`` is the run's end as stored; ``status_detail`` says more when the input does,
+e.g. an HF ``checkpoint-N/trainer_state.json`` (``ends_at_checkpoint``): the log ends at a
+checkpoint before the planned end and how the run ended is unknown. An attempt whose end is
+unknown is not a failed attempt.
 """
 
 from __future__ import annotations
@@ -166,15 +189,35 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
             f"{rank0})"
         )
 
-    wall = _wall(stream_rows)
+    facts = _import_facts(row.config)
+    clock = facts["clock_unknown"]  # why times are unknown (a synthetic clock), or None
+    unknown: dict[str, str] = {}
+    wall = None if clock else _wall(stream_rows)
     attempts = _attempts(stream_rows, extents)
+    if clock:
+        for a in attempts:
+            a["started_at"] = a["ended_at"] = None
+        unknown["duration_seconds"] = clock
+        unknown["attempts_detail.started_at"] = unknown["attempts_detail.ended_at"] = clock
     n_attempts = len(attempts)
     busy = float(bins["step_time"].sum()) if len(bins) else 0.0
     tokens_rank = float(bins["tokens"].sum()) if len(bins) else 0.0
     tokens = tokens_rank * world if tokens_rank else None
     tps = tokens / busy if tokens and busy else None
+    if clock and not busy:
+        unknown["tokens_per_second"] = "the log has no step durations and " + clock.removeprefix("the log has ")
+    elif clock and tps is not None:
+        notes.append(
+            "busy time and tokens/s come from the step durations the log records, not from its synthetic clock"
+        )
     final_eval = None if eval_df.empty else float(eval_df.iloc[-1]["loss"])
-    steps_count = None if last is None else last["step"] + 1
+    span = _step_span(lead, bins, last, facts)
+    if span["starts_mid_run"]:
+        notes.append(
+            f"the log starts at step {span['first_step']}, mid-run (it logs about every {span['interval']:g} steps): "
+            "the run's earlier steps are not in it (a resumed job writing a new log, or a log cut at its start); "
+            "steps counts the run's steps to the end of the log, steps_logged the entries the log holds"
+        )
     anomalies_out, timeline = _timeline(found, local)
     phases = _phase_breakdown(bins)
     if phases is None and len(bins):
@@ -182,19 +225,32 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
     if not any(local.values()) and any(a["kind"] in LOCALISED for a in found):
         notes.append("no per-layer grad norms near the anomalies: they are not localised to a layer")
     failures = sum(1 for a in attempts if a["failed"])
-    ckpt_summary = _checkpoint_summary(ckpts, bins, wall, failures, last)
+    ckpt_summary = _checkpoint_summary(ckpts, bins, wall, failures, last, clock)
+    if clock:
+        unknown.update({f"checkpoint.{k}": clock for k in _CLOCK_CHECKPOINT_KEYS})
+        if not len(ckpts):
+            del unknown["checkpoint.overhead_fraction"], unknown["checkpoint.interval_seconds"]  # no checkpoints
     mfu = _mfu(meta, tps, world)
+    if mfu is None and "tokens_per_second" in unknown and _mfu(meta, 1.0, world) is not None:
+        unknown["mfu"] = "tokens/s is unknown: " + unknown["tokens_per_second"]
     summary: dict[str, Any] = {
         "run": run,
         "status": row.status,
-        "steps": steps_count,
+        "steps": span["steps"],
         "attempts": n_attempts,
         "final_loss": None if last is None else last["loss"],
         "final_eval_loss": final_eval,
         "anomalies": anomalies_out,
+        "status_detail": _status_detail(row.status, facts, row.planned_steps),
+        "ends_at_checkpoint": facts["ends_at_checkpoint"],
+        "first_step": span["first_step"],
+        "last_step": span["last_step"],
+        "step_base": facts["step_base"],
+        "starts_mid_run": span["starts_mid_run"],
         "steps_logged": int(bins["count"].sum()) if len(bins) else 0,
         "world_size": world,
         "planned_steps": row.planned_steps,
+        "unknown": unknown,
         "duration_seconds": wall,
         "busy_seconds": busy or None,
         "tokens": None if tokens is None else int(tokens),
@@ -232,6 +288,91 @@ def _import_notes(config: Any) -> list[str]:
         out.append("times are synthetic (" + str(config.get("time_source") or "one second per logged entry") + ")")
     out.extend(_texts(config.get("notes")))
     return out
+
+
+_CLOCK_CHECKPOINT_KEYS = (
+    "overhead_fraction",
+    "interval_seconds",
+    "failure_rate_per_hour",
+    "mtbf_seconds",
+    "optimal_interval_seconds",
+    "optimal_interval_young_seconds",
+    "optimal_interval_steps",
+)
+SYNTHETIC_CLOCK = "the log has no clock: its times are synthetic, one second per logged entry"
+
+
+def _import_facts(config: Any) -> dict[str, Any]:
+    """What an importer recorded about the log's clock and step numbering (``importers.common``);
+    a run from trainmon's own hooks has none of it (its config is the user's, not read here)."""
+    cfg = config if isinstance(config, dict) and config.get("imported_from") else {}
+
+    def count(key: str) -> int | None:
+        v = cfg.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    logging_steps = cfg.get("logging_steps")
+    return {
+        "imported": bool(cfg),
+        "clock_unknown": SYNTHETIC_CLOCK if cfg.get("synthetic_time") else None,
+        "step_base": 1 if count("step_base") == 1 else 0,
+        "steps_done": count("steps_done"),
+        "ends_at_checkpoint": count("ends_at_checkpoint"),
+        "logging_steps": float(logging_steps)
+        if isinstance(logging_steps, int | float) and not isinstance(logging_steps, bool) and logging_steps >= 1
+        else None,
+    }
+
+
+def _step_span(
+    lead: list[dict[str, Any]], bins: pd.DataFrame, last: dict[str, Any] | None, facts: dict[str, Any]
+) -> dict[str, Any]:
+    """Steps done (as the trainer counts them), the steps the log holds, and whether it starts mid-run.
+
+    A log starts mid-run when its first step is past where a log from the run's start would
+    begin, its first logging window: at least twice the logging interval (and 10 steps) in. The
+    interval is the one the log declares, else the mean gap of the first attempt's steps."""
+    base = facts["step_base"]
+    last_step = None if last is None else int(last["step"])
+    steps = None if last_step is None else max(0, last_step + 1 - base)
+    if steps is not None and facts["steps_done"] is not None and facts["steps_done"] >= steps:
+        steps = facts["steps_done"]  # the trainer's own count: past the last logged step
+    out: dict[str, Any] = {
+        "steps": steps,
+        "first_step": None,
+        "last_step": last_step,
+        "interval": None,
+        "starts_mid_run": False,
+    }
+    if not lead:
+        return out
+    first = min(lead, key=lambda e: e["attempt"])
+    out["first_step"] = first["first"]
+    interval = facts["logging_steps"]
+    if interval is None and len(bins):
+        n = int(bins.loc[bins["attempt"] == first["attempt"], "count"].sum())
+        if n >= 2 and first["last"] > first["first"]:
+            interval = (first["last"] - first["first"]) / (n - 1)
+    if interval is not None:
+        out["interval"] = float(interval)
+        out["starts_mid_run"] = first["first"] - base >= max(2 * interval, interval + 10)
+    return out
+
+
+def _status_detail(status: str, facts: dict[str, Any], planned: int | None) -> str | None:
+    """What the status means when the input says more than the status word."""
+    ck = facts["ends_at_checkpoint"]
+    if ck is not None:
+        where = f"the log ends at the checkpoint of step {ck}"
+        if planned and ck < planned:
+            where += f", {planned - ck} steps before the planned {planned}"
+        return (
+            where + ": a snapshot saved with that checkpoint, not a failure; why the log ends there "
+            "(training went on, stopped or failed) is unknown"
+        )
+    if facts["imported"] and status == "unknown":
+        return "the log does not say how the run ended"
+    return None
 
 
 def _texts(value: Any) -> list[str]:
@@ -649,7 +790,8 @@ def _wall(stream_rows: list[dict[str, Any]]) -> float | None:
 
 def _attempts(stream_rows: list[dict[str, Any]], extents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per attempt: when, how far, how it ended. An attempt failed when any rank ended it
-    failed or interrupted, or when it ended silently (no run_end) and a later attempt followed."""
+    failed or interrupted, or when it ended silently (no run_end) and a later attempt followed;
+    an end the producer reported as ``unknown`` is not a failure."""
     by: dict[int, list[dict[str, Any]]] = {}
     for s in stream_rows:
         by.setdefault(s["attempt"], []).append(s)
@@ -666,8 +808,10 @@ def _attempts(stream_rows: list[dict[str, Any]], extents: list[dict[str, Any]]) 
             status = "failed" if "failed" in ends else "interrupted"
         elif None in ends:
             status = "running" if attempt == newest else "lost"
-        else:
+        elif ends == {"finished"}:
             status = "finished"
+        else:
+            status = "unknown"  # the producer could not tell (an imported log that just ends): not a failure
         errors = [s["end_error"] for s in ss if s.get("end_error")]
         out.append(
             {
@@ -850,10 +994,18 @@ def optimal_checkpoint_interval(checkpoint_seconds: float, mtbf_seconds: float) 
 
 
 def _checkpoint_summary(
-    ckpts: pd.DataFrame, bins: pd.DataFrame, wall: float | None, failures: int, last: dict[str, Any] | None
+    ckpts: pd.DataFrame,
+    bins: pd.DataFrame,
+    wall: float | None,
+    failures: int,
+    last: dict[str, Any] | None,
+    clock: str | None = None,
 ) -> dict[str, Any]:
     """Checkpoint cost as a share of wall time, and the interval Young/Daly would choose given the
-    failure rate this run saw (attempts that did not finish per wall-clock second)."""
+    failure rate this run saw (attempts that did not finish per wall-clock second).
+
+    ``clock`` is why the run's times are not real (a synthetic clock): then every figure in
+    seconds of wall time (overhead share, interval, failure rate, MTBF, Young/Daly) is None."""
     n = len(ckpts)
     durations = ckpts["duration"].dropna() if n else pd.Series(dtype=float)
     if len(durations):
@@ -869,7 +1021,7 @@ def _checkpoint_summary(
         for _att, g in ckpts.groupby("attempt"):
             if len(g) >= 2:
                 interval_steps = float(np.median(np.diff(g["step"].to_numpy())))
-                interval_seconds = float(np.median(np.diff(g["time"].to_numpy())))
+                interval_seconds = None if clock else float(np.median(np.diff(g["time"].to_numpy())))
                 break
     out: dict[str, Any] = {
         "count": n,
@@ -887,8 +1039,13 @@ def _checkpoint_summary(
         "optimal_interval_steps": None,
         "optimal_note": None,
     }
-    if not failures:
+    if clock:
+        out["failure_rate_per_hour"] = out["mtbf_seconds"] = None
+        out["optimal_note"] = f"the failure rate is unknown ({clock}): Young/Daly has nothing to weigh"
+    elif not failures:
         out["optimal_note"] = "no failed attempts: the failure rate is unknown, Young/Daly has nothing to weigh"
+    elif not out["mtbf_seconds"]:
+        out["optimal_note"] = "no wall time to rate the failures by"
     elif not mean:
         out["optimal_note"] = "no checkpoint durations recorded"
     else:

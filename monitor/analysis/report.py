@@ -58,49 +58,63 @@ def _steps(first: Any, last: Any) -> str:
     return str(first) if last in (None, first) else f"{first}-{last}"
 
 
+def _unknown(s: dict[str, Any], key: str) -> str | None:
+    """``unknown (why)`` when the summary lists ``key`` as unknown (see the postmortem module), else None."""
+    why = (s.get("unknown") or {}).get(key)
+    return None if why is None else f"unknown ({why})"
+
+
 def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary's headline figures as (label, text) pairs, shared by terminal and HTML."""
+    """The summary's headline figures as (label, text) pairs, shared by terminal and HTML.
+
+    A figure the summary lists under ``unknown`` reads ``unknown (why)``, never a number."""
     ck = s.get("checkpoint") or {}
     steps = fmt(s.get("steps"))
     if s.get("planned_steps"):
         steps += f" of {s['planned_steps']} planned"
+    if s.get("starts_mid_run"):
+        steps += f"; the log starts at step {s.get('first_step')} (mid-run: the steps before it are not in it)"
+    status = fmt(s.get("status"))
+    if s.get("status_detail"):
+        status += f": {s['status_detail']}"
     resumes = s.get("resumes") or []
     opt = ck.get("optimal_interval_seconds")
     young = duration(ck.get("optimal_interval_young_seconds"))
-    optimal = (
+    optimal = _unknown(s, "checkpoint.optimal_interval_seconds") or (
         f"{duration(opt)} (~{fmt(ck.get('optimal_interval_steps'))} steps; Young {young})"
         if opt
         else (ck.get("optimal_note") or "-")
     )
-    observed = (
-        f"every {fmt(ck.get('interval_steps'))} steps / {duration(ck.get('interval_seconds'))}"
-        if ck.get("interval_steps")
-        else "-"
+    interval_seconds = _unknown(s, "checkpoint.interval_seconds") or duration(ck.get("interval_seconds"))
+    observed = f"every {fmt(ck.get('interval_steps'))} steps / {interval_seconds}" if ck.get("interval_steps") else "-"
+    share = _unknown(s, "checkpoint.overhead_fraction") or pct(ck.get("overhead_fraction"))
+    failure_rate = _unknown(s, "checkpoint.failure_rate_per_hour") or (
+        f"{fmt(ck.get('failure_rate_per_hour'), 3)}/h (MTBF {duration(ck.get('mtbf_seconds'))})"
+        if ck.get("failures")
+        else "no failed attempts"
+    )
+    mfu = _unknown(s, "mfu") or (
+        pct(s["mfu"]) if s.get("mfu") is not None else "- (needs flops_per_token or n_params, and peak_flops)"
     )
     return [
-        ("status", fmt(s.get("status"))),
+        ("status", status),
         ("steps", steps),
         ("attempts", f"{s.get('attempts')} ({s.get('failures', 0)} failed), {len(resumes)} resume(s)"),
         ("world size", fmt(s.get("world_size"))),
-        ("wall time", duration(s.get("duration_seconds"))),
+        ("wall time", _unknown(s, "duration_seconds") or duration(s.get("duration_seconds"))),
         ("tokens", f"{s['tokens']:,}" if s.get("tokens") else "-"),
         ("final train loss", fmt(s.get("final_loss"))),
         ("final eval loss", fmt(s.get("final_eval_loss"))),
-        ("mean tokens/s", fmt(s.get("tokens_per_second"))),
-        ("MFU", pct(s["mfu"]) if s.get("mfu") is not None else "- (needs flops_per_token or n_params, and peak_flops)"),
+        ("mean tokens/s", _unknown(s, "tokens_per_second") or fmt(s.get("tokens_per_second"))),
+        ("MFU", mfu),
         (
             "checkpoints",
-            f"{ck.get('count', 0)}, {duration(ck.get('seconds'))} = {pct(ck.get('overhead_fraction'))} of wall time"
+            f"{ck.get('count', 0)}, {duration(ck.get('seconds'))} = {share} of wall time"
             if ck.get("count")
             else "none recorded",
         ),
         ("checkpoint interval", observed),
-        (
-            "failure rate",
-            f"{fmt(ck.get('failure_rate_per_hour'), 3)}/h (MTBF {duration(ck.get('mtbf_seconds'))})"
-            if ck.get("failures")
-            else "no failed attempts",
-        ),
+        ("failure rate", failure_rate),
         ("optimal interval (Daly)", optimal),
     ]
 

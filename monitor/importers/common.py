@@ -8,6 +8,14 @@ the rules honest in one place too: a signal the log does not hold is left out an
 ``run_start.config["missing_signals"]``, never invented, and a clock the log does not have is
 synthesised (one second per logged entry, ordinal only) and flagged ``synthetic_time``.
 
+How the log counts its steps goes into ``run_start.config`` too, for the post-mortem to count
+steps as the trainer does: ``step_base`` (0 when a step is logged under the number of steps done
+before it, trainmon's and llm.c's way; 1 when under the number done after it, HF's ``global_step``),
+``steps_done`` (the trainer's own count at the end of the file, when the file states it: it can be
+past the last logged step) and ``ends_at_checkpoint`` (the file is a snapshot saved with the
+checkpoint of that step, e.g. HF's ``checkpoint-N/trainer_state.json``: the log ends there because
+the file was written then, not because the run stopped).
+
 A log can hold more than one attempt of a run: the step counter going back (a restart from a
 checkpoint appended to the same log) or a format-specific sign of a resume (HF's epoch counter
 resetting) starts a new producer stream with ``run_start.resumed``, exactly as a resumed
@@ -140,6 +148,15 @@ class LogMeta:
     notes: list[str] = field(default_factory=list)
     """Caveats a reader of the post-mortem should know (window-averaged losses, truncation...)."""
     world_size: int | None = None
+    step_base: int = 0
+    """The step number of the first optimizer step: 0 (trainmon, llm.c, Lightning) or 1 (HF's
+    ``global_step``, Megatron's iteration). Steps done at a logged step N: ``N + 1 - step_base``."""
+    steps_done: int | None = None
+    """The trainer's own count of optimizer steps done at the end of the file, when it states one
+    (HF's ``global_step``); None when only the logged steps tell. A file of one run only."""
+    ends_at_checkpoint: int | None = None
+    """The file is a snapshot saved with the checkpoint of this step (HF's ``checkpoint-N``): the log
+    ends there because the file was written then. Leave ``status`` None: how the run ended is unknown."""
 
 
 # SLURM's own line when it kills a job or step: ``slurmstepd: error: *** JOB 123 ON node CANCELLED AT
@@ -335,6 +352,7 @@ def split_runs(items: list[Item], meta: LogMeta, run: str) -> list[tuple[str, li
             config=config,
             notes=notes,
             world_size=meta.world_size,
+            step_base=meta.step_base,  # one file, one trainer: the same numbering in every run
         )
         out.append((name, its, sub))
     return out
@@ -401,6 +419,9 @@ def _events(
         "format": meta.format,
         "synthetic_time": not real_time,
         "missing_signals": missing,
+        "step_base": meta.step_base,
+        **({"steps_done": meta.steps_done} if meta.steps_done is not None else {}),
+        **({"ends_at_checkpoint": meta.ends_at_checkpoint} if meta.ends_at_checkpoint is not None else {}),
         **meta.config,
     }
     if not real_time:

@@ -6,12 +6,19 @@ all write the same shape):
 * Training entries (``loss`` with ``learning_rate``, or ``lr`` in some custom trainers, and
   ``grad_norm`` since transformers 4.38) become one ``step`` each. ``step`` is the
   ``global_step`` as logged (optimizer steps done, 1-based), kept as is so the post-mortem
-  names the steps the user sees in their own logs. With ``logging_steps`` > 1 the loss is the
+  names the steps the user sees in their own logs; ``step_base`` 1 says so, and the file's
+  ``global_step`` is the trainer's own count of steps done (``steps_done``: logged step 5000 of
+  ``max_steps`` 5000 is 5000 steps, not 5001). With ``logging_steps`` > 1 the loss is the
   mean over the logging window, not one step's loss: said in the notes.
 * Entries with ``eval_loss`` become ``eval`` events (other ``eval_*`` numbers as metrics,
   ``eval_runtime`` as duration). The closing ``train_runtime`` entry marks a finished run.
 * ``max_steps`` is the planned length. The file has no clock, no schedule declaration, no
   phase times: the LR schedule is left for the detector to infer, the time is synthetic.
+* The Trainer writes the file with every checkpoint (``checkpoint-N/trainer_state.json``) and,
+  through ``save_state()``, after ``train()`` returns. Without the closing ``train_runtime`` entry
+  and short of ``max_steps`` the file is a checkpoint snapshot: the log ends at step N because the
+  file was saved then (``ends_at_checkpoint``). Whether training went on, stopped or failed after
+  it is not in the file, so the status is left unknown: not ``interrupted``, not a failure.
 * A resumed streaming run shows its resume only as ``epoch`` going back to 0 while the step
   goes on; the step going back shows a restart. Either starts a new attempt.
 * ``num_input_tokens_seen`` (Trainer) or ``num_tokens`` (TRL) are cumulative: tokens per step
@@ -135,6 +142,26 @@ def _int(v: Any) -> int | None:
     return int(x)
 
 
+def _trainer_best(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint the Trainer itself kept as best (``best_metric``, ``best_global_step``,
+    ``best_model_checkpoint``; ``metric_for_best_model`` / ``greater_is_better`` when the file has them),
+    for ``eval_regression`` to check against the evals and to name in its advice."""
+    out: dict[str, Any] = {}
+    metric = to_float(state.get("best_metric"))
+    if metric is not None and math.isfinite(metric):
+        out["best_metric"] = metric
+    step = _int(state.get("best_global_step"))
+    if step is not None:
+        out["best_global_step"] = step
+    for key in ("best_model_checkpoint", "metric_for_best_model"):
+        v = state.get(key)
+        if isinstance(v, str) and v:
+            out[key] = v[-200:]  # the end of a path names the checkpoint
+    if isinstance(state.get("greater_is_better"), bool):
+        out["greater_is_better"] = state["greater_is_better"]
+    return out
+
+
 def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     state, salvaged = _load(path)
     history = state["log_history"]
@@ -209,24 +236,30 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
         logging_steps = float(gaps[len(gaps) // 2]) if gaps else None
     last = train_steps[-1] if train_steps else None
+    ends_at_checkpoint: int | None = None
     if finished or (max_steps and global_step is not None and global_step >= max_steps):
         status: str | None = "finished"
-    elif max_steps and last is not None and not salvaged:
-        status = "interrupted"
     else:
-        status = None
+        status = None  # a snapshot (or a damaged file) does not say how the run ended
+        if last is not None and not salvaged:
+            ends_at_checkpoint = global_step if global_step is not None and global_step >= last else last
     config: dict[str, Any] = {k: state[k] for k in _META_KEYS if k in state and state[k] is not None}
     if ignored:
         config["ignored_keys"] = sorted(ignored)
     if runtime is not None:
         config["train_runtime_seconds"] = runtime
+    config.update(_trainer_best(state))
     notes: list[str] = []
     if logging_steps and logging_steps > 1:
         notes.append(
             f"each logged loss is the mean over {logging_steps:g} optimizer steps (logging_steps), not one step's loss"
         )
-    if status == "interrupted":
-        notes.append(f"the log ends at step {last} of max_steps {max_steps}: a partial checkpoint or a stopped run")
+    if ends_at_checkpoint is not None:
+        short = f" of max_steps {max_steps}" if max_steps else ""
+        notes.append(
+            f"the log ends at step {ends_at_checkpoint}{short}: this trainer_state.json is the snapshot saved with "
+            "that checkpoint, not the end of the run; whether training went on, stopped or failed after it is unknown"
+        )
     if salvaged:
         notes.append("the file is truncated or damaged: entries after the damage and max_steps may be missing")
     if skipped:
@@ -238,5 +271,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         status=status,
         config=config,
         notes=notes,
+        step_base=1,
+        steps_done=global_step if global_step is not None and (last is None or global_step >= last) else None,
+        ends_at_checkpoint=ends_at_checkpoint,
     )
     return items, meta
