@@ -319,7 +319,7 @@ def test_real_log_round_trip(name: str) -> None:
     assert len(steps) == m["entries"] == len(set(steps))
     assert steps[0] == m["first_step"] and steps[-1] == m["last_step"]
     s = _summary(path)
-    assert s["steps_logged"] == m["entries"] and s["steps"] == m["last_step"] + 1
+    assert s["steps_logged"] == m["entries"] and s["steps"] == m["last_step"]  # counted from 1, like the trainer
     assert s["attempts"] == 1 and s["resumes"] == []  # repeated steps of eval / closing lines are no resume
     assert s["attempts_detail"][0]["first_step"] == m["first_step"]
     meta = m["file_meta"]

@@ -445,7 +445,7 @@ def test_real_log_end_to_end(name: str) -> None:
     for run in runs:
         s = summarize(storage, run)
         assert s["attempts"] == 1  # 51's restarts are separate runs, not resumes
-        assert s["steps"] == m["last_step"] + 1
+        assert s["steps"] == m["last_step"]  # iterations counted from 1, like the trainer
         total += s["steps_logged"]
         with storage.connect() as conn:
             row = conn.execute(runs_table.select().where(runs_table.c.run == run)).first()

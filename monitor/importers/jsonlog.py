@@ -622,7 +622,13 @@ def _finish(
     if damage.count:
         notes.append(f"{damage.count} damaged lines could not be read and were skipped")
     return items, LogMeta(
-        format=fmt, framework=framework, planned_steps=planned, status=status, config=config, notes=notes
+        step_base=1,  # the step printed is the number of steps done (1 after the first)
+        format=fmt,
+        framework=framework,
+        planned_steps=planned,
+        status=status,
+        config=config,
+        notes=notes,
     )
 
 

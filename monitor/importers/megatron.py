@@ -280,7 +280,13 @@ def parse_megatron(path: Path) -> tuple[list[Item], LogMeta]:
         )
         items.extend(r.items)
     notes = [f"{bad} damaged log lines skipped"] if bad else []
-    meta = LogMeta(format="megatron_stdout", framework=variant, config={"time_source": time_source}, notes=notes)
+    meta = LogMeta(
+        format="megatron_stdout",
+        framework=variant,
+        config={"time_source": time_source},
+        notes=notes,
+        step_base=1,  # "iteration N" is logged after N iterations
+    )
     return items, meta
 
 
@@ -504,6 +510,7 @@ def _meta(run: _Run, variant: str, bad: int, time_source: str) -> LogMeta:
     if run.done:
         config["after_training_is_done"] = True
     return LogMeta(
+        step_base=1,  # "iteration N" is logged after N iterations
         format="megatron_stdout",
         framework=variant,
         planned_steps=planned,

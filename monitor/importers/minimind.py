@@ -84,6 +84,7 @@ def parse_minimind(path: Path) -> tuple[list[Item], LogMeta]:
     if bad:
         notes.append(f"{bad} damaged log lines skipped")
     return items, LogMeta(
+        step_base=1,  # the step printed is the number of steps done (1 after the first)
         format="minimind_stdout",
         framework="minimind",
         planned_steps=planned,

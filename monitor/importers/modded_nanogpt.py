@@ -208,6 +208,7 @@ def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
     if tokens is not None:
         config["tokens_per_step"] = tokens
     return items, LogMeta(
+        step_base=1,  # the step printed is the number of steps done (1 after the first)
         format="modded_nanogpt_log",
         framework="modded-nanogpt",
         planned_steps=planned,

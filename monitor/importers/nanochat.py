@@ -160,6 +160,7 @@ def parse_nanochat(path: Path) -> tuple[list[Item], LogMeta]:
     if last_pct is not None:
         config["last_progress_percent"] = last_pct
     meta = LogMeta(
+        step_base=1,  # the step printed is the number of steps done (1 after the first)
         format="nanochat_stdout",
         framework="nanochat",
         planned_steps=planned,
