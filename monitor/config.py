@@ -239,17 +239,63 @@ class DivergenceConfig:
     min_rise_sigma: float = 2.0
     """... and by this many robust sigma of the raw per-entry loss noise (clean noisy fine-tunes
     reach 1.3 over 20 entries; a real divergence several) ..."""
-    min_rise_abs: float = 0.02
-    """... and by this many nats (a memorised loss doubling from 0.008 is not a divergence) ..."""
+    min_rise_abs: float = 0.05
+    """... and by this many nats: 5 % in perplexity, the least rise worth acting on whatever its
+    relative size (a memorised loss doubling from 0.008 is not a divergence; a fine-tune's loss
+    wandering 0.09-0.12 moves 0.03 nats, issue 14). It binds only below a loss of 0.5, where
+    ``long_min_rise_rel`` asks for less ..."""
     up_fraction: float = 0.8
     """... with this share of lagged pairs (value half a window later vs now) going up (a trend) ..."""
     max_jump_share: float = 0.5
     """... no 5-step stretch of the smoothed loss carrying more than this share of the rise (a jump
     that stays up is a non-recovered spike, not a trend) ..."""
     above_min_rel: float = 0.1
-    """... and the smoothed loss this fraction above its running minimum."""
-    critical_rel: float = 1.0
-    """Escalate to critical once the smoothed loss is this fraction above its minimum."""
+    """... and the smoothed loss this fraction above its running minimum ..."""
+    band_halflife: int = 1000
+    """... and ``band_factor`` x as far above it as it had strayed before the current excursion
+    began, an excursion being forgotten with this half-life in entries (issue 14: a plateau loss
+    wandering 0.09-0.12 rose +21 % over 200 entries with 95 % of its increments up, exactly like a
+    slow divergence, but it had been there before; a healthy falling run strays a few percent,
+    its smoothed noise) ..."""
+    band_factor: float = 3.0
+    """... (a wander's new record is a little above its old ones; a divergence leaves them far
+    behind: the benchmark's slow divergences open 12-70 % above a band of 1-5 %)."""
+    short_sustain: int = 12
+    """A rise seen by the short window only must hold on this many consecutive entries before it
+    opens (the long window's is sustained over 200 entries by construction): the first upswing of
+    a wander with a 60-step period crosses the short window's bars for a few entries, a ramp holds."""
+    healthy_rel: float = 0.05
+    """At its healthy level: within this fraction of the best loss (for the rollback advice and
+    for the band: the excursion starts after the last entry within it)."""
+    critical_rel: float = 0.5
+    """Critical once the loss has stayed this fraction above its best for ``critical_entries``
+    entries: half again the best loss, held, undoes most of what the run learned (real log 59:
+    +60-74 % for 1,500 steps, a failed fine-tune; 53: +150 %)."""
+    critical_entries: int = 10
+    """Entries the loss must stay ``critical_rel`` above its best before critical (a large *and*
+    sustained rise; sparse logs: ``sparse_points`` points)."""
+    critical_release: float = 0.7
+    """Back to warning below this fraction of ``critical_rel`` (hysteresis: no flapping)."""
+    update_rel: float = 0.1
+    """While open, say it again when the loss level moved by this fraction ..."""
+    update_every: int = 50
+    """... or after this many entries (the anomaly's last step and evidence stay current)."""
+    sparse_min_interval: int = 100
+    """Entries at least this many steps apart (median) make a sparse log: each logged loss is a
+    mean over that many steps, the trend rule has too few entries (real log 59: five in 2,640
+    steps) and a jump between two points cannot be told from a trend. Logs every 25 steps are
+    not sparse: their points are still noisy (real log 52, batch 2: 0.27, 0.57, 0.46, 0.97)."""
+    sparse_rise_rel: float = 0.6
+    """Sparse logs: the last ``sparse_points`` logged losses all this fraction above the best
+    earlier one. Without enough points to measure their noise the bar is the size: a run whose
+    mean loss stays 60 % above its best for two logging windows is not learning (59: 1.24 ->
+    2.03 -> 2.16; clean logs' points fall, or wander well under this) ..."""
+    sparse_points: int = 2
+    """... (the rise sustained over this many consecutive logging windows, never back to the best) ..."""
+    sparse_rise_sigma: float = 5.0
+    """... and, once there are six point-to-point changes to measure the points' own noise on, this
+    many robust sigma of it above the best (the best of many noisy points is a low outlier: a flat
+    log whose points scatter 15 % has pairs of points 60 % above its lowest one)."""
 
 
 @dataclass
@@ -517,7 +563,7 @@ class LossScaleCollapseConfig:
 
 @dataclass
 class EvalRegressionConfig:
-    """``eval_regression``: validation loss rising, or jumping after a resume."""
+    """``eval_regression``: the task metric worsening, validation loss rising, or jumping after a resume."""
 
     rising_evals: int = 2
     """Consecutive eval-loss increases needed (three evals in a row going up)."""
@@ -534,7 +580,35 @@ class EvalRegressionConfig:
     resume_jump_abs: float = 0.05
     """... and in nats."""
     history: int = 16
-    """Evals remembered."""
+    """Evals remembered (per metric: the window the metric's eval-to-eval noise is measured on)."""
+    metric_evals: int = 2
+    """A task metric (WER, accuracy, BLEU...: the number the user cares about, read in its own direction) must be
+    worse than its best at this many evals in a row to be a regression: one bad eval on a small eval set is noise,
+    two is a trend (53_whisper-tr: WER 17.7 -> 29.6 -> 31.3 is flagged at the second)."""
+    metric_worse_rel: float = 0.05
+    """... worse by this fraction of its best value ..."""
+    metric_noise_k: float = 4.0
+    """... and by this many times its eval-to-eval noise (a sigma from the distance of each eval to the mean of its
+    neighbours, once five evals came before the ones judged): ROUGE on a 100-sample eval set moves 10% between evals
+    (22_mt5-az-summ), and the best is the luckiest of many noisy evals, so an ordinary eval lands 2-3 sigma above
+    it. The eval loss must have risen beyond the same multiple of its own noise (or ``above_best_rel``) with it."""
+    metric_unmeasured_rel: float = 0.2
+    """Until the metric's noise can be measured (five evals before the ones judged), it must be this fraction worse
+    than its best: early evals of a noisy metric move 10-20% by themselves, a real degradation early on is larger
+    (53_whisper-tr: +67% at the second eval)."""
+    critical_rel: float = 0.25
+    """A task-metric regression is critical when the metric is this fraction worse than its best ..."""
+    critical_evals: int = 3
+    """... at this many evals in a row: large and sustained, the run is making the model worse, not wobbling."""
+    zero_metric_evals: int = 10
+    """A metric exactly 0.0 at this many evals from the start, while others move, gets one note: it is almost always
+    computed wrong (60_cantillation: f1/precision/recall 0.0 at all 100 evals while accuracy rises 0.49 -> 0.69)."""
+    unusable_error_rate: float = 0.85
+    """An error rate (WER, CER) whose best value is at least this (as a fraction; 85 when logged in percent) means no
+    checkpoint of the run is a model worth rolling back to (59_whisper-braj: best WER 89.9%). Kept high because
+    unsegmented CJK text makes word error rates of working models look poor (01_whisper-large-v2-ja: 0.74)."""
+    max_metrics: int = 32
+    """Distinct eval metrics tracked per run (bounded state; the rest are ignored)."""
 
 
 @dataclass
