@@ -570,6 +570,21 @@ def _wire_float(x: float) -> float | str:
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
+def lr_values(entry: dict[str, Any], keys: tuple[str, ...]) -> list[float] | None:
+    """The learning rates a log row holds under the first of ``keys`` it has: one per param group (a list),
+    or a single one."""
+    for key in keys:
+        v = entry.get(key)
+        if isinstance(v, list):
+            vals = [to_float(x) for x in v]
+            if vals and all(x is not None for x in vals):
+                return vals  # type: ignore[return-value]
+        x = to_float(v)
+        if x is not None:
+            return [x]
+    return None
+
+
 def to_float(value: Any) -> float | None:
     """A logged number, or None for blanks and text ("nan"/"inf" strings count as numbers)."""
     if value is None or isinstance(value, bool):

@@ -44,6 +44,7 @@ from trainmon.monitor.importers.common import (
     LogMeta,
     ResumeMark,
     TrainPoint,
+    lr_values,
     to_float,
 )
 
@@ -122,19 +123,6 @@ def _header_fields(text: str) -> dict[str, Any]:
     return out
 
 
-def _lr(entry: dict[str, Any]) -> list[float] | None:
-    for key in _LR_KEYS:
-        v = entry.get(key)
-        if isinstance(v, list):
-            vals = [to_float(x) for x in v]
-            if vals and all(x is not None for x in vals):
-                return vals  # type: ignore[return-value]
-        x = to_float(v)
-        if x is not None:
-            return [x]
-    return None
-
-
 def _int(v: Any) -> int | None:
     x = to_float(v)
     if x is None or not math.isfinite(x) or x < 0:
@@ -199,7 +187,7 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
             items.append(EvalPoint(step, loss, metrics, duration=to_float(entry.get("eval_runtime"))))
             continue
         loss = to_float(entry.get("loss"))
-        lr = _lr(entry)
+        lr = lr_values(entry, _LR_KEYS)
         norm = to_float(entry.get("grad_norm"))
         if loss is None and lr is None and norm is None:
             continue  # another callback's numbers (e.g. only eval metrics without a loss)

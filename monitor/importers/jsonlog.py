@@ -70,6 +70,7 @@ from trainmon.monitor.importers.common import (
     LogMeta,
     ResumeMark,
     TrainPoint,
+    lr_values,
     to_float,
 )
 
@@ -295,19 +296,6 @@ def _int(v: Any) -> int | None:
     return int(x)
 
 
-def _lr(entry: dict[str, Any], keys: tuple[str, ...]) -> list[float] | None:
-    for key in keys:
-        v = entry.get(key)
-        if isinstance(v, list):
-            vals = [to_float(x) for x in v]
-            if vals and all(x is not None for x in vals):
-                return vals  # type: ignore[return-value]
-        x = to_float(v)
-        if x is not None:
-            return [x]
-    return None
-
-
 def _eval_metrics(entry: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, float]:
     out = {}
     for k, v in entry.items():
@@ -368,7 +356,7 @@ def _lf_rows(path: Path, damage: _Damage, ignored: set[str]) -> Iterator[_Row]:
             row.eval_runtime = to_float(obj.get("eval_runtime"))
         elif loss is not None or norm is not None:
             row.kind, row.loss, row.grad_norm = "train", loss, norm
-            row.lr = _lr(obj, ("lr", "learning_rate"))
+            row.lr = lr_values(obj, ("lr", "learning_rate"))
             row.tokens_seen = to_float(obj.get("total_tokens"))
             ignored.update(k for k in obj if k not in _LF_KNOWN and obj[k] is not None)
         elif all(to_float(obj.get(k)) is None for k in ("predict_loss", "reward")):
@@ -416,7 +404,7 @@ def _swift_rows(path: Path, damage: _Damage, ignored: set[str], header: dict[str
             row.eval_runtime = to_float(obj.get("eval_runtime"))
         elif loss is not None or norm is not None:
             row.kind, row.loss, row.grad_norm = "train", loss, norm
-            row.lr = _lr(obj, ("learning_rate", "lr"))
+            row.lr = lr_values(obj, ("learning_rate", "lr"))
             row.tokens_seen = to_float(obj.get("num_input_tokens_seen"))
             per_iter = to_float(obj.get("elapsed_time_per_iteration"))  # Megatron-swift: the step's own time
             row.step_time = per_iter if per_iter is not None and per_iter >= 0 else None
