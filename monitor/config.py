@@ -260,10 +260,10 @@ class DivergenceConfig:
     band_factor: float = 3.0
     """... (a wander's new record is a little above its old ones; a divergence leaves them far
     behind: the benchmark's slow divergences open 12-70 % above a band of 1-5 %)."""
-    short_sustain: int = 12
+    short_sustain: int = 3
     """A rise seen by the short window only must hold on this many consecutive entries before it
-    opens (the long window's is sustained over 200 entries by construction): the first upswing of
-    a wander with a 60-step period crosses the short window's bars for a few entries, a ramp holds."""
+    opens (the long window's is sustained over 200 entries by construction): a window that
+    crosses the bars for an entry or two is not a sustained rise; a ramp holds (2 entries' delay)."""
     healthy_rel: float = 0.05
     """At its healthy level: within this fraction of the best loss (for the rollback advice and
     for the band: the excursion starts after the last entry within it)."""
