@@ -51,8 +51,23 @@ class _Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "collector.log"
+        # Generated batches mix dozens of runs: the memory limits (tested in test_collector_limits) are raised so
+        # that the fuzzing reaches the write path instead of the 429 that protects it.
+        config = root / "limits.toml"
+        config.write_text("max_runs_per_batch = 100000\nmax_live_runs = 1000000\n")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainmon.monitor.cli", "serve", "--db", str(self.db), "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "trainmon",
+                "serve",
+                "--db",
+                str(self.db),
+                "--port",
+                str(self.port),
+                "--config",
+                str(config),
+            ],
             stdout=open(self.log, "w"),  # noqa: SIM115 - closed when the child exits
             stderr=subprocess.STDOUT,
             env={k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"},

@@ -335,8 +335,15 @@ def _events_openapi() -> dict[str, Any]:
                 "415": {"description": "Content-Type is not application/json"},
                 "401": {"description": "missing or invalid bearer token (collectors started with a token)"},
                 "409": {"description": "events contradict stored data (stream reused by another run or rank)"},
+                "408": {"description": "the body did not arrive within body_timeout_seconds"},
                 "413": {"description": "body larger than the limit"},
-                "422": {"description": "schema violation; `field` names the offending field"},
+                "422": {
+                    "description": "schema violation (`field` names the offending field), or a batch whose data "
+                    "the database cannot store"
+                },
+                "429": {
+                    "description": "a limit on live runs, ranks per run or runs per batch: retry after `Retry-After`"
+                },
                 "503": {"description": "overloaded or storage failed: nothing stored, retry after `Retry-After`"},
             },
         }
