@@ -7,7 +7,6 @@ the test fills up and empties again: a real ENOSPC, not a mock.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import start_collector
+from tests.disks import fill, small_tmpfs
 from tests.events import batch, event, step_events
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.config import DetectorsConfig
@@ -27,35 +27,15 @@ from trainmon.monitor.store.storage import Storage
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs here (needs root): {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(mount: Path) -> Path:
-    filler = mount / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_healthz_says_when_writes_fail_and_recovers(small_disk: Path) -> None:
     lc = start_collector(small_disk / "db.sqlite")
     try:
         assert lc.post(batch([event("run_start", {"world_size": 1}, seq=0)]))[0] == 200
-        filler = _fill(small_disk)
+        filler = fill(small_disk)
         big = step_events(2000, start_seq=1)
         status, _ = lc.post(batch(big))
         assert status == 503  # not stored, not acknowledged: the producer spools and retries
@@ -72,7 +52,7 @@ def test_findings_made_during_an_outage_are_stored_when_it_ends(small_disk: Path
     storage = Storage(str(small_disk / "db.sqlite"))
     engine = Engine(storage, DetectorsConfig())
     try:
-        filler = _fill(small_disk)
+        filler = fill(small_disk)
         finding = Finding(
             "hang", "critical", 41, "no step from rank 0 for 300 s", "check the rank", {"pad": "x" * 9000}
         )

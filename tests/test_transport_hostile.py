@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.conftest import start_collector
+from tests.disks import fill, small_tmpfs
 from trainmon.hooks.transport import _MAX_BACKOFF, Transport
 from trainmon.monitor.store.storage import steps
 
@@ -137,20 +138,9 @@ def _free_port() -> int:
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A tiny tmpfs, filled up: every write to it fails with ENOSPC."""
-    mount = tmp_path / "full"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs here (needs root): {made.stderr.decode().strip()}")
-    try:
-        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-        with pytest.raises(OSError):
-            while True:
-                os.write(fd, b"\0" * 4096)
-        os.close(fd)
+    with small_tmpfs(tmp_path / "full", "64k") as mount:
+        fill(mount)
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_spool_disk_and_a_collector_blip_lose_nothing(
