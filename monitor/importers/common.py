@@ -602,6 +602,18 @@ def to_float(value: Any) -> float | None:
     return None
 
 
+def to_count(value: Any) -> int | None:
+    """A logged step number or count: a finite, non-negative number (a float like ``52.0`` too), else None."""
+    x = to_float(value)
+    if x is None or not math.isfinite(x) or x < 0:
+        return None
+    return int(x)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""Terminal colour codes that trainer stdout carries when it was captured from a terminal."""
+
+
 def mtime_of(path: Path) -> float | None:
     try:
         return os.stat(path).st_mtime

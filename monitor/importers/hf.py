@@ -45,6 +45,7 @@ from trainmon.monitor.importers.common import (
     ResumeMark,
     TrainPoint,
     lr_values,
+    to_count,
     to_float,
 )
 
@@ -123,13 +124,6 @@ def _header_fields(text: str) -> dict[str, Any]:
     return out
 
 
-def _int(v: Any) -> int | None:
-    x = to_float(v)
-    if x is None or not math.isfinite(x) or x < 0:
-        return None
-    return int(x)
-
-
 def _trainer_best(state: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint the Trainer itself kept as best (``best_metric``, ``best_global_step``,
     ``best_model_checkpoint``; ``metric_for_best_model`` / ``greater_is_better`` when the file has them),
@@ -138,7 +132,7 @@ def _trainer_best(state: dict[str, Any]) -> dict[str, Any]:
     metric = to_float(state.get("best_metric"))
     if metric is not None and math.isfinite(metric):
         out["best_metric"] = metric
-    step = _int(state.get("best_global_step"))
+    step = to_count(state.get("best_global_step"))
     if step is not None:
         out["best_global_step"] = step
     for key in ("best_model_checkpoint", "metric_for_best_model"):
@@ -165,7 +159,7 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         if not isinstance(entry, dict):
             skipped += 1
             continue
-        step = _int(entry.get("step"))
+        step = to_count(entry.get("step"))
         if step is None:
             skipped += 1
             log.warning("%s: log_history[%d] has no usable step; skipped", path, n)
@@ -216,8 +210,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         if epoch is not None:
             prev_epoch = epoch
 
-    max_steps = _int(state.get("max_steps"))
-    global_step = _int(state.get("global_step"))
+    max_steps = to_count(state.get("max_steps"))
+    global_step = to_count(state.get("global_step"))
     logging_steps = to_float(state.get("logging_steps"))
     train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
     if logging_steps is None and len(train_steps) >= 2:

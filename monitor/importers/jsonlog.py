@@ -71,6 +71,7 @@ from trainmon.monitor.importers.common import (
     ResumeMark,
     TrainPoint,
     lr_values,
+    to_count,
     to_float,
 )
 
@@ -289,13 +290,6 @@ class _Row:
     runtime: float | None = None
 
 
-def _int(v: Any) -> int | None:
-    x = to_float(v)
-    if x is None or not math.isfinite(x) or x < 0:
-        return None
-    return int(x)
-
-
 def _eval_metrics(entry: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, float]:
     out = {}
     for k, v in entry.items():
@@ -335,7 +329,7 @@ def _objects(path: Path, damage: _Damage, summaries: list[tuple[int, dict[str, A
 def _lf_rows(path: Path, damage: _Damage, ignored: set[str]) -> Iterator[_Row]:
     summaries: list[tuple[int, dict[str, Any]]] = []
     for n, obj in _objects(path, damage, summaries):
-        step = _int(obj.get(_LF_STEP))
+        step = to_count(obj.get(_LF_STEP))
         if step is None:
             damage(n, f"has no usable {_LF_STEP}")
             continue
@@ -343,7 +337,7 @@ def _lf_rows(path: Path, damage: _Damage, ignored: set[str]) -> Iterator[_Row]:
             n=n,
             kind="other",
             step=step,
-            planned=_int(obj.get("total_steps")) or None,
+            planned=to_count(obj.get("total_steps")) or None,
             epoch=to_float(obj.get("epoch")),
             elapsed=parse_duration(obj.get("elapsed_time")),
         )
@@ -658,7 +652,7 @@ def parse_ms_swift(path: Path) -> tuple[list[Item], LogMeta]:
         framework="ms-swift",
         ignored=ignored,
         damage=damage,
-        final_step=_int(header.get("global_step")),
+        final_step=to_count(header.get("global_step")),
         extra_config=config,
         extra_notes=notes,
     )

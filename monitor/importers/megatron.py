@@ -42,14 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, RunMark, TrainPoint
+from trainmon.monitor.importers.common import (
+    ANSI_ESCAPE,
+    EvalPoint,
+    ImportFormatError,
+    Item,
+    LogMeta,
+    RunMark,
+    TrainPoint,
+)
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
 
 __all__ = ["looks_like_megatron", "parse_megatron"]
 
 log = logging.getLogger("trainmon.import")
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ITER = re.compile(
     r"(?:\[(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]\s*)?"
     r"\biteration\s+(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$"
@@ -202,7 +209,7 @@ def parse_megatron(path: Path) -> tuple[list[Item], LogMeta]:
     bad = 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for n, raw in enumerate(f, 1):
-            line = _ANSI.sub("", raw).strip()
+            line = ANSI_ESCAPE.sub("", raw).strip()
             if not line:
                 continue
             if in_args:

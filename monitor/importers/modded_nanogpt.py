@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint, to_float
 from trainmon.monitor.importers.textclock import Segment, lay_out
 
 __all__ = ["looks_like_modded_nanogpt", "parse_modded_nanogpt"]
@@ -101,15 +101,6 @@ def _arith(text: str) -> float | None:
         return None
 
 
-def _float(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
     items: list[Item] = []
     seg = Segment(anchor=None)
@@ -154,13 +145,13 @@ def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
                     ended = True
                 continue
             step, total, tag = int(m.group(1)), int(m.group(2)), m.group(3)
-            value = _float(m.group(4))
+            value = to_float(m.group(4))
             if value is None:
                 bad += 1
                 log.warning("%s: line %d: %s %r is not a number; skipped", path, n, tag, m.group(4))
                 continue
             planned = total or planned
-            ms = _float(m.group(5))
+            ms = to_float(m.group(5))
             t: float | None = None
             step_time = None
             if ms is not None and math.isfinite(ms):

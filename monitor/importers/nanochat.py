@@ -28,14 +28,13 @@ import math
 import re
 from pathlib import Path
 
-from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import ANSI_ESCAPE, EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
 
 __all__ = ["looks_like_nanochat", "parse_nanochat"]
 
 log = logging.getLogger("trainmon.import")
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STEP = re.compile(r"^step\s+(\d+)(?:\s*/\s*(\d+))?\s+\(\s*([-+\d.]+|nan)\s*%\)\s*\|(.*)$")
 _EVAL = re.compile(r"^Step\s+(\d+)\s*\|\s*([^:|]+?)\s*:\s*(\S+)\s*$")
 _PART = re.compile(r"^\s*([\w/ ]+?)\s*:\s*(\S+)")
@@ -47,7 +46,7 @@ _NUM = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+)$|^[-+]?(?:nan|inf
 def looks_like_nanochat(head: str) -> bool:
     """A ``step N (p%) | loss: ...`` line near the start."""
     for raw in head.splitlines():
-        m = _STEP.match(_ANSI.sub("", raw).strip())
+        m = _STEP.match(ANSI_ESCAPE.sub("", raw).strip())
         if m is not None and "loss" in m.group(4):
             return True
     return False
@@ -77,7 +76,7 @@ def parse_nanochat(path: Path) -> tuple[list[Item], LogMeta]:
     lrm: list[float] = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for n, raw in enumerate(f, 1):
-            line = _ANSI.sub("", raw).strip()
+            line = ANSI_ESCAPE.sub("", raw).strip()
             if not line:
                 continue
             m = _STEP.match(line)
