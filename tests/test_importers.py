@@ -506,3 +506,26 @@ def test_sparse_real_time_log_is_not_a_hang(tmp_path: Path) -> None:
     storage = Storage("sqlite://")
     (run,) = import_file(path, storage)
     assert [a for a in summarize(storage, run)["anomalies"] if a["kind"] == "hang"] == []
+
+
+def test_tensorboard_eval_metrics_judge_the_fine_tune(tmp_path: Path) -> None:
+    """``eval/wer`` beside ``eval/loss`` is read as a metric: a WER that doubles while the eval loss
+    creeps up is the regression, named by the WER (real log 54 lost its eval/wer before)."""
+    tb = pytest.importorskip("torch.utils.tensorboard", reason="tensorboard not installed (SummaryWriter needs it)")
+    w = tb.SummaryWriter(str(tmp_path / "asr"))
+    wers = {100: 40.0, 200: 60.0, 300: 75.0, 400: 90.0}
+    for step in range(10, 410, 10):
+        w.add_scalar("train/loss", 2.0 * 0.99**step + 0.01, step)
+        w.add_scalar("train/learning_rate", 1e-5, step)
+        if step in wers:
+            w.add_scalar("eval/loss", 0.18 + step * 1.3e-4, step)
+            w.add_scalar("eval/wer", wers[step], step)
+            w.add_scalar("eval/runtime", 31.0, step)
+            w.add_scalar("eval/samples_per_second", 3.2, step)
+    w.close()
+    evals = [e for e in _events(tmp_path / "asr") if e.kind == "eval"]
+    assert [(e.fields["step"], e.fields["metrics"]) for e in evals] == [(s, {"wer": v}) for s, v in wers.items()]
+    storage = Storage("sqlite://")
+    (run,) = import_file(tmp_path / "asr", storage)
+    (found,) = [a for a in summarize(storage, run)["anomalies"] if a["kind"] == "eval_regression"]
+    assert "wer" in found["message"] and found["severity"] in ("warning", "critical")

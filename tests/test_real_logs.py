@@ -215,7 +215,13 @@ EXPECT: dict[str, Expect] = {
     ),
     "54_whisper-wer-diverge.tfevents": Expect(
         allowed=(
-            Allow("eval_regression", 1000, 5000, "manifest: eval WER worse at every eval after 1000, eval loss rises"),
+            Allow(
+                "eval_regression",
+                1000,
+                5000,
+                "manifest: eval WER worse at every eval after 1000 (58 -> 126), eval loss rises",
+                ("warning", "critical"),
+            ),
         ),
         required=(
             Need(

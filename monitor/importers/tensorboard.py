@@ -224,6 +224,27 @@ def _choose(tags: set[str]) -> dict[str, str]:
     return out
 
 
+# Eval scalars that time the evaluation rather than score the model.
+_EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
+
+
+def _eval_metric_tags(tags: set[str], eval_loss_tag: str | None) -> dict[str, str]:
+    """The task metrics logged next to the eval loss (``eval/wer`` beside ``eval/loss``), by name.
+
+    A fine-tune is judged by its task metric (WER, accuracy) more than by its eval loss, which
+    can rise while the metric improves; the eval detector needs both.
+    """
+    if eval_loss_tag is None or "/" not in eval_loss_tag:
+        return {}
+    prefix = eval_loss_tag.rsplit("/", 1)[0] + "/"
+    out = {}
+    for tag in tags:
+        name = tag[len(prefix) :]
+        if tag.startswith(prefix) and tag != eval_loss_tag and "/" not in name and name.lower() not in _EVAL_TIMINGS:
+            out[tag] = name
+    return out
+
+
 def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
     """One run from one event file or a folder's event files (a restart writes a new file).
 
@@ -242,11 +263,16 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
             "expected one of " + ", ".join(TAGS["loss"])
         )
     by_tag = {tag: fld for fld, tag in mapping.items()}
+    metric_tags = _eval_metric_tags(tags, mapping.get("eval_loss"))
     items: list[Item] = []
     for _, rows in per_file:
         train: dict[int, TrainPoint] = {}
         evals: dict[int, EvalPoint] = {}
+        metrics: dict[int, dict[str, float]] = {}
         for wall, step, tag, value in rows:
+            if tag in metric_tags:
+                metrics.setdefault(step, {})[metric_tags[tag]] = value
+                continue
             fld = by_tag.get(tag)
             if fld is None:
                 continue
@@ -261,6 +287,8 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
                 point.tokens = round(value)
             else:
                 setattr(point, fld, value)
+        for step, point in evals.items():
+            point.metrics = metrics.get(step, {})
         merged: list[tuple[int, int, Item]] = [(s, 0, p) for s, p in train.items()]
         merged += [(s, 1, e) for s, e in evals.items()]
         merged.sort(key=lambda x: (x[0], x[1]))
