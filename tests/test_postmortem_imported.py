@@ -214,6 +214,22 @@ def test_hf_steps_are_the_trainers_count(tmp_path: Path) -> None:
     assert _row(_cli(path).stdout, "steps").split()[1:4] == ["50", "of", "50"]
 
 
+def test_hf_steps_in_runs_and_status_are_the_trainers_count(tmp_path: Path) -> None:
+    """``trainmon runs`` and ``trainmon status`` count like the post-mortem: 50 of 50, not 51/50."""
+    path = _hf_state(
+        tmp_path / "done" / "trainer_state.json", steps=range(10, 51, 10), max_steps=50, global_step=50, finished=True
+    )
+    db = tmp_path / "store.sqlite"
+    env = {**os.environ, "COLUMNS": "200"}
+    subprocess.run([*TRAINMON, "import", str(path), "--db", str(db)], check=True, capture_output=True, env=env)
+    runs = subprocess.run([*TRAINMON, "runs", "--db", str(db)], check=True, capture_output=True, text=True, env=env)
+    assert "50/50" in runs.stdout and "51/50" not in runs.stdout
+    status = subprocess.run(
+        [*TRAINMON, "status", "done", "--db", str(db)], check=True, capture_output=True, text=True, env=env
+    )
+    assert "step 50/50" in status.stdout, status.stdout
+
+
 def test_hf_steps_after_the_last_logged_one_count(tmp_path: Path) -> None:
     """Logged every 25 steps up to 16050, finished at global_step 16058 (file 24): 16058 steps done."""
     path = _hf_state(

@@ -29,7 +29,7 @@ from sqlalchemy import Connection, select
 
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
-from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows
+from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
 __all__ = [
@@ -142,7 +142,8 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
     if pace is None or pace <= 0:
         pace = _median([_float(x["step_time"]) for x in recent])
     planned = row.planned_steps
-    remaining = None if planned is None or step is None else max(0, planned - (step + 1))
+    done = None if step is None else step + 1 - step_base(row.config)
+    remaining = None if planned is None or done is None else max(0, planned - done)
     finished = row.status != "running"
     tps = [(x["tokens"] * world / x["step_time"]) if x["tokens"] and _float(x["step_time"]) else None for x in recent]
     phase_sums = {p: sum(_float(x[f"phase_{p}"]) or 0.0 for x in recent) for p in PHASE_COLUMNS}
@@ -170,7 +171,8 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         "planned_steps": planned,
         "step": step,
         "attempts": attempts,
-        "progress": None if planned in (None, 0) or step is None else min(1.0, (step + 1) / planned),
+        "steps_done": done,
+        "progress": None if planned in (None, 0) or done is None else min(1.0, done / planned),
         "seconds_per_step": pace,
         "eta_seconds": None if finished or remaining is None or pace is None else remaining * pace,
         "loss": None if last is None else _float(last["loss"]),
@@ -396,11 +398,13 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     """
     parts: list[RenderableType] = []
     step = st.get("step")
+    done = st.get("steps_done", None if step is None else step + 1)
+    base = 0 if step is None or done is None else step + 1 - done  # 1 for logs that count from 1 (HF)
     planned = st.get("planned_steps")
     head = Text.assemble(
         (visible_controls(f"run {st['run']}"), "bold"),
         visible_controls(f"  {st['status']}  "),
-        visible_controls(f"step {'-' if step is None else step + 1}" + (f"/{planned}" if planned else "")),
+        visible_controls(f"step {'-' if done is None else done}" + (f"/{planned}" if planned else "")),
         visible_controls(f"  attempt {st.get('attempts')}"),
         visible_controls(f"  world {st.get('world_size')}"),
         (f"  last update {_duration(st.get('age_seconds'))} ago", "dim"),
@@ -449,7 +453,7 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
             table.add_row(
                 _cell(r["rank"]),
                 _cell(r.get("host")),
-                _cell(None if r.get("step") is None else r["step"] + 1),
+                _cell(None if r.get("step") is None else r["step"] + 1 - base),
                 _cell(r.get("lag_steps")),
                 _cell(r.get("step_time"), 3),
                 _cell(rel, 3),

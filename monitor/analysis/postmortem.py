@@ -64,7 +64,7 @@ from sqlalchemy import Connection, and_, bindparam, case, func, select
 from trainmon.hooks.schedules import Schedule
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.config import CollectorConfig
-from trainmon.monitor.store.queries import anomaly_rows
+from trainmon.monitor.store.queries import anomaly_rows, step_base
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     Storage,
@@ -315,7 +315,7 @@ def _import_facts(config: Any) -> dict[str, Any]:
     return {
         "imported": bool(cfg),
         "clock_unknown": SYNTHETIC_CLOCK if cfg.get("synthetic_time") else None,
-        "step_base": 1 if count("step_base") == 1 else 0,
+        "step_base": step_base(cfg),
         "steps_done": count("steps_done"),
         "ends_at_checkpoint": count("ends_at_checkpoint"),
         "logging_steps": float(logging_steps)

@@ -263,7 +263,7 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
         table.add_column(col)
     for r in rows:
         updated = dt.datetime.fromtimestamp(r["updated_at"]).strftime("%Y-%m-%d %H:%M:%S")
-        step = "-" if r.get("step") is None else str(r["step"] + 1)
+        step = "-" if r.get("steps_done") is None else str(r["steps_done"])
         if r.get("planned_steps"):
             step += f"/{r['planned_steps']}"
         opened = r.get("open_anomalies") or 0

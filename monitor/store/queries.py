@@ -8,7 +8,7 @@ from sqlalchemy import Connection, func, select
 
 from trainmon.monitor.store.storage import anomalies, runs, steps, streams
 
-__all__ = ["anomaly_rows", "latest_step", "run_rows"]
+__all__ = ["anomaly_rows", "latest_step", "run_rows", "step_base"]
 
 
 def anomaly_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
@@ -44,8 +44,16 @@ def latest_step(conn: Connection, run: str) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
+def step_base(config: Any) -> int:
+    """The number of the run's first optimizer step: 1 when an importer recorded that the log counts
+    steps done (HF's ``global_step``), else 0 (trainmon's hooks, llm.c, Lightning). Steps done at
+    step ``s`` are ``s + 1 - step_base``; a user's own config is never read for it."""
+    imported = isinstance(config, dict) and config.get("imported_from")
+    return 1 if imported and config.get("step_base") == 1 else 0
+
+
 def run_rows(conn: Connection) -> list[dict[str, Any]]:
-    """One summary row per run, newest first."""
+    """One summary row per run, newest first; ``steps_done`` counts steps as the trainer does."""
     open_counts = dict(
         conn.execute(
             select(anomalies.c.run, func.count()).where(anomalies.c.status == "open").group_by(anomalies.c.run)
@@ -65,6 +73,7 @@ def run_rows(conn: Connection) -> list[dict[str, Any]]:
                 "planned_steps": r.planned_steps,
                 "attempts": attempts.get(r.run, 0),
                 "step": None if last is None else last["step"],
+                "steps_done": None if last is None else last["step"] + 1 - step_base(r.config),
                 "loss": None if last is None else last["loss"],
                 "open_anomalies": open_counts.get(r.run, 0),
             }
