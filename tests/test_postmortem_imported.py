@@ -230,6 +230,15 @@ def test_hf_steps_in_runs_and_status_are_the_trainers_count(tmp_path: Path) -> N
     assert "step 50/50" in status.stdout, status.stdout
 
 
+def test_tokens_of_a_log_written_every_n_steps_count_every_step(tmp_path: Path) -> None:
+    """Logged every 10 steps at 1,000 tokens per step: 50,000 tokens over 50 steps, not the 4,000
+    that summing the five entries' per-step figures gave (the first has no difference to take)."""
+    path = _hf_state(
+        tmp_path / "sparse" / "trainer_state.json", steps=range(10, 51, 10), max_steps=50, global_step=50, finished=True
+    )
+    assert _summary(path)["tokens"] == 50_000
+
+
 def test_hf_steps_after_the_last_logged_one_count(tmp_path: Path) -> None:
     """Logged every 25 steps up to 16050, finished at global_step 16058 (file 24): 16058 steps done."""
     path = _hf_state(

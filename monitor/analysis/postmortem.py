@@ -200,8 +200,8 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         unknown["duration_seconds"] = clock
         unknown["attempts_detail.started_at"] = unknown["attempts_detail.ended_at"] = clock
     n_attempts = len(attempts)
-    busy = float(bins["step_time"].sum()) if len(bins) else 0.0
-    tokens_rank = float(bins["tokens"].sum()) if len(bins) else 0.0
+    busy = _per_step_total(bins, "step_time", "timed")
+    tokens_rank = round(_per_step_total(bins, "tokens", "tokens_n"))
     tokens = tokens_rank * world if tokens_rank else None
     tps = tokens / busy if tokens and busy else None
     if clock and not busy:
@@ -435,6 +435,7 @@ def _bins(conn: Connection, run: str, extents: list[dict[str, Any]]) -> pd.DataF
         func.sum(steps.c.step_time).label("step_time"),
         func.count(steps.c.step_time).label("timed"),
         func.sum(steps.c.tokens).label("tokens"),
+        func.count(steps.c.tokens).label("tokens_n"),
         *[func.sum(steps.c[f"phase_{p}"]).label(f"phase_{p}") for p in PHASE_COLUMNS],
         func.avg(loss).label("loss"),
         func.min(loss).label("loss_min"),
@@ -465,6 +466,30 @@ def _bins(conn: Connection, run: str, extents: list[dict[str, Any]]) -> pd.DataF
             df[c] = pd.to_numeric(df[c], errors="coerce")
     df["step"] = (df["lo"] + df["hi"] - 1) / 2
     return df
+
+
+def _per_step_total(bins: pd.DataFrame, col: str, n_col: str) -> float:
+    """A per-step figure (tokens, step time) summed over every step the run did, logged or not.
+
+    A log written every N steps holds one entry per window, carrying that window's per-step figure
+    (HF's ``logging_steps``; importers turn cumulative counters into per-step values): summing the
+    entries counts 1/N of the steps. Each attempt's sum is scaled to the steps it spans, by the
+    mean gap between its entries and by its entries over those that carry the figure (a cumulative
+    counter's first window has none). A run logged at every step keeps its exact sum."""
+    total = 0.0
+    if not len(bins):
+        return total
+    for _, g in bins.groupby("attempt"):
+        logged, carried, n = float(g[col].sum()), int(g[n_col].sum()), int(g["count"].sum())
+        if not carried or not logged:
+            continue
+        span = int(g["hi"].max()) - int(g["lo"].min())  # steps from the first entry to the last, inclusive
+        if carried == n == span:
+            total += logged
+            continue
+        gap = (span - 1) / (n - 1) if n > 1 else 1.0
+        total += logged / carried * n * gap
+    return total
 
 
 def _stride(rows: int) -> tuple[int, int]:
