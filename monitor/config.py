@@ -2,6 +2,20 @@
 
 A TOML file may override any field (``trainmon serve --config FILE``); an unknown or mistyped
 field is named in the error instead of being silently ignored.
+
+What a finding's severity means, for every detector (their thresholds below follow it):
+
+* ``info`` -- worth knowing when reading the run afterwards; nobody needs to act. A blip that
+  recovered by itself, a note about the data (a constant or all-zero series), a condition the
+  evidence does not call harmful (eval loss rising while the task metric improves).
+* ``warning`` -- the run is, or will be, worse off if nothing changes: someone should look at it
+  today. A spike that has not recovered, an LR off its schedule, a straggler or a throughput drop
+  that is sustained, an eval metric that got worse at several evals in a row.
+* ``critical`` -- the run is burning compute now or is about to fail: act now (this pages). It
+  needs both magnitude and duration: non-finite losses, a rank stalled for minutes, a loss that
+  diverged and stays up, memory exhausted within the hour. Nothing that can clear by itself within
+  a minute is critical when first seen; a finding escalates while its condition grows and
+  de-escalates when it eases.
 """
 
 from __future__ import annotations

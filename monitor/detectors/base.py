@@ -11,6 +11,8 @@ from trainmon.hooks.wire import Event
 __all__ = ["SEVERITIES", "Detector", "Finding"]
 
 SEVERITIES = ("info", "warning", "critical")
+"""Least to most urgent; what each means (and so when a detector may use it) is stated once, in
+``trainmon.monitor.config``'s docstring."""
 
 
 def finite(x: Any) -> bool:
