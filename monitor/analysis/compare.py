@@ -1,16 +1,17 @@
 """Two runs side by side: where and how B departs from the reference A.
 
-The case this is for is seed 004's TP seeding bug: a 1.7B run with tensor parallelism was
-"consistently worse" than the same run without it, and only a careful side-by-side showed it.
+The case this is for is the tensor-parallel seeding bug of Hugging Face's SmolLM3 training story
+(2025): a 1.7B run with tensor parallelism was "consistently worse" than the same run without
+it, and only a careful side-by-side showed it.
 A loss gap means something only against the runs' own noise, so each run's step-to-step
 noise is estimated first; the gap ``B - A`` is smoothed and compared with ``k`` times the
 noise of the smoothed gap. Positive gaps mean B's loss is higher (worse).
 
 The report names:
 
-* the loss divergence: the first step from which the smoothed gap stays beyond noise with one
-  sign, and its size ("B is consistently worse than A by 0.08 +/- 0.01 nats from step 1,200"),
-  or a transient difference that closed again, or none;
+* the loss gap: the first step from which the smoothed gap stays beyond noise with one sign,
+  and its size ("B is consistently worse than A by 0.08 +/- 0.01 nats from step 1,200": verdict
+  ``worse`` or ``better``), or a transient difference that closed again, or ``within noise``;
 * LR differences: the first step where the LRs differ by more than 1 %, and whether B's LR is
   a constant multiple of A's (a different peak) or the schedules differ in shape;
 * throughput: the tokens/s ratio and the phase whose time per token changed the most;
@@ -33,6 +34,7 @@ import numpy as np
 from sqlalchemy import select
 
 from trainmon.monitor.analysis.escape import escape_for_terminal
+from trainmon.monitor.importers.common import BOOKKEEPING_KEYS
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps
 
 __all__ = ["CompareError", "RunSeries", "compare", "load_run", "noise_sigma", "render", "series_from_arrays"]
@@ -40,7 +42,8 @@ __all__ = ["CompareError", "RunSeries", "compare", "load_run", "noise_sigma", "r
 LR_TOLERANCE = 0.01  # relative LR difference that counts as "different"
 K_SIGMA = 3.0  # how far beyond the smoothed gap's noise a gap must be
 _MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)  # noise of a median over that of a mean (normal data)
-_IGNORED_CONFIG = {"run", "run_id", "out", "collector", "resume"}  # differ between any two runs
+# Differ between any two runs (names, paths), or say how a log was imported rather than how it trained.
+_IGNORED_CONFIG = {"run", "run_id", "out", "collector", "resume"} | BOOKKEEPING_KEYS
 
 
 class CompareError(ValueError):
@@ -334,10 +337,10 @@ def _loss_report(al: _Aligned, a: RunSeries, b: RunSeries, k: float) -> dict[str
     if last is not None and last[1] == len(gap):
         s = last[0]
         held = smooth[s:]
-        out["verdict"] = "diverged"
+        out["direction"] = "worse" if held.mean() > 0 else "better"
+        out["verdict"] = out["direction"]
         out["from_x"] = _x(x[s])
         out["from_step"] = _x(sa[s])
-        out["direction"] = "worse" if held.mean() > 0 else "better"
         out["gap"] = float(held.mean())
         out["gap_spread"] = float(held.std())
     elif segs:
@@ -352,7 +355,7 @@ def _loss_report(al: _Aligned, a: RunSeries, b: RunSeries, k: float) -> dict[str
             "peak_gap": float(smooth[s:e][np.argmax(np.abs(smooth[s:e]))]),
         }
     else:
-        out["verdict"] = "no divergence"
+        out["verdict"] = "within noise"
     return out
 
 
@@ -441,8 +444,8 @@ def _config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
                 out[f"{prefix}{k}"] = v
         return out
 
-    fa, fb = flat(a or {}), flat(b or {})
-    keys = sorted((set(fa) | set(fb)) - _IGNORED_CONFIG)
+    fa, fb = (flat({k: v for k, v in (c or {}).items() if k not in _IGNORED_CONFIG}) for c in (a, b))
+    keys = sorted(set(fa) | set(fb))
     return {k: [fa.get(k), fb.get(k)] for k in keys if fa.get(k) != fb.get(k)}
 
 
@@ -467,7 +470,7 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
     cfg = _config_diff(a.config, b.config)
     summary: list[str] = []
     v = loss.get("verdict")
-    if v == "diverged":
+    if v in ("worse", "better"):
         summary.append(
             f"B is consistently {loss['direction']} than A by {abs(loss['gap']):.3g} +/- {loss['gap_spread']:.2g} nats "
             f"from {_where(by, loss['from_step'], loss['from_x'])} "
@@ -480,9 +483,9 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
             f"{_where(by, t['from_step'], t['from_x'])} and {_where(by, t['to_step'], t['to_x'])}, "
             f"then within noise (final gap {loss['final_gap']:+.3g})"
         )
-    elif v == "no divergence":
+    elif v == "within noise":
         summary.append(
-            f"no divergence: the loss gap stays within noise ({K_SIGMA:g} sigma of the smoothed gap = "
+            f"within noise: the loss gap stays inside ({K_SIGMA:g} sigma of the smoothed gap = "
             f"{loss['threshold']:.2g} nats; final gap {loss['final_gap']:+.3g})"
         )
     else:
@@ -519,7 +522,7 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
         "b": {"label": b.label, "run": b.run, "steps": len(b.step), "world_size": b.world_size},
         "by": by,
         "aligned_points": len(al.x),
-        "diverged": v == "diverged",
+        "differs": v in ("worse", "better"),
         "loss": loss,
         "lr": lr,
         "throughput": tput,

@@ -44,6 +44,7 @@ from typing import Any
 from trainmon.hooks.wire import Event, validate_event
 
 __all__ = [
+    "BOOKKEEPING_KEYS",
     "EvalPoint",
     "ImportFormatError",
     "LogMeta",
@@ -58,6 +59,33 @@ __all__ = [
     "run_id_from_path",
     "split_runs",
 ]
+
+BOOKKEEPING_KEYS = frozenset(
+    {
+        "imported_from",
+        "format",
+        "synthetic_time",
+        "time_source",
+        "missing_signals",
+        "step_base",
+        "steps_done",
+        "ends_at_checkpoint",
+        "notes",
+        "line_shapes",
+        "tag_mapping",
+        "column_mapping",
+        "event_files",
+        "ignored_keys",
+        "run_in_file",
+        "run_split_reason",
+        "attempt_inferred_from",
+        "resumed_after_step",
+        "last_progress_percent",
+        "elapsed_resolution_seconds",
+    }
+)
+"""``run_start.config`` keys an importer writes about how it read the log, not about the training run:
+a comparison of two imports leaves them out."""
 
 log = logging.getLogger("trainmon.import")
 
