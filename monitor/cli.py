@@ -337,7 +337,7 @@ def _add_budget(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "budget",
-        help="memory, FLOPs, MFU, pipeline bubble and checkpoint arithmetic (the seeds' formulas)",
+        help="memory, FLOPs, MFU, pipeline bubble and checkpoint arithmetic (published formulas, cited)",
         description="Give what you know; every quantity those inputs determine is printed. "
         "Sizes take units (80GB = 80e9 B, 80GiB = 80*2^30 B); counts take k/M/B/T (7B, 300B, 312T).",
     )
@@ -350,7 +350,7 @@ def _add_budget(sub: argparse._SubParsersAction) -> None:
         add("--seq", type=int, help="sequence length s"),
         add("--learned-positions", action="store_true", default=None, help="count learned position embeddings"),
         add("--precision", choices=list(RECIPES), help="bytes-per-parameter recipe (default fp32)"),
-        add("--gpu-memory", help="memory of one GPU, e.g. 80GB (-> max_micro_batch)"),
+        add("--gpu-memory", help="memory of one GPU, e.g. 80GB (-> memory left; with the shape, max_micro_batch)"),
         add("--micro-batch", type=int, help="sequences per micro-batch per GPU"),
         add("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (needs --ranks)"),
         add("--ranks", type=int, help="data-parallel ranks"),

@@ -254,3 +254,20 @@ def test_cli_argparse_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         main(["budget", "--precision", "fp7"])
     assert "--precision" in capsys.readouterr().err
+
+
+def test_gpu_memory_with_params_only_says_what_it_can(capsys: pytest.CaptureFixture[str]) -> None:
+    """7B in fp32 against an 80 GB GPU: 112 GB of model states do not fit, 32 GB short; the
+    micro-batch needs the shape and is simply not printed."""
+    assert main(["budget", "--params", "7B", "--gpu-memory", "80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu_memory_left_bytes"] == pytest.approx(-32e9) and out["model_states_fit"] is False
+    assert "max_micro_batch" not in out
+
+
+def test_printed_budget_cites_sources_and_units(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["budget", "--layers", "48", "--d-model", "1600", "--vocab", "50257", "--seq", "1024", "--heads", "25"]
+    assert main([*args, "--step-seconds", "2", "--checkpoint-seconds", "60", "--mtbf-hours", "24"]) == 0
+    text = capsys.readouterr().out
+    assert "seed" not in text.lower()
+    assert "1,610 steps" in text and "Young 1974" in text.replace("\n", " ").replace("│", " ").replace("  ", " ")

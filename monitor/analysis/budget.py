@@ -1,12 +1,15 @@
-"""The training budget: the seeds' memory, FLOPs, MFU, pipeline and checkpoint arithmetic.
+"""The training budget: memory, FLOPs, MFU, pipeline-bubble and checkpoint arithmetic.
 
 Plain functions, SI units in the names (``_bytes``, ``_seconds``, ``_flops``); ``GB`` means
-10⁹ bytes, as in the seeds' worked examples (16 x 1,555,126,400 B = 24.88 GB). ``plan`` puts
+10⁹ bytes, as in the worked examples it is tested on (16 x 1,555,126,400 B = 24.88 GB). ``plan`` puts
 them together for ``trainmon budget``; the live MFU uses :func:`mfu_from_throughput` with the
 same FLOPs-per-token definition the trainer declares (:mod:`trainmon.hooks.flops`).
 
-Seeds (``/work/shared/seeds``): 001 the theory notebook, 002 "Infra math for LLM training",
-003 "Planning LLM training" (GPT-2 XL), 004 "How to train an LLM" (8B Megatron example).
+Sources, cited next to each formula where the output prints it: Kaplan et al. 2020 (parameter
+count, 6·N·D), Rajbhandari et al. 2020 (ZeRO model states), Korthikanti et al. 2022 (activation
+memory), Huang et al. 2019 and Narayanan et al. 2021 (pipeline bubble), Young 1974 and Daly 2006
+(checkpoint interval). The tests reproduce the worked numbers of the project's design documents
+(GPT-2 XL, a 7B and an 8B model).
 """
 
 from __future__ import annotations
@@ -94,14 +97,14 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("fp32", 4, 4, 8, 4, "fp32 weights 4 + grads 4 + Adam m,v 8 = 16 B (seeds 002 §I.A.1, 003 '16P')"),
+        Recipe("fp32", 4, 4, 8, 4, "fp32 weights 4 + grads 4 + Adam m,v 8 = 16 B"),
         Recipe(
             "bf16-mixed",
             2,
             2 + 4,
             4 + 8,
             2,
-            "bf16 weights 2 + bf16 grads 2 + fp32 master 4 + fp32 grads 4 + Adam 8 = 20 B (seed 002 §I.A.2)",
+            "bf16 weights 2 + bf16 grads 2 + fp32 master 4 + fp32 grads 4 + Adam 8 = 20 B",
         ),
         Recipe(
             "fp16-mixed",
@@ -109,7 +112,7 @@ RECIPES: dict[str, Recipe] = {
             2,
             4 + 8,
             2,
-            "16-bit weights 2 + grads 2 + fp32 master 4 + Adam 8 = 16 B (ZeRO paper K=12; seed 002 ZeRO table)",
+            "16-bit weights 2 + grads 2 + fp32 master 4 + Adam 8 = 16 B (ZeRO paper, K = 12)",
         ),
         Recipe(
             "mixed",
@@ -117,11 +120,9 @@ RECIPES: dict[str, Recipe] = {
             2,
             4 + 8,
             2,
-            "same as fp16-mixed with bf16: 2 + 2 + 4 + 8 = 16 B (seed 004: 8B model states = 128 GB)",
+            "same as fp16-mixed with bf16: 2 + 2 + 4 + 8 = 16 B (an 8B model: 128 GB of model states)",
         ),
-        Recipe(
-            "bf16", 2, 2, 8, 2, "bf16 weights 2 + bf16 grads 2 + fp32 Adam 8 = 12 B, no master copy (seed 001 §5, §6)"
-        ),
+        Recipe("bf16", 2, 2, 8, 2, "bf16 weights 2 + bf16 grads 2 + fp32 Adam 8 = 12 B, no master copy"),
     )
 }
 
@@ -441,10 +442,12 @@ def plan(**v: Any) -> dict[str, Any]:
             out["max_micro_batch"] = max_micro_batch(mem, out["model_state_bytes_per_rank"], act)
             if "micro_batch" in v:
                 out["fits"] = v["micro_batch"] <= out["max_micro_batch"]
-    elif "gpu_memory" in v:
-        raise BudgetError(
-            "--gpu-memory", "the max micro-batch needs the shape: --layers --d-model --vocab --heads --seq"
-        )
+    elif mem is not None:
+        if params is None:
+            raise BudgetError("--gpu-memory", "compares the model states with the memory: give --params or the shape")
+        out["gpu_memory_bytes"] = mem
+        out["gpu_memory_left_bytes"] = mem - out["model_state_bytes_per_rank"]
+        out["model_states_fit"] = out["gpu_memory_left_bytes"] > 0
 
     if "micro_batch" in v and "seq" in v:
         dp = ranks
@@ -531,31 +534,36 @@ def plan(**v: Any) -> dict[str, Any]:
 # -- terminal rendering --------------------------------------------------------------------------
 
 _NOTES = {
-    "params": "12·N·d² + d·(2N + V + 1)  (seed 003)",
+    "params": "12·N·d² + d·(2N + V + 1)  (Kaplan et al. 2020, + embeddings)",
     "model_state_bytes": "weights + grads + optimizer, unsharded",
-    "model_state_bytes_per_rank": "ZeRO-1/2/3 shard optimizer / + grads / + weights (seed 002)",
+    "model_state_bytes_per_rank": "ZeRO-1/2/3 shard optimizer / + grads / + weights (Rajbhandari et al. 2020)",
+    "gpu_memory_left_bytes": "GPU memory - model states per rank: room for activations and overhead",
     "activation_bytes_per_sequence": "L·s·h·(34 + 5·a·s/h) at 2 B/value + fp32 logits (Korthikanti et al.)",
     "max_micro_batch": "⌊(memory - states) / activations per sequence⌋",
-    "tokens_per_step": "micro-batch x seq x DP x accumulation (seed 001 §4)",
-    "train_flops": "6·N·D (seed 001 §10, seed 003)",
+    "tokens_per_step": "micro-batch x seq x DP x accumulation",
+    "train_flops": "6·N·D  (Kaplan et al. 2020)",
     "mfu": "6·N·D / time / (GPUs x peak)",
-    "bubble_fraction": "(p - 1)/(m + p - 1)  (seed 001 §8)",
-    "bubble_ratio": "(p - 1)/m  (seed 002 §IV)",
+    "bubble_fraction": "(p - 1)/(m + p - 1)  (GPipe, Huang et al. 2019)",
+    "bubble_ratio": "(p - 1)/m  (Narayanan et al. 2021)",
     "allreduce_seconds": "2(n - 1)/n · bytes / bandwidth (ring)",
-    "checkpoint_overhead": "δ / (K·t_step + δ)  (seed 001 §13)",
-    "optimal_checkpoint_every": "√(2·δ·MTBF) / t_step  (Young)",
+    "checkpoint_overhead": "δ / (K·t_step + δ): save time over step time + save time",
+    "optimal_checkpoint_every": "√(2·δ·MTBF) / t_step  (Young 1974)",
 }
 
 
 def _show(key: str, value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
+    if key.endswith("_every"):
+        return f"{value:,} steps"
     if key.endswith("_bytes") or key.endswith("_bytes_per_rank") or "_bytes_per_" in key:
         return f"{value / GB:,.2f} GB ({value / 2**30:,.2f} GiB)"
     if key in ("mfu", "bubble_fraction", "checkpoint_overhead", "optimal_checkpoint_overhead"):
         return f"{value:.4f} ({100 * value:.2f} %)"
     if key.endswith("_seconds") and value >= 3600:
         return f"{value:,.0f} s ({value / 3600:,.1f} h)"
+    if key.endswith("_seconds"):
+        return f"{value:,.4g} s"
     if isinstance(value, float) and (abs(value) >= 1e6 or 0 < abs(value) < 1e-3):
         return f"{value:.4g}"
     if isinstance(value, float):
@@ -574,6 +582,9 @@ def render(result: dict[str, Any], console: Any = None) -> None:
     table = Table(title="training budget")
     for col in ("quantity", "value", "formula"):
         table.add_column(col, overflow="fold")
+    notes = dict(_NOTES)
+    if "params_from_shape" not in result:
+        del notes["params"]  # given with --params: no formula behind it
     for key, value in result.items():
-        table.add_row(key.replace("_", " "), _show(key, value), _NOTES.get(key, ""))
+        table.add_row(key.replace("_", " "), _show(key, value), notes.get(key, ""))
     console.print(table)
