@@ -50,6 +50,11 @@ def _faulty_run() -> list[dict]:
     return [start, *steps, end]
 
 
+def _open_anomalies(url: str, run: str) -> list[dict]:
+    with urllib.request.urlopen(f"{url}/v1/runs/{run}/anomalies", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def test_serve_runs_until_sigterm_and_stores_what_it_acknowledged(tmp_path: Path) -> None:
     port = _free_port()
     db = tmp_path / "store.sqlite"
@@ -69,9 +74,16 @@ def test_serve_runs_until_sigterm_and_stores_what_it_acknowledged(tmp_path: Path
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read()) == {"accepted": 42, "duplicates": 0}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _open_anomalies(url, "faulty"):
+            time.sleep(0.2)  # the detectors run after the acknowledgement
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+    console = proc.stderr.read()  # the collector says when runs start and end and anomalies open
+    assert "run faulty started: attempt 1, 1 rank(s)" in console, console
+    assert "anomaly opened: critical nan_inf on run faulty rank 0 at step 31" in console, console
+    assert "run faulty failed at step" in console, console
     out = subprocess.run(
         [*TRAINMON, "postmortem", "faulty", "--db", str(db), "--json"], capture_output=True, text=True, check=True
     ).stdout

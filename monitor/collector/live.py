@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,8 +12,12 @@ from typing import Any
 from trainmon.hooks.schedules import Schedule
 from trainmon.hooks.wire import Event
 from trainmon.monitor.analysis.budget import mfu_from_throughput
+from trainmon.monitor.analysis.goodput import Ledger, hang_open
+from trainmon.monitor.analysis.escape import visible_controls
 
 __all__ = ["LiveState", "RankState", "RunState"]
+
+log = logging.getLogger("trainmon.collector")
 
 
 @dataclass
@@ -56,6 +61,7 @@ class RunState:
     anomalies_total: collections.Counter = field(default_factory=collections.Counter)  # (kind, severity)
     anomalies_active: collections.Counter = field(default_factory=collections.Counter)
     received_at: float = field(default_factory=time.monotonic)  # collector clock of the latest event (eviction)
+    goodput: Ledger = field(default_factory=Ledger)  # fed rank 0's events
 
 
 class LiveState:
@@ -91,6 +97,8 @@ class LiveState:
             return  # a late replay of an earlier attempt must not roll the gauges back
         rank.attempt = attempt
         f = event.fields
+        if event.rank == 0:
+            run.goodput.observe(event.kind, f, event.time, attempt, hang_open(run.anomalies_active))
         if event.kind == "step":
             rank.step = f["step"]
             rank.last = f
@@ -112,10 +120,21 @@ class LiveState:
                 run.status = "running"
             run.world_size = f.get("world_size", run.world_size)
             run.planned_steps = f.get("planned_steps", run.planned_steps)
+            if event.rank == 0:
+                log.info(
+                    "run %s %s: attempt %d, %s rank(s), %s planned steps, host %s",
+                    visible_controls(event.run),
+                    "resumed" if f.get("resumed") else "started",
+                    attempt + 1,
+                    run.world_size or "?",
+                    run.planned_steps or "?",
+                    visible_controls(event.host),
+                )
         elif event.kind == "eval":
             run.eval_loss = f["loss"]
         elif event.kind == "run_end" and event.rank == 0:
             run.status = f["status"]
+            log.info("run %s %s at step %s", visible_controls(event.run), f["status"], f.get("step", "?"))
 
     def idle_runs(self, ended_after: float, idle_after: float, now: float | None = None) -> list[str]:
         """Runs to evict: ended ones quiet for ``ended_after`` seconds, any quiet for ``idle_after``."""

@@ -25,6 +25,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from trainmon.hooks import wire
 from trainmon.monitor.analysis import live_view
+from trainmon.monitor.analysis.escape import visible_controls
 from trainmon.monitor.collector.engine import AnomalyChange, Engine
 from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
 from trainmon.monitor.collector.ingest import IngestLimits, Ingestor
@@ -109,6 +110,7 @@ class Collector:
         def publish(changes: list[AnomalyChange]) -> None:
             for ch in changes:
                 live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
+                _log_change(ch)
             notifier.submit(changes)
 
         engine = Engine(storage, config.detectors, process=True, on_changes=publish)
@@ -119,6 +121,25 @@ class Collector:
         for name in _EXPORTED_LIMITS:
             metrics.limits.labels(name).set(getattr(config, name))
         return cls(config, storage, live, ingestor, registry, metrics, notifier)
+
+
+def _log_change(ch: AnomalyChange) -> None:
+    """One console line when an anomaly opens, changes severity or resolves (not per update)."""
+    if ch.action == "updated" and ch.severity == ch.previous:
+        return
+    f = ch.finding
+    what = {"opened": "opened", "resolved": "resolved"}.get(ch.action, f"now {ch.severity}")
+    log.log(
+        logging.WARNING if ch.action != "resolved" and ch.severity == "critical" else logging.INFO,
+        "anomaly %s: %s %s on run %s%s at step %s: %s",
+        what,
+        ch.severity,
+        f.kind,
+        visible_controls(ch.run),
+        "" if ch.rank < 0 else f" rank {ch.rank}",
+        f.step,
+        visible_controls(f.message[:200]),
+    )
 
 
 # Limits shown in /metrics (trainmon_collector_limit{limit=...}), next to the refusals they cause.
@@ -576,6 +597,7 @@ def check_bind(config: CollectorConfig) -> None:
 def serve(config: CollectorConfig) -> None:
     """Run the collector in the foreground until SIGTERM or SIGINT."""
     check_bind(config)
+    log.setLevel(min(log.getEffectiveLevel(), logging.INFO))  # run start/end and anomaly lines on the console
     collector = Collector.open(config)
     server = _DaemonServer(uvicorn_config(create_app(collector), config.host, config.port, "info"))
     try:
