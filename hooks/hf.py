@@ -53,12 +53,14 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.policy import CollectorFinding, TrainingStopped
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -78,6 +80,11 @@ class TrainmonCallback(TrainerCallback):
             ``global_batch_tokens``, ``flops_per_token``...).
         fingerprint_model: include a hash of the parameters in checkpoint fingerprints (a full
             device-to-host copy of the model at every save; off by default).
+        on_critical: act on the collector's findings for this run at or above ``stop_on`` (see
+            ``TrainMonitor``). ``"stop"``: at that step's end set ``control.should_save`` and
+            ``control.should_training_stop`` (the Trainer saves a checkpoint and leaves its loop),
+            then ``train()`` raises ``TrainingStopped``. A callable receives each new finding.
+        stop_on: ``"critical"`` (default) or ``"warning"``.
         **monitor_kwargs: passed to ``TrainMonitor`` (``spool_dir``, ``detail_every``, ...).
 
     The ``TrainMonitor`` is created at ``on_train_begin`` (one per ``train()`` call) and is
@@ -91,12 +98,17 @@ class TrainmonCallback(TrainerCallback):
         *,
         start_fields: dict[str, Any] | None = None,
         fingerprint_model: bool = False,
+        on_critical: str | Callable[[CollectorFinding], Any] | None = None,
+        stop_on: str = "critical",
         **monitor_kwargs: Any,
     ) -> None:
         self.run = run
         self.collector = collector
         self.start_fields = dict(start_fields or {})
         self.fingerprint_model = fingerprint_model
+        self.on_critical = on_critical
+        self.stop_on = stop_on
+        self._stopping: CollectorFinding | None = None  # the finding that stops this train() call
         self.monitor_kwargs = monitor_kwargs
         self.monitor: TrainMonitor | None = None
         self._trainer: Trainer | None = None
@@ -118,7 +130,9 @@ class TrainmonCallback(TrainerCallback):
         model, optimizer, scheduler = kwargs.get("model"), kwargs.get("optimizer"), kwargs.get("lr_scheduler")
         if self.monitor is not None:  # the previous train() raised (no on_train_end): end that run first
             self._close("failed", "train() did not reach on_train_end")
-        mon = TrainMonitor(self.run, self.collector, **self.monitor_kwargs)
+        self._stopping = None
+        policy = self._on_finding if self.on_critical == "stop" else self.on_critical
+        mon = TrainMonitor(self.run, self.collector, on_critical=policy, stop_on=self.stop_on, **self.monitor_kwargs)
         self.monitor = mon
         trainer, resume_path = _calling_trainer(self)
         self._trainer = trainer
@@ -243,6 +257,14 @@ class TrainmonCallback(TrainerCallback):
             samples=self._samples or None,
         )
         self._loss, self._tokens, self._samples = None, 0, 0
+        if self._stopping is not None:  # the Trainer saves, then leaves its loop; on_train_end raises
+            control.should_save = True
+            control.should_training_stop = True
+
+    def _on_finding(self, finding: CollectorFinding) -> None:
+        """``on_critical="stop"``: the first finding stops the run (from inside ``step_end``)."""
+        if self._stopping is None:
+            self._stopping = finding
 
     # -- occasional events ----------------------------------------------------------------
 
@@ -307,7 +329,13 @@ class TrainmonCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._close("finished")
+        if self._stopping is None:
+            self._close("finished")
+            return
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        stopped = TrainingStopped(self._stopping, state.global_step - 1, path if os.path.isdir(path) else None)
+        self._close("failed", str(stopped))
+        raise stopped
 
     def _close(self, status: str, error: str | None = None) -> None:
         atexit.unregister(self._close_at_exit)

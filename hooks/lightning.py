@@ -61,6 +61,7 @@ except ImportError:  # pragma: no cover - the older distribution
     from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
 
 from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.policy import CollectorFinding, TrainingStopped
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -100,6 +101,12 @@ class TrainmonCallback(pl.Callback):
             the batch's first integer tensor (``input_ids`` in a dict) and samples its length.
         fingerprint_model: include a parameter hash in checkpoint fingerprints (a full
             device-to-host copy at every save; off by default).
+        on_critical: act on the collector's findings for this run at or above ``stop_on`` (see
+            ``TrainMonitor``). ``"stop"``: at that step's end save ``trainmon-stop-step{N}.ckpt``
+            (next to the ``ModelCheckpoint`` files, else in ``default_root_dir``) and set
+            ``trainer.should_stop``; ``fit()`` then raises ``TrainingStopped``. A callable
+            receives each new finding.
+        stop_on: ``"critical"`` (default) or ``"warning"``.
         **monitor_kwargs: passed to ``TrainMonitor``.
     """
 
@@ -112,6 +119,8 @@ class TrainmonCallback(pl.Callback):
         eval_loss_key: str | None = None,
         tokens_fn: Callable[[Any], tuple[int | None, int | None]] | None = None,
         fingerprint_model: bool = False,
+        on_critical: str | Callable[[CollectorFinding], Any] | None = None,
+        stop_on: str = "critical",
         **monitor_kwargs: Any,
     ) -> None:
         self.run = run
@@ -120,6 +129,10 @@ class TrainmonCallback(pl.Callback):
         self.eval_loss_key = eval_loss_key
         self.tokens_fn = tokens_fn or _count_batch
         self.fingerprint_model = fingerprint_model
+        self.on_critical = on_critical
+        self.stop_on = stop_on
+        self._stopping: CollectorFinding | None = None  # the finding that stops this fit()
+        self._stop: TrainingStopped | None = None  # raised at on_train_end, once Lightning left its loop
         self.monitor_kwargs = monitor_kwargs
         self.monitor: TrainMonitor | None = None
         self._patched: list[tuple[Any, str, Any]] = []
@@ -139,7 +152,9 @@ class TrainmonCallback(pl.Callback):
     # -- setup ----------------------------------------------------------------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        mon = TrainMonitor(self.run, self.collector, **self.monitor_kwargs)
+        self._stopping = self._stop = None
+        policy = self._on_finding if self.on_critical == "stop" else self.on_critical
+        mon = TrainMonitor(self.run, self.collector, on_critical=policy, stop_on=self.stop_on, **self.monitor_kwargs)
         self.monitor = mon
         self._optimizer = trainer.optimizers[0] if trainer.optimizers else None
         configs = getattr(trainer, "lr_scheduler_configs", None) or []
@@ -286,6 +301,19 @@ class TrainmonCallback(pl.Callback):
             samples=self._samples or None,
         )
         self._reset()
+        if self._stopping is not None and self._stop is None:
+            step = trainer.global_step - 1
+            ckpt = getattr(trainer, "checkpoint_callback", None)
+            folder = getattr(ckpt, "dirpath", None) or trainer.default_root_dir
+            path = os.path.join(folder, f"trainmon-stop-step{step}.ckpt")
+            trainer.save_checkpoint(path)  # through _timed_save: reported like any other save
+            trainer.should_stop = True
+            self._stop = TrainingStopped(self._stopping, step, path)
+
+    def _on_finding(self, finding: CollectorFinding) -> None:
+        """``on_critical="stop"``: the first finding stops the run (from inside ``step_end``)."""
+        if self._stopping is None:
+            self._stopping = finding
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -326,7 +354,11 @@ class TrainmonCallback(pl.Callback):
     # -- the end --------------------------------------------------------------------------
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close("finished")
+        if self._stop is None:
+            self._close("finished")
+            return
+        self._close("failed", str(self._stop))
+        raise self._stop
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"

@@ -49,12 +49,13 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
+from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.readback import Readback, read
 from trainmon.hooks.schedules import Schedule
 from trainmon.hooks.transport import Transport
@@ -116,6 +117,14 @@ class TrainMonitor:
             (0 disables the sampler thread).
         close_timeout: seconds ``close()`` may take in all, however broken the collector is; what
             is not delivered by then waits in the spool for the next process.
+        on_critical: act on the collector's findings for this run (off by default). ``"stop"``:
+            at the next ``step_end``, call ``checkpoint`` (if given), end the run as failed and
+            raise ``TrainingStopped`` carrying the finding; a callable instead receives each new
+            ``CollectorFinding`` there and training goes on. Needs an HTTP collector; the finding
+            arrives with an acknowledgement, about ``flush_interval`` plus a round trip after the
+            step that caused it.
+        stop_on: the least severity acted on: ``"critical"`` or ``"warning"``.
+        checkpoint: saves the training state before a stop; what it returns is reported.
     """
 
     def __init__(
@@ -134,6 +143,9 @@ class TrainMonitor:
         health_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         close_timeout: float = 2.0,
+        on_critical: str | Callable[[CollectorFinding], Any] | None = None,
+        stop_on: str = "critical",
+        checkpoint: Callable[[], Any] | None = None,
     ) -> None:
         self.run = run
         self.close_timeout = close_timeout
@@ -146,6 +158,9 @@ class TrainMonitor:
         self._norm_history: collections.deque[float] = collections.deque(maxlen=50)  # sender thread only
         if spool_dir is None:
             spool_dir = os.path.join(os.path.expanduser("~/.cache/trainmon/spool"), run, f"rank{self.rank}")
+        self.policy = StopPolicy(run, on_critical, stop_on, checkpoint) if on_critical is not None else None
+        if self.policy is not None and target.startswith("file://"):
+            raise ValueError("on_critical needs an http:// collector: a file:// target has no one to report findings")
         self.transport = Transport(
             target,
             spool_dir=spool_dir,
@@ -153,6 +168,7 @@ class TrainMonitor:
             queue_size=queue_size,
             flush_interval=flush_interval,
             poll=self._completed,
+            policy=self.policy,
         )
         self.detail_every = detail_every
         self.detail_trigger = detail_trigger
@@ -521,6 +537,17 @@ class TrainMonitor:
         self.overhead_s += now - t0
         self._s = _Step(now)  # the next step starts after ours
         self._gap_start = now
+        if self.policy is not None and self.policy.pending:  # filled by the sender thread from acknowledgements
+            self._act(step)
+
+    def _act(self, step: int) -> None:
+        """The policy's turn at a step boundary; a stop ends the run as failed before it propagates."""
+        assert self.policy is not None
+        try:
+            self.policy.at_boundary(step)
+        except TrainingStopped as exc:
+            self.close("failed", str(exc))
+            raise
 
     def _completed(self) -> Iterator[dict[str, Any]]:
         """Sender thread: events whose values have arrived, in the order they were emitted."""

@@ -28,6 +28,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from trainmon.hooks.policy import StopPolicy
 from trainmon.hooks.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
 
 __all__ = ["Transport"]
@@ -66,7 +67,7 @@ class _HttpSink:
     down when the budget is spent, which wakes the blocked read with an error.
     """
 
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float, policy: StopPolicy | None = None) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https"):
             raise ValueError(f"collector: unsupported URL scheme in {url!r}, use http://, https:// or file://")
@@ -77,6 +78,7 @@ class _HttpSink:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._timeout = timeout
+        self._policy = policy  # asks each acknowledgement for the run's findings and files them
         self._conn: http.client.HTTPConnection | None = None
         self._until = 0.0  # monotonic end of the request in flight; 0: none
         self._lock = threading.Lock()  # the connection and ``_until``, between the sender and the watchdog
@@ -102,7 +104,8 @@ class _HttpSink:
                     self._conn = cls(self._netloc, timeout=max(0.05, self._until - time.monotonic()))
                 conn = self._conn
             try:
-                conn.request("POST", self._path, body, self._headers)
+                path = self._path if self._policy is None else f"{self._path}?{self._policy.query()}"
+                conn.request("POST", path, body, self._headers)
                 resp = conn.getresponse()
                 text = resp.read()
             except (OSError, http.client.HTTPException) as exc:
@@ -111,6 +114,8 @@ class _HttpSink:
                     raise OSError(f"collector unreachable: {exc}") from exc
                 continue
             if resp.status < 300:
+                if self._policy is not None:
+                    self._policy.receive(text)
                 return
             if resp.status == 413 and len(lines) > 1:
                 half = len(lines) // 2
@@ -212,6 +217,8 @@ class Transport:
         token: bearer token for collectors that require one.
         poll: called by the sender thread before each send; returns events that became ready
             there (step records whose device values have landed).
+        policy: asks the collector, with each batch, for the run's findings and files them
+            there for the training thread (HTTP targets only).
     """
 
     def __init__(
@@ -225,6 +232,7 @@ class Transport:
         token: str | None = None,
         timeout: float = 5.0,
         poll: Callable[[], Iterable[dict]] | None = None,
+        policy: StopPolicy | None = None,
     ) -> None:
         self._poll = poll  # called on the sender thread before each drain: events completed there
         self._queue: collections.deque[dict] = collections.deque()
@@ -245,7 +253,7 @@ class Transport:
         else:
             if spool_dir is None:
                 raise ValueError("spool_dir is required for an HTTP collector")
-            self._sink = _HttpSink(target, token, timeout)
+            self._sink = _HttpSink(target, token, timeout, policy)
             self._spool = Path(spool_dir)
             self._spool.mkdir(parents=True, exist_ok=True)
             self._spool_max = spool_max_bytes

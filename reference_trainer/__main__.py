@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from trainmon.hooks.policy import TrainingStopped
 from trainmon.reference_trainer.config import ConfigError, config_from_args
 from trainmon.reference_trainer.faults import FaultError
 
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FaultError, FileNotFoundError) as exc:
         print(f"python -m trainmon.reference_trainer: error: {exc}", file=sys.stderr)
         return 2
+    except TrainingStopped as exc:  # --stop-on: the collector's finding stopped the run
+        print(f"python -m trainmon.reference_trainer: {exc}", file=sys.stderr)
+        return 3
     return 0 if status in ("finished", "interrupted") else 1
 
 

@@ -75,6 +75,13 @@ class TrainConfig:
         "simulate a crash: stop after this step without the final checkpoint (run_end status 'interrupted')",
         "run",
     )
+    stop_on: str | None = _opt(
+        None,
+        "stop at the next step boundary when the collector reports a finding of this run at or above "
+        "this severity (critical or warning): save a checkpoint (single process), end the run as failed "
+        "and exit 3 with the finding; needs --collector http://...",
+        "run",
+    )
     heartbeat_interval: float = _opt(5.0, "seconds between heartbeat events (0: none)", "run")
     health_interval: float = _opt(10.0, "seconds between node-health samples (0: none)", "run")
     # -- model -------------------------------------------------------------------------------
@@ -134,6 +141,7 @@ class TrainConfig:
         "eval_every",
         "eval_batches",
         "stop_at",
+        "stop_on",
         "device",
         "threads",
         "dist_timeout",
@@ -189,6 +197,10 @@ class TrainConfig:
             bad("grad_clip", f"must be 0 (off) or positive, got {self.grad_clip}")
         if self.stop_at is not None and not 0 <= self.stop_at < self.steps:
             bad("stop_at", f"must be within [0, steps), got {self.stop_at}")
+        if self.stop_on is not None and self.stop_on not in ("critical", "warning"):
+            bad("stop_on", f"critical or warning, got {self.stop_on!r}")
+        if self.stop_on is not None and not (self.collector or "").startswith(("http://", "https://")):
+            bad("stop_on", "needs a collector to report findings: --collector http://HOST:PORT")
         if self.data != "markov" and not Path(self.data).is_file():
             bad("data", f"'markov' or an existing token file, got {self.data!r}")
 

@@ -247,12 +247,24 @@ def train(cfg: TrainConfig) -> str:
 
     # -- the monitor -------------------------------------------------------------------------------
     ddp_model: torch.nn.Module = DDP(model) if d.ddp else model
+
+    def stop_checkpoint() -> str:
+        return checkpoint(counters.step)  # called inside step_end, before counters.step moves on
+
     mon = TrainMonitor(
         cfg.run,
         collector=event_target(cfg, d.rank, d.world_size),
         spool_dir=out / "spool" / f"rank{d.rank}",
         heartbeat_interval=cfg.heartbeat_interval,
         health_interval=cfg.health_interval,
+        # --stop-on: a verdict arrives with the acknowledgement of the batch that raised it, so the
+        # sender's tick bounds how many steps run past the fault; this trainer's steps are short.
+        flush_interval=0.1 if cfg.stop_on else 0.5,
+        on_critical="stop" if cfg.stop_on else None,
+        stop_on=cfg.stop_on or "critical",
+        # Under DDP the ranks hear the verdict at different steps: a checkpoint's barrier would wait
+        # for ranks that train on (until torchrun ends them, once the stopped rank has exited).
+        checkpoint=stop_checkpoint if cfg.stop_on and not d.ddp else None,
     )
     # Hooks time forward/backward/optimizer (and DDP's exposed all-reduce as "comm"), count
     # micro-batches and scheduler steps, notice skipped optimizer steps and read the loss scale.
@@ -294,7 +306,7 @@ def train(cfg: TrainConfig) -> str:
         assert meta is not None
         mon.resume(meta["step"], path=str(ckpt_dir), duration=load_seconds, fingerprint=resume_fp)
 
-    def checkpoint(step: int) -> None:
+    def checkpoint(step: int) -> str:
         with mon.phase("checkpoint"):
             t0 = time.perf_counter()
             shared_state = None
@@ -324,6 +336,7 @@ def train(cfg: TrainConfig) -> str:
             duration = time.perf_counter() - t0
             fp = fingerprint(step + 1)
         mon.checkpoint(step, path=str(path), duration=duration, bytes=nbytes, fingerprint=fp)
+        return str(path)
 
     # -- the loop ----------------------------------------------------------------------------------
     status = "finished"

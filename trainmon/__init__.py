@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Schedule", "TrainMonitor"]
+__all__ = ["Schedule", "TrainMonitor", "TrainingStopped"]
 
 if TYPE_CHECKING:
+    from trainmon.hooks.policy import TrainingStopped
     from trainmon.hooks.schedules import Schedule
     from trainmon.hooks.train_monitor import TrainMonitor
 
@@ -25,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from trainmon.hooks.train_monitor import TrainMonitor
 
         return TrainMonitor
+    if name == "TrainingStopped":  # raised when on_critical="stop" stops a run
+        from trainmon.hooks.policy import TrainingStopped
+
+        return TrainingStopped
     if name == "Schedule":
         from trainmon.hooks.schedules import Schedule
 

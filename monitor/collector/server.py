@@ -7,11 +7,13 @@ import contextlib
 import hmac
 import ipaddress
 import logging
+import re
 import signal
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import orjson
@@ -30,8 +32,10 @@ from trainmon.monitor.collector.engine import AnomalyChange, Engine
 from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
 from trainmon.monitor.collector.ingest import IngestLimits, Ingestor
 from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.collector.open_findings import OpenFindings
 from trainmon.monitor.collector.writer import IngestWriter, Reply
 from trainmon.monitor.config import CollectorConfig, ConfigError
+from trainmon.monitor.detectors import SEVERITIES
 from trainmon.monitor.notify import Notifier, open_anomalies
 from trainmon.monitor.store.queries import anomaly_rows, run_rows
 from trainmon.monitor.store.storage import Storage, anomalies, runs
@@ -52,6 +56,7 @@ class Collector:
     registry: CollectorRegistry
     metrics: CollectorMetrics
     notifier: Notifier | None = None
+    findings: OpenFindings = field(default_factory=OpenFindings)  # for acknowledgements that ask for them
 
     def __post_init__(self) -> None:
         self.writer = IngestWriter(
@@ -71,6 +76,7 @@ class Collector:
                 log.exception("detector tick failed; continuing")
             try:
                 for run in self.ingestor.evict(self.config.evict_after_seconds, self.config.evict_idle_seconds):
+                    self.findings.forget(run)
                     log.info("run %s evicted from memory (ended or idle); it stays in storage", run)
             except Exception:
                 log.exception("eviction failed; continuing")
@@ -103,6 +109,22 @@ class Collector:
                     .where(runs.c.status == "running")
                 ).all()
             )
+            findings = OpenFindings()
+            findings.load(
+                conn.execute(
+                    select(
+                        anomalies.c.run,
+                        anomalies.c.kind,
+                        anomalies.c.rank,
+                        anomalies.c.severity,
+                        anomalies.c.first_step,
+                        anomalies.c.last_step,
+                        anomalies.c.message,
+                    )
+                    .join(runs, runs.c.run == anomalies.c.run)
+                    .where(runs.c.status == "running", anomalies.c.status == "open")
+                )
+            )
         registry = CollectorRegistry()
         registry.register(TrainingCollector(live))
         notifier = Notifier(config.notify, registry, open_anomalies(storage) if config.notify.targets else ())
@@ -111,6 +133,7 @@ class Collector:
             for ch in changes:
                 live.anomaly(ch.run, ch.finding.kind, ch.action, ch.severity, ch.previous)
                 _log_change(ch)
+            findings.apply(changes)
             notifier.submit(changes)
 
         engine = Engine(storage, config.detectors, process=True, on_changes=publish)
@@ -120,7 +143,7 @@ class Collector:
         metrics = CollectorMetrics(registry)
         for name in _EXPORTED_LIMITS:
             metrics.limits.labels(name).set(getattr(config, name))
-        return cls(config, storage, live, ingestor, registry, metrics, notifier)
+        return cls(config, storage, live, ingestor, registry, metrics, notifier, findings)
 
 
 def _log_change(ch: AnomalyChange) -> None:
@@ -275,6 +298,12 @@ class _Ingress:
         if declared.isdigit() and int(declared) > self._limit:
             await self._too_large(send, f"body of {int(declared)} bytes exceeds the limit of {self._limit} bytes")
             return
+        query = scope["query_string"]
+        asked = _findings_query(query, self.collector.findings.revision) if query else None
+        if isinstance(asked, str):
+            self._metrics.rejected.labels("schema").inc()
+            await self._reply(send, 422, {"error": asked})
+            return
         body = bytearray()
         try:
             async with asyncio.timeout(self._body_timeout):
@@ -298,6 +327,10 @@ class _Ingress:
         fut: asyncio.Future = loop.create_future()
         self.collector.writer.submit(bytes(body), lambda reply: replies.put(fut, reply))
         status, payload, headers = await fut
+        if asked is not None and status == 200:
+            run, severity, after = asked
+            found, revision = self.collector.findings.since(run, severity, after) if run else ([], after)
+            payload = {**payload, "findings": found, "findings_rev": revision}
         await self._reply(send, status, payload, headers)
 
     async def _receive_body(self, receive: Any, body: bytearray) -> tuple[int, str, str] | None:
@@ -328,12 +361,72 @@ class _Ingress:
         await send({"type": "http.response.body", "body": body})
 
 
+def _findings_query(query: bytes, revision: int) -> tuple[str, str, int] | str | None:
+    """``?findings=SEVERITY&run=RUN[&after=REV]`` of ``POST /v1/events``: (run, severity, after), an error
+    message, or None when findings are not asked for. Without ``after``: changes from now on."""
+    params = dict(urllib.parse.parse_qsl(query.decode("latin-1")))
+    severity = params.get("findings")
+    if severity is None:
+        return None
+    if severity not in SEVERITIES:
+        return f"findings: one of {', '.join(SEVERITIES)}, got {severity[:40]!r}"
+    run = params.get("run", "")
+    if run and re.fullmatch(wire.RUN_ID_PATTERN, run) is None:
+        return f"run: invalid run id {run[:140]!r}"
+    after = params.get("after")
+    if after is None:
+        return run, severity, revision
+    if not after.isdigit() or int(after) > _MAX_REVISION:
+        return f"after: a revision from a previous answer (0 to {_MAX_REVISION}), got {after[:40]!r}"
+    return run, severity, int(after)
+
+
+_MAX_REVISION = 2**62
+_FINDING_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"type": "string"},
+        "severity": {"type": "string", "enum": list(SEVERITIES)},
+        "rank": {"type": "integer", "description": "-1: the run as a whole"},
+        "first_step": {"type": ["integer", "null"]},
+        "last_step": {"type": ["integer", "null"]},
+        "message": {"type": "string"},
+    },
+    "required": ["kind", "severity", "rank", "first_step", "last_step", "message"],
+}
+
+
 def _events_openapi() -> dict[str, Any]:
     """The OpenAPI operation of ``POST /v1/events`` (served by ``_Ingress``, not a FastAPI route)."""
     return {
         "post": {
             "summary": "Ingest a batch of events (wire format v1)",
             "operationId": "post_events_v1_events_post",
+            "parameters": [
+                {
+                    "name": "findings",
+                    "in": "query",
+                    "required": False,
+                    "description": "also answer with the open findings of `run` at or above this severity "
+                    "(for producers that stop training on them)",
+                    "schema": {"type": "string", "enum": list(SEVERITIES)},
+                },
+                {
+                    "name": "run",
+                    "in": "query",
+                    "required": False,
+                    "description": "whose findings (without it, none)",
+                    "schema": {"type": "string", "pattern": wire.RUN_ID_PATTERN},
+                },
+                {
+                    "name": "after",
+                    "in": "query",
+                    "required": False,
+                    "description": "`findings_rev` of the previous answer: only findings opened or updated "
+                    "since (without it: from this request on)",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": _MAX_REVISION},
+                },
+            ],
             "requestBody": {"required": True, "content": {"application/json": {"schema": wire.json_schema()}}},
             "responses": {
                 "200": {
@@ -345,6 +438,17 @@ def _events_openapi() -> dict[str, Any]:
                                 "properties": {
                                     "accepted": {"type": "integer", "minimum": 0},
                                     "duplicates": {"type": "integer", "minimum": 0},
+                                    "findings": {
+                                        "type": "array",
+                                        "items": _FINDING_SCHEMA,
+                                        "description": "with ?findings=: the run's open findings at or above "
+                                        "that severity changed since `after`, most severe first (at most 10)",
+                                    },
+                                    "findings_rev": {
+                                        "type": "integer",
+                                        "minimum": 0,
+                                        "description": "with ?findings=: send it back as `after`",
+                                    },
                                 },
                                 "required": ["accepted", "duplicates"],
                             }
@@ -359,8 +463,8 @@ def _events_openapi() -> dict[str, Any]:
                 "408": {"description": "the body did not arrive within body_timeout_seconds"},
                 "413": {"description": "body larger than the limit"},
                 "422": {
-                    "description": "schema violation (`field` names the offending field), or a batch whose data "
-                    "the database cannot store"
+                    "description": "schema violation (`field` names the offending field), a batch whose data "
+                    "the database cannot store, or an invalid findings query"
                 },
                 "429": {
                     "description": "a limit on live runs, ranks per run or runs per batch: retry after `Retry-After`"
