@@ -189,3 +189,109 @@ def test_reference_trainer_stop_on_needs_an_http_collector(tmp_path: Path) -> No
     cmd = [sys.executable, "-m", "trainmon.reference_trainer", "--run", "x", "--out", str(tmp_path), "--steps", "5"]
     proc = subprocess.run([*cmd, "--stop-on", "critical"], cwd=ROOT, env=trainer_env(), capture_output=True, text=True)
     assert proc.returncode == 2 and "stop_on" in proc.stderr
+
+
+# -- the framework callbacks -----------------------------------------------------------------------
+
+
+class _NanAfter(torch.nn.Module):
+    """A tiny regression model for the Trainer whose loss turns NaN from forward call ``nan_from``."""
+
+    def __init__(self, nan_from: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 1)
+        self.calls = 0
+        self.nan_from = nan_from
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        loss = (self.lin(input_ids.float()).squeeze(-1) - 1.0).pow(2).mean()
+        if self.calls > self.nan_from:
+            loss = loss * float("nan")
+        return {"loss": loss}
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x = torch.arange(8) % 3
+        return {"input_ids": x, "labels": x}
+
+
+def _callback_kwargs(live: LiveCollector, tmp_path: Path) -> dict[str, Any]:
+    return {"spool_dir": tmp_path / "spool", "flush_interval": 0.02, "health_interval": 0, "heartbeat_interval": 0}
+
+
+def test_hf_callback_saves_stops_and_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from trainmon.hooks.hf import TrainmonCallback
+
+    torch.set_num_threads(1)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        max_steps=20_000,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    callback = TrainmonCallback(
+        "hf-stop", live_collector.url, on_critical="stop", **_callback_kwargs(live_collector, tmp_path)
+    )
+    trainer = transformers.Trainer(model=_NanAfter(nan_from=10), args=args, train_dataset=_Rows(), callbacks=[callback])
+    with pytest.raises(TrainingStopped) as info:
+        trainer.train()
+    stopped = info.value
+    assert stopped.finding.kind == "nan_inf" and stopped.finding.step == 10
+    assert trainer.state.global_step == stopped.step + 1 < 20_000  # the Trainer left its loop at that step
+    assert stopped.checkpoint == str(tmp_path / "hf" / f"checkpoint-{trainer.state.global_step}")
+    assert Path(stopped.checkpoint).is_dir()  # saved although save_strategy="no"
+    assert {r["run"]: r for r in live_collector.get_json("/v1/runs")}["hf-stop"]["status"] == "failed"
+
+
+def test_lightning_callback_saves_stops_and_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+    from trainmon.hooks.lightning import TrainmonCallback
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _NanAfter(nan_from=10)
+
+        def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return self.net(**batch)["loss"]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    torch.set_num_threads(1)
+    callback = TrainmonCallback(
+        "lit-stop", live_collector.url, on_critical="stop", **_callback_kwargs(live_collector, tmp_path)
+    )
+    trainer = lightning.Trainer(
+        max_steps=20_000,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        accelerator="cpu",
+        default_root_dir=str(tmp_path / "lit"),
+        callbacks=[callback],
+    )
+    data = torch.utils.data.DataLoader(_Rows(), batch_size=2)
+    with pytest.raises(TrainingStopped) as info:
+        trainer.fit(Module(), data)
+    stopped = info.value
+    assert stopped.finding.kind == "nan_inf" and stopped.finding.step == 10
+    assert trainer.global_step == stopped.step + 1 < 20_000
+    assert stopped.checkpoint == str(tmp_path / "lit" / f"trainmon-stop-step{stopped.step}.ckpt")
+    assert Path(stopped.checkpoint).is_file()
+    assert {r["run"]: r for r in live_collector.get_json("/v1/runs")}["lit-stop"]["status"] == "failed"
