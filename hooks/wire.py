@@ -135,6 +135,7 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "peak_flops": _f("peak FLOP/s of one device, for MFU"),
         "resumed": Field("bool", doc="true when the run continues from a checkpoint"),
         "resume_path": Field("str", doc="checkpoint the run resumed from"),
+        "layout": Field("json", doc="parallel layout {tp, dp, pp}, ranks ordered tp fastest (Megatron-LM's order)"),
     },
     "step": {
         "step": _i("optimizer step index", required=True),
@@ -156,6 +157,11 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "batch_fingerprint": Field("str", doc="cheap hash of the batch, for data-replay checks"),
         "layer_grad_norms": Field("float_map", doc="second level: grad norm per parameter name"),
         "update_ratio": _f("second level: |update| / |param|", nonfinite=True),
+        "weights_checksum": Field(
+            "float_list",
+            doc="replicated weights the step starts from: [bit-pattern sum bits 0-23, bits 24-47, sum of squares, "
+            "parameters left out as sharded], see trainmon.hooks.checksum",
+        ),
     },
     "eval": {
         "step": _i("step the evaluation ran after", required=True),
@@ -183,6 +189,14 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "rss_bytes": _i("process resident memory"),
         "host_mem_used_bytes": _i("host memory in use"),
         "host_mem_total_bytes": _i("host memory installed"),
+        "rss_samples": Field(
+            "float_list",
+            doc="process resident memory in bytes, sampled every rss_sample_interval seconds since the "
+            "previous health event, oldest first; the last one was taken at this event's time",
+        ),
+        "rss_sample_interval": _f("seconds between two of the rss_samples"),
+        "cgroup_mem_limit_bytes": _i("memory limit of the process's cgroup, when set below the host's memory"),
+        "cgroup_mem_used_bytes": _i("memory charged to that cgroup, less inactive file cache (reclaimed first)"),
         "disk_read_bytes": _i("host disk bytes read, cumulative"),
         "disk_write_bytes": _i("host disk bytes written, cumulative"),
         "net_sent_bytes": _i("host network bytes sent, cumulative"),
@@ -191,6 +205,14 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
     },
     "heartbeat": {
         "step": _i("last step the rank finished"),
+    },
+    "stack": {
+        "reason": Field("str", required=True, doc="no_step (no step for a while) or signal (SIGUSR1)"),
+        "step": _i("last step the rank finished"),
+        "seconds_since_step": _f("seconds since that step ended"),
+        "thread": Field("str", doc="name of the training thread"),
+        "stack": Field("json", required=True, doc="frames: [{file, line, function, code}], outermost first"),
+        "nccl": Field("json", doc="newest NCCL flight-recorder entries, when it is on"),
     },
     "run_end": {
         "status": Field("str", required=True, doc="finished, failed or interrupted"),

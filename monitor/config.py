@@ -44,6 +44,7 @@ __all__ = [
     "NodeHealthConfig",
     "NotifyConfig",
     "NotifyTargetConfig",
+    "ReplicaDivergenceConfig",
     "StragglerConfig",
     "ThroughputCollapseConfig",
     "detectors_config",
@@ -415,6 +416,17 @@ class LrScheduleDriftConfig:
     """Inferred schedules only: steps of an exactly flat LR after a decay before calling it frozen (R1)."""
     scheduler_steps_min: int = 2
     """Consecutive steps reporting ``scheduler_steps`` > 1 before firing (L1: the ratio must be 1)."""
+    frozen_level_ratio: float = 4.0
+    """Inferred schedules only: a flat LR is frozen only when it lasts this many times the previous LR
+    level too (a rounded LR, e.g. llm.c's ``lr 5.97e-04``, moves in levels lasting tens of steps)."""
+    quantum_min_values: int = 8
+    """Distinct logged LRs needed before their printed resolution is trusted (half a quantum is tolerated)."""
+    restart_points: int = 3
+    """Logged steps into a resumed attempt within which an LR going wrong is the schedule restarting there."""
+    update_every: int = 25
+    """While a drift lasts, its finding is restated at least every this many steps (magnitude, extent)..."""
+    update_ratio: float = 1.25
+    """...and as soon as how far off the LR is moved by this factor either way."""
 
 
 @dataclass
@@ -465,9 +477,16 @@ class HangConfig:
     pause_factor: float = 2.0
     """...or this multiple of the longest recent step interval or checkpoint/eval pause, so routine
     saves and periodic pauses (GC) do not fire."""
-    min_timeout: float = 3.0
-    """Floor of the timeout in seconds. Low so that short runs and tests see hangs; P6 uses 120 s on
-    large jobs whose first checkpoint or eval may take minutes: raise it there."""
+    min_timeout: float = 60.0
+    """Floor of the timeout in seconds: a pause shorter than this is not a hang however fast the steps
+    are (a busy host, a GC, an unwrapped save); P6 uses 120 s on large jobs. Tests lower it."""
+    recurring_factor: float = 5.0
+    """A step interval at least this multiple of the median is a long pause; long pauses that recur
+    every K steps (saves or evals not wrapped in ``phase()``) are allowed ``pause_factor`` times their
+    length at the steps where they recur."""
+    critical_after: float = 120.0
+    """Seconds an open hang must last beyond its timeout before it is critical (someone must act
+    now); until then it is a warning. A stall seen only after it ended stays a warning."""
     first_step_timeout: float = 300.0
     """Seconds allowed until a step interval is known: before the first step (imports, compilation,
     data loading) and between the first and the second (whose interval is then learnt, however long)."""
@@ -511,6 +530,9 @@ class MemoryLeakConfig:
 
     warmup_steps: int = 10
     """Steps ignored at the start of each attempt (the caching allocator fills, buffers are created)."""
+    warmup_seconds: float = 10.0
+    """Seconds after the first step of each attempt ignored too: start-up allocations (prefetched
+    batches, pinned buffers, autotuning workspaces) take seconds, however fast the steps are."""
     points: int = 64
     """Samples judged (the latest of up to twice as many kept, decimated: the window spans the recent
     half or more of the attempt, P4's long window)."""
@@ -531,6 +553,16 @@ class MemoryLeakConfig:
     """Share of the device or host memory taken as the exhaustion point (P4: 90% of RAM)."""
     big_growth_fraction: float = 0.5
     """Growth over the window that fires even when the memory size is unknown."""
+    min_rate_ratio: float = 0.6
+    """The later half of the window must rise at least this fraction as fast as the earlier half: a
+    cache filling ever slower is heading for its ceiling, a leak keeps its pace."""
+    max_plateaus: int = 1
+    """Of the increases between the medians of the window's eighths, at most this many may be flat
+    (under a quarter of the mean) when the series is quiet enough to tell: caches that fill in a few
+    jumps with flat stretches between them are not a leak."""
+    update_seconds: float = 10.0
+    """An open finding's slope and time to exhaustion are refreshed at most this often (each refresh
+    is a store write)."""
 
 
 @dataclass
@@ -614,6 +646,27 @@ class EvalRegressionConfig:
     """A task-metric regression is critical when the metric is this fraction worse than its best ..."""
     critical_evals: int = 3
     """... at this many evals in a row: large and sustained, the run is making the model worse, not wobbling."""
+
+
+@dataclass
+class ReplicaDivergenceConfig:
+    """``replica_divergence``: data-parallel replicas whose weights differ, or tensor-parallel shards that are
+    identical at start (ranks grouped by the run's declared layout; see trainmon.hooks.checksum)."""
+
+    rtol: float = 0.0
+    """0 compares the replicas' weight bit patterns exactly: DDP and ZeRO-1/2 replicas are bitwise identical.
+    Above 0, replicas agree when their sums of squares are within this relative difference (replicas on mixed
+    hardware or libraries whose kernels round differently)."""
+    critical_rel_diff: float = 1e-3
+    """Replicas whose weight norms differ by this relative amount are critical (they train visibly different
+    models); below it the difference is a warning (a few bits apart, growing step by step)."""
+    max_pending: int = 64
+    """Checksummed steps held while waiting for every rank to report them (bounded memory)."""
+    history: int = 8
+    """Checks at which a two-replica group agreed, kept to tell which replica jumped when they part."""
+    jump_factor: float = 10.0
+    """With two replicas there is no majority: one is named as the one that changed only when its weight norm
+    moved this many times the group's usual change between two checks while the other's stayed within it."""
     zero_metric_evals: int = 10
     """A metric exactly 0.0 at this many evals from the start, while others move, gets one note: it is almost always
     computed wrong (60_cantillation: f1/precision/recall 0.0 at all 100 evals while accuracy rises 0.49 -> 0.69)."""
@@ -643,6 +696,7 @@ class DetectorsConfig:
     init_loss: InitLossConfig = field(default_factory=InitLossConfig)
     loss_scale_collapse: LossScaleCollapseConfig = field(default_factory=LossScaleCollapseConfig)
     eval_regression: EvalRegressionConfig = field(default_factory=EvalRegressionConfig)
+    replica_divergence: ReplicaDivergenceConfig = field(default_factory=ReplicaDivergenceConfig)
 
 
 @dataclass
@@ -722,6 +776,11 @@ class CollectorConfig:
     evict_idle_seconds: float = 3600.0
     """A run that sent nothing for this long leaves memory too (crashed without ``run_end``). A hung
     rank is found long before (the hang detector's timeout); the run stays in storage."""
+    web_cache_seconds: float = 2.0
+    """The web view (``GET /``, ``GET /runs/{run}``) serves a rendered page again for this long (or three
+    times its render time, if longer) before rendering it anew: open tabs cost no extra work."""
+    web_refresh_seconds: int = 5
+    """How often the web view's list of runs, and the page of a running run, reload themselves."""
     max_live_runs: int = 256
     """Runs held in memory (detectors, live state, exported series) at once; a batch that would start
     one more is answered 429 (its producer spools and retries) until finished runs are evicted."""

@@ -13,6 +13,7 @@ from trainmon.monitor.detectors.lr_schedule_drift import LrScheduleDrift
 from trainmon.monitor.detectors.memory_leak import MemoryLeak
 from trainmon.monitor.detectors.nan_inf import NanInf
 from trainmon.monitor.detectors.node_health import NodeHealth
+from trainmon.monitor.detectors.replica_divergence import ReplicaDivergence
 from trainmon.monitor.detectors.straggler import Straggler
 from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse
 
@@ -33,6 +34,7 @@ __all__ = [
     "MemoryLeak",
     "NanInf",
     "NodeHealth",
+    "ReplicaDivergence",
     "Straggler",
     "ThroughputCollapse",
 ]
@@ -52,4 +54,5 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     InitLoss,
     LossScaleCollapse,
     EvalRegression,
+    ReplicaDivergence,
 )

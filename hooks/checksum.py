@@ -1,0 +1,87 @@
+"""Weight checksums across ranks: data-parallel replicas must agree, tensor-parallel shards must not.
+
+Data-parallel replicas (DDP, ZeRO-1/2) hold bitwise-identical weights: the all-reduce gives every
+rank the same gradient bits and the optimizer does the same arithmetic. A rank whose weights
+drift (a skipped all-reduce, a rank-local write, a bit flip, a nondeterministic kernel on one
+node) trains a different model without any error. The converse bug is shards that should
+differ but are identical: tensor-parallel ranks initialised from the same seed hold correlated
+shards and the run is quietly worse.
+
+``weights_checksum`` summarises a model's weights in three numbers, computed on the device with
+a few reductions and no host sync (the readback copies them with the step's other values):
+
+- the integer sum of the weights' bit patterns (each tensor viewed as integers of its element
+  size, summed in int64): exact and order-independent, so it changes with any single bit and is
+  identical on replicas whatever kernels summed it. It travels as two 24-bit halves (bits 0-23
+  and 24-47) so that float32 carries them exactly;
+- the sum of squares (float32), which says how far apart replicas are when the bits differ
+  and serves the collector's relative tolerance;
+- how many parameters were left out as sharded (below).
+
+Sharded parameters are not replicas and are left out: ``DTensor`` parameters (FSDP2, tensor
+parallelism through ``torch.distributed.tensor``), FSDP1's flat parameters and DeepSpeed ZeRO-3's
+partitioned parameters. A fully sharded model therefore sends no checksum. The parallel layout
+(``layout``, see ``normalise_layout``) tells the collector which ranks are replicas and which
+hold different shards of the same layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+__all__ = ["LAYOUT_AXES", "normalise_layout", "weights_checksum"]
+
+LAYOUT_AXES = ("tp", "dp", "pp")
+"""Parallel dimensions, fastest-varying first: Megatron-LM's rank order (tensor, data, pipeline)."""
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_LOW = (1 << 24) - 1
+
+
+def _sharded(p: torch.Tensor) -> bool:
+    """A parameter this rank holds only a shard of (not a replica)."""
+    if type(p).__name__ == "DTensor" or getattr(p, "_is_flat_param", False):
+        return True
+    return hasattr(p, "ds_tensor")  # DeepSpeed ZeRO-3 partitions the parameter; ZeRO-1/2 do not
+
+
+def weights_checksum(params: Iterable[torch.Tensor]) -> torch.Tensor | None:
+    """``[bits 0-23, bits 24-47, sum of squares, parameters left out]`` of the replicated parameters, a
+    float32 tensor on their device (queued work only: reading it is the caller's business); None when
+    there is nothing replicated. The count of parameters left out (sharded) tells the collector
+    whether identical checksums on tensor-parallel ranks mean anything."""
+    params = list(params)
+    tensors = [p.detach() for p in params if p.element_size() in _BITS and not _sharded(p)]
+    skipped = len(params) - len(tensors)
+    if not tensors:
+        return None
+    with torch.no_grad():
+        bits = torch.stack([t.view(_BITS[t.element_size()]).sum(dtype=torch.int64) for t in tensors]).sum()
+        squares = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).square().sum()
+        left_out = torch.full_like(squares, float(skipped))
+        return torch.stack([(bits & _LOW).float(), ((bits >> 24) & _LOW).float(), squares, left_out])
+
+
+def normalise_layout(layout: Mapping[str, int], world_size: int) -> dict[str, int]:
+    """The layout with every axis present (``dp`` inferred from the world size when left out).
+
+    Ranks are numbered tensor-parallel fastest, then data-parallel, then pipeline stage (Megatron-LM's
+    default order): rank = tp_rank + tp * (dp_rank + dp * pp_rank). Raises ``ValueError`` on an
+    unknown axis or sizes that do not multiply to the world size.
+    """
+    unknown = set(layout) - set(LAYOUT_AXES)
+    if unknown:
+        raise ValueError(f"layout: unknown axis {sorted(unknown)[0]!r}, expected some of {LAYOUT_AXES}")
+    sizes = {axis: int(layout.get(axis, 1)) for axis in LAYOUT_AXES}
+    if any(v < 1 for v in sizes.values()):
+        raise ValueError(f"layout: sizes must be at least 1, got {dict(layout)}")
+    if "dp" not in layout:
+        model_parallel = sizes["tp"] * sizes["pp"]
+        if world_size % model_parallel:
+            raise ValueError(f"layout: tp x pp = {model_parallel} does not divide the world size {world_size}")
+        sizes["dp"] = world_size // model_parallel
+    if sizes["tp"] * sizes["dp"] * sizes["pp"] != world_size:
+        raise ValueError(f"layout: {sizes} does not multiply to the world size {world_size}")
+    return sizes
