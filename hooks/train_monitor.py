@@ -58,6 +58,7 @@ from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.readback import Readback, read
 from trainmon.hooks.schedules import Schedule
+from trainmon.hooks.stacks import StackWatch
 from trainmon.hooks.transport import Transport
 from trainmon.hooks.wire import PHASES
 
@@ -125,6 +126,9 @@ class TrainMonitor:
             step that caused it.
         stop_on: the least severity acted on: ``"critical"`` or ``"warning"``.
         checkpoint: saves the training state before a stop; what it returns is reported.
+        stack_after: seconds without a step (or 10x the median step interval, if longer) after which
+            the sender thread captures the training thread's Python stack and sends it (where a hung
+            rank waits). Defaults to ``$TRAINMON_STACK_AFTER`` or 30.
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class TrainMonitor:
         on_critical: str | Callable[[CollectorFinding], Any] | None = None,
         stop_on: str = "critical",
         checkpoint: Callable[[], Any] | None = None,
+        stack_after: float | None = None,
     ) -> None:
         self.run = run
         self.close_timeout = close_timeout
@@ -186,6 +191,9 @@ class TrainMonitor:
         self._last_step = -1
         self._closed = False
         self._reset_step(time.perf_counter())
+        if stack_after is None:
+            stack_after = float(os.environ.get("TRAINMON_STACK_AFTER", "30"))
+        self._stacks = StackWatch(after=stack_after)
         self._health: HealthSampler | None = None
         if health_interval > 0 or heartbeat_interval > 0:
             self._health = HealthSampler(
@@ -278,6 +286,7 @@ class TrainMonitor:
         if self._health is not None:
             self._health.start()
         self._reset_step(time.perf_counter())
+        self._stacks.attach(time.perf_counter())  # the calling thread is the training thread
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -553,6 +562,9 @@ class TrainMonitor:
         """Sender thread: events whose values have arrived, in the order they were emitted."""
         for item, values in self._readback.ready():
             yield self._to_event(item, values)
+        stack = self._stacks.poll(time.perf_counter())  # a rank that stopped stepping: where it waits
+        if stack is not None:
+            yield self._event("stack", stack, time.time())
 
     def _to_event(self, item: dict[str, Any] | _Step, values: dict[str, Any]) -> dict[str, Any]:
         return item if isinstance(item, dict) else self._finish(item, values)
@@ -563,6 +575,7 @@ class TrainMonitor:
         def value(key: str, v: Any) -> Any:  # what the device copy brought back, else a host read
             return values[key] if key in values else read(v)
 
+        self._stacks.step_done(s.step, s.end)
         record: dict[str, Any] = {"step": s.step, "step_time": s.end - s.start}
         if s.tokens is not None:
             record["tokens"] = s.tokens
@@ -671,6 +684,7 @@ class TrainMonitor:
             handle.remove()
         if self._health is not None:
             self._health.stop()
+        self._stacks.detach()
         # The sender finishes what it took from the readback first (order); half the budget at most.
         self.transport.flush(max(0.0, deadline - time.monotonic()) / 2)
         for item, values in self._readback.drain():

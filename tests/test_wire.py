@@ -22,7 +22,8 @@ def test_every_kind_round_trips_through_validation() -> None:
         event("resume", {"step": 3, "path": "/x", "fingerprint": {"adam_step": 4}}, seq=4),
         event("health", {"cpu_percent": 50.0, "rss_bytes": 10, "gpus": [{"index": 0}]}, seq=5),
         event("heartbeat", {"step": 3}, seq=6),
-        event("run_end", {"status": "finished", "step": 3}, seq=7),
+        event("stack", {"reason": "no_step", "step": 3, "stack": {"frames": [{"file": "t.py", "line": 1}]}}, seq=7),
+        event("run_end", {"status": "finished", "step": 3}, seq=8),
     ]
     events = wire.validate_batch(batch(examples))
     assert [e.kind for e in events] == list(wire.EVENT_KINDS)

@@ -5,7 +5,9 @@ quiet. NCCL hangs and deadlocks leave the process alive (the heartbeat thread ke
 may even spin at 100%) while the step counter stops; a dead process or node stops both. The
 detector learns each rank's step interval and fires when no step arrived within
 ``max(timeout_factor x median interval, pause_factor x longest recent interval or
-checkpoint/eval pause, min_timeout)``; until an interval is known (before the first step, and
+checkpoint/eval pause, min_timeout)``, plus, at the steps where a long pause recurs every K
+steps (a save or an eval not wrapped in ``phase()``), ``pause_factor`` times that pause; until
+an interval is known (before the first step, and
 between the first and the second) the timeout is ``first_step_timeout``. Every interval shorter
 than the timeout in force is learnt, the first one included: a stall must not teach the timeout
 (hence the gate), but a gate at ``min_timeout`` before anything is learnt would mean a log whose
@@ -13,6 +15,17 @@ steps are naturally more than ``min_timeout`` apart (a real-time TensorBoard or 
 large model at a minute per step) never learns its interval and reads as a stall at every entry.
 It says "alive but stuck" when the rank's events still arrive, "dead" when nothing has arrived
 for ``dead_factor`` heartbeat intervals too.
+
+A hang opens as a warning and becomes critical only once it has lasted ``critical_after`` seconds
+beyond its timeout: a pause of a few seconds is not something to page anyone for. The open
+finding follows the condition: it is sent again whenever the silence has grown by a quarter (or
+the severity, the state or the stacks changed), so the message and evidence say how long it has
+been, not how long it was when it opened.
+
+Where the ranks wait: the hooks send the training thread's stack (``stack`` events) when a rank
+stops stepping. The stacks of the run's ranks that are current (taken after their latest step)
+are grouped by signature (``trainmon.monitor.analysis.stacks``) and go into the evidence and the
+message of every open hang of the run, naming the odd ones out.
 
 Silence is checked two ways, both deterministic: :meth:`tick` with the caller's clock (the live
 collector, every second; ``import_file``, at each imported batch), and on each event of a rank
@@ -24,15 +37,21 @@ is not hung. Resolved when the rank's steps resume.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.stacks import group_stacks, rank_ranges
 from trainmon.monitor.config import HangConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Hang"]
+
+_GROWTH = 1.25  # an open finding is sent again when its silence has grown by this factor
 
 
 @dataclass
@@ -46,8 +65,12 @@ class _Rank:
     beats: RollingWindow = field(default_factory=lambda: RollingWindow(16))
     last_beat: float | None = None
     longest_pause: float = 0.0
+    # (step that ended it, seconds) of intervals at least recurring_factor x the median
+    long_gaps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
     ended: bool = False
     open: str | None = None  # "stuck" or "dead" while an anomaly is open
+    reported: tuple[str, float, int] = ("", 0.0, -1)  # severity, silence, stacks version last sent
+    stack: tuple[int | None, list, dict | None] | None = None  # (step, frames, nccl) of the latest capture
 
 
 class Hang(Detector):
@@ -63,6 +86,7 @@ class Hang(Detector):
         self._finished_step: int | None = None  # last step of a rank that finished normally
         # timeout() is never below this: most steps are judged without computing it
         self._least_timeout = min(config.min_timeout, config.first_step_timeout)
+        self._stacks_version = 0  # counts stack events: an open finding is re-sent with new stacks
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -99,6 +123,11 @@ class Hang(Detector):
             return out
         if event.kind in ("checkpoint", "eval") and (duration := event.fields.get("duration")):
             st.longest_pause = max(st.longest_pause, float(duration))
+        if event.kind == "stack":
+            frames = (event.fields.get("stack") or {}).get("frames")
+            if isinstance(frames, list):
+                st.stack = (event.fields.get("step"), frames, event.fields.get("nccl"))
+                self._stacks_version += 1
         if event.kind == "heartbeat":
             if st.last_beat is not None and t > st.last_beat:
                 st.beats.add(t - st.last_beat)
@@ -111,8 +140,11 @@ class Hang(Detector):
                 pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0)
                 if pause > 0:
                     st.longest_pause = max(st.longest_pause, gap)
-                elif not st.open and (gap < self._least_timeout or gap < self.timeout(st)):
-                    st.intervals.add(gap)
+                else:
+                    if len(st.intervals) and gap >= self.config.recurring_factor * st.intervals.median():
+                        st.long_gaps.append((step, gap))
+                    if not st.open and (gap < self._least_timeout or gap < self.timeout(st, step)):
+                        st.intervals.add(gap)
             gap = t - (st.last_step_time if st.last_step_time is not None else st.started)
             if st.open:
                 out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
@@ -120,7 +152,7 @@ class Hang(Detector):
                 # Seen only now (an import, or the collector was down): report the stall after the fact.
                 phases = event.fields.get("phases") or {}
                 unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0)
-                if unexplained >= self._least_timeout and unexplained >= (limit := self.timeout(st)):
+                if unexplained >= self._least_timeout and unexplained >= (limit := self.timeout(st, step)):
                     st.open = "stuck"
                     out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled", ended_by=step))
                     out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
@@ -140,14 +172,45 @@ class Hang(Detector):
 
     # -- the rule ------------------------------------------------------------------------------
 
-    def timeout(self, st: _Rank) -> float:
-        """Seconds without a step after which the rank counts as hung."""
+    def timeout(self, st: _Rank, step: int | None = None) -> float:
+        """Seconds without a step after which the rank counts as hung, waiting for ``step`` (default:
+        the step after its last one)."""
         cfg = self.config
         if not len(st.intervals):  # no step interval known yet: the generous start-up timeout
             return max(cfg.first_step_timeout, cfg.pause_factor * st.longest_pause)
-        median = st.intervals.median() if len(st.intervals) else 0.0
-        longest = max(st.longest_pause, st.intervals.quantile(1.0) if len(st.intervals) else 0.0)
+        median = st.intervals.median()
+        longest = max(st.longest_pause, st.intervals.quantile(1.0), self._recurring(st, step))
         return max(cfg.timeout_factor * median, cfg.pause_factor * longest, cfg.min_timeout)
+
+    @staticmethod
+    def _recurring(st: _Rank, step: int | None) -> float:
+        """The longest of the long pauses that recur every K steps, if ``step`` is one where they recur.
+        K is the commonest spacing of the recent long pauses (a one-off stall does not break the rhythm)."""
+        if step is None:
+            step = (st.last_step if st.last_step is not None else -1) + 1
+        at = [a for a, _ in st.long_gaps]
+        spacings = [b - a for a, b in itertools.pairwise(at) if b > a]
+        if not spacings:
+            return 0.0
+        counts = collections.Counter(spacings)
+        period = max(reversed(spacings), key=counts.__getitem__)  # ties: the latest spacing
+        anchor = max(b for a, b in itertools.pairwise(at) if b - a == period)
+        if (step - anchor) % period:
+            return 0.0
+        return max(gap for a, gap in st.long_gaps if (a - anchor) % period == 0)
+
+    def _severity(self, silent: float, limit: float) -> str:
+        return "critical" if silent >= limit + self.config.critical_after else "warning"
+
+    def _current_stacks(self) -> tuple[dict[int, list], dict[int, Any]]:
+        """Frames (and NCCL traces) of the ranks whose latest capture came after their latest step."""
+        frames, nccl = {}, {}
+        for rank, st in self._ranks.items():
+            if st.stack is not None and not st.ended and st.stack[0] == st.last_step:
+                frames[rank] = st.stack[1]
+                if st.stack[2]:
+                    nccl[rank] = st.stack[2]
+        return frames, nccl
 
     def _done(self, st: _Rank) -> bool:
         if st.ended:
@@ -168,12 +231,16 @@ class Hang(Detector):
         quiet = now - st.last_event_time
         dead = not own_event and quiet >= max(self.config.dead_factor * beat, limit)
         state = "dead" if dead else "stuck"
-        if st.open == state or (st.open == "stuck" and own_event):
-            return []
         if st.open == "dead" and state == "stuck" and quiet > 0:
-            return []  # no new event since it was declared dead
+            state = "dead"  # nothing new arrived from it since it was declared dead
+        severity, version = self._severity(silent, limit), self._stacks_version
+        if st.open == state:
+            last_severity, last_silent, last_version = st.reported
+            if severity == last_severity and silent < _GROWTH * last_silent and version == last_version:
+                return []  # nothing new to say
         st.open = state
-        return [self._finding(rank, st, silent, limit, quiet, state)]
+        st.reported = (severity, silent, version)
+        return [self._finding(rank, st, silent, limit, quiet, state, severity=severity)]
 
     def _others(self, rank: int) -> str:
         parts = [
@@ -192,9 +259,12 @@ class Hang(Detector):
         quiet: float,
         state: str,
         ended_by: int | None = None,
+        severity: str = "warning",
     ) -> Finding:
         stuck_at = (st.last_step + 1) if st.last_step is not None else 0
         others = self._others(rank)
+        frames, nccl = self._current_stacks()
+        stacks = group_stacks(frames) if frames else None
         if state == "stalled":
             # Seen after the fact: the stall lies between the last step seen and the one that ended it
             # (in a log written every N steps, that is N steps, not "the next step").
@@ -220,11 +290,22 @@ class Hang(Detector):
                 f"rank {rank} on {st.host} finished no step for {silent:.1f} s (timeout {limit:.1f} s) "
                 f"but is alive (last event {quiet:.1f} s ago); stuck in step {stuck_at}"
             )
+            if stacks:
+                look = f"Where the ranks wait: {stacks['summary']} (their stacks are in the evidence). " + (
+                    f"Look at {rank_ranges(stacks['odd_ranks'])} first: the others wait for it. "
+                    if stacks["odd_ranks"]
+                    else ""
+                )
+            else:
+                look = (
+                    f"Dump the stacks with `py-spy dump --pid <pid>` on {st.host} (and the NCCL flight "
+                    "recorder, TORCH_NCCL_TRACE_BUFFER_SIZE); "
+                )
             hint = (
                 "Alive but stuck: a collective that never completes (NCCL hang, a rank that skipped or "
-                "reordered a collective), a deadlock, or a hung dataloader. Dump the stacks with "
-                f"`py-spy dump --pid <pid>` on {st.host} (and the NCCL flight recorder, "
-                "TORCH_NCCL_TRACE_BUFFER_SIZE), and compare the other ranks' last step"
+                "reordered a collective), a deadlock, or a hung dataloader. "
+                + look
+                + "compare the other ranks' last step"
                 + (f" ({others})" if others else "")
                 + "; set NCCL_ASYNC_ERROR_HANDLING=1 / a process-group timeout so a hang fails fast."
             )
@@ -240,21 +321,27 @@ class Hang(Detector):
                 + (f"; the other ranks: {others}" if others else "")
                 + ". Restart from the last checkpoint without that node."
             )
+        evidence: dict[str, Any] = {
+            "state": state,
+            "rank": rank,
+            "host": st.host,
+            "last_step": st.last_step,
+            "seconds_without_step": round(silent, 2),
+            "seconds_without_event": round(quiet, 2),
+            "timeout_s": round(limit, 2) if math.isfinite(limit) else str(limit),
+        }
+        if stacks:
+            msg += f"; {stacks['summary']}"
+            evidence["stacks"] = stacks
+            if nccl:
+                evidence["nccl"] = {str(r): v for r, v in sorted(nccl.items())}
         return Finding(
             kind=self.kind,
-            severity="critical",
+            severity=severity,
             step=stuck_at,
             message=msg,
             hint=hint,
-            evidence={
-                "state": state,
-                "rank": rank,
-                "host": st.host,
-                "last_step": st.last_step,
-                "seconds_without_step": round(silent, 2),
-                "seconds_without_event": round(quiet, 2),
-                "timeout_s": round(limit, 2) if math.isfinite(limit) else str(limit),
-            },
+            evidence=evidence,
             rank=rank,
         )
 
