@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from trainmon.hooks.checksum import normalise_layout, weights_checksum
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.readback import Readback, read
@@ -93,6 +94,7 @@ class _Step:
     update_ratio: torch.Tensor | None = None
     scheduler_epoch: int | None = None
     memory: tuple[int, int] | None = None
+    checksum: torch.Tensor | None = None  # of the weights the step starts from (trainmon.hooks.checksum)
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -114,6 +116,13 @@ class TrainMonitor:
             steps (0: never on a schedule).
         detail_trigger: also send per-parameter grad norms when the pre-clip norm exceeds this
             multiple of its median over the last 50 steps.
+        checksum_every: send a checksum of the weights the step starts from on the first step and
+            every this many steps (0: never), for the collector to check that data-parallel replicas
+            agree and tensor-parallel shards differ (``trainmon.hooks.checksum``; sharded FSDP/ZeRO-3
+            parameters are left out).
+        layout: the parallel layout, e.g. ``{"tp": 2, "pp": 1}`` (``dp`` defaults to what is left of
+            the world size); ranks in Megatron-LM's order, tensor-parallel fastest. Without it every
+            rank is a data-parallel replica of the others.
         health_interval, heartbeat_interval: seconds between health samples and heartbeats
             (0 disables the sampler thread).
         close_timeout: seconds ``close()`` may take in all, however broken the collector is; what
@@ -144,6 +153,8 @@ class TrainMonitor:
         flush_interval: float = 0.5,
         detail_every: int = 100,
         detail_trigger: float = 3.0,
+        checksum_every: int = 10,
+        layout: dict[str, int] | None = None,
         health_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         close_timeout: float = 2.0,
@@ -177,6 +188,8 @@ class TrainMonitor:
         )
         self.detail_every = detail_every
         self.detail_trigger = detail_trigger
+        self.checksum_every = checksum_every
+        self.layout = layout
         self.overhead_s = 0.0  # time spent inside trainmon on the training thread
         self._cuda = False
         self._model: torch.nn.Module | None = None
@@ -280,6 +293,7 @@ class TrainMonitor:
                 "world_size": world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
                 "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                 "framework": fields.pop("framework", "plain"),
+                "layout": self._normalised_layout(world_size),
                 **fields,
             },
         )
@@ -287,6 +301,11 @@ class TrainMonitor:
             self._health.start()
         self._reset_step(time.perf_counter())
         self._stacks.attach(time.perf_counter())  # the calling thread is the training thread
+
+    def _normalised_layout(self, world_size: int | None) -> dict[str, int] | None:
+        if self.layout is None:
+            return None
+        return normalise_layout(self.layout, world_size or int(os.environ.get("WORLD_SIZE", "1")))
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -330,8 +349,14 @@ class TrainMonitor:
                 # The scale this step's loss is multiplied by; scaler.update() changes it in place
                 # before step_end. A one-element device copy: no sync.
                 s.scale = self._scaler._scale.detach().clone()
+            if self._model is not None and self.checksum_every and self._checksum_due():
+                s.checksum = weights_checksum(self._model.parameters())  # device reductions, read back later
         self._forward_open = self._mark(t0)
         self.overhead_s += time.perf_counter() - t0
+
+    def _checksum_due(self) -> bool:
+        """The first step (the initial weights) and every ``checksum_every`` steps after it, on every rank alike."""
+        return self._last_step < 0 or (self._last_step + 1) % self.checksum_every == 0
 
     def _on_forward_end(self, _module: Any, _args: Any, _output: Any) -> None:
         start = self._forward_open
@@ -604,6 +629,8 @@ class TrainMonitor:
             record["loss_scale"] = value("loss_scale", s.scale)
         if s.update_ratio is not None:
             record["update_ratio"] = value("update_ratio", s.update_ratio)
+        if s.checksum is not None:
+            record["weights_checksum"] = value("weights_checksum", s.checksum)
         if s.clip is not None:
             total, max_norm, per_param, params = s.clip
             norm = record["grad_norm"] = value("grad_norm", total)
@@ -766,6 +793,8 @@ def _device_tensors(s: _Step) -> dict[str, torch.Tensor]:
         out["loss_scale"] = s.scale
     if s.update_ratio is not None and s.update_ratio.is_cuda:
         out["update_ratio"] = s.update_ratio
+    if s.checksum is not None and s.checksum.is_cuda:
+        out["weights_checksum"] = s.checksum
     if s.clip is not None and s.clip[0].is_cuda:
         out["grad_norm"] = s.clip[0]
         if s.clip[2] is not None:

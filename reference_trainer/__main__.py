@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         status = train(cfg)
-    except (FaultError, FileNotFoundError) as exc:
+    except (ConfigError, FaultError, FileNotFoundError) as exc:
         print(f"python -m trainmon.reference_trainer: error: {exc}", file=sys.stderr)
         return 2
     except TrainingStopped as exc:  # --stop-on: the collector's finding stopped the run

@@ -23,7 +23,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from trainmon.hooks.schedules import SCHEDULE_NAMES
 from trainmon.hooks.wire import RUN_ID_PATTERN
 
-__all__ = ["ConfigError", "TrainConfig", "build_parser", "config_from_args", "load_toml"]
+__all__ = ["ConfigError", "TrainConfig", "build_parser", "config_from_args", "load_toml", "parse_layout"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -84,6 +84,9 @@ class TrainConfig:
     )
     heartbeat_interval: float = _opt(5.0, "seconds between heartbeat events (0: none)", "run")
     health_interval: float = _opt(10.0, "seconds between node-health samples (0: none)", "run")
+    checksum_every: int = _opt(
+        10, "checksum the weights every K steps, for the replica/shard check across ranks (0: never)", "run"
+    )
     # -- model -------------------------------------------------------------------------------
     n_layer: int = _opt(2, "transformer blocks", "model")
     n_head: int = _opt(2, "attention heads (must divide n_embd)", "model")
@@ -125,6 +128,13 @@ class TrainConfig:
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N", "system")
     threads: int = _opt(0, "torch CPU threads (0: leave torch's default)", "system")
     dist_timeout: float = _opt(300.0, "seconds a collective may wait before the process group fails", "system")
+    layout: str = _opt(
+        "",
+        "simulated parallel layout, tp=N: ranks in groups of N consecutive ranks act as the shards of one "
+        "tensor-parallel group (each initialised from seed + its tp rank, DDP only across groups); the monitor "
+        "checks that shards differ and replicas agree. Cannot --resume (one copy of the weights is saved)",
+        "system",
+    )
     peak_flops: float = _opt(
         0.0, "peak FLOP/s of one device, for MFU (0: looked up for known GPUs, else not reported)", "system"
     )
@@ -147,6 +157,7 @@ class TrainConfig:
         "dist_timeout",
         "heartbeat_interval",
         "health_interval",
+        "checksum_every",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,8 +212,26 @@ class TrainConfig:
             bad("stop_on", f"critical or warning, got {self.stop_on!r}")
         if self.stop_on is not None and not (self.collector or "").startswith(("http://", "https://")):
             bad("stop_on", "needs a collector to report findings: --collector http://HOST:PORT")
+        if self.checksum_every < 0:
+            bad("checksum_every", f"must be 0 or more, got {self.checksum_every}")
+        try:
+            tp = parse_layout(self.layout).get("tp", 1)
+        except ValueError as exc:
+            bad("layout", str(exc))
+        if tp > 1 and self.resume is not None:
+            bad("layout", "a tensor-parallel layout cannot --resume: checkpoints hold one copy of the weights")
         if self.data != "markov" and not Path(self.data).is_file():
             bad("data", f"'markov' or an existing token file, got {self.data!r}")
+
+
+def parse_layout(text: str) -> dict[str, int]:
+    """``--layout`` as a TrainMonitor layout: ``""`` (every rank a data-parallel replica) or ``tp=N``."""
+    if not text:
+        return {}
+    key, eq, value = text.partition("=")
+    if key.strip() != "tp" or not eq or not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"expected tp=N with N >= 1, got {text!r}")
+    return {"tp": int(value)}
 
 
 _HINTS = get_type_hints(TrainConfig)

@@ -11,8 +11,8 @@ invocations, so a resumed run keeps the labels of the attempt before it.
 ``resume_*`` faults act when the run is resumed (``--resume``), at the step it resumes from
 (the checkpointed step + 1); their ``STEP`` is a guard: the fault acts only if the run resumes
 at a step >= STEP (use ``@0`` to always act). Their label covers the resume boundary
-(first_step = last_step = the first resumed step). ``lr_wrong_total`` and ``bad_init`` act
-from the start of the run; their ``STEP`` is ignored (write ``@0``).
+(first_step = last_step = the first resumed step). ``lr_wrong_total``, ``bad_init`` and
+``tp_same_seed`` act from the start of the run; their ``STEP`` is ignored (write ``@0``).
 
 Perturbations are sized to be visible on the tiny default model (a one-step LR x30 is not, see
 failure-modes.md §4).
@@ -79,6 +79,19 @@ CATALOG: dict[str, FaultKind] = {
         _K("hang", "hang", {"seconds": 10.0}, "one rank stops stepping for `seconds` (heartbeats go on)", "last"),
         _K("labels_unshifted", "init_loss", {"steps": None}, "targets = inputs (no shift): loss under the floor"),
         _K("bad_init", "init_loss", {"scale": 20.0}, "output head initialised x scale (STEP ignored)"),
+        _K(
+            "replica_desync",
+            "replica_divergence",
+            {"scale": 0.01},
+            "one rank's weight matrices get noise (x scale of their std) before STEP: its replica parts",
+            "last",
+        ),
+        _K(
+            "tp_same_seed",
+            "replica_divergence",
+            {},
+            "every tensor-parallel rank initialised from the same seed (needs --layout tp=N; STEP ignored)",
+        ),
     ]
 }
 
@@ -122,7 +135,7 @@ class Fault:
     def last_step(self, total_steps: int) -> int:
         """Last step of the fault's window (the run's last step when it lasts to the end)."""
         n = self.params.get("steps")
-        if self.kind in ("weight_scale", "hang"):
+        if self.kind in ("weight_scale", "hang", "replica_desync"):
             return self.step
         if self.kind == "checkpoint_stall":
             return min(self.step + 1, total_steps - 1)  # the save's time lands in the next step's record
@@ -224,7 +237,7 @@ class FaultPlan:
 
     # -- checks made once, before training ---------------------------------------------------
 
-    def check(self, *, accum: int, fp16: bool, resuming: bool) -> None:
+    def check(self, *, accum: int, fp16: bool, resuming: bool, tp: int = 1) -> None:
         """Reject combinations that would inject nothing, with a clear message."""
         for f in self.faults:
             if f.kind == "lr_per_microbatch" and accum < 2:
@@ -235,6 +248,10 @@ class FaultPlan:
                 raise FaultError(f"--inject {f.spec!r}: bad_init only applies to a fresh run, not with --resume")
             if f.resume and not resuming:
                 raise FaultError(f"--inject {f.spec!r}: a resume_* fault needs --resume")
+            if f.kind == "replica_desync" and self.world_size // tp < 2:
+                raise FaultError(f"--inject {f.spec!r}: needs data-parallel replicas (torchrun with 2+ ranks per tp)")
+            if f.kind == "tp_same_seed" and tp < 2:
+                raise FaultError(f"--inject {f.spec!r}: needs a tensor-parallel layout (--layout tp=2)")
 
     def resume_faults(self, start_step: int) -> dict[str, Fault]:
         """The resume faults that act when resuming at ``start_step`` (their guard STEP passed)."""
@@ -255,6 +272,10 @@ class FaultPlan:
             declared.decay_fraction,
         )
 
+    def init_seed(self, seed: int, tp_rank: int) -> int:
+        """The model-init seed of a tensor-parallel rank: offset by its tp rank, unless ``tp_same_seed``."""
+        return seed if self.get("tp_same_seed") else seed + tp_rank
+
     def init_head_scale(self) -> float:
         f = self.get("bad_init")
         return float(f.params["scale"]) if f else 1.0
@@ -267,6 +288,13 @@ class FaultPlan:
             # The rank stops stepping but stays alive: TrainMonitor's heartbeat thread keeps
             # beating, no step arrives. Bounded so that tests (and DDP peers) carry on.
             time.sleep(float(f.params["seconds"]))
+        if f := self.get("replica_desync", step):  # this rank only; a one-step window: strikes once
+            g = torch.Generator().manual_seed(3_000_017 * step + self.rank)
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.dim() >= 2:
+                        noise = torch.randn(p.shape, generator=g).to(p.device, p.dtype)
+                        p.add_(noise * (float(f.params["scale"]) * p.std()))
         if f := self.get("weight_scale", step):  # a one-step window: strikes once
             with torch.no_grad():
                 for p in model.parameters():
@@ -369,7 +397,7 @@ class FaultPlan:
                 first = _first_drift(
                     declared, lambda s, f=f: declared.lr(f.step + (s - f.step) * accum + accum - 1), f.step, total
                 )
-            elif f.kind == "bad_init":
+            elif f.kind in ("bad_init", "tp_same_seed"):
                 first = last = 0
             if first >= total or last < start_step:
                 continue  # outside this invocation's steps (e.g. it struck before the resume)

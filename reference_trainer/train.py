@@ -43,7 +43,7 @@ from trainmon.reference_trainer.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from trainmon.reference_trainer.config import TrainConfig
+from trainmon.reference_trainer.config import ConfigError, TrainConfig, parse_layout
 from trainmon.reference_trainer.data import Loader, MarkovSource, TokenFileSource
 from trainmon.reference_trainer.faults import FaultPlan, write_labels
 from trainmon.reference_trainer.model import GPT, GPTConfig
@@ -90,6 +90,17 @@ def setup_distributed(cfg: TrainConfig) -> DistInfo:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.dist_timeout))
     return DistInfo(rank, world, local_rank, device)
+
+
+def data_parallel(model: torch.nn.Module, d: DistInfo, tp: int) -> torch.nn.Module:
+    """DDP across the ranks that are replicas of one another: every rank, or under a simulated tensor-parallel
+    layout those at the same tp rank (one process group per tp rank, created on every rank in the same order)."""
+    if not d.ddp or d.world_size == tp:
+        return model  # nothing to replicate across
+    if tp == 1:
+        return DDP(model)
+    groups = [dist.new_group(list(range(t, d.world_size, tp))) for t in range(tp)]
+    return DDP(model, process_group=groups[d.rank % tp])
 
 
 def seed_everything(seed: int) -> None:
@@ -150,7 +161,10 @@ def train(cfg: TrainConfig) -> str:
     resuming = cfg.resume is not None
     faults = FaultPlan.parse(cfg.inject, rank=d.rank, world_size=d.world_size, total_steps=cfg.steps)
     precision = resolve_precision(cfg.precision, d.device)
-    faults.check(accum=cfg.accum, fp16=precision == "fp16", resuming=resuming)
+    tp = parse_layout(cfg.layout).get("tp", 1)
+    if d.world_size % tp:
+        raise ConfigError(f"layout: tp={tp} does not divide the {d.world_size} ranks")
+    faults.check(accum=cfg.accum, fp16=precision == "fp16", resuming=resuming, tp=tp)
 
     # -- find the checkpoint first: a resume fault may change how the run is built -------------
     ckpt_dir = meta = shared = rank_state = None
@@ -166,7 +180,9 @@ def train(cfg: TrainConfig) -> str:
             cfg = dataclasses.replace(cfg, batch_size=int(f.params["batch_size"] or 2 * cfg.batch_size))
 
     # -- model, optimizer, schedule, data ------------------------------------------------------
-    torch.manual_seed(cfg.seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
+    # The same init on every replica (DDP also broadcasts its group's first weights); shards of a
+    # simulated tensor-parallel group each draw their own (seed + tp rank).
+    torch.manual_seed(faults.init_seed(cfg.seed, d.rank % tp))
     gpt_cfg = GPTConfig(cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.init_std)
     model = GPT(gpt_cfg, head_scale=faults.init_head_scale()).to(d.device)
     seed_everything(cfg.seed + 1000 * (d.rank + 1))  # runtime RNG (dropout) differs per rank
@@ -246,7 +262,7 @@ def train(cfg: TrainConfig) -> str:
         write_labels(out / "labels.json", labels)
 
     # -- the monitor -------------------------------------------------------------------------------
-    ddp_model: torch.nn.Module = DDP(model) if d.ddp else model
+    ddp_model = data_parallel(model, d, tp)
 
     def stop_checkpoint() -> str:
         return checkpoint(counters.step)  # called inside step_end, before counters.step moves on
@@ -257,6 +273,8 @@ def train(cfg: TrainConfig) -> str:
         spool_dir=out / "spool" / f"rank{d.rank}",
         heartbeat_interval=cfg.heartbeat_interval,
         health_interval=cfg.health_interval,
+        checksum_every=cfg.checksum_every,
+        layout={"tp": tp} if cfg.layout else None,
         # --stop-on: a verdict arrives with the acknowledgement of the batch that raised it, so the
         # sender's tick bounds how many steps run past the fault; this trainer's steps are short.
         flush_interval=0.1 if cfg.stop_on else 0.5,
@@ -358,7 +376,7 @@ def train(cfg: TrainConfig) -> str:
                     x = x.to(d.device, non_blocking=True)
                     y = y.to(d.device, non_blocking=True)
                 # DDP all-reduces gradients only on the last micro-batch of the step.
-                sync = contextlib.nullcontext() if (last_micro or not d.ddp) else ddp_model.no_sync()
+                sync = contextlib.nullcontext() if (last_micro or ddp_model is model) else ddp_model.no_sync()
                 with sync:
                     with autocast:
                         _, loss = ddp_model(x, y)

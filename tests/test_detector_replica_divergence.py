@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+from trainer_helpers import TINY, read_labels, torchrun
+
 from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import ReplicaDivergenceConfig
 from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.replica_divergence import ReplicaDivergence
+from trainmon.monitor.store.storage import Storage
 
 KIND = "replica_divergence"
 
@@ -151,3 +156,69 @@ def test_a_missing_rank_leaves_the_step_unjudged_with_bounded_state() -> None:
     det = ReplicaDivergence(ReplicaDivergenceConfig())
     assert [f for ev, a in events for f in det.observe(ev, a)] == []
     assert len(det._pending) <= ReplicaDivergenceConfig().max_pending
+
+
+# -- the reference trainer under torchrun (gloo): real DDP replicas, a simulated tensor-parallel layout ------------
+
+
+def _found(out, run: str) -> list[dict]:
+    storage = Storage("sqlite://")
+    import_file(out, storage)  # every rank's events*.jsonl
+    return [a for a in summarize(storage, run)["anomalies"] if a["kind"] == KIND]
+
+
+@pytest.mark.slow
+def test_torchrun_the_desynced_replica_is_named_by_the_majority(tmp_path) -> None:
+    torchrun(
+        tmp_path,
+        *TINY,
+        "--threads",
+        "1",
+        "--checksum-every",
+        "4",
+        "--inject",
+        "replica_desync@12:rank=1",
+        nproc=3,
+        steps=20,
+        run="rd3",
+    )
+    (label,) = read_labels(tmp_path)
+    assert (label["rank"], label["first_step"], label["expected_detection"]) == (1, 12, KIND)
+    (found,) = _found(tmp_path, "rd3")
+    assert (found["rank"], found["first_step"]) == (1, 12)
+    assert "ranks 0 and 2 agree" in found["message"] and "identical at step 8" in found["message"]
+
+
+@pytest.mark.slow
+def test_torchrun_two_replicas_both_named_and_a_clean_run_is_silent(tmp_path) -> None:
+    torchrun(
+        tmp_path / "f",
+        *TINY,
+        "--threads",
+        "1",
+        "--checksum-every",
+        "4",
+        "--inject",
+        "replica_desync@10",
+        steps=20,
+        run="rd2",
+    )
+    (found,) = _found(tmp_path / "f", "rd2")
+    assert found["rank"] == -1 and 10 <= found["first_step"] <= 12
+    assert "replicas 0 and 1 hold different weights" in found["message"]
+    torchrun(
+        tmp_path / "c", *TINY, "--threads", "1", "--checksum-every", "2", "--checkpoint-every", "5", steps=20, run="rc2"
+    )
+    assert _found(tmp_path / "c", "rc2") == []
+
+
+@pytest.mark.slow
+def test_torchrun_tensor_parallel_ranks_seeded_alike_flagged_at_step_0(tmp_path) -> None:
+    torchrun(
+        tmp_path / "f", *TINY, "--threads", "1", "--layout", "tp=2", "--inject", "tp_same_seed@0", steps=6, run="tps"
+    )
+    (found,) = _found(tmp_path / "f", "tps")
+    assert (found["rank"], found["first_step"]) == (-1, 0)
+    assert "ranks 0 and 1 are declared shards of one tensor-parallel group (tp=2)" in found["message"]
+    torchrun(tmp_path / "c", *TINY, "--threads", "1", "--layout", "tp=2", steps=6, run="tpc")
+    assert _found(tmp_path / "c", "tpc") == []
