@@ -368,3 +368,68 @@ def test_stacks_name_the_odd_rank_and_update_the_open_finding() -> None:
     run.found.clear()
     run.silence(5.0, beating=range(4))
     assert run.opened() and all("stacks" not in f.evidence for f in run.opened())
+
+
+# -- where it is stuck: torchrun against a live collector --------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torchrun_hang_names_the_rank_and_frame_where_it_waits(tmp_path) -> None:
+    """Rank 1 sleeps in the reference trainer's hang fault; rank 0 waits for it in DDP's backward. The hooks
+    capture both stacks; the live collector's hang anomaly names rank 1 and faults.py's frame, in its
+    evidence (GET /v1/runs/{run}/anomalies), in `trainmon status` while it hangs and in the post-mortem."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+    from trainer_helpers import ROOT, trainer_env
+
+    from trainmon.monitor.analysis.live_view import HttpSource, render_status
+    from trainmon.monitor.config import DetectorsConfig
+
+    db = tmp_path / "db.sqlite"
+    lc = start_collector(db, detectors=DetectorsConfig(hang=HangConfig(min_timeout=3.0)))
+    exe = Path(sys.executable).parent / "torchrun"
+    cmd = [str(exe), "--standalone", "--nproc-per-node", "2", "-m", "trainmon.reference_trainer", "--run-id", "hs"]
+    cmd += ["--steps", "30", "--out", str(tmp_path / "out"), "--collector", lc.url, *TINY, "--threads", "1"]
+    cmd += ["--heartbeat-interval", "0.5", "--inject", "hang@20:rank=1,seconds=12"]
+    env = trainer_env() | {"TRAINMON_STACK_AFTER": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        live = None
+        while proc.poll() is None and live is None:
+            time.sleep(0.2)
+            status, body = lc.get("/v1/runs/hs/anomalies")  # 404 until the run's first events
+            for a in json.loads(body) if status == 200 else []:
+                if a["kind"] == KIND and a["status"] == "open" and "stacks" in a["evidence"]:
+                    console = Console(width=200, record=True)
+                    console.print(render_status(HttpSource(lc.url).status("hs")))
+                    live = console.export_text()
+                    break
+        assert proc.wait(timeout=180) == 0, proc.stderr.read()[-3000:]
+        found = [a for a in lc.get_json("/v1/runs/hs/anomalies") if a["kind"] == KIND]
+    finally:
+        lc.stop()
+    assert live is not None and "where the ranks wait: " in live and "rank 1 is in before_step (faults.py:" in live
+    by_rank = {a["rank"]: a for a in found}
+    assert set(by_rank) == {0, 1} and all(a["first_step"] == 20 and a["status"] == "resolved" for a in found)
+    stacks = by_rank[1]["evidence"]["stacks"]
+    assert stacks["odd_ranks"] == [1]
+    assert stacks["summary"].startswith("rank 0 waits in backward (train.py:")
+    assert "rank 1 is in before_step (faults.py:" in stacks["summary"] and "time.sleep)" in stacks["summary"]
+    (odd,) = [g for g in stacks["groups"] if g["ranks"] == [1]]
+    assert "faults.py" in odd["frames"][0] and "in before_step: time.sleep(" in odd["frames"][0]
+    assert "rank 1 is in before_step (faults.py:" in by_rank[1]["message"]
+    assert by_rank[1]["severity"] == "warning"  # 12 s: not long enough to be critical
+    post = subprocess.run(
+        [sys.executable, "-m", "trainmon", "postmortem", "hs", "--db", str(db)],
+        cwd=ROOT,
+        env=trainer_env() | {"COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert post.returncode == 0, post.stderr[-2000:]
+    assert "where the ranks waited (hang at step 20)" in post.stdout
+    assert "rank 1 is in before_step (faults.py:" in post.stdout and "in before_step: time.sleep(" in post.stdout

@@ -29,6 +29,7 @@ from sqlalchemy import Connection, select
 
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
+from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
@@ -129,6 +130,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         ).first()
         open_anomalies = [
             {k: a[k] for k in ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")}
+            | _stacks_of(a)
             for a in anomaly_rows(conn, run)
             if a["status"] == "open"
         ]
@@ -336,6 +338,23 @@ def _revive(value: Any) -> Any:
 # -- rendering ------------------------------------------------------------------------------
 
 
+def _stacks_of(anomaly: dict[str, Any]) -> dict[str, Any]:
+    """A hang's grouped stacks (where the ranks wait), the one piece of evidence the live view shows."""
+    stacks = (anomaly.get("evidence") or {}).get("stacks") if anomaly["kind"] == "hang" else None
+    return {"evidence": {"stacks": stacks}} if stacks else {}
+
+
+def _stack_lines(found: list[dict[str, Any]]) -> list[Text]:
+    """Where the ranks of an open hang wait: the summary and each group's innermost frames."""
+    out = []
+    for st in hang_stacks(found):
+        out.append(Text(visible_controls(f"where the ranks wait: {st['summary']}"), style="bold"))
+        for g in st["groups"]:
+            frames = "\n".join(f"    {line}" for line in g["frames"][:4])
+            out.append(Text(visible_controls(f"  {rank_ranges(g['ranks'])}:") + "\n" + visible_controls(frames)))
+    return out
+
+
 def sparkline(values: list[float | None], width: int = 48) -> str:
     """Unicode block sparkline of the finite values, resampled to at most ``width`` characters;
     a non-finite value shows as ``!``."""
@@ -476,6 +495,7 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
                 f"{escape_for_terminal(a['message'])}\n[dim]→ {escape_for_terminal(a['hint'])}[/dim]",
             )
         parts.append(table)
+        parts += _stack_lines(found)
     else:
         parts.append(Text("no open anomalies", style="green"))
     return Panel(Group(*parts), title="trainmon status", subtitle=escape_for_terminal(source) or None, expand=False)

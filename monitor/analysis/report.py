@@ -16,8 +16,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from trainmon.monitor.analysis.escape import escape_for_terminal
+from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
+from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = ["fmt", "print_runs", "print_summary", "write_html", "write_report"]
@@ -139,6 +141,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         head.add_row(label, escape_for_terminal(value))
     console.print(head)
     _print_timeline(summary, console)
+    _print_stacks(summary, console)
     _print_attempts(summary, console)
     _print_phases(summary, console)
     _print_ranks(summary, console)
@@ -170,6 +173,17 @@ def _print_timeline(s: dict[str, Any], console: Console) -> None:
             f"{escape_for_terminal(e['message'])}\n[dim]→ {escape_for_terminal(e['hint'])}[/dim]",
         )
     console.print(table)
+
+
+def _print_stacks(s: dict[str, Any], console: Console) -> None:
+    """Where the ranks of a hang waited: the hooks' stack captures, grouped (innermost frame first)."""
+    for st in hang_stacks(s["anomalies"]):
+        console.print(Text(f"where the ranks waited (hang at step {st['first_step']})", style="bold"))
+        console.print(Text(visible_controls(f"    {st['summary']}")))
+        for g in st["groups"]:
+            console.print(Text(visible_controls(f"    {rank_ranges(g['ranks'])}:")))
+            for line in g["frames"][:8]:
+                console.print(Text(visible_controls(f"      {line}")), soft_wrap=True)
 
 
 def _print_attempts(s: dict[str, Any], console: Console) -> None:
@@ -322,6 +336,16 @@ def _table(head: list[str] | None, rows: list[list[str]], row_class: list[str] |
     return "\n".join(out)
 
 
+def _stacks_html(s: dict[str, Any]) -> str:
+    parts = []
+    for st in hang_stacks(s["anomalies"]):
+        parts.append(f"<h2>Where the ranks waited (hang at step {_e(st['first_step'])})</h2>")
+        parts.append(f"<p>{_e(st['summary'])}</p>")
+        for g in st["groups"]:
+            parts.append(f"<p><b>{_e(rank_ranges(g['ranks']))}</b></p><pre>{_e(chr(10).join(g['frames']))}</pre>")
+    return "".join(parts)
+
+
 def write_html(summary: dict[str, Any], plots: dict[str, Path], path: Path) -> Path:
     """One HTML file holding the tables and the plots (base64), nothing loaded from elsewhere."""
     s = summary
@@ -355,6 +379,7 @@ def write_html(summary: dict[str, Any], plots: dict[str, Path], path: Path) -> P
         parts.append(_table(["steps", "kind", "severity", "rank", "status", "what, and what to check"], rows, classes))
     else:
         parts.append("<p>No anomalies.</p>")
+    parts.append(_stacks_html(s))
     for name, title in (("grad_norm", "Gradient norm"), ("lr", "Learning rate")):
         if name in plots:
             parts.append(f"<h2>{title}</h2>{_img(plots[name], title)}")

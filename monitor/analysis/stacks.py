@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["group_stacks", "rank_ranges"]
+__all__ = ["group_stacks", "hang_stacks", "rank_ranges"]
 
 _SIGNATURE_FRAMES = 4  # innermost frames that make a signature
 _SHOWN_FRAMES = 12  # innermost frames kept per group in the evidence
@@ -122,3 +122,17 @@ def group_stacks(stacks: Mapping[int, list[Mapping[str, Any]]]) -> dict[str, Any
     if odd:
         summary += f"; the odd one{'s' if len(odd) > 1 else ''} out: {rank_ranges(odd)}"
     return {"summary": summary, "odd_ranks": odd, "groups": groups[:_SHOWN_GROUPS]}
+
+
+def hang_stacks(anomalies: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct stack groupings carried by hang anomalies, for the post-mortem and live views:
+    every rank's hang of one episode carries the same grouping, so it is shown once."""
+    seen: set[str] = set()
+    out = []
+    for a in anomalies:
+        stacks = (a.get("evidence") or {}).get("stacks") if a.get("kind") == "hang" else None
+        if not isinstance(stacks, dict) or not stacks.get("summary") or stacks["summary"] in seen:
+            continue
+        seen.add(stacks["summary"])
+        out.append({"first_step": a.get("first_step"), **stacks})
+    return out
