@@ -21,6 +21,7 @@ import hashlib
 import math
 import pickle
 import random
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "rng_hashes",
     "scheduler_summary",
     "state_fingerprint",
+    "unused_rngs",
 ]
 
 _DIGEST = 8  # bytes: 16 hex characters is plenty to tell states apart
@@ -65,25 +67,48 @@ def batch_fingerprint(*tensors: Any) -> str:
     return h.hexdigest()
 
 
+def _rng_states(loaded_only: bool) -> dict[str, str]:
+    out = {"python": _hash_bytes(pickle.dumps(random.getstate()))}
+    np = sys.modules.get("numpy") if loaded_only else None
+    if np is None and not loaded_only:
+        try:
+            import numpy as np
+        except ImportError:  # numpy is optional for hooks
+            np = None
+    if np is not None:
+        out["numpy"] = _hash_bytes(pickle.dumps(np.random.get_state()))
+    torch = sys.modules.get("torch")
+    if torch is None and not loaded_only:
+        import torch
+    if torch is not None:
+        out["torch"] = _hash_bytes(torch.get_rng_state().numpy().tobytes())
+        if not loaded_only and torch.cuda.is_available() and torch.cuda.is_initialized():
+            states = torch.cuda.get_rng_state_all()  # host copies of the generator states
+            out["cuda"] = _hash_bytes(*(s.numpy().tobytes() for s in states))
+    return out
+
+
+# Each generator's state when this module was imported (only those of modules already loaded: importing
+# it must not pull torch or numpy in). A generator still in that state when a checkpoint is saved was
+# never used by the run, so whether a resume restores it does not matter (a trainer that never touches
+# NumPy need not restore it).
+_IMPORT_STATES = _rng_states(loaded_only=True)
+
+
 def rng_hashes() -> dict[str, str]:
     """Short hashes of the Python, NumPy (if importable), torch CPU and CUDA RNG states.
 
     CUDA is only read when it is already initialised, so this never creates a CUDA context.
     """
-    import torch
+    return _rng_states(loaded_only=False)
 
-    out = {"python": _hash_bytes(pickle.dumps(random.getstate()))}
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional for hooks
-        pass
-    else:
-        out["numpy"] = _hash_bytes(pickle.dumps(np.random.get_state()))
-    out["torch"] = _hash_bytes(torch.get_rng_state().numpy().tobytes())
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states = torch.cuda.get_rng_state_all()  # host copies of the generator states
-        out["cuda"] = _hash_bytes(*(s.numpy().tobytes() for s in states))
-    return out
+
+def unused_rngs(hashes: Mapping[str, str]) -> list[str]:
+    """Generators whose state has not moved since trainmon was imported: the run does not use them.
+
+    A generator whose module was not loaded then has no known starting state and counts as used.
+    """
+    return sorted(name for name, h in hashes.items() if _IMPORT_STATES.get(name) == h)
 
 
 def optimizer_summary(optimizer: Any) -> dict[str, Any]:
@@ -196,6 +221,9 @@ def state_fingerprint(
         fp["model"] = model_summary(model)
     if rng:
         fp["rng"] = rng_hashes()
+        unused = unused_rngs(fp["rng"])
+        if unused:
+            fp["rng_unused"] = unused  # never moved: the resume check skips them
     return fp
 
 

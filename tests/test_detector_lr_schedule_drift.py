@@ -52,7 +52,13 @@ class Feed:
 
     @property
     def opened(self) -> list[Finding]:
-        return [f for f in self.findings if not f.resolved]
+        """The findings that opened an anomaly (later ones restate it until it resolves)."""
+        out, is_open = [], False
+        for f in self.findings:
+            if not f.resolved and not is_open:
+                out.append(f)
+            is_open = not f.resolved
+        return out
 
 
 def run_trace(
@@ -75,7 +81,7 @@ COSINE = Schedule("cosine", 3e-3, 200, 20, 0.1)
 
 
 def first_drift(actual: Callable[[int], float], expected: Callable[[int], float] = COSINE.lr) -> int:
-    """The first step more than 1% off: the detector fires one step later (2 steps in a row)."""
+    """The first step more than 1% off: the anomaly's first step (it is confirmed one step later)."""
     return next(s for s in range(10_000) if abs(actual(s) - expected(s)) > 0.01 * expected(s))
 
 
@@ -86,7 +92,7 @@ def test_scheduler_stepped_per_microbatch_is_named_from_the_lr_alone():
     accum, k = 4, 50
     feed = run_trace(COSINE, lambda s: COSINE.lr(s if s < k else k + (s - k) * accum + accum - 1), range(120), accum=4)
     (f,) = feed.opened
-    assert f.step == k + 1 and f.severity == "warning"
+    assert f.step == k and f.severity == "warning"
     assert f.evidence["diagnosis"] == "per_microbatch" and f.evidence["factor"] == 4
     assert "micro-batch" in f.hint and "4x too fast" in f.hint
 
@@ -98,7 +104,7 @@ def test_scheduler_steps_counter_fires_even_where_the_lr_is_flat():
     for s in range(40):
         feed.step(s, [1e-3], scheduler_steps=8 if s >= 20 else 1)
     (f,) = feed.opened
-    assert f.step == 21 and f.evidence["diagnosis"] == "per_microbatch"
+    assert f.step == 20 and f.evidence["diagnosis"] == "per_microbatch"
     assert "scheduler.step() ran 8 times" in f.message and "micro-batch" in f.hint
 
 
@@ -114,14 +120,14 @@ def test_warmup_restarted_at_the_resume():
     for s in range(100, 140):
         feed.step(s, [COSINE.lr(s if s == 100 else s - 100)])
     (f,) = feed.opened
-    assert f.step == 102 and f.evidence["diagnosis"] == "restarted" and f.evidence["restart_step"] == 100
+    assert f.step == 101 and f.evidence["diagnosis"] == "restarted" and f.evidence["restart_step"] == 100
     assert "not restored" in f.hint and "restarted" in f.hint
 
 
 def test_frozen_scheduler():
     feed = run_trace(COSINE, lambda s: COSINE.lr(min(s, 80)), range(150))
     (f,) = feed.opened
-    assert f.step == first_drift(lambda s: COSINE.lr(min(s, 80))) + 1 and f.evidence["diagnosis"] == "frozen"
+    assert f.step == first_drift(lambda s: COSINE.lr(min(s, 80))) and f.evidence["diagnosis"] == "frozen"
     assert "scheduler.step() is no longer called" in f.hint
 
 
@@ -131,7 +137,7 @@ def test_wrong_total_length_is_estimated():
     f = feed.opened[0]
     assert f.evidence["diagnosis"] == "wrong_length"
     assert abs(f.evidence["estimated_total_steps"] - 50) <= 1
-    assert f.step == first_drift(built.lr) + 1
+    assert f.step == first_drift(built.lr)
     assert "~50 steps instead of the declared 200" in f.hint
 
 
@@ -143,7 +149,7 @@ def test_one_param_group_diverging():
     (f,) = feed.opened
     assert f.evidence["diagnosis"] == "group" and f.evidence["group"] == 1
     assert (
-        f.step == first_drift(lambda s: COSINE.lr(min(s, 60))) + 1
+        f.step == first_drift(lambda s: COSINE.lr(min(s, 60)))
         and "Param group 1" in f.hint
         and "param group 1" in f.message
     )
@@ -160,14 +166,16 @@ def test_step_counter_reset_while_the_scheduler_kept_its_position():
     for s in range(30):
         feed.step(s, [COSINE.lr(s + 60)])
     (f,) = feed.opened
-    assert f.step == 1 and f.evidence["diagnosis"] == "step_offset" and f.evidence["shift_steps"] == 60
+    assert f.step == 0 and f.evidence["diagnosis"] == "step_offset" and f.evidence["shift_steps"] == 60
     assert "step counter restarted at 0" in f.hint
 
 
 def test_resolves_when_the_lr_is_back_on_schedule():
     feed = run_trace(COSINE, lambda s: COSINE.lr(s) * (3.0 if 100 <= s < 105 else 1.0), range(150))
-    opened, resolved = feed.findings
-    assert opened.step == 101 and opened.evidence["diagnosis"] == "scaled" and opened.evidence["factor"] == 3.0
+    (opened,) = feed.opened
+    *_, last, resolved = feed.findings
+    assert last.evidence["step"] == 104 and last.evidence["off_schedule_steps"] == 5
+    assert opened.step == 100 and opened.evidence["diagnosis"] == "scaled" and opened.evidence["factor"] == 3.0
     assert resolved.resolved and resolved.step == 107
 
 
@@ -182,7 +190,7 @@ def test_inferred_schedule_restart_after_resume():
     for s in range(400, 600, 10):  # the warmup starts again from the resume
         feed.step(s, [sched.lr(s - 400)])
     (f,) = feed.opened
-    assert f.step == 420 and f.evidence["schedule"] == "inferred" and f.evidence["diagnosis"] == "restarted"
+    assert f.step == 410 and f.evidence["schedule"] == "inferred" and f.evidence["diagnosis"] == "restarted"
     assert "inferred" in f.message and "No schedule was declared" in f.hint
 
 
@@ -190,7 +198,7 @@ def test_inferred_schedule_frozen_mid_decay():
     sched = Schedule("linear", 1e-4, 1000, 50, 0.0)
     feed = run_trace(None, lambda s: sched.lr(min(s, 300)), range(1000), planned=1000)
     (f,) = feed.opened
-    assert f.step == 351 and f.evidence["diagnosis"] == "frozen" and f.evidence["schedule"] == "inferred"
+    assert f.step == 301 and f.evidence["diagnosis"] == "frozen" and f.evidence["schedule"] == "inferred"
 
 
 # -- (b) clean traces: silence -----------------------------------------------------------------

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from trainmon.hooks.fingerprint import (
@@ -16,6 +18,9 @@ from trainmon.hooks.fingerprint import (
     scheduler_summary,
     state_fingerprint,
 )
+from trainmon.hooks.wire import Event
+from trainmon.monitor.config import BadResumeConfig
+from trainmon.monitor.detectors import BadResume
 
 
 def _setup(seed: int = 0):
@@ -125,3 +130,49 @@ def test_import_does_not_pull_torch():
         "import sys, trainmon.hooks.fingerprint as f; f.compare_fingerprints({}, {}); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+_RNG_ROUND_TRIP = """
+import json, sys
+import numpy, torch
+from trainmon.hooks.fingerprint import state_fingerprint
+
+phase, path, use_numpy = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if phase == "save":
+    torch.manual_seed(0)
+    torch.randn(4)  # the run uses torch's RNG
+    if use_numpy:
+        numpy.random.rand(3)
+    torch.save(torch.get_rng_state(), path + ".pt")
+    print(json.dumps(state_fingerprint(next_step=10)))
+else:  # a new process: torch's RNG restored, NumPy's neither seeded nor restored
+    torch.set_rng_state(torch.load(path + ".pt"))
+    print(json.dumps(state_fingerprint(next_step=10)))
+"""
+
+
+@pytest.mark.parametrize("use_numpy", [False, True], ids=["numpy-unused", "numpy-used"])
+def test_an_rng_the_run_never_used_is_not_a_bad_resume(tmp_path, use_numpy):
+    """Two real processes: a save and a resume that restores torch's RNG only."""
+
+    def fingerprint(phase: str) -> dict:
+        args = [sys.executable, "-c", _RNG_ROUND_TRIP, phase, str(tmp_path / "rng"), "1" if use_numpy else "0"]
+        return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+
+    saved, restored = fingerprint("save"), fingerprint("load")
+    det = BadResume(BadResumeConfig())
+    events = [
+        ("run_start", {"resumed": False}, 0),
+        ("checkpoint", {"step": 9, "fingerprint": saved}, 0),
+        ("run_start", {"resumed": True}, 1),
+        ("resume", {"step": 9, "fingerprint": restored}, 1),
+    ]
+    found = []
+    for seq, (kind, fields, attempt) in enumerate(events):
+        found += det.observe(Event(kind, "r", 0, "h", f"s{attempt}", seq, 1e9 + seq, fields), attempt)
+    if use_numpy:  # used and not restored: still the bug it is
+        (f,) = found
+        assert "rng.numpy" in f.message and "rng.torch" not in f.message
+    else:
+        assert found == [], found[0].message
+        assert saved["rng_unused"] == ["numpy", "python"]

@@ -10,7 +10,8 @@ check is on state, at load time, not on the loss:
   (``trainmon.hooks.fingerprint``); the ``resume`` event carries the same fingerprint of the restored
   state. A correct resume restores everything, so any key that differs names a bug directly:
   ``next_step`` (step counter reset, R4), ``optimizer.*`` (Adam state not loaded, R3),
-  ``scheduler.*`` (R1), ``rng.*`` (R6), ``data_position`` (replay or skip, R5),
+  ``scheduler.*`` (R1), ``rng.*`` (R6; not the generators the run never moved, ``rng_unused``),
+  ``data_position`` (replay or skip, R5),
   ``loss_scale`` (R2), ``world_size``/``global_batch_tokens``/``accum_steps``/``config_hash``
   (topology or batch changed, R7), ``model.*`` (weights differ). That fires at the resume
   event itself, on the first step after it (delay 0).
@@ -199,7 +200,10 @@ class BadResume(Detector):
         chk.hints.setdefault(group, hint)
 
     def _compare(self, saved: dict[str, Any], restored: dict[str, Any]) -> None:
-        diff = compare_fingerprints(saved, restored, rel_tol=self.config.rel_tol)
+        # a generator the run never moved before saving (``rng_unused``) need not be restored
+        unused = saved.get("rng_unused") if isinstance(saved.get("rng_unused"), list) else []
+        ignore = ["rng_unused", *(f"rng.{name}" for name in unused)]
+        diff = compare_fingerprints(saved, restored, rel_tol=self.config.rel_tol, ignore=ignore)
         by_group: dict[str, dict[str, Any]] = {}
         for key, (a, b) in diff.items():
             if a is None or b is None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from trainmon.hooks.schedules import Schedule
@@ -41,14 +42,56 @@ from trainmon.monitor.detectors.base import Detector, Finding
 __all__ = ["LrScheduleDrift"]
 
 _SAME = 1e-9  # relative difference below which two logged LRs are the same value
+_DECAY_POINTS = 128  # change points kept of an inferred decay (halved beyond twice this)
+_ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
+_SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
+    ("cosine", lambda u: 0.5 * (1.0 + math.cos(math.pi * u))),
+    ("linear", lambda u: 1.0 - u),
+)
 
 
-def _rel(actual: float, expected: float, floor: float) -> float:
-    return abs(actual - expected) / max(abs(expected), floor)
+def _rel(actual: float, expected: float, floor: float, slack: float = 0.0) -> float:
+    """Relative difference, after ``slack`` (half the printing quantum) is allowed for."""
+    return max(0.0, abs(actual - expected) - slack) / max(abs(expected), floor)
 
 
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
+
+
+class _Resolution:
+    """How finely the LR values were printed, learnt from the values themselves.
+
+    Text logs print the LR rounded: llm.c's stdout to 3 significant digits (``lr 5.97e-04``), its
+    ``main.log`` to 6 decimals (``lr:0.000597``). A smooth schedule then moves in steps of one
+    quantum and looks flat for tens of steps, and a value can sit half a quantum away from the
+    schedule. The digits each distinct value needs (its shortest repr) bound the printing: at most
+    ``sig`` significant digits and ``decimals`` decimals, so a value's quantum is the coarser of
+    the two grids. Full-precision floats need 15-17 digits: their quantum is negligible. A few
+    distinct values are required first (a constant 1e-3 needs one digit, but says nothing).
+    """
+
+    def __init__(self, min_values: int) -> None:
+        self.min_values = min_values
+        self.sig = 0
+        self.decimals = 0
+        self._values: set[float] = set()
+
+    def add(self, x: float) -> None:
+        if x <= 0 or x in self._values:
+            return
+        if len(self._values) < self.min_values:
+            self._values.add(x)
+        t = Decimal(repr(x)).normalize().as_tuple()
+        assert isinstance(t.exponent, int)
+        self.sig = max(self.sig, len(t.digits))
+        self.decimals = max(self.decimals, -t.exponent)
+
+    def quantum(self, x: float) -> float:
+        """The printing step around ``x`` (0 while too few distinct values were seen)."""
+        if len(self._values) < self.min_values or x <= 0:
+            return 0.0
+        return max(10.0 ** (math.floor(math.log10(x)) - self.sig + 1), 10.0**-self.decimals)
 
 
 class LrScheduleDrift(Detector):
@@ -60,14 +103,24 @@ class LrScheduleDrift(Detector):
         self.config = config
         self._schedule: Schedule | None = None
         self._accum = 1
+        self._step_base = 0
         self._world = 1
         self._planned: int | None = None
         self._ratios: list[float] | None = None
         self._recent: collections.deque[tuple[int, tuple[float, ...]]] = collections.deque(maxlen=config.history)
+        self._res = _Resolution(config.quantum_min_values)
         self._bad = 0
+        self._bad_since: int | None = None  # first step of the current off-schedule run
         self._good = 0
         self._open = False
         self._open_diag: str | None = None
+        self._open_extra: dict[str, Any] = {}
+        self._ep_first = 0  # the open anomaly: first off step, off steps, last off step and what it was
+        self._ep_bad = 0
+        self._ep_last: tuple[int, dict[str, Any]] | None = None
+        self._reported: tuple[int, float | None] = (0, None)  # step and magnitude last reported
+        self._run_first: int | None = None  # first step of the run (a new attempt at or before it is a fresh start)
+        self._attempt_points = 0  # steps logged in the current attempt
         self._skipped = 0
         self._attempt_first: int | None = None  # first step of the latest resumed attempt
         self._awaiting_first = False
@@ -85,7 +138,11 @@ class LrScheduleDrift(Detector):
         self._decreases = 0  # consecutive decreasing points
         self._decaying = False  # a decay was under way when the LR last changed
         self._flat_since: int | None = None
+        self._flat_next: int | None = None  # the first step of the flat run after flat_since
+        self._level = 1  # steps the previous LR level lasted (a rounded LR moves in levels)
         self._peak = 0.0
+        self._peak_step = 0
+        self._decay: list[tuple[int, float]] = []  # change points since the peak (decimated, bounded)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -97,6 +154,10 @@ class LrScheduleDrift(Detector):
             self._attempt_first = self._resume_next = int(event.fields["step"]) + 1
             self._resumed = True
             return []
+        if event.kind == "run_end" and self._open and self._ep_last is not None:
+            if self._ep_last[0] > self._reported[0]:
+                return [self._report(*self._ep_last)]  # the extent it reached when the attempt ended
+            return []
         if event.kind != "step":
             return []
         f = event.fields
@@ -104,8 +165,15 @@ class LrScheduleDrift(Detector):
         if self._awaiting_first:
             self._awaiting_first = False
             self._first_seen = step
-            if self._attempt_first is None:
-                self._attempt_first = step
+            if self._run_first is not None and step <= self._run_first and self._resume_next is None:
+                self._fresh_start()  # the run started over from its beginning: so does its schedule
+            else:
+                self._resumed = True
+                if self._attempt_first is None:
+                    self._attempt_first = step
+        if self._run_first is None:
+            self._run_first = step
+        self._attempt_points += 1
         out: list[Finding] = []
         sched_steps = f.get("scheduler_steps")
         self._sched_steps = sched_steps
@@ -114,6 +182,7 @@ class LrScheduleDrift(Detector):
         if not lrs or not all(math.isfinite(x) and x >= 0 for x in lrs):
             return out
         lrs_t = tuple(float(x) for x in lrs)
+        self._res.add(lrs_t[0])
         self._recent.append((step, lrs_t))
         if self._schedule is not None:
             bad, worst = self._check_declared(step, lrs_t)
@@ -128,33 +197,56 @@ class LrScheduleDrift(Detector):
         if bad:
             self._bad += 1
             self._good = 0
-            if self._bad >= self.config.min_steps or (self._multi >= self.config.scheduler_steps_min):
-                finding = self._fire(step, worst)
-                if finding is not None:
-                    out.append(finding)
+            if self._bad == 1:
+                self._bad_since = step
+            if self._open:
+                self._ep_bad += 1
+                self._ep_last = (step, worst)
+                if self._update_due(step, worst):
+                    out.append(self._report(step, worst))
+            elif self._bad >= self.config.min_steps or (self._multi >= self.config.scheduler_steps_min):
+                out.append(self._fire(step, worst))
         else:
             self._bad = 0
             if self._open:
                 self._good += 1
                 if self._good >= self.config.resolve_after:
-                    out.append(self._resolve(step, lrs_t))
+                    out += self._resolve(step, lrs_t)
         return out
 
     def _start(self, f: dict[str, Any]) -> None:
         raw = f.get("schedule")
+        if raw is None and isinstance(f.get("config"), dict):
+            raw = f["config"].get("declared_schedule")  # what an imported log's own header declares
         if isinstance(raw, dict):
             try:
                 self._schedule = Schedule.from_dict(raw)
             except (TypeError, ValueError):
                 self._schedule = None
+        config = f.get("config") if isinstance(f.get("config"), dict) else {}
+        # a log that counts its steps from 1 (llm.c's stdout prints step + 1) logs lr(N - 1) at step N
+        self._step_base = int(config.get("step_base") or 0)
         self._accum = int(f.get("accum_steps") or self._accum or 1)
         self._world = int(f.get("world_size") or self._world or 1)
         self._planned = f.get("planned_steps") or self._planned
-        if f.get("resumed"):
-            self._resumed = True
+        if f.get("resumed") or self._run_first is not None:
+            # Every attempt after the first is a resume, whether or not the trainer says so (a trainer
+            # using only what the Quick start shows sends no resume event): its first step is where a
+            # scheduler that was not restored starts its warmup again. Decided at that first step.
             self._attempt_first = self._resume_next = self._first_seen = None
             self._awaiting_first = True
+            self._attempt_points = 0
         self._bad = 0
+
+    def _fresh_start(self) -> None:
+        """A new attempt from the run's first step: the inferred schedule is learnt again."""
+        self._resumed = False
+        self._attempt_first = None
+        self._n = self._equal_run = self._decreases = 0
+        self._prev = self._floor = self._flat_since = self._flat_next = None
+        self._peak_done = self._decaying = False
+        self._peak, self._peak_step, self._level = 0.0, 0, 1
+        self._decay = []
 
     # -- declared schedule ---------------------------------------------------------------------
 
@@ -164,7 +256,7 @@ class LrScheduleDrift(Detector):
 
     def _expected(self, step: int) -> float:
         assert self._schedule is not None
-        return self._schedule.lr(step)
+        return self._schedule.lr(step - self._step_base)
 
     def _check_declared(self, step: int, lrs: tuple[float, ...]) -> tuple[bool, dict[str, Any]]:
         sched = self._schedule
@@ -174,14 +266,15 @@ class LrScheduleDrift(Detector):
         ratios = self._ratios or [1.0] * len(lrs)
         floor = sched.peak_lr * 1e-3
         tol = self.config.rel_tol
-        want = sched.lr(step)
-        lagged = sched.lr(max(0, step - self._skipped)) if self._skipped else None
+        want = self._expected(step)
+        lagged = self._expected(max(0, step - self._skipped)) if self._skipped else None
         worst: dict[str, Any] = {}
         worst_err = 0.0
         for g, (actual, ratio) in enumerate(zip(lrs, ratios, strict=False)):
-            err = _rel(actual, want * ratio, floor * ratio)
+            half = self._res.quantum(actual) / 2  # a printed LR may sit half a quantum off
+            err = _rel(actual, want * ratio, floor * ratio, half)
             if lagged is not None:
-                err = min(err, _rel(actual, lagged * ratio, floor * ratio))
+                err = min(err, _rel(actual, lagged * ratio, floor * ratio, half))
             if err > worst_err:
                 worst_err = err
                 worst = {"group": g, "actual": actual, "expected": want * ratio, "rel_err": round(err, 6)}
@@ -197,70 +290,148 @@ class LrScheduleDrift(Detector):
         self._n += 1
         if prev is None:
             self._flat_since = step
-            self._peak = lr
+            self._peak, self._peak_step = lr, step
             return False, {}
         same = abs(lr - prev) <= _SAME * max(abs(prev), 1e-30)
         if same:
             self._equal_run += 1
+            if self._equal_run == 1:
+                self._flat_next = step
         else:
             self._equal_run = 0
             self._decaying = lr < prev and self._decreases >= 2
             self._decreases = self._decreases + 1 if lr < prev else 0
+            if self._flat_since is not None:
+                self._level = step - self._flat_since
             self._flat_since = step
+            if self._peak_done and lr < prev:
+                self._remember_decay(step, lr)
         if not self._peak_done:
-            self._peak = max(self._peak, lr)
+            if lr >= self._peak:
+                self._peak, self._peak_step = lr, step
             if (lr < prev and not same) or self._equal_run >= cfg.infer_points - 1:
                 self._peak_done = True
                 self._floor = lr
+                if lr < prev:
+                    self._remember_decay(step, lr)
             return False, {}
         if self._n < cfg.infer_points:
             self._floor = min(self._floor if self._floor is not None else lr, lr)
             return False, {}
         floor = self._floor if self._floor is not None else lr
-        if lr > floor * (1 + cfg.rel_tol) and lr > self._peak * 1e-6:
+        if lr > floor * (1 + cfg.rel_tol) + self._res.quantum(lr) and lr > self._peak * 1e-6:
             return True, {"group": 0, "actual": lr, "expected_max": floor, "rule": "rise_after_peak"}
         self._floor = min(floor, lr)
         if (
             same
             and self._decaying
-            and lr > 0
             and self._planned
             and self._flat_since is not None
             and step - self._flat_since >= cfg.frozen_steps
+            and step - self._flat_since >= cfg.frozen_level_ratio * self._level  # longer than rounding explains
             and step < 0.95 * self._planned
         ):
             return True, {"group": 0, "actual": lr, "flat_since": self._flat_since, "rule": "frozen"}
         return False, {}
 
+    def _remember_decay(self, step: int, lr: float) -> None:
+        """Keep the decay's change points for the shape check, halving them when they get too many."""
+        self._decay.append((step, lr))
+        if len(self._decay) > 2 * _DECAY_POINTS:
+            self._decay = self._decay[::2]
+
+    def _ended_early(self, end: int, lr: float) -> dict[str, Any] | None:
+        """The flat LR is the floor of a complete standard decay that ended at ``end``, not a freeze.
+
+        A frozen scheduler stops the LR wherever it was, mid-slope; a schedule sized for fewer
+        steps (or stepped several times per step) reaches its floor along the whole decay shape:
+        a cosine flattens into it. A linear decay ends abruptly either way, so it counts only
+        when the floor is a round fraction of the peak, as configured floors are.
+        """
+        p0, peak = self._peak_step, self._peak
+        pts = [(s, v) for s, v in self._decay if s < end]
+        if end - p0 < 3 or len(pts) < 3 or not peak > lr or not self._planned:
+            return None
+        lo = lr / peak
+        tol = self.config.rel_tol
+        for shape, g in _SHAPES:
+            if shape == "linear" and not any(abs(lo - r) <= 1e-3 for r in _ROUND_FLOORS):
+                continue
+            fits = True
+            for s, v in pts:
+                model = lr + (peak - lr) * g((s - p0) / (end - p0))
+                if abs(v - model) > tol * max(model, 0.1 * peak) + self._res.quantum(v):
+                    fits = False
+                    break
+            if fits:
+                return {"shape": shape, "floor_step": end, "speedup": round(self._planned / end, 1)}
+        return None
+
     # -- findings ------------------------------------------------------------------------------
 
-    def _fire(self, step: int, worst: dict[str, Any]) -> Finding | None:
+    def _fire(self, step: int, worst: dict[str, Any]) -> Finding:
         # The diagnosis is made once, when the anomaly opens, from the first off-schedule steps
         # (later, a compressed or shifted schedule sits on its floor and looks like anything);
         # it costs a few thousand schedule evaluations, so a drift lasting the whole run stays cheap.
-        if self._open:
-            return None
         diag, extra = self._diagnose(step, worst)
         self._open = True
-        self._open_diag = diag
+        self._open_diag, self._open_extra = diag, extra
         self._good = 0
-        return self._finding(step, diag, worst, extra)
+        # the anomaly starts at the first step that was off, not at the step that confirmed it
+        if self._multi >= self.config.scheduler_steps_min and diag == "per_microbatch" and "expected" not in worst:
+            self._ep_first = step - self._multi + 1
+        elif worst.get("rule") == "frozen":
+            self._ep_first = self._flat_next if self._flat_next is not None else step
+        else:
+            self._ep_first = self._bad_since if self._bad_since is not None else step
+        self._ep_bad = self._bad if worst.get("rule") != "frozen" else 0
+        self._ep_last = (step, worst)
+        self._reported = (step, self._magnitude(worst))
+        return self._finding(self._ep_first, step, diag, worst, extra)
 
-    def _resolve(self, step: int, lrs: tuple[float, ...]) -> Finding:
+    @staticmethod
+    def _magnitude(worst: dict[str, Any]) -> float | None:
+        """How far off the LR is, as a ratio (None for a frozen LR: its extent is what grows)."""
+        if "rel_err" in worst:
+            return 1.0 + float(worst["rel_err"])
+        if worst.get("expected_max"):
+            return float(worst["actual"]) / float(worst["expected_max"])
+        return None
+
+    def _update_due(self, step: int, worst: dict[str, Any]) -> bool:
+        cfg = self.config
+        last_step, last_mag = self._reported
+        mag = self._magnitude(worst)
+        moved = mag is not None and last_mag is not None and abs(math.log(mag / last_mag)) >= math.log(cfg.update_ratio)
+        return moved or step - last_step >= cfg.update_every
+
+    def _report(self, step: int, worst: dict[str, Any]) -> Finding:
+        """The open anomaly restated as it stands now: magnitude, extent, last off step."""
+        assert self._open_diag is not None
+        self._reported = (step, self._magnitude(worst))
+        return self._finding(step, step, self._open_diag, worst, self._open_extra)
+
+    def _resolve(self, step: int, lrs: tuple[float, ...]) -> list[Finding]:
+        out = []
+        if self._ep_last is not None and self._ep_last[0] > self._reported[0]:
+            out.append(self._report(*self._ep_last))  # the extent it reached, before it closes
         self._open = False
         diag = self._open_diag
         self._open_diag = None
         if self._schedule is None:
             self._floor = lrs[0]  # the rise is over: the LR decays again from here
-        return Finding(
-            kind=self.kind,
-            severity="info",
-            step=step,
-            message=f"LR back on schedule at step {step} (group 0: {_fmt(lrs[0])})",
-            hint="The LR follows the schedule again; the steps in between trained at the wrong LR.",
-            evidence={"step": step, "lr": list(lrs), "diagnosis": diag},
-            resolved=True,
+        out.append(
+            Finding(
+                kind=self.kind,
+                severity="info",
+                step=step,
+                message=f"LR back on schedule at step {step} (group 0: {_fmt(lrs[0])})",
+                hint="The LR follows the schedule again; the steps in between trained at the wrong LR.",
+                evidence={"step": step, "lr": list(lrs), "diagnosis": diag},
+                resolved=True,
+            )
         )
+        return out
 
     def _bad_obs(self, group: int) -> list[tuple[int, float]]:
         n = max(self.config.min_steps, min(self._bad, len(self._recent)))
@@ -287,8 +458,13 @@ class LrScheduleDrift(Detector):
             return "per_microbatch", {"scheduler_steps": self._sched_steps, "accum_steps": self._accum}
         if self._schedule is None:
             if worst.get("rule") == "frozen":
+                ended = self._ended_early(int(worst["flat_since"]), float(worst["actual"]))
+                if ended is not None:
+                    return "too_fast", {"inferred": True, **ended}
                 return "frozen", {"inferred": True}
-            return ("restarted" if self._resumed else "rise"), {"inferred": True}
+            if self._restarted_here():
+                return "restarted", {"inferred": True, "restart_step": self._attempt_first}
+            return "rise", {"inferred": True}
         group = int(worst.get("group", 0))
         ratios = self._ratios or [1.0]
         ratio = ratios[group] if group < len(ratios) else 1.0
@@ -299,7 +475,7 @@ class LrScheduleDrift(Detector):
         if self._sched_steps == 0:
             return "frozen", {"scheduler_steps": 0}
         values = [a for _, a in obs]
-        wants = [sched.lr(s) for s, _ in obs]
+        wants = [self._expected(s) for s, _ in obs]
         if len(obs) >= 2 and max(values) - min(values) <= _SAME * max(values) and max(wants) - min(wants) > 0:
             if abs(values[-1] - sched.peak_lr * sched.min_ratio) <= self.config.rel_tol * sched.peak_lr:
                 total = self._estimate_total(obs)
@@ -310,14 +486,14 @@ class LrScheduleDrift(Detector):
         for m in sorted({self._accum, self._world} - {0, 1}):
             for k in range(first_bad, lo - 1, -1):
                 for off in (m - 1, 0):
-                    fn = lambda s, k=k, m=m, off=off: sched.lr(k + (s - k) * m + off)  # noqa: E731
+                    fn = lambda s, k=k, m=m, off=off: self._expected(k + (s - k) * m + off)  # noqa: E731
                     if self._fits(obs, fn) is not None:
                         return ("per_microbatch" if m == self._accum else "per_process"), {"factor": m, "since": k}
         if self._resume_next is not None and self._first_seen is not None and self._first_seen != self._resume_next:
             d = self._resume_next - self._first_seen
-            if self._fits(obs, lambda s, d=d: sched.lr(max(0, s + d))) is not None:
+            if self._fits(obs, lambda s, d=d: self._expected(max(0, s + d))) is not None:
                 return "step_offset", {"shift_steps": d, "first_step": self._first_seen}
-        if self._attempt_first is not None and self._resumed:
+        if self._restarted_here():
             r0 = self._attempt_first
             for r in (r0, r0 - 1, r0 + 1):
                 fn = lambda s, r=r: sched.lr(s - r) if s >= r else None  # noqa: E731
@@ -327,12 +503,21 @@ class LrScheduleDrift(Detector):
         if total is not None:
             return "wrong_length", {"estimated_total_steps": total}
         for d in (1, -1, 2, -2, 3, -3, 4, -4, 8, -8):
-            if self._fits(obs, lambda s, d=d: sched.lr(max(0, s + d))) is not None:
+            if self._fits(obs, lambda s, d=d: self._expected(max(0, s + d))) is not None:
                 return "shifted", {"shift_steps": d}
         factors = [a / w for (_, a), w in zip(obs, wants, strict=True) if w > 0]
         if factors and max(factors) - min(factors) <= self.config.rel_tol * max(factors):
             return "scaled", {"factor": round(factors[-1], 4)}
         return "unknown", {}
+
+    def _restarted_here(self) -> bool:
+        """The LR went wrong within the first logged steps of a resumed attempt."""
+        return (
+            self._resumed
+            and self._attempt_first is not None
+            and self._bad_since is not None
+            and self._attempt_points - self._bad <= self.config.restart_points
+        )
 
     def _estimate_total(self, obs: list[tuple[int, float]]) -> int | None:
         """The ``total_steps`` the scheduler seems built for (same shape, warmup and floor)."""
@@ -346,15 +531,15 @@ class LrScheduleDrift(Detector):
             cands.add(int(self._planned))
         cands = {c for c in cands if c >= 1 and c != n}
 
-        def build(t: int) -> Schedule:
-            return Schedule(
+        def build(t: int) -> Callable[[int], float]:
+            built = Schedule(
                 sched.name, sched.peak_lr, t, min(sched.warmup_steps, t), sched.min_ratio, sched.decay_fraction
             )
+            return lambda s: built.lr(s - self._step_base)
 
         scored = []
         for t in cands:
-            s2 = build(t)
-            err = self._fits(obs, s2.lr)
+            err = self._fits(obs, build(t))
             if err is not None:
                 scored.append((err, abs(t - n), t))
         if not scored:
@@ -366,27 +551,33 @@ class LrScheduleDrift(Detector):
         for t in range(max(1, best - span), best + span + 1):
             if t == n:
                 continue
-            err = self._fits(obs, build(t).lr)
+            err = self._fits(obs, build(t))
             if err is not None:
                 fine.append((err, t))
         return min(fine)[1] if fine else best
 
-    def _finding(self, step: int, diag: str, worst: dict[str, Any], extra: dict[str, Any]) -> Finding:
+    def _finding(self, at: int, step: int, diag: str, worst: dict[str, Any], extra: dict[str, Any]) -> Finding:
+        """The anomaly as it stands at ``step`` (``at`` is the finding's step: the first off step when it opens)."""
         sched = self._schedule
         group = int(worst.get("group", 0))
         actual = worst.get("actual")
         source = "declared" if sched is not None else "inferred"
+        frozen = worst.get("rule") == "frozen"
+        off = step - int(worst["flat_since"]) if frozen else self._ep_bad
         evidence: dict[str, Any] = {
             "step": step,
+            "first_step": self._ep_first,
             "schedule": source,
             "diagnosis": diag,
-            "off_schedule_steps": self._bad,
+            "off_schedule_steps": off,
             **{k: v for k, v in worst.items() if k != "rule"},
             **extra,
         }
         if sched is not None:
             evidence["schedule_name"] = sched.name
             evidence["total_steps"] = sched.total_steps
+        since = f"since step {self._ep_first}"
+        inferred = "schedule inferred from the first steps: none was declared"
         if diag == "per_microbatch" and "expected" not in worst and "expected_max" not in worst:
             what = (
                 f"scheduler.step() ran {self._sched_steps} times in optimizer step {step} (1 expected), "
@@ -395,23 +586,29 @@ class LrScheduleDrift(Detector):
         elif sched is not None:
             what = (
                 f"LR of param group {group} is {_fmt(actual)} at step {step}, the declared {sched.name} schedule "
-                f"expects {_fmt(worst.get('expected', float('nan')))} ({_pct(worst.get('rel_err'))} off)"
-                f" for {self._bad} steps"
+                f"expects {_fmt(worst.get('expected', float('nan')))} ({_pct(worst.get('rel_err'))} off); "
+                f"off schedule for {off} steps {since}"
             )
-        elif diag == "frozen":
+        elif diag == "too_fast":
             what = (
-                f"LR has stayed at {_fmt(actual)} since step {worst.get('flat_since')} (step {step}) after decaying "
-                f"(schedule inferred from the first steps: none was declared)"
+                f"LR reached its floor {_fmt(actual)} at step {extra['floor_step']} of {self._planned} planned and "
+                f"has stayed there for {off} steps (step {step}): a complete {extra['shape']} decay, ~"
+                f"{extra['speedup']}x faster than the run ({inferred})"
+            )
+        elif frozen:
+            what = (
+                f"LR has stayed at {_fmt(actual)} since step {worst.get('flat_since')} after decaying, {off} steps "
+                f"at step {step} ({inferred})"
             )
         else:
             what = (
-                f"LR rose to {_fmt(actual)} at step {step} after decaying to {_fmt(worst.get('expected_max', 0.0))} "
-                f"(schedule inferred from the first steps: none was declared; after the peak it should never rise)"
+                f"LR rose to {_fmt(actual)} at step {step} after decaying to {_fmt(worst.get('expected_max', 0.0))}, "
+                f"above it for {off} steps {since} ({inferred}; after the peak it should never rise)"
             )
         hint = _HINTS[diag](self, extra, group)
         if source == "inferred":
             hint += " (No schedule was declared; declare it in run_start for exact checks.)"
-        return Finding(kind=self.kind, severity="warning", step=step, message=what, hint=hint, evidence=evidence)
+        return Finding(kind=self.kind, severity="warning", step=at, message=what, hint=hint, evidence=evidence)
 
 
 def _pct(err: float | None) -> str:
@@ -512,7 +709,18 @@ def _hint_unknown(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> st
     )
 
 
+def _hint_too_fast(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        f"The LR went through its whole {extra.get('shape')} decay by step {extra.get('floor_step')} although the "
+        f"run plans {det._planned} steps: the schedule runs ~{extra.get('speedup')}x too fast. Either the "
+        f"scheduler was built for ~{extra.get('floor_step')} steps (num_training_steps from len(loader) without "
+        "accumulation or world size, a stale max_steps) or it is stepped several times per optimizer step (inside "
+        "the micro-batch loop, or on every process). Check num_training_steps and where scheduler.step() is called."
+    )
+
+
 _HINTS: dict[str, Callable[[LrScheduleDrift, dict[str, Any], int], str]] = {
+    "too_fast": _hint_too_fast,
     "group": _hint_group,
     "per_microbatch": _hint_microbatch,
     "per_process": _hint_process,

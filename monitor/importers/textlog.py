@@ -5,7 +5,10 @@ Line shapes recognised (anything else is ignored, so interleaved prints do not b
 * llm.c ``main.log``: ``s:N trl:X`` (train loss), newer ``s:N trl:X lr:Y norm:Z``,
   ``s:N tel:X`` (validation loss), ``s:N eval:X`` (HellaSwag accuracy, kept as an eval metric).
 * llm.c and build-nanogpt stdout: ``step N[/M] | loss X | lr Y | norm Z | dt Tms | tok/sec R``
-  (also ``train loss X``, ``(T ms | R tok/s)``); ``/M`` gives the planned steps.
+  (also ``train loss X``, ``(T ms | R tok/s)``); ``/M`` gives the planned steps. llm.c's stdout
+  starts with a parameter table (``| LR scheduler | cosine |``, ``| learning rate (LR) | 6e-04 |``,
+  ``| warmup iterations | 700 |``, ``| final LR fraction | 0 |``): its schedule is declared
+  (``run_start.config.declared_schedule``), and its step lines print step + 1 (``step_base`` 1).
 * build-nanogpt ``log.txt``: ``N train X``, ``N val X``, ``N hella X``.
 * nanoGPT ``train.py``: ``iter N: loss X, time Tms, mfu P%`` and ``step N: train loss X, val loss Y``.
 
@@ -35,6 +38,7 @@ import math
 import re
 from pathlib import Path
 
+from trainmon.hooks.schedules import Schedule
 from trainmon.monitor.importers.common import (
     EvalPoint,
     ImportFormatError,
@@ -57,6 +61,7 @@ _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|I
 
 _LLMC = re.compile(r"^s:(\d+)\s+(trl|tel|eval):(\S+)(.*)$")
 _LLMC_KV = re.compile(r"(\w+):(\S+)")
+_LLMC_ROW = re.compile(r"^\|\s*([^|]*?[^|\s])\s*\|\s*([^|]*?)\s*\|$")  # | LR scheduler | cosine |
 _BUILD = re.compile(r"^(\d+)\s+(train|val|hella)\s+(\S+)\s*$")
 _PIPE = re.compile(r"^step\s+(\d+)(?:\s*/\s*(\d+))?\s*[:|]\s*(.*)$")
 _ITER = re.compile(r"^iter\s+(\d+):\s*loss\s+(\S+?),\s*time\s+(" + _NUM + r")\s*ms(.*)$")
@@ -136,6 +141,7 @@ def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
     pending_eval: dict[int, EvalPoint] = {}  # llm.c prints tel and eval for the same step
     hella: dict[int, float] = {}
     last_train: TrainPoint | None = None
+    header: dict[str, str] = {}  # llm.c's parameter table, printed before the first step
     with open(path, encoding="utf-8", errors="replace") as f:
         for n, raw in enumerate(f, 1):
             line = raw.strip()
@@ -143,6 +149,9 @@ def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
                 continue
             kind = _kind(line)
             if kind is None:
+                row = _LLMC_ROW.match(line) if not kinds else None
+                if row is not None:
+                    header.setdefault(row.group(1), row.group(2))
                 continue
             kinds[kind] = kinds.get(kind, 0) + 1
             try:
@@ -174,9 +183,46 @@ def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
     fmt = max(kinds, key=lambda k: kinds[k])
     framework = "llm.c" if fmt == "llmc_main_log" else "nanogpt"
     notes = [f"{bad} damaged log lines skipped"] if bad else []
-    meta = LogMeta(format=fmt, framework=framework, planned_steps=planned, notes=notes)
+    llmc_stdout = "LR scheduler" in header or "learning rate (LR)" in header
+    meta = LogMeta(
+        format=fmt,
+        framework="llm.c" if llmc_stdout else framework,
+        planned_steps=planned,
+        notes=notes,
+        step_base=1 if llmc_stdout and fmt == "step_pipe_log" else 0,  # llm.c prints step + 1
+    )
     meta.config["line_shapes"] = kinds
+    if llmc_stdout:
+        _llmc_schedule(header, meta)
     return items, meta
+
+
+def _llmc_schedule(header: dict[str, str], meta: LogMeta) -> None:
+    """The LR schedule llm.c's parameter table declares, for the detector to check the logged LR against.
+
+    llm.c's cosine and linear schedules are trainmon's (warmup ``lr * (step + 1) / warmup``, then the
+    decay to ``final LR fraction`` over ``train_num_batches``); its constant has no warmup. Its wsd
+    decays as 1 - sqrt, which trainmon's wsd does not: that one is recorded, not declared.
+    """
+    name = header.get("LR scheduler", "cosine" if "final LR fraction" in header else "")
+    lr = _f(header.get("learning rate (LR)", ""))
+    warmup = _f(header.get("warmup iterations", "0"))
+    frac = _f(header.get("final LR fraction", "1"))
+    total = _f(header.get("train_num_batches", "")) or meta.planned_steps
+    args = {"scheduler": name, "learning_rate": lr, "warmup_iterations": warmup, "final_lr_fraction": frac}
+    meta.config["lr_schedule_args"] = {**args, "train_num_batches": total}
+    if name not in ("cosine", "linear", "constant") or lr is None or warmup is None or frac is None or not total:
+        return
+    try:
+        if name == "constant":
+            schedule = Schedule("constant", lr, int(total), 0)
+        else:
+            schedule = Schedule(name, lr, int(total), min(int(warmup), int(total)), frac)
+    except ValueError as exc:
+        meta.notes.append(f"the header's LR schedule is not usable ({exc}): the detector infers it")
+        return
+    meta.config["declared_schedule"] = schedule.to_dict()
+    meta.planned_steps = meta.planned_steps or int(total)
 
 
 def _num(s: str, what: str) -> float:

@@ -1,0 +1,167 @@
+"""lr_schedule_drift findings a user can trust: rounded text logs, llm.c headers, findings that follow the
+condition, a restart at an attempt boundary named from the LR alone, too fast vs frozen, the first off step.
+
+Each test drives real parts: a plain CPU loop with ``TrainMonitor`` writing JSONL (``file://``) read
+back by the post-mortem, or a synthetic llm.c stdout imported as a user would import it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from trainmon.hooks.schedules import Schedule
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.store.storage import Storage
+
+KIND = "lr_schedule_drift"
+
+
+def _postmortem(path: Path, tmp_path: Path) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    storage = Storage(f"sqlite:///{tmp_path / 'pm.db'}")
+    (run,) = import_file(path, storage)
+    return summarize(storage, run)
+
+
+def _drift(summary: dict) -> list[dict]:
+    return [a for a in summary["anomalies"] if a["kind"] == KIND]
+
+
+# -- llm.c stdout: the header declares the schedule, the LR is printed to 3 significant digits -----
+
+
+def _llmc_stdout(
+    path: Path, *, total: int = 3000, warmup: int = 300, freeze_at: int | None = None, header: bool = True
+) -> Path:
+    """llm.c's train_gpt2.cu output: its parameter table, then ``step N/M | ... | lr %.2e |`` with N = step + 1."""
+    sched = Schedule("cosine", 6e-4, total, warmup, 0.0)
+    lines = []
+    if header:
+        rule = "+-----------------------+----------------------------------------------------+"
+        lines.append(rule)
+        for key, value in (
+            ("LR scheduler", "cosine"),
+            ("learning rate (LR)", "6.000000e-04"),
+            ("warmup iterations", str(warmup)),
+            ("final LR fraction", "0.000000e+00"),
+            ("train_num_batches", str(total)),
+        ):
+            lines.append(f"| {key:<21} | {value:<50} |")
+        lines.append(rule)
+    for step in range(total):
+        lr = sched.lr(step if freeze_at is None else min(step, freeze_at))
+        lines.append(
+            f"step {step + 1:4d}/{total} | loss {4.0 - step / total:7.6f} (+0.00z)| norm 0.3000 (+0.00z)| "
+            f"lr {lr:.2e} | 100.00 ms | 40.0% bf16 MFU | 400000 tok/s"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_llmc_header_schedule_is_read_and_a_rounded_cosine_is_silent(tmp_path):
+    summary = _postmortem(_llmc_stdout(tmp_path / "clean.log"), tmp_path)
+    assert _drift(summary) == []
+    assert summary["steps"] == 3000  # "step 3000/3000" is the 3000th step: llm.c prints step + 1
+
+
+def test_llmc_frozen_lr_fires_against_the_declared_schedule(tmp_path):
+    summary = _postmortem(_llmc_stdout(tmp_path / "frozen.log", freeze_at=1200), tmp_path)
+    (a,) = _drift(summary)
+    assert "declared cosine schedule" in a["message"] and "none was declared" not in a["message"]
+    assert 1201 <= a["first_step"] <= 1230 and a["last_step"] == 3000  # followed to the end of the run
+    assert "scheduler.step() is no longer called" in a["hint"]
+
+
+def test_rounded_cosine_without_a_header_is_silent_and_a_real_freeze_fires(tmp_path):
+    clean = _postmortem(_llmc_stdout(tmp_path / "clean.log", header=False), tmp_path / "a")
+    assert _drift(clean) == []
+    frozen = _postmortem(_llmc_stdout(tmp_path / "frozen.log", header=False, freeze_at=1200), tmp_path / "b")
+    (a,) = _drift(frozen)
+    assert 1199 <= a["first_step"] <= 1202 and "has stayed at 0.00045 since step" in a["message"]
+    assert "none was declared" in a["message"]
+
+
+# -- plain CPU loops with the Quick start calls, written to JSONL ---------------------------------
+
+_LOOP = textwrap.dedent(
+    """
+    import sys, torch
+    from trainmon import Schedule, TrainMonitor
+
+    case, path = sys.argv[1], sys.argv[2]
+    TOTAL = 400
+    declared = Schedule("cosine", 3e-3, TOTAL, 40)
+
+    def attempt(steps, lam, *, declare, per_step=1):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
+        mon = TrainMonitor("loop", collector="file://" + path)
+        mon.watch(model, opt)
+        mon.start(schedule=declared if declare else None, planned_steps=TOTAL)
+        for step in steps:
+            loss = ((model(torch.randn(16, 8)) - torch.randn(16, 1)) ** 2).mean()
+            loss.backward()
+            opt.step()
+            for _ in range(per_step):
+                sched.step()
+            opt.zero_grad()
+            mon.step_end(step, loss=loss, tokens=16)
+        mon.close()
+
+    if case.startswith("restart"):  # resumed at 200 without restoring the scheduler: its warmup starts again
+        declare = case == "restart_declared"
+        attempt(range(0, 200), declared.factor, declare=declare)
+        attempt(range(200, TOTAL), declared.factor, declare=declare)
+    elif case == "short":  # the scheduler sized for a quarter of the run
+        attempt(range(TOTAL), Schedule("cosine", 3e-3, TOTAL // 4, 10).factor, declare=False)
+    elif case == "stepped4":  # the scheduler stepped 4 times per optimizer step
+        attempt(range(TOTAL), declared.factor, declare=False, per_step=4)
+    elif case == "frozen":  # scheduler.step() stops being called at 150
+        attempt(range(TOTAL), lambda s: declared.factor(min(s, 150)), declare=False)
+    elif case == "frozen_declared":
+        attempt(range(TOTAL), lambda s: declared.factor(min(s, 150)), declare=True)
+    """
+)
+
+
+def _loop(tmp_path: Path, case: str) -> dict:
+    path = tmp_path / f"{case}.jsonl"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", _LOOP, case, str(path)], check=True, timeout=300)
+    return _postmortem(path, tmp_path)
+
+
+def test_restart_after_a_resume_without_fingerprints_is_named_from_the_lr(tmp_path):
+    for case in ("restart_declared", "restart_inferred"):
+        summary = _loop(tmp_path / case, case)
+        assert summary["attempts"] == 2
+        (a,) = _drift(summary)
+        assert "restarted from its beginning at step 200" in a["hint"] and "not restored" in a["hint"], case
+        assert 200 <= a["first_step"] <= 201, case
+        assert not [x for x in summary["anomalies"] if x["kind"] == "bad_resume"], case
+
+
+def test_a_too_fast_schedule_is_not_called_frozen(tmp_path):
+    for case in ("short", "stepped4"):
+        summary = _loop(tmp_path / case, case)
+        (a,) = _drift(summary)
+        assert "4.0x too fast" in a["hint"] and "no longer called" not in a["hint"], (case, a["hint"])
+        assert "complete cosine decay" in a["message"], case
+    (a,) = _drift(_loop(tmp_path / "frozen", "frozen"))
+    assert "no longer called" in a["hint"] and "too fast" not in a["hint"]
+    assert a["first_step"] == 151  # steps 150 and 151 both run at factor(150): 151 is the first off
+
+
+def test_a_frozen_lr_finding_follows_the_condition_to_the_end(tmp_path):
+    (a,) = _drift(_loop(tmp_path, "frozen_declared"))
+    assert a["last_step"] == 399
+    assert "for 2 steps" not in a["message"] and "at step 399" in a["message"]
+    off = float(a["message"].split("(")[1].split("%")[0])
+    assert off > 500, a["message"]  # the frozen LR ends far above the cosine's floor, not "1.5% off"
+    assert json.dumps(a)  # the stored anomaly stays JSON
