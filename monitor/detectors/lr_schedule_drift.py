@@ -21,6 +21,15 @@ restarted warmup), but they are exact in the LR trace. So the check is on the LR
   decay for ``frozen_steps`` steps is frozen. Inferred checks say so in their evidence. Real
   logs (``/work/shared/real-logs``) show no LR rise after the peak in any clean run.
 
+* Printed LRs are rounded (llm.c: ``lr 5.97e-04``): the printing quantum is learnt from the
+  values' digits and half of it is tolerated; a flat LR is frozen only when it lasts
+  ``frozen_level_ratio`` times the previous level too. A frozen LR that is the floor of a complete
+  cosine (or linear, to a round floor) decay is a schedule running too fast, with the ratio.
+* Every attempt after the first is a resume (with or without a resume event): an LR going wrong
+  within its first logged steps is checked against the schedule restarting there.
+* An open anomaly starts at its first off step and is restated as it grows (``update_every``,
+  ``update_ratio``), and once more at its last off step before it resolves or the attempt ends.
+
 Deliberate LR changes that are part of the declared schedule (warmup, WSD decay, floors) are
 the schedule, so they never fire. Skipped fp16 steps that also skip the scheduler (the HF
 behaviour) are tolerated: the LR may lag the schedule by the number of skipped steps.
