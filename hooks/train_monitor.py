@@ -58,7 +58,7 @@ from trainmon.hooks.checksum import normalise_layout, weights_checksum
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.readback import Readback, read
-from trainmon.hooks.schedules import Schedule
+from trainmon.hooks.schedules import Schedule, declared_schedule
 from trainmon.hooks.stacks import StackWatch
 from trainmon.hooks.transport import Transport
 from trainmon.hooks.wire import PHASES
@@ -232,7 +232,8 @@ class TrainMonitor:
         """Install the torch hooks that capture phases, LR, skipped steps and the loss scale.
 
         ``model`` may be wrapped in DDP (its all-reduce is then timed through a comm hook).
-        ``scheduler`` is watched for how often it steps per optimizer step (1 expected);
+        ``scheduler`` is watched for how often it steps per optimizer step (1 expected), and
+        ``start`` declares the schedule it follows when it is one trainmon can read exactly;
         ``scaler`` (a ``GradScaler``) for the fp16 loss scale.
         """
         self._model = model
@@ -265,7 +266,7 @@ class TrainMonitor:
         self,
         *,
         config: dict | None = None,
-        schedule: Schedule | None = None,
+        schedule: Schedule | dict | None = None,
         planned_steps: int | None = None,
         vocab_size: int | None = None,
         world_size: int | None = None,
@@ -273,9 +274,13 @@ class TrainMonitor:
     ) -> None:
         """Announce the run: what it is, what it plans, and whether it resumed.
 
+        ``schedule`` is a ``Schedule`` or its wire dict (checked here: a bad field raises
+        ``ValueError`` naming it); without one, the schedule of the scheduler given to ``watch``
+        is declared when trainmon can read it exactly, else none (the collector infers it).
         Extra keyword arguments are ``run_start`` fields of the wire format (``seq_len``,
         ``global_batch_tokens``, ``accum_steps``, ``resumed``, ``resume_path``, ...).
         """
+        declared = declared_schedule(schedule, self._scheduler, planned_steps)
         if self._model is not None:
             fields.setdefault("n_params", sum(p.numel() for p in self._model.parameters()))
             first = next(self._model.parameters(), None)
@@ -287,7 +292,7 @@ class TrainMonitor:
             "run_start",
             {
                 "config": json_config(config) if config is not None else None,
-                "schedule": schedule.to_dict() if schedule is not None else None,
+                "schedule": declared.to_dict() if declared is not None else None,
                 "planned_steps": planned_steps,
                 "vocab_size": vocab_size,
                 "world_size": world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),

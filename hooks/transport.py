@@ -439,6 +439,13 @@ class Transport:
                 log.warning("trainmon: cannot spool to %s (%s); holding events in memory", self._spool, exc)
             self._hold(lines)
             return
+        if not self.spooled:  # once per transport: where the events wait, and how to read them meanwhile
+            log.warning(
+                "trainmon: spooling events to %s; they are sent when the collector is back "
+                "(`trainmon postmortem %s` reads them meanwhile)",
+                self._spool,
+                self._spool,
+            )
         self.spooled += len(lines)
 
     def _write_segment(self, data: bytes) -> None:

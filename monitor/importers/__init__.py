@@ -17,7 +17,9 @@ text logs                 ``textlog``: llm.c and nanoGPT (``s:N trl:X``, ``step 
 Foreign formats go through :func:`trainmon.monitor.importers.common.build_events`, which makes the
 ``run_start`` (with ``config.imported_from``, ``format``, ``synthetic_time`` and
 ``missing_signals``), the steps, evals and a ``run_end``. A folder is read as a folder of
-trainmon JSONL files (one per rank, merged by time) or of TensorBoard event files (one run).
+trainmon JSONL files (one per rank, merged by time), a spool folder (``…/spool/RUN/rankN``: its
+segments are one rank's stream, read in the order they were written), a run's spool folder
+(``…/spool/RUN``: its rank folders, merged by time) or a folder of TensorBoard event files.
 
 A file no reader recognises fails at detection with one line naming the formats tried and what
 the file starts with, before any reader runs: a JSON-lines log of a format we do not read must
@@ -27,6 +29,7 @@ not reach the trainmon JSONL reader and be rejected there line by line.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -71,6 +74,7 @@ _TRIED = (
 )
 
 _HEAD = 64 * 1024
+_SEGMENT = re.compile(r"\d{20}-\d+\.jsonl")  # a spool segment: creation time in ns, then the pid
 _SHOWN = 120  # characters of a line quoted in the error
 
 
@@ -132,11 +136,14 @@ def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
     """
     path = Path(path)
     if path.is_dir():
-        if any(path.glob("*.jsonl")):
+        if _jsonl_streams(path):
             return "jsonl"
         if any(is_event_file(p) for p in path.iterdir() if p.is_file()):
             return "tensorboard"
-        raise ImportFormatError(f"{path}: no *.jsonl or TensorBoard event files in this folder")
+        raise ImportFormatError(
+            f"{path}: no *.jsonl or TensorBoard event files in this folder or its rank folders"
+            " (a spool folder is empty once the collector has its events)"
+        )
     try:
         with open(path, "rb") as f:
             raw = f.read(_HEAD)
@@ -192,8 +199,8 @@ def read_events(
     fmt = detect_format(path, csv_hint=bool(mapping))
     if fmt == "jsonl":
         if path.is_dir():
-            files = sorted(path.glob("*.jsonl"))
-            events = heapq.merge(*(read_jsonl(f) for f in files), key=lambda e: e.time)
+            streams = [itertools.chain.from_iterable(map(read_jsonl, files)) for files in _jsonl_streams(path)]
+            events = heapq.merge(*streams, key=lambda e: e.time)
         else:
             events = read_jsonl(path)
         return _renamed(events, run) if run else events
@@ -217,6 +224,22 @@ def read_events(
         mtime = mtime_of(path)
     name = run or run_id_from_path(path)
     return build_events(items, meta, run=name, source=path, digest=digest, mtime=mtime)
+
+
+def _jsonl_streams(folder: Path, *, nested: bool = True) -> list[list[Path]]:
+    """The JSONL event streams of a folder, each as the files to read one after the other.
+
+    Spool segments (``<time_ns>-<pid>.jsonl``) are pieces of one rank's stream, in name order;
+    other JSONL files are one stream each. A folder without JSONL files (``…/spool/RUN``) holds
+    one folder per rank.
+    """
+    files = sorted(folder.glob("*.jsonl"))
+    if files:
+        return [files] if all(_SEGMENT.fullmatch(f.name) for f in files) else [[f] for f in files]
+    if not nested:
+        return []
+    subfolders = sorted(p for p in folder.iterdir() if p.is_dir())
+    return [s for sub in subfolders for s in _jsonl_streams(sub, nested=False)]
 
 
 def _renamed(events: Iterator[Event], run: str) -> Iterator[Event]:
