@@ -125,6 +125,8 @@ class TrainMonitor:
             rank is a data-parallel replica of the others.
         health_interval, heartbeat_interval: seconds between health samples and heartbeats
             (0 disables the sampler thread).
+        memory_interval: seconds between process-memory samples, sent with the next health event
+            (0: none); the memory_leak detector needs their trend to catch a fast leak in a minute.
         close_timeout: seconds ``close()`` may take in all, however broken the collector is; what
             is not delivered by then waits in the spool for the next process.
         on_critical: act on the collector's findings for this run (off by default). ``"stop"``:
@@ -157,6 +159,7 @@ class TrainMonitor:
         layout: dict[str, int] | None = None,
         health_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
+        memory_interval: float = 1.0,
         close_timeout: float = 2.0,
         on_critical: str | Callable[[CollectorFinding], Any] | None = None,
         stop_on: str = "critical",
@@ -214,6 +217,7 @@ class TrainMonitor:
                 lambda: self._last_step,
                 health_interval=health_interval if health_interval > 0 else float("inf"),
                 heartbeat_interval=heartbeat_interval if heartbeat_interval > 0 else float("inf"),
+                memory_interval=memory_interval,
             )
         atexit.register(self.close)
         self._previous_sigterm: Any = None

@@ -530,9 +530,6 @@ class MemoryLeakConfig:
 
     warmup_steps: int = 10
     """Steps ignored at the start of each attempt (the caching allocator fills, buffers are created)."""
-    warmup_seconds: float = 10.0
-    """Seconds after the first step of each attempt ignored too: start-up allocations (prefetched
-    batches, pinned buffers, autotuning workspaces) take seconds, however fast the steps are."""
     points: int = 64
     """Samples judged (the latest of up to twice as many kept, decimated: the window spans the recent
     half or more of the attempt, P4's long window)."""
