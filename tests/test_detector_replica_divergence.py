@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from trainer_helpers import TINY, read_labels, torchrun
+from trainer_helpers import TINY, read_labels, run_trainer, torchrun
 
 from trainmon.hooks.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
@@ -222,3 +222,17 @@ def test_torchrun_tensor_parallel_ranks_seeded_alike_flagged_at_step_0(tmp_path)
     assert "ranks 0 and 1 are declared shards of one tensor-parallel group (tp=2)" in found["message"]
     torchrun(tmp_path / "c", *TINY, "--threads", "1", "--layout", "tp=2", steps=6, run="tpc")
     assert _found(tmp_path / "c", "tpc") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--inject", "replica_desync@2"], "needs data-parallel replicas"),
+        (["--inject", "tp_same_seed@0"], "needs a tensor-parallel layout"),
+        (["--layout", "tp=2"], "tp=2 does not divide the 1 ranks"),
+        (["--layout", "pp=2"], "expected tp=N"),
+    ],
+)
+def test_layout_faults_refuse_a_run_they_cannot_act_on(tmp_path, args, problem) -> None:
+    proc = run_trainer(tmp_path, *TINY, *args, steps=2, check=False)
+    assert proc.returncode == 2 and problem in proc.stderr

@@ -309,11 +309,12 @@ def test_resume_fault_visible_in_fingerprints(interrupted, tmp_path, spec, check
 
 def test_every_catalog_kind_is_tested():
     tested = {c[0].split("@")[0] for c in CASES} | {c[0].split("@")[0] for c in RESUME_CASES}
+    tested |= {"replica_desync", "tp_same_seed"}  # multi-rank: under torchrun in test_detector_replica_divergence.py
     assert tested == set(CATALOG)
     assert {k.detection for k in CATALOG.values()} <= {
         "nan_inf", "loss_spike", "grad_explosion", "divergence", "throughput_collapse", "lr_schedule_drift",
         "bad_resume", "straggler", "hang", "node_health", "memory_leak", "init_loss", "loss_scale_collapse",
-        "eval_regression",
+        "eval_regression", "replica_divergence",
     }  # fmt: skip
 
 
