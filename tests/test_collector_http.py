@@ -47,6 +47,7 @@ def test_batch_is_stored_and_exported(live_collector: LiveCollector) -> None:
         "planned_steps": 100,
         "attempts": 1,
         "step": 4,
+        "steps_done": 5,
         "loss": pytest.approx(4.06),
         "open_anomalies": 0,
     }
