@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="collector + reference trainer with injected faults, then a report")
     p.add_argument("--out", default="demo-out", help="folder for the store, checkpoints and events")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps to train")
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps to train; the faults scale with it")
     p.add_argument(
         "--inject",
         action="append",

@@ -27,10 +27,19 @@ from trainmon.monitor.collector.server import Collector, ServerThread, create_ap
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.storage import Storage
 
-__all__ = ["DEFAULT_INJECTS", "run_demo"]
+__all__ = ["DEFAULT_FAULTS", "default_injects", "run_demo"]
 
-DEFAULT_INJECTS = ("loss_spike@300:scale=50", "data_stall@500:seconds=0.5,steps=4", "lr_frozen@650", "nan@900")
-# A model big enough that a step takes tens of milliseconds on a laptop core: a minute of training.
+# Fault kind, where in the run (a fraction of --steps) and its parameters: spread over the steps that
+# run, whatever their number, with room between them for each detector to see it and settle.
+DEFAULT_FAULTS = (
+    ("loss_spike", 0.3, "scale=50"),
+    ("data_stall", 0.5, "seconds=2,steps=4"),  # well beyond a step even on a busy machine (~1 s/step)
+    ("lr_frozen", 0.65, ""),
+    ("nan", 0.9, ""),
+)
+PROGRESS_SECONDS = 10.0  # a progress line this often when the output is not a terminal (make, CI, a pipe)
+# A model big enough that a step takes tens of milliseconds on a laptop core: 400 steps take under a
+# minute on a quiet machine and about two on a busy 2-core one.
 TRAINER_ARGS = (
     "--n-layer",
     "4",
@@ -53,7 +62,27 @@ def _view(storage: Storage, run: str) -> RenderableType:
         return Text(visible_controls(f"waiting for run {run} to report..."))
 
 
-def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> int:
+def default_injects(steps: int) -> list[str]:
+    """The default faults placed at their fraction of ``steps``: ``trainmon demo --steps 200`` injects
+    its faults inside the 200 steps it runs."""
+    return [f"{kind}@{int(frac * steps)}" + (f":{params}" if params else "") for kind, frac, params in DEFAULT_FAULTS]
+
+
+def _progress_line(storage: Storage, run: str, steps: int) -> str:
+    try:
+        st = run_status(storage, run)
+    except KeyError:
+        return f"waiting for run {run} to report..."
+    done = st.get("steps_done")
+    kinds = sorted({a["kind"] for a in st.get("open_anomalies") or []})
+    loss = st.get("loss")
+    return (
+        f"step {'-' if done is None else done}/{steps}  loss {fmt(loss)}  "
+        f"open findings: {', '.join(kinds) if kinds else 'none'}"
+    )
+
+
+def run_demo(out: Path, steps: int = 400, injects: list[str] | None = None) -> int:
     console = Console(emoji=False)
     out.mkdir(parents=True, exist_ok=True)
     db = out / "trainmon.sqlite"
@@ -62,7 +91,8 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
     server = ServerThread(create_app(collector), "127.0.0.1", 0)
     server.start()
     url = f"http://127.0.0.1:{server.port}"
-    console.print(f"collector on {url} (metrics: {url}/metrics), store {escape_for_terminal(db)}")
+    console.print(f"collector on {url} (metrics: {url}/metrics), store {escape_for_terminal(db)}", soft_wrap=True)
+    console.print(f"web view: {url}/runs/{run} (open it now: it follows the run)", soft_wrap=True)
     run_dir = out / run
     cmd = [
         sys.executable,
@@ -77,18 +107,28 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
         "--collector",
         url,
     ]
-    for spec in injects if injects is not None else DEFAULT_INJECTS:
+    for spec in injects if injects is not None else default_injects(steps):
         cmd += ["--inject", spec]
-    console.print("trainer: " + escape_for_terminal(" ".join(cmd[1:])))
+    console.print("trainer: " + escape_for_terminal(" ".join(cmd[1:])), soft_wrap=True)
     log = open(run_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        with Live(_view(collector.storage, run), console=console, refresh_per_second=2) as view:
+        if console.is_terminal:
+            with Live(_view(collector.storage, run), console=console, refresh_per_second=2) as view:
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    view.update(_view(collector.storage, run))
+                time.sleep(1.0)  # the trainer flushed on exit; let the last batch land
+                view.update(_view(collector.storage, run))
+        else:  # a live view would print nothing until the end: a line every few seconds instead
+            shown = time.monotonic()
             while proc.poll() is None:
                 time.sleep(0.5)
-                view.update(_view(collector.storage, run))
-            time.sleep(1.0)  # the trainer flushed on exit; let the last batch land
-            view.update(_view(collector.storage, run))
+                if time.monotonic() - shown >= PROGRESS_SECONDS:
+                    console.print(escape_for_terminal(_progress_line(collector.storage, run, steps)))
+                    shown = time.monotonic()
+            time.sleep(1.0)
+            console.print(escape_for_terminal(_progress_line(collector.storage, run, steps)))
     finally:
         log.close()
     if proc.returncode != 0:
@@ -106,8 +146,9 @@ def run_demo(out: Path, steps: int = 1000, injects: list[str] | None = None) -> 
         f"\nreport: {escape_for_terminal(report)} (plots next to it)\n"
         f"store: {db_shown}\n"
         f"again later: trainmon postmortem {run} --db {db_shown}\n"
-        f"live metrics were at {url}/metrics (the collector stops with the demo; "
-        f"`trainmon serve --db {db_shown}` serves the store again)"
+        f"web view: {url}/runs/{run} was live during the demo; the collector stops with it. To browse the "
+        f"run again: trainmon serve --db {db_shown}, then open http://127.0.0.1:9400/runs/{run}",
+        soft_wrap=True,
     )
     server.stop()
     collector.close()
