@@ -61,6 +61,7 @@ MAX_DELAY = {  # steps after the fault's last step within which a detection stil
     "init_loss": 50,
     "loss_scale_collapse": 30,
     "eval_regression": 1000,
+    "replica_divergence": 10,  # the reference trainer checksums the weights every 10 steps
 }
 RELATED = {  # kinds a fault legitimately raises besides its expected one
     "loss_spike": {"grad_explosion", "eval_regression"},
@@ -83,6 +84,8 @@ RELATED = {  # kinds a fault legitimately raises besides its expected one
     "overflow_storm": {"loss_spike", "grad_explosion"},
     "overfit": set(),
     "bad_init": {"loss_spike", "grad_explosion"},
+    "replica_desync": set(),
+    "tp_same_seed": set(),
 }
 for _kind in (
     "resume_no_scheduler",
@@ -142,6 +145,14 @@ RESUME_FAULTS = [
     "resume_no_scaler",
 ]
 DDP_FAULTS: list[tuple[str, int]] = [("straggler@20:rank=1,ms=40", 60), ("hang@30:rank=1,seconds=8", 60)]
+# (name, fault spec or None for a clean control, extra args, ranks, steps): the weights' layout across ranks. The
+# desync runs 3 replicas so that a majority names the rank; the clean control's 4 ranks are 2 tensor-parallel
+# groups of 2 data-parallel replicas each, so both checks see a clean run.
+REPLICA_SCENARIOS: list[tuple[str, str | None, list[str], int, int]] = [
+    ("t-replica_desync", "replica_desync@24:rank=1", [], 3, 40),
+    ("t-tp_same_seed", "tp_same_seed@0", ["--layout", "tp=2"], 2, 30),
+    ("t-replica-clean", None, ["--layout", "tp=2", "--checkpoint-every", "20"], 4, 40),
+]
 QUICK_FAULTS = {"loss_spike@80:scale=50", "nan@80", "lr_frozen@60", "data_stall@80:seconds=0.5,steps=5"}
 
 _ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
@@ -167,14 +178,14 @@ def _trainer(out: Path, run: str, steps: int, *args: str) -> None:
         raise RuntimeError(f"trainer failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
 
 
-def _torchrun(out: Path, run: str, steps: int, *args: str) -> None:
+def _torchrun(out: Path, run: str, steps: int, *args: str, nproc: int = 2) -> None:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node",
-        "2",
+        str(nproc),
         "-m",
         "trainmon.reference_trainer",
         "--run-id",
@@ -244,6 +255,14 @@ def trainer_scenarios(quick: bool, workdir: Path) -> list[Result]:
                 return _analyse_files(name, out, False, "trainer")
 
             jobs.append((name, ddp_job))
+    for name, spec, args, ranks, steps in REPLICA_SCENARIOS:
+
+        def replica_job(name=name, spec=spec, args=args, ranks=ranks, steps=steps) -> Result:
+            out = workdir / name
+            _torchrun(out, name, steps, *(["--inject", spec] if spec else []), *args, nproc=ranks)
+            return _analyse_files(name, out, spec is None, "trainer")
+
+        jobs.append((name, replica_job))
     results = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {pool.submit(fn): name for name, fn in jobs}
@@ -276,7 +295,13 @@ def _hit(label: dict[str, Any], anomaly: dict[str, Any]) -> bool:
     kind = label["expected_detection"]
     if anomaly["kind"] != kind or anomaly["first_step"] is None:
         return False
-    if label.get("rank") is not None and anomaly["rank"] not in (label["rank"], -1) and kind in ("straggler", "hang"):
+    # a replica named by the majority must be the right one: the run (-1) names no rank
+    ranks = (label.get("rank"),) if kind == "replica_divergence" else (label.get("rank"), -1)
+    if (
+        label.get("rank") is not None
+        and kind in ("straggler", "hang", "replica_divergence")
+        and anomaly["rank"] not in ranks
+    ):
         return False
     hi = label["last_step"] + MAX_DELAY.get(kind, 10)
     if label["first_step"] <= anomaly["first_step"] <= hi:

@@ -49,19 +49,27 @@ def _sharded(p: torch.Tensor) -> bool:
 
 def weights_checksum(params: Iterable[torch.Tensor]) -> torch.Tensor | None:
     """``[bits 0-23, bits 24-47, sum of squares, parameters left out]`` of the replicated parameters, a
-    float32 tensor on their device (queued work only: reading it is the caller's business); None when
-    there is nothing replicated. The count of parameters left out (sharded) tells the collector
-    whether identical checksums on tensor-parallel ranks mean anything."""
+    float32 tensor on the first parameter's device (queued work only: reading it is the caller's business);
+    None when there is nothing replicated. The count of parameters left out (sharded, or not materialised on
+    the meta device) tells the collector whether identical checksums on tensor-parallel ranks mean anything.
+    A model spread over several devices is reduced per device, the partial sums copied to the first."""
     params = list(params)
-    tensors = [p.detach() for p in params if p.element_size() in _BITS and not _sharded(p)]
-    skipped = len(params) - len(tensors)
-    if not tensors:
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for p in params:
+        if p.element_size() in _BITS and p.device.type != "meta" and not _sharded(p):
+            by_device.setdefault(p.device, []).append(p.detach())
+    if not by_device:
         return None
+    first = next(iter(by_device))
     with torch.no_grad():
-        bits = torch.stack([t.view(_BITS[t.element_size()]).sum(dtype=torch.int64) for t in tensors]).sum()
-        squares = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).square().sum()
-        left_out = torch.full_like(squares, float(skipped))
-        return torch.stack([(bits & _LOW).float(), ((bits >> 24) & _LOW).float(), squares, left_out])
+        bits, squares = [], []
+        for tensors in by_device.values():
+            bits.append(torch.stack([t.view(_BITS[t.element_size()]).sum(dtype=torch.int64) for t in tensors]).sum())
+            squares.append(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).square().sum())
+        total = torch.stack([b.to(first, non_blocking=True) for b in bits]).sum()
+        square = torch.stack([q.to(first, non_blocking=True) for q in squares]).sum()
+        left_out = torch.full_like(square, float(len(params) - sum(map(len, by_device.values()))))
+        return torch.stack([(total & _LOW).float(), ((total >> 24) & _LOW).float(), square, left_out])
 
 
 def normalise_layout(layout: Mapping[str, int], world_size: int) -> dict[str, int]:

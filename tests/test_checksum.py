@@ -98,3 +98,11 @@ def test_a_plain_loop_sends_the_initial_weights_and_every_nth_step(tmp_path) -> 
     assert [s for s, c in sums.items() if c is not None] == [0, 4, 8]
     assert sums[0] == initial  # the weights step 0 started from
     assert sums[4] != sums[0]
+
+
+def test_parameters_not_materialised_are_left_out() -> None:
+    m = _model()
+    with torch.device("meta"):
+        lazy = torch.nn.Linear(4, 4)
+    c = weights_checksum([*m.parameters(), *lazy.parameters()])
+    assert c[:3].tolist() == weights_checksum(m.parameters())[:3].tolist() and c[3].item() == 2
