@@ -56,6 +56,15 @@ class CollectorFinding:
         return f"{self.severity} {self.kind} on {where}{at}: {self.message}"
 
 
+def worth_saving(finding: CollectorFinding) -> bool:
+    """Whether the state is worth a checkpoint before stopping on ``finding``.
+
+    After a non-finite loss or gradient the optimizer step may have written NaN or inf into the
+    weights and the moments: saving them would make the poisoned state the newest checkpoint, the
+    one a resume picks, and could rotate an older good one out."""
+    return finding.kind != "nan_inf"
+
+
 class TrainingStopped(RuntimeError):
     """Training was stopped at a step boundary because the collector reported ``finding``.
 
@@ -66,7 +75,12 @@ class TrainingStopped(RuntimeError):
         self.finding = finding
         self.step = step
         self.checkpoint = checkpoint
-        saved = f"; checkpoint saved ({checkpoint})" if checkpoint is not None else ""
+        if checkpoint is not None:
+            saved = f"; checkpoint saved ({checkpoint})"
+        elif not worth_saving(finding):
+            saved = "; no checkpoint saved (the weights may hold non-finite values): resume from an earlier one"
+        else:
+            saved = ""
         super().__init__(f"trainmon stopped training after step {step}: {finding.describe()}{saved}")
 
 
@@ -136,5 +150,5 @@ class StopPolicy:
                 self.on_critical(finding)  # type: ignore[operator]
                 continue
             log.error("trainmon: stopping training after step %d: %s", step, finding.describe())
-            saved = self.checkpoint() if self.checkpoint is not None else None
+            saved = self.checkpoint() if self.checkpoint is not None and worth_saving(finding) else None
             raise TrainingStopped(finding, step, saved)
