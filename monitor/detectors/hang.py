@@ -87,6 +87,8 @@ class Hang(Detector):
         # timeout() is never below this: most steps are judged without computing it
         self._least_timeout = min(config.min_timeout, config.first_step_timeout)
         self._stacks_version = 0  # counts stack events: an open finding is re-sent with new stacks
+        self._steps_seen = 0  # counts step events: a rank that stepped makes its capture stale
+        self._grouped: tuple[tuple[int, int], Any] = ((-1, -1), (None, {}))
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -133,6 +135,7 @@ class Hang(Detector):
                 st.beats.add(t - st.last_beat)
             st.last_beat = t
         if event.kind == "step":
+            self._steps_seen += 1
             step = event.fields["step"]
             if st.last_step_time is not None and t >= st.last_step_time:
                 gap = t - st.last_step_time
@@ -202,15 +205,19 @@ class Hang(Detector):
     def _severity(self, silent: float, limit: float) -> str:
         return "critical" if silent >= limit + self.config.critical_after else "warning"
 
-    def _current_stacks(self) -> tuple[dict[int, list], dict[int, Any]]:
-        """Frames (and NCCL traces) of the ranks whose latest capture came after their latest step."""
-        frames, nccl = {}, {}
-        for rank, st in self._ranks.items():
-            if st.stack is not None and not st.ended and st.stack[0] == st.last_step:
-                frames[rank] = st.stack[1]
-                if st.stack[2]:
-                    nccl[rank] = st.stack[2]
-        return frames, nccl
+    def _current_stacks(self) -> tuple[dict[str, Any] | None, dict[int, Any]]:
+        """The grouping (and NCCL traces) of the stacks of ranks whose latest capture came after their
+        latest step; computed once per change, not once per rank's finding (a hang of 1,000 ranks)."""
+        key = (self._stacks_version, self._steps_seen)
+        if self._grouped[0] != key:
+            frames, nccl = {}, {}
+            for rank, st in self._ranks.items():
+                if st.stack is not None and not st.ended and st.stack[0] == st.last_step:
+                    frames[rank] = st.stack[1]
+                    if st.stack[2]:
+                        nccl[rank] = st.stack[2]
+            self._grouped = (key, (group_stacks(frames) if frames else None, nccl))
+        return self._grouped[1]
 
     def _done(self, st: _Rank) -> bool:
         if st.ended:
@@ -263,8 +270,7 @@ class Hang(Detector):
     ) -> Finding:
         stuck_at = (st.last_step + 1) if st.last_step is not None else 0
         others = self._others(rank)
-        frames, nccl = self._current_stacks()
-        stacks = group_stacks(frames) if frames else None
+        stacks, nccl = self._current_stacks()
         if state == "stalled":
             # Seen after the fact: the stall lies between the last step seen and the one that ended it
             # (in a log written every N steps, that is N steps, not "the next step").
