@@ -60,7 +60,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainmon.hooks.fingerprint import state_fingerprint
-from trainmon.hooks.policy import CollectorFinding, TrainingStopped
+from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -258,7 +258,7 @@ class TrainmonCallback(TrainerCallback):
         )
         self._loss, self._tokens, self._samples = None, 0, 0
         if self._stopping is not None:  # the Trainer saves, then leaves its loop; on_train_end raises
-            control.should_save = True
+            control.should_save = worth_saving(self._stopping)
             control.should_training_stop = True
 
     def _on_finding(self, finding: CollectorFinding) -> None:

@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover - the older distribution
     from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
 
 from trainmon.hooks.fingerprint import state_fingerprint
-from trainmon.hooks.policy import CollectorFinding, TrainingStopped
+from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -305,8 +305,10 @@ class TrainmonCallback(pl.Callback):
             step = trainer.global_step - 1
             ckpt = getattr(trainer, "checkpoint_callback", None)
             folder = getattr(ckpt, "dirpath", None) or trainer.default_root_dir
-            path = os.path.join(folder, f"trainmon-stop-step{step}.ckpt")
-            trainer.save_checkpoint(path)  # through _timed_save: reported like any other save
+            path = None
+            if worth_saving(self._stopping):
+                path = os.path.join(folder, f"trainmon-stop-step{step}.ckpt")
+                trainer.save_checkpoint(path)  # through _timed_save: reported like any other save
             trainer.should_stop = True
             self._stop = TrainingStopped(self._stopping, step, path)
 

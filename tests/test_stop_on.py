@@ -72,8 +72,9 @@ def test_a_bad_findings_query_is_refused(live_collector: LiveCollector, query: s
 # -- a plain loop ----------------------------------------------------------------------------------
 
 
-def _tiny_loop(mon: TrainMonitor, steps: int, nan_at: int | None) -> int:
-    """Train a linear model; from ``nan_at`` its loss is NaN. Returns the last step that ran."""
+def _tiny_loop(mon: TrainMonitor, steps: int, nan_at: int | None, jump_at: int | None = None) -> int:
+    """Train a linear model; from ``nan_at`` its loss is NaN, from ``jump_at`` 1000x larger (finite).
+    Returns the last step that ran."""
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -85,6 +86,8 @@ def _tiny_loop(mon: TrainMonitor, steps: int, nan_at: int | None) -> int:
         loss = model(x).pow(2).mean()
         if nan_at is not None and step >= nan_at:
             loss = loss * float("nan")
+        if jump_at is not None and step >= jump_at:
+            loss = loss * 1000.0
         loss.backward()
         mon.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -128,7 +131,9 @@ def test_plain_loop_callable_receives_the_finding_and_training_goes_on(
     assert (finding.kind, finding.severity, finding.rank, finding.step) == ("nan_inf", "critical", 0, 10)
 
 
-def test_plain_loop_stop_saves_then_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
+def test_plain_loop_stop_on_nan_raises_without_saving_poisoned_weights(
+    live_collector: LiveCollector, tmp_path: Path
+) -> None:
     saved: list[int] = []
     mon = _monitor(
         live_collector, "plain-stop", tmp_path, on_critical="stop", checkpoint=lambda: saved.append(1) or "ck"
@@ -137,10 +142,27 @@ def test_plain_loop_stop_saves_then_raises(live_collector: LiveCollector, tmp_pa
         _tiny_loop(mon, 20_000, nan_at=10)
     stopped = info.value
     assert stopped.finding.kind == "nan_inf" and stopped.finding.step == 10 and stopped.step >= 10
-    assert saved == [1] and stopped.checkpoint == "ck"
-    assert "nan_inf" in str(stopped) and "step 10" in str(stopped)
+    assert saved == [] and stopped.checkpoint is None  # NaN weights must not become the newest checkpoint
+    assert "nan_inf" in str(stopped) and "step 10" in str(stopped) and "no checkpoint saved" in str(stopped)
     runs = {r["run"]: r for r in live_collector.get_json("/v1/runs")}
     assert runs["plain-stop"]["status"] == "failed"
+
+
+def test_plain_loop_stop_on_a_finite_finding_saves_then_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
+    saved: list[int] = []
+    mon = _monitor(
+        live_collector,
+        "plain-jump",
+        tmp_path,
+        on_critical="stop",
+        stop_on="warning",
+        checkpoint=lambda: saved.append(1) or "ck",
+    )
+    with pytest.raises(TrainingStopped) as info:
+        _tiny_loop(mon, 20_000, nan_at=None, jump_at=100)
+    stopped = info.value
+    assert stopped.finding.kind != "nan_inf" and stopped.finding.step >= 100 and stopped.step >= 100
+    assert saved == [1] and stopped.checkpoint == "ck" and "checkpoint saved (ck)" in str(stopped)
 
 
 def test_plain_loop_stop_on_critical_ignores_a_clean_run(live_collector: LiveCollector, tmp_path: Path) -> None:
@@ -170,8 +192,8 @@ def test_reference_trainer_stops_on_nan_with_the_finding(live_collector: LiveCol
     assert "critical nan_inf on rank 0 at step 30" in last, last
     stopped_after = int(last.split("stopped training after step ")[1].split(":")[0])
     assert 30 <= stopped_after < 199  # how soon is measured, not asserted: a tick (0.1 s) and a round trip
-    saved = sorted((tmp_path / "out" / "checkpoints").iterdir())
-    assert [p.name for p in saved] == [f"step_{stopped_after:07d}"]
+    assert not (tmp_path / "out" / "checkpoints").exists() or not any((tmp_path / "out" / "checkpoints").iterdir())
+    assert "no checkpoint saved" in last
     runs = {r["run"]: r for r in live_collector.get_json("/v1/runs")}
     assert runs["ref-nan"]["status"] == "failed"
 
@@ -225,7 +247,7 @@ def _callback_kwargs(live: LiveCollector, tmp_path: Path) -> dict[str, Any]:
     return {"spool_dir": tmp_path / "spool", "flush_interval": 0.02, "health_interval": 0, "heartbeat_interval": 0}
 
 
-def test_hf_callback_saves_stops_and_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
+def test_hf_callback_stops_and_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from trainmon.hooks.hf import TrainmonCallback
@@ -252,12 +274,11 @@ def test_hf_callback_saves_stops_and_raises(live_collector: LiveCollector, tmp_p
     stopped = info.value
     assert stopped.finding.kind == "nan_inf" and stopped.finding.step == 10
     assert trainer.state.global_step == stopped.step + 1 < 20_000  # the Trainer left its loop at that step
-    assert stopped.checkpoint == str(tmp_path / "hf" / f"checkpoint-{trainer.state.global_step}")
-    assert Path(stopped.checkpoint).is_dir()  # saved although save_strategy="no"
+    assert stopped.checkpoint is None and not list((tmp_path / "hf").glob("checkpoint-*"))  # NaN: nothing saved
     assert {r["run"]: r for r in live_collector.get_json("/v1/runs")}["hf-stop"]["status"] == "failed"
 
 
-def test_lightning_callback_saves_stops_and_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
+def test_lightning_callback_stops_and_raises(live_collector: LiveCollector, tmp_path: Path) -> None:
     lightning = pytest.importorskip("lightning")
     from trainmon.hooks.lightning import TrainmonCallback
 
@@ -292,6 +313,5 @@ def test_lightning_callback_saves_stops_and_raises(live_collector: LiveCollector
     stopped = info.value
     assert stopped.finding.kind == "nan_inf" and stopped.finding.step == 10
     assert trainer.global_step == stopped.step + 1 < 20_000
-    assert stopped.checkpoint == str(tmp_path / "lit" / f"trainmon-stop-step{stopped.step}.ckpt")
-    assert Path(stopped.checkpoint).is_file()
+    assert stopped.checkpoint is None and not list((tmp_path / "lit").glob("trainmon-stop-step*.ckpt"))
     assert {r["run"]: r for r in live_collector.get_json("/v1/runs")}["lit-stop"]["status"] == "failed"
