@@ -576,6 +576,29 @@ def fleet_dashboard() -> dict[str, Any]:
         description="From the token counters over 2 minutes (recording rule of alerts/trainmon.rules.yml).",
         options=TS,
     )
+    d.row("Goodput")
+    d.add(
+        "timeseries",
+        "Goodput by run",
+        [("trainmon_goodput_ratio", "{{run}}")],
+        w=12,
+        unit="percentunit",
+        description="Share of wall time (rank 0's clock, all attempts) that trained the model; "
+        "the rest is badput, by cause on the right (trainmon.monitor.analysis.goodput).",
+        options=TS,
+        defaults={"min": 0, "max": 1},
+    )
+    d.add(
+        "bargauge",
+        "Badput by run and cause",
+        [("sum by (run, cause) (trainmon_badput_seconds) > 0", "{{run}}: {{cause}}")],
+        w=12,
+        unit="s",
+        instant=True,
+        description="Wall time lost: startup, checkpointing, evaluation, data stalls, slow steps, hangs, "
+        "recomputation after failures, restarts.",
+        options={"orientation": "horizontal", "displayMode": "basic", "reduceOptions": STAT["reduceOptions"]},
+    )
     d.row("Anomalies and alerts")
     d.add(
         "bargauge",

@@ -62,7 +62,7 @@ import pandas as pd
 from sqlalchemy import Connection, and_, bindparam, case, func, select
 
 from trainmon.hooks.schedules import Schedule
-from trainmon.monitor.analysis import budget
+from trainmon.monitor.analysis import budget, goodput
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.queries import anomaly_rows, step_base
 from trainmon.monitor.store.storage import (
@@ -177,6 +177,9 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         say("anomalies")
         found = anomaly_rows(conn, run)
         local = {a["id"]: _localise(conn, run, a, rank0) for a in found if a["kind"] in LOCALISED}
+        say("goodput")
+        synthetic = _import_facts(row.config)["clock_unknown"]
+        good = goodput.from_store(conn, run, rank0, _attempts(stream_rows, extents), found, synthetic)
         say("node health")
         health_df, health_note = _health(conn, run)
     notes.extend(_import_notes(row.config))
@@ -198,6 +201,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         for a in attempts:
             a["started_at"] = a["ended_at"] = None
         unknown["duration_seconds"] = clock
+        unknown.update({f"goodput.{k}": clock for k in goodput.CLOCK_KEYS})
         unknown["attempts_detail.started_at"] = unknown["attempts_detail.ended_at"] = clock
     n_attempts = len(attempts)
     busy = _per_step_total(bins, "step_time", "timed")
@@ -241,6 +245,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         "final_loss": None if last is None else last["loss"],
         "final_eval_loss": final_eval,
         "anomalies": anomalies_out,
+        "goodput": good,
         "status_detail": _status_detail(row.status, facts, row.planned_steps),
         "ends_at_checkpoint": facts["ends_at_checkpoint"],
         "first_step": span["first_step"],

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainmon.monitor.analysis import goodput
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.store.storage import PHASE_COLUMNS
@@ -99,6 +100,7 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         pct(s["mfu"]) if s.get("mfu") is not None else "- (needs flops_per_token or n_params, and peak_flops)"
     )
     return [
+        ("goodput", goodput.headline(s) or "-"),
         ("status", status),
         ("steps", steps),
         ("attempts", f"{s.get('attempts')} ({s.get('failures', 0)} failed), {len(resumes)} resume(s)"),

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from trainmon.monitor.analysis.goodput import hang_open
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
 from trainmon.monitor.collector.live import LiveState
 
@@ -107,6 +108,20 @@ class TrainingCollector(Collector):
         an_active = GaugeMetricFamily(
             "trainmon_anomalies_active", "Anomalies currently open.", labels=["run", "kind", "severity"]
         )
+        goodput = GaugeMetricFamily(
+            "trainmon_goodput_ratio",
+            "Share of the run's wall time that trained the model (rank 0's clock, all attempts).",
+            labels=["run"],
+        )
+        badput = GaugeMetricFamily(
+            "trainmon_badput_seconds",
+            "Wall time of the run lost, by cause (trainmon.monitor.analysis.goodput); a cause can shrink "
+            "when a resume turns earlier steps into recomputation.",
+            labels=["run", "cause"],
+        )
+        recomputed = GaugeMetricFamily(
+            "trainmon_recomputed_steps", "Steps run again after resuming from a checkpoint.", labels=["run"]
+        )
         with self._live.lock:
             for run_id, run in list(self._live.runs.items()):
                 ended = run.status != "running"
@@ -124,6 +139,12 @@ class TrainingCollector(Collector):
                     an_total.add_metric([run_id, kind, sev], n)
                 for (kind, sev), n in run.anomalies_active.items():
                     an_active.add_metric([run_id, kind, sev], n)
+                good = run.goodput.result(now, hang_open(run.anomalies_active))
+                if good["fraction"] is not None:
+                    goodput.add_metric([run_id], good["fraction"])
+                    for cause, secs in good["badput_seconds"].items():
+                        badput.add_metric([run_id, cause], secs)
+                    recomputed.add_metric([run_id], good["recomputed_steps"])
                 for rank_id, r in run.ranks.items():
                     labels = [run_id, str(rank_id)]
                     seen.add_metric(labels, r.last_seen)
@@ -163,7 +184,7 @@ class TrainingCollector(Collector):
                             _put(ecc, [*gpu, "uncorrected"], g.get("ecc_uncorrected"))
         yield from (step, last, seen, *gauges.values(), lr, lr_expected, phase, tps, tokens, mfu, attempt, missing)
         yield from (cpu, rss, host_used, host_total, *gpu_gauges.values(), throttled, ecc)
-        yield from (eval_loss, world, planned, up, an_total, an_active)
+        yield from (eval_loss, world, planned, up, an_total, an_active, goodput, badput, recomputed)
 
 
 class DetectionCollector(Collector):

@@ -12,8 +12,8 @@ from typing import Any
 from trainmon.hooks.schedules import Schedule
 from trainmon.hooks.wire import Event
 from trainmon.monitor.analysis.budget import mfu_from_throughput
-from trainmon.monitor.analysis.goodput import Ledger, hang_open
 from trainmon.monitor.analysis.escape import visible_controls
+from trainmon.monitor.analysis.goodput import Ledger, hang_open
 
 __all__ = ["LiveState", "RankState", "RunState"]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, func, select
 
 from trainmon.monitor.store.storage import anomalies, runs, steps, streams
 
-__all__ = ["anomaly_rows", "latest_step", "run_rows", "step_base"]
+__all__ = ["anomaly_rows", "latest_step", "run_rows", "step_base", "step_timeline"]
 
 
 def anomaly_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
@@ -79,3 +80,24 @@ def run_rows(conn: Connection) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterator[list[tuple]]:
+    """One rank's steps of one attempt in step order, in chunks of ``(step, time, step_time,
+    phase_data, phase_checkpoint, phase_eval)`` tuples (the goodput ledger's input).
+
+    Read through the DB-API cursor along the primary key: a million-step run is one index range,
+    never sorted, never held whole in memory, and no SQLAlchemy row is built."""
+    sql = (
+        "SELECT step, time, step_time, phase_data, phase_checkpoint, phase_eval FROM steps "
+        "WHERE run = ? AND rank = ? AND attempt = ? ORDER BY step"
+    )
+    if conn.dialect.paramstyle in ("format", "pyformat"):
+        sql = sql.replace("?", "%s")
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql, (run, rank, attempt))
+        while chunk := cur.fetchmany(10_000):
+            yield chunk
+    finally:
+        cur.close()
