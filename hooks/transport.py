@@ -34,6 +34,7 @@ from trainmon.hooks.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
 __all__ = ["Transport"]
 
 log = logging.getLogger("trainmon.transport")
+_JITTER = random.Random()  # our own: retry jitter must not move the trainer's global RNG (resume checks hash it)
 
 _SEGMENT_BYTES = 4 << 20
 # Retry delays double from 0.5 s up to this (with jitter): a collector that is back is found within seconds.
@@ -416,7 +417,7 @@ class Transport:
     def _failed(self, exc: OSError) -> None:
         self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
         # Jitter, so a thousand ranks that lost the collector together do not return together.
-        self._retry_at = time.monotonic() + self._backoff * random.uniform(0.5, 1.0)
+        self._retry_at = time.monotonic() + self._backoff * _JITTER.uniform(0.5, 1.0)
         log.warning("trainmon: %s; spooling, retry in %.1fs", exc, self._backoff)
 
     def _segments(self) -> list[Path]:

@@ -227,3 +227,23 @@ def test_sends_keep_the_flush_cadence_when_the_collector_is_slow(tmp_path: Path)
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
     assert 5 <= len(ticks) <= 7, gaps  # 3.2 s at one request per 0.5 s tick; a trickle would send ~15
     assert sum(gaps) / len(gaps) < 0.6, gaps  # interval + round trip would be 0.7
+
+
+def test_retries_leave_the_trainers_random_state_alone(tmp_path: Path) -> None:
+    """Retry jitter draws from trainmon's own generator: a trainer that seeds ``random`` and hashes
+    its state in checkpoints (resume checks do) sees the same state with the collector down."""
+    import random
+
+    port = _free_port()  # nobody listens: every send fails and schedules a jittered retry
+    t = Transport(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", flush_interval=0.01)
+    t._sink._timeout = 0.2
+    random.seed(1234)
+    before = random.getstate()
+    for i in range(20):
+        t.put({"kind": "heartbeat", "i": i})
+    deadline = time.monotonic() + 10
+    while t.spooled == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert t.spooled > 0  # a send failed, so a retry was scheduled
+    assert random.getstate() == before
+    t.close(timeout=5)
