@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LiveCollector
-from trainmon.monitor.analysis.goodput import CAUSES, Ledger, headline
+from trainmon.monitor.analysis.goodput import CAUSES, MARKS, Ledger, headline
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.store.storage import Storage
 
@@ -183,6 +183,20 @@ def test_lost_work_without_a_checkpoint_event_is_interpolated_by_step() -> None:
     r = ledger.result()
     assert r["recomputed_steps"] == 6
     assert r["badput_seconds"]["recomputation"] == pytest.approx(6.0)
+
+
+def test_resume_points_are_bounded_and_a_resume_from_the_newest_is_exact() -> None:
+    """200 checkpoints: the ledger keeps the newest MARKS of them; the resume uses one of those."""
+    ledger = Ledger()
+    ledger.start(0, 0.0)
+    end = run_steps(ledger, range(2000), 0.0, dt=lambda s: 2.0 if s >= 1990 else 1.0, checkpoint_every=10)
+    ledger.end(0, end, "failed")
+    assert len(ledger._attempts[0].marks) <= MARKS + 1
+    ledger.start(1, end)
+    run_steps(ledger, range(1990, 2000), end, attempt=1, dt=lambda s: 2.0)
+    r = ledger.result()
+    assert r["recomputed_steps"] == 10
+    assert r["badput_seconds"]["recomputation"] == pytest.approx(20.0)  # the slow last 10 steps, exactly
 
 
 def test_a_resume_from_step_zero_recomputes_everything() -> None:

@@ -49,7 +49,7 @@ from sqlalchemy import Connection, select
 from trainmon.monitor.store.queries import step_timeline
 from trainmon.monitor.store.storage import checkpoints
 
-__all__ = ["BATCH", "CAUSES", "CLOCK_KEYS", "WINDOW", "Ledger", "from_store", "hang_open", "headline"]
+__all__ = ["BATCH", "CAUSES", "CLOCK_KEYS", "MARKS", "WINDOW", "Ledger", "from_store", "hang_open", "headline"]
 
 CAUSES = (
     "startup",
@@ -74,6 +74,10 @@ MIN_BASELINE = 5
 
 BATCH = 4096
 """Steps buffered before they are accounted (the ledger also accounts them when read)."""
+
+MARKS = 64
+"""Checkpoints remembered per attempt as resume points (a resume goes to one of the newest): the
+live ledger of a long run stays small."""
 
 _FAILED = ("failed", "interrupted", "lost")
 # The step-time parts a later resume may reclassify as recomputation (checkpoint and eval time was
@@ -326,6 +330,8 @@ class Ledger:
     def _mark(a: _Attempt, after: int, step: int | None, movable: tuple[float, ...]) -> None:
         if step is not None and step >= after:
             a.marks.append((after, movable))
+            if len(a.marks) > MARKS:
+                del a.marks[1]  # the attempt's start stays: a resume from further back is interpolated
 
     def _resumed(self, a: _Attempt) -> None:
         """The first step of attempt ``a``: the previous attempt's steps from here on are lost work."""
