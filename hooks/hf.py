@@ -61,6 +61,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from trainmon.hooks.fingerprint import state_fingerprint
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
+from trainmon.hooks.schedules import declared_schedule
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -77,7 +78,9 @@ class TrainmonCallback(TrainerCallback):
         run: run id (shared by all ranks).
         collector: ``http://host:port`` or ``file://PATH``; see ``TrainMonitor``.
         start_fields: extra or overriding ``run_start`` fields (``seq_len``, ``schedule``,
-            ``global_batch_tokens``, ``flops_per_token``...).
+            ``global_batch_tokens``, ``flops_per_token``...). ``schedule`` is a ``Schedule`` or its
+            dict, checked here; without it the schedule of the Trainer's scheduler is declared
+            when trainmon can read it exactly (``Schedule.from_scheduler``).
         fingerprint_model: include a hash of the parameters in checkpoint fingerprints (a full
             device-to-host copy of the model at every save; off by default).
         on_critical: act on the collector's findings for this run at or above ``stop_on`` (see
@@ -105,6 +108,8 @@ class TrainmonCallback(TrainerCallback):
         self.run = run
         self.collector = collector
         self.start_fields = dict(start_fields or {})
+        if self.start_fields.get("schedule") is not None:  # a bad one fails here, not when training starts
+            self.start_fields["schedule"] = declared_schedule(self.start_fields["schedule"])
         self.fingerprint_model = fingerprint_model
         self.on_critical = on_critical
         self.stop_on = stop_on

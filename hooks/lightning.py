@@ -62,6 +62,7 @@ except ImportError:  # pragma: no cover - the older distribution
 
 from trainmon.hooks.fingerprint import state_fingerprint
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
+from trainmon.hooks.schedules import declared_schedule
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -94,7 +95,9 @@ class TrainmonCallback(pl.Callback):
         run: run id (shared by all ranks).
         collector: ``http://host:port`` or ``file://PATH``; see ``TrainMonitor``.
         start_fields: extra or overriding ``run_start`` fields (``vocab_size``, ``seq_len``,
-            ``schedule``...).
+            ``schedule``...). ``schedule`` is a ``Schedule`` or its dict, checked here; without
+            it the schedule of the first LR scheduler is declared when it steps once per
+            optimizer step and trainmon can read it exactly (``Schedule.from_scheduler``).
         eval_loss_key: the ``callback_metrics`` key holding the validation loss; by default
             ``val_loss``, else the first key with both ``val`` and ``loss`` in it.
         tokens_fn: ``batch -> (tokens, samples)``; by default tokens are the element count of
@@ -126,6 +129,8 @@ class TrainmonCallback(pl.Callback):
         self.run = run
         self.collector = collector
         self.start_fields = dict(start_fields or {})
+        if self.start_fields.get("schedule") is not None:  # a bad one fails here, not when training starts
+            self.start_fields["schedule"] = declared_schedule(self.start_fields["schedule"])
         self.eval_loss_key = eval_loss_key
         self.tokens_fn = tokens_fn or _count_batch
         self.fingerprint_model = fingerprint_model
@@ -173,7 +178,10 @@ class TrainmonCallback(pl.Callback):
         self._patch(trainer, "save_checkpoint", self._timed_save(trainer, save))
 
         scaler = getattr(precision, "scaler", None)
-        mon.watch(stand_in, self._optimizer, self._scheduler, scaler=scaler)
+        # Only a scheduler stepped once per optimizer step is watched (and its schedule declared):
+        # one stepped per epoch or every k steps counts in other units than the step records.
+        per_step = bool(configs) and configs[0].interval == "step" and configs[0].frequency == 1
+        mon.watch(stand_in, self._optimizer, self._scheduler if per_step else None, scaler=scaler)
 
         hparams = dict(getattr(pl_module, "hparams", {}) or {})
         resumed = trainer.ckpt_path is not None

@@ -21,6 +21,7 @@ import torch
 
 from trainmon.hooks import TrainMonitor
 from trainmon.hooks.fingerprint import compare_fingerprints, state_fingerprint
+from trainmon.hooks.schedules import Schedule
 from trainmon.hooks.wire import validate_event
 
 transformers = pytest.importorskip("transformers")
@@ -28,6 +29,7 @@ pytest.importorskip("accelerate")  # the Trainer needs it
 lightning = pytest.importorskip("lightning")
 
 STEPS, ACCUM, BATCH, SEQ, VOCAB, MAX_NORM = 12, 2, 4, 16, 64, 1.0
+LINEAR = Schedule("linear", 1e-3, STEPS)  # HF's default: linear to 0 over max_steps, no warmup
 SAVED = [5, 11]  # eval and checkpoint after these steps (every 6 optimizer steps)
 START_KEYS = {"config", "n_params", "world_size", "local_rank", "device", "planned_steps", "accum_steps"}
 START_KEYS |= {"vocab_size", "framework", "resumed"}
@@ -84,7 +86,7 @@ def _plain(tmp_path: Path) -> Path:
     path.parent.mkdir()
     model = _gpt2()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / STEPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, LINEAR.factor)  # what HF's default scheduler does
     data, val = _tokens(STEPS * ACCUM * BATCH), _tokens(8, seed=2)
     mon = TrainMonitor("plain", **_monitor_kwargs(path))
     mon.watch(model, opt, sched)
@@ -134,7 +136,7 @@ def _hf_args(out: Path, **overrides: Any) -> Any:
     return transformers.TrainingArguments(output_dir=str(out), **{**kw, **overrides})
 
 
-def _hf(tmp_path: Path, *, resume: str | None = None, run: str = "hf") -> tuple[Path, Any]:
+def _hf(tmp_path: Path, *, resume: str | None = None, run: str = "hf", **callback_kw: Any) -> tuple[Path, Any]:
     from trainmon.hooks.hf import TrainmonCallback
 
     path = tmp_path / run / "events.jsonl"
@@ -144,7 +146,7 @@ def _hf(tmp_path: Path, *, resume: str | None = None, run: str = "hf") -> tuple[
         args=_hf_args(tmp_path / f"{run}-out"),
         train_dataset=_LMData(STEPS * ACCUM * BATCH),
         eval_dataset=_LMData(8, seed=2),
-        callbacks=[TrainmonCallback(run=run, **_monitor_kwargs(path))],
+        callbacks=[TrainmonCallback(run=run, **_monitor_kwargs(path), **callback_kw)],
     )
     trainer.train(resume_from_checkpoint=resume)
     return path, trainer
@@ -164,11 +166,31 @@ class _LitGPT(lightning.LightningModule):
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / STEPS)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, LINEAR.factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def _lightning(tmp_path: Path, *, resume: str | None = None, run: str = "lit") -> Path:
+class _LitCosine(_LitGPT):
+    """transformers' cosine schedule, stepped every optimizer step or every epoch."""
+
+    def __init__(self, interval: str = "step") -> None:
+        super().__init__()
+        self.interval = interval
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        sched = transformers.get_cosine_schedule_with_warmup(opt, 3, STEPS)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": self.interval}}
+
+
+def _lightning(
+    tmp_path: Path,
+    *,
+    resume: str | None = None,
+    run: str = "lit",
+    module: lightning.LightningModule | None = None,
+    **callback_kw: Any,
+) -> Path:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from trainmon.hooks.lightning import TrainmonCallback
@@ -188,13 +210,13 @@ def _lightning(tmp_path: Path, *, resume: str | None = None, run: str = "lit") -
         accelerator="cpu",
         default_root_dir=str(tmp_path / f"{run}-out"),
         callbacks=[
-            TrainmonCallback(run=run, **_monitor_kwargs(path)),
+            TrainmonCallback(run=run, **_monitor_kwargs(path), **callback_kw),
             ModelCheckpoint(dirpath=str(tmp_path / f"{run}-out" / "ckpt"), every_n_train_steps=6, save_top_k=-1),
         ],
     )
     train = torch.utils.data.DataLoader(_tokens(STEPS * ACCUM * BATCH), batch_size=BATCH)
     val = torch.utils.data.DataLoader(_tokens(8, seed=2), batch_size=8)
-    trainer.fit(_LitGPT(), train, val, ckpt_path=resume)
+    trainer.fit(module or _LitGPT(), train, val, ckpt_path=resume)
     return path
 
 
@@ -354,3 +376,32 @@ def test_a_failing_run_ends_with_status_failed(tmp_path: Path) -> None:
     assert end["kind"] == "run_end" and end["fields"]["status"] == "failed" and "batch 6" in end["fields"]["error"]
     assert [s["step"] for s in _fields(_events(lit_path), "step")] == [0, 1, 2]
     assert "training_step" not in vars(module)  # the module is left as it was
+
+
+def test_the_trainers_scheduler_declares_the_schedule(streams: dict[str, Any], tmp_path: Path) -> None:
+    for name in ("plain", "hf", "lightning"):  # HF's own scheduler, LambdaLR(Schedule.factor) in the others
+        assert streams[name][0]["fields"]["schedule"] == LINEAR.to_dict()
+
+    cosine = Schedule("cosine", 1e-3, STEPS, 3).to_dict()
+    events = _events(_lightning(tmp_path, run="lit-cosine", module=_LitCosine("step")))
+    assert events[0]["fields"]["schedule"] == cosine
+    lrs = [s["lr"][0] for s in _fields(events, "step")]
+    assert lrs == pytest.approx([Schedule.from_dict(cosine).lr(s) for s in range(STEPS)], rel=1e-9, abs=1e-15)
+    # Stepped per epoch, its schedule counts epochs: nothing is declared, and it is not held to one step per step.
+    events = _events(_lightning(tmp_path, run="lit-epoch", module=_LitCosine("epoch")))
+    assert "schedule" not in events[0]["fields"]
+    assert all("scheduler_steps" not in s for s in _fields(events, "step"))
+
+
+def test_start_fields_take_the_schedule_as_object_or_dict(tmp_path: Path) -> None:
+    from trainmon.hooks.hf import TrainmonCallback as HFCallback
+    from trainmon.hooks.lightning import TrainmonCallback as LitCallback
+
+    declared = Schedule("wsd", 1e-3, STEPS, 2, min_ratio=0.1)
+    path, _ = _hf(tmp_path, run="hf-declared", start_fields={"schedule": declared.to_dict()})
+    assert _events(path)[0]["fields"]["schedule"] == declared.to_dict()
+    path = _lightning(tmp_path, run="lit-declared", start_fields={"schedule": declared})
+    assert _events(path)[0]["fields"]["schedule"] == declared.to_dict()
+    for callback in (HFCallback, LitCallback):
+        with pytest.raises(ValueError, match=r"schedule\.warmup_steps"):
+            callback(run="bad", start_fields={"schedule": {**declared.to_dict(), "warmup_steps": 99}})
