@@ -643,6 +643,16 @@ class EvalRegressionConfig:
     """A task-metric regression is critical when the metric is this fraction worse than its best ..."""
     critical_evals: int = 3
     """... at this many evals in a row: large and sustained, the run is making the model worse, not wobbling."""
+    zero_metric_evals: int = 10
+    """A metric exactly 0.0 at this many evals from the start, while others move, gets one note: it is almost always
+    computed wrong (60_cantillation: f1/precision/recall 0.0 at all 100 evals while accuracy rises 0.49 -> 0.69)."""
+    unusable_error_rate: float = 0.85
+    """An error rate (WER, CER) whose best value is at least this (as a fraction; 85 when logged in percent) means no
+    checkpoint of the run is a model worth rolling back to (59_whisper-braj: best WER 89.9%). Kept high because
+    unsegmented CJK text makes word error rates of working models look poor (01_whisper-large-v2-ja: 0.74)."""
+    max_metrics: int = 32
+    """Distinct eval metrics tracked per run (bounded state; the rest are ignored)."""
+
 
 
 @dataclass
@@ -664,16 +674,6 @@ class ReplicaDivergenceConfig:
     jump_factor: float = 10.0
     """With two replicas there is no majority: one is named as the one that changed only when its weight norm
     moved this many times the group's usual change between two checks while the other's stayed within it."""
-    zero_metric_evals: int = 10
-    """A metric exactly 0.0 at this many evals from the start, while others move, gets one note: it is almost always
-    computed wrong (60_cantillation: f1/precision/recall 0.0 at all 100 evals while accuracy rises 0.49 -> 0.69)."""
-    unusable_error_rate: float = 0.85
-    """An error rate (WER, CER) whose best value is at least this (as a fraction; 85 when logged in percent) means no
-    checkpoint of the run is a model worth rolling back to (59_whisper-braj: best WER 89.9%). Kept high because
-    unsegmented CJK text makes word error rates of working models look poor (01_whisper-large-v2-ja: 0.74)."""
-    max_metrics: int = 32
-    """Distinct eval metrics tracked per run (bounded state; the rest are ignored)."""
-
 
 @dataclass
 class DetectorsConfig:
