@@ -263,3 +263,17 @@ def test_reference_trainer(tmp_path: Path) -> None:
     assert hits and labels[0]["first_step"] <= hits[0]["first_step"] <= labels[0]["last_step"] + 1
     anomalies, _ = run_reference(tmp_path, "clean", "--eval-every", "30", "--checkpoint-every", "40", steps=90)
     assert [a for a in anomalies if a["kind"] == "grad_explosion"] == []
+
+
+def test_a_spike_with_the_loss_at_the_same_step_is_the_loss_spikes_incident() -> None:
+    """The demo's loss_spike fault (the loss x50 at one step) drives the grad norm up 100x at that same
+    step: loss_spike reports it with the norm as evidence. grad_explosion said "the loss did not follow"
+    beside it, a contradiction; now it stays out, and still fires on a norm spike of its own."""
+    n = 300
+    norms, losses = _norms(n, 3), curve(n, 3, 0.02)
+    norms[150] *= 100
+    losses[150] *= 50
+    assert feed(_det(), _steps(norms, clip=1e9, losses=losses, end=True)) == []
+    norms[220] *= 100  # a norm spike with no loss spike: grad_explosion's own
+    (a,) = _anomalies(feed(_det(), _steps(norms, clip=1e9, losses=losses, end=True)))
+    assert a["first"] == 220 and _spike_steps(a["final"]) == [220]

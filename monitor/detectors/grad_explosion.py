@@ -103,6 +103,10 @@ class _Episode:
     sigma: float = 0.0
     layer: dict[str, Any] | None = None  # the layer that grew most at the largest spike
     said: tuple[str, str] | None = None  # (severity, message) last reported
+    # Opened at a step whose loss spiked too: one bad batch (or a scaled loss) drives both, the loss
+    # first. Unless the norm stays up past that entry, it is loss_spike's incident (which names the
+    # norm as evidence), and "the loss did not follow" beside it would contradict it: not reported.
+    with_loss: bool = False
 
 
 class GradExplosion(Detector):
@@ -206,11 +210,13 @@ class GradExplosion(Detector):
         norm = f.get("grad_norm")
         layers = f.get("layer_grad_norms")
         if finite(norm) and norm > 0:  # non-finite norms are nan_inf's business
-            changed |= self._norm(step, norm, layers, out)
+            changed |= self._norm(step, norm, layers, out, with_loss=self._ep is None and self._loss_spiked(loss))
         ep = self._ep
         if ep is not None and changed:
             out.extend(self._report(ep))
-        if ep is not None and ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
+        if ep is not None and ep.said is None and ep.with_loss and ep.watch == 0 and ep.run == 0:
+            self._ep = None  # the loss spike's incident is over: later spikes start their own episode
+        elif ep is not None and ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
             out.extend(self._close(step, f"in band since step {ep.last_step}"))
         self._track_loss(loss)
         if isinstance(layers, dict):
@@ -222,7 +228,15 @@ class GradExplosion(Detector):
                 out.extend(self._clip_rate(step))
         return out
 
-    def _norm(self, step: int, norm: float, layers: Any, out: list[Finding]) -> bool:
+    def _loss_spiked(self, loss: Any) -> bool:
+        """The loss of this very step is far above its reference, as ``_watch`` judges a consequence."""
+        ref = self._loss_ref()
+        if ref is None or not finite(loss):
+            return False
+        med, sd = ref
+        return loss - med > max(self.config.loss_z * sd, self.config.loss_rise * abs(med))
+
+    def _norm(self, step: int, norm: float, layers: Any, out: list[Finding], with_loss: bool = False) -> bool:
         """Judge one norm; True when the open episode changed."""
         cfg = self.config
         x = math.log(norm)
@@ -236,7 +250,7 @@ class GradExplosion(Detector):
             if spike and ep is None and self._degenerate():
                 out.extend(self._note(step, norm, math.exp(med)))
             elif spike:
-                self._spike(_Spike(step, norm, math.exp(x - med), math.exp(med)), sigma, layers)
+                self._spike(_Spike(step, norm, math.exp(x - med), math.exp(med)), sigma, layers, with_loss)
                 changed = True
             elif ep is not None:
                 ep.median = math.exp(med)
@@ -248,12 +262,12 @@ class GradExplosion(Detector):
         self._all.add(x)
         return changed
 
-    def _spike(self, s: _Spike, sigma: float, layers: Any) -> None:
+    def _spike(self, s: _Spike, sigma: float, layers: Any, with_loss: bool = False) -> None:
         cfg = self.config
         ep = self._ep
         if ep is None:
             self._clip_open = False  # the episode takes over an anomaly the clip rate opened
-            ep = self._ep = _Episode(first=s, largest=s, record=self._record)
+            ep = self._ep = _Episode(first=s, largest=s, record=self._record, with_loss=with_loss)
         if ep.watch == 0:  # a new loss watch, against the loss before this spike
             ep.loss_ref = self._loss_ref()
             ep.burst, ep.burst_peak, ep.burst_start = 0, 0.0, s.step
@@ -320,6 +334,8 @@ class GradExplosion(Detector):
         self._ep = None
         if ep.largest.ratio > self._record[0]:
             self._record = (ep.largest.ratio, ep.largest.step)
+        if ep.said is None:
+            return []  # never reported (the loss spike's incident): nothing to resolve
         severity = self._severity(ep)
         return [
             Finding(
@@ -449,6 +465,8 @@ class GradExplosion(Detector):
 
     def _report(self, ep: _Episode) -> list[Finding]:
         """The episode's current state, if what it says changed (the step is its last spike: its extent)."""
+        if ep.with_loss and ep.count == 1 and ep.burst < 2:
+            return []  # the loss spike's incident, unless the norm stays up
         severity, message = self._severity(ep), self._message(ep)
         if ep.said == (severity, message):
             return []
