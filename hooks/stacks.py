@@ -7,9 +7,11 @@ interval anyway) notices that no step has ended for ``max(after, factor x median
 and reads the training thread's frame with ``sys._current_frames()``: no extra process, nothing
 on the training thread, and it works while that thread waits inside a C call (a gloo or NCCL
 wait releases the GIL). The capture is repeated each time the silence doubles, so a rank that
-moved on to another wait is seen there. ``SIGUSR1`` asks for one at once when the program has no
-handler of its own (Python runs the handler when the main thread next executes Python code, so a
-rank stuck inside one C call is covered by the automatic capture, not the signal).
+moved on to another wait is seen there. With ``TRAINMON_STACK_SIGNAL=1`` in the environment,
+``SIGUSR1`` asks for one at once when the program has no handler of its own. It is opt-in: the
+default action of SIGUSR1 ends the process, and schedulers rely on that (SLURM's ``--signal``);
+Python runs the handler when the main thread next executes Python code, so a rank stuck inside
+one C call is covered by the automatic capture, not the signal.
 
 With torch's NCCL flight recorder on (``TORCH_NCCL_TRACE_BUFFER_SIZE > 0``) the last collectives
 of each process group go along; without NCCL (CPU, gloo) that part is skipped quietly.
@@ -94,12 +96,12 @@ class StackWatch:
         self._previous_usr1: Any = None
 
     def attach(self, now: float) -> None:
-        """On the training thread: remember it, start the clock, take SIGUSR1 if nobody has it."""
+        """On the training thread: remember it, start the clock, take SIGUSR1 if asked to and nobody has it."""
         current = threading.current_thread()
         self._thread_id, self._thread_name = current.ident, current.name
         self._last_end = now
         self._next_at = None
-        usr1 = getattr(signal, "SIGUSR1", None)
+        usr1 = getattr(signal, "SIGUSR1", None) if os.environ.get("TRAINMON_STACK_SIGNAL") == "1" else None
         if usr1 is not None and current is threading.main_thread() and signal.getsignal(usr1) == signal.SIG_DFL:
             self._previous_usr1 = signal.signal(usr1, self._on_signal)
 

@@ -39,11 +39,11 @@ mon.close()
 """
 
 
-def _start(tmp_path: Path, sleep: float, stack_after: float) -> tuple[subprocess.Popen, Path]:
+def _start(tmp_path: Path, sleep: float, stack_after: float, **env: str) -> tuple[subprocess.Popen, Path]:
     script, out = tmp_path / "loop.py", tmp_path / "events.jsonl"
     script.write_text(LOOP)
     cmd = [sys.executable, str(script), str(out), str(sleep), str(stack_after)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=trainer_env(), stderr=subprocess.PIPE, text=True), out
+    return subprocess.Popen(cmd, cwd=ROOT, env={**trainer_env(), **env}, stderr=subprocess.PIPE, text=True), out
 
 
 def _events(out: Path) -> list[dict]:
@@ -69,8 +69,9 @@ def test_a_rank_that_stops_stepping_sends_where_it_waits(tmp_path) -> None:
     assert stacks[0]["thread"] == "MainThread" and "nccl" not in stacks[0]
 
 
-def test_sigusr1_asks_for_the_stack_now(tmp_path) -> None:
-    proc, out = _start(tmp_path, sleep=60.0, stack_after=1000.0)  # the automatic capture never comes
+def test_sigusr1_asks_for_the_stack_now_when_opted_in(tmp_path) -> None:
+    # the automatic capture never comes
+    proc, out = _start(tmp_path, sleep=60.0, stack_after=1000.0, TRAINMON_STACK_SIGNAL="1")
     try:
         deadline = time.monotonic() + 60
         while not any(e["kind"] == "step" and e["fields"]["step"] == 7 for e in _events(out)):
@@ -90,3 +91,18 @@ def test_sigusr1_asks_for_the_stack_now(tmp_path) -> None:
 def test_no_flight_recorder_without_nccl(monkeypatch) -> None:
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # asked for, but this is a CPU build
     assert nccl_trace() is None
+
+
+def test_sigusr1_keeps_its_default_action_unless_opted_in(tmp_path) -> None:
+    """Schedulers send SIGUSR1 expecting its default action (SLURM's --signal): the monitor leaves it."""
+    proc, out = _start(tmp_path, sleep=60.0, stack_after=1000.0)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["kind"] == "step" and e["fields"]["step"] == 7 for e in _events(out)):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=30) == -signal.SIGUSR1
+    finally:
+        proc.kill()
+        proc.wait()
