@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LiveCollector
+from tests.events import event
 from trainmon.monitor.analysis.goodput import CAUSES, MARKS, Ledger, headline
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.store.storage import Storage
@@ -305,6 +306,29 @@ def test_live_metrics_agree_with_the_postmortem(live_collector: LiveCollector, t
     assert ratio == pytest.approx(g["fraction"], rel=1e-9)
     for cause, secs in causes.items():
         assert float(secs) == pytest.approx(g["badput_seconds"][cause], abs=1e-9), cause
+
+
+def test_a_stall_the_hang_detector_names_is_hang_time_in_the_postmortem(tmp_path: Path) -> None:
+    """Steps 1 s apart, then 901 s before step 50: the hang anomaly covers step 50, and its 900 s
+    beyond the median step are hang time, not slow steps."""
+    t0 = 1.7e9
+    events = [event("run_start", {"world_size": 1, "planned_steps": 100}, seq=0, t=t0)]
+    t = t0
+    for s in range(100):
+        dt = 901.0 if s == 50 else 1.0
+        t += dt
+        fields = {"step": s, "loss": 3.0, "step_time": dt, "phases": {"data": 0.01, "forward": 0.5}}
+        events.append(event("step", fields, seq=s + 1, t=t))
+    events.append(event("run_end", {"status": "finished", "step": 99}, seq=101, t=t))
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in events))
+    storage = Storage("sqlite://")
+    (run,) = import_file(path, storage)
+    s = summarize(storage, run)
+    assert [(a["kind"], a["first_step"]) for a in s["anomalies"]] == [("hang", 50)]
+    g = s["goodput"]
+    assert shares(g) == {"hang": 900.0}
+    assert g["fraction"] == pytest.approx(100 / 1000)
 
 
 # -- imported logs ---------------------------------------------------------------------------------
