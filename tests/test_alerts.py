@@ -74,21 +74,40 @@ def test_alertmanager_example_groups_by_run_and_inhibits_warnings() -> None:
 
 
 def test_every_alert_is_actionable() -> None:
-    """for:, a warning|critical severity, and summary/description/runbook with values templated in."""
+    """for:, a warning|critical severity, summary/description/action with values templated in, and a
+    runbook_url (the annotation Grafana and Alertmanager UIs link) to the alert's RUNBOOK.md section."""
     rules = alert_rules()
     assert len({r["alert"] for r in rules}) == len(rules), "duplicate alert names"
     runbook = RUNBOOK.read_text()
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^## (.+)$", runbook, re.M)}
+    bases = set()
     for rule in rules:
         name = rule["alert"]
         assert "for" in rule, name
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         notes = rule["annotations"]
-        assert {"summary", "description", "runbook"} <= set(notes), name
+        assert set(notes) == {"summary", "description", "action", "runbook_url"}, name
         assert "$value" in notes["summary"] or "$labels" in notes["summary"], name
         assert "$value" in notes["description"] or name == "TrainmonCollectorDown", name
-        link = re.search(r"alerts/RUNBOOK\.md#([a-z0-9-]+)", notes["runbook"])
-        assert link and link[1] in anchors, f"{name}: runbook link missing or not a RUNBOOK.md section"
+        assert "RUNBOOK.md" not in notes["action"], f"{name}: the link belongs in runbook_url"
+        base, _, anchor = notes["runbook_url"].partition("#")
+        assert base.startswith("https://") and base.endswith("/alerts/RUNBOOK.md"), name
+        assert anchor == name.lower() and anchor in anchors, f"{name}: runbook_url is not its RUNBOOK.md section"
+        bases.add(base)
+    assert len(bases) == 1, f"one runbook base, replaced in one go: {bases}"
+
+
+# Alerts about the collector itself; every other alert is about a run.
+COLLECTOR_ALERTS = {"TrainmonCollectorRejectingBatches", "TrainmonDetectionRestarted", "TrainmonCollectorDown"}
+
+
+def test_run_alerts_fire_only_while_the_run_runs() -> None:
+    """A finished run stays exported for minutes with its final values (a NaN loss, open anomalies,
+    hot GPUs); the alerts about it must not fire on them (promtool cases: the "finished run" test)."""
+    run_alerts = [r for r in alert_rules() if r["alert"] not in COLLECTOR_ALERTS]
+    assert len(run_alerts) == len(alert_rules()) - len(COLLECTOR_ALERTS)
+    for rule in run_alerts:
+        assert re.search(r"\band on \(run\) \(trainmon_run_running == 1\)\s*$", rule["expr"]), rule["alert"]
 
 
 def test_every_alert_has_firing_and_silent_unit_tests() -> None:

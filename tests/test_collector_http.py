@@ -183,12 +183,12 @@ def test_expected_lr_mfu_node_health_and_producer_losses_are_exported(live_colle
     )
     assert live_collector.post(batch([start, *steps, health]))[0] == 200
     text = live_collector.get("/metrics")[1].decode()
-    assert 'trainmon_learning_rate_expected{rank="0",run="r1"} 0.0005' in text  # step 4 of a 10-step warmup
+    assert 'trainmon_learning_rate_expected{group="0",rank="0",run="r1"} 0.0004' in text  # 4 of a 10-step warmup
     mfu = float(re.search(r'^trainmon_mfu_ratio\{rank="0",run="r1"\} (\S+)$', text, re.M).group(1))
     assert mfu == pytest.approx(512 / 0.05 * 6e9 / 1e15)  # tokens/s * FLOPs per token / peak FLOP/s
     assert 'trainmon_producer_missing_events_total{rank="0",run="r1"} 1.0' in text
     node = 'node="test-host",rank="0",run="r1"'
-    assert f"trainmon_process_cpu_ratio{{{node}}} 1.5" in text
+    assert f"trainmon_process_cpu_cores{{{node}}} 1.5" in text
     assert f'trainmon_gpu_temperature_celsius{{gpu="0",{node}}} 83.0' in text
     assert f'trainmon_gpu_throttle_reasons{{gpu="0",{node}}} 32.0' in text
     assert f'trainmon_gpu_ecc_errors_total{{gpu="0",{node},type="corrected"}} 4.0' in text

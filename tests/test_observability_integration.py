@@ -4,11 +4,14 @@
 
 Two runs go at once to keep the test short: a single-process run with a data stall and a NaN
 (on a fake NVML GPU that is hot, throttled and has an ECC error), and a two-rank torchrun run in
-which rank 1 hangs.
+which rank 1 hangs. Also here: what the collector exposes (names Prometheus and promtool accept),
+and a finished run's final values, still exported, raising no alert.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +21,9 @@ from typing import Any
 
 import pytest
 from conftest import start_collector
+from events import batch, event, step_events
 from prometheus import (
+    PROMTOOL,
     REPO,
     WebhookReceiver,
     alertmanager_test_config,
@@ -28,10 +33,9 @@ from prometheus import (
     start_alertmanager,
     start_prometheus,
     stopping,
+    wait_until,
     write_test_rules,
 )
-
-pytestmark = [pytest.mark.slow, needs_prometheus, needs_alertmanager, pytest.mark.timeout(240)]
 
 FAULTS = "obs-faults"
 HANG = "obs-hang"
@@ -107,6 +111,10 @@ def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
     return procs
 
 
+@pytest.mark.slow
+@needs_prometheus
+@needs_alertmanager
+@pytest.mark.timeout(240)
 def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> None:
     t0 = time.monotonic()
     receiver = WebhookReceiver()
@@ -164,7 +172,7 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
         for alert in firing:
             labels, notes = alert["labels"], alert["annotations"]
             assert labels["severity"] in ("warning", "critical"), labels
-            assert {"summary", "description", "runbook"} <= set(notes), notes
+            assert {"summary", "description", "action", "runbook_url"} <= set(notes), notes
             assert all("{{" not in v and "<no value>" not in v for v in notes.values()), notes
             assert labels.get("run", "") in notes["summary"], notes["summary"]
         anomaly_kinds = {a["labels"]["kind"] for a in firing if a["labels"]["alertname"] == "TrainmonAnomalyCritical"}
@@ -177,3 +185,71 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
         warned = {a["labels"]["alertname"] for a in firing if a["labels"].get("run") == FAULTS}
         assert not {n for n in warned if n in ("TrainmonGPUHot", "TrainmonGPUThrottled")}, warned
     assert time.monotonic() - t0 < 150
+
+
+def _health(run: str, seq: int) -> dict[str, Any]:
+    """A health event of a hot GPU (95 C: TrainmonGPUOverheating) and a busy process."""
+    gpu = {"index": 0, "uuid": "GPU-1", "temperature_c": 95, "throttle_reasons": 0, "ecc_uncorrected": 0}
+    return event("health", {"cpu_percent": 150.0, "rss_bytes": 2**30, "gpus": [gpu]}, run=run, seq=seq)
+
+
+def test_metrics_names_follow_prometheus_conventions(tmp_path: Path) -> None:
+    """No `_created` series (one per counter, read by nothing), CPU in cores under a name that says
+    so, the expected LR labelled like the actual LR it is compared with, and promtool agrees."""
+    collector = start_collector(tmp_path / "trainmon.sqlite")
+    with stopping(collector):
+        schedule = {"name": "cosine", "peak_lr": 1e-3, "total_steps": 100, "warmup_steps": 10}
+        start = event("run_start", {"world_size": 1, "schedule": schedule}, seq=0)
+        assert collector.post(batch([start, *step_events(5), _health("r1", 6)]))[0] == 200
+        text = collector.get("/metrics")[1].decode()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert any(line.startswith("trainmon_ingest_events_total{") for line in samples)  # counters are there
+    assert not [line for line in samples if re.match(r"\w+_created\b", line)], "a _created series"
+    assert not [line for line in text.splitlines() if re.match(r"# TYPE \w+_created ", line)]
+    assert 'trainmon_learning_rate{group="0",rank="0",run="r1"} 0.001' in samples
+    assert 'trainmon_learning_rate_expected{group="0",rank="0",run="r1"} 0.0004' in samples
+    assert 'trainmon_process_cpu_cores{node="test-host",rank="0",run="r1"} 1.5' in samples
+    assert "_cpu_ratio" not in text
+    if PROMTOOL:
+        proc = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), proc
+
+
+RUN_ALERTS = ("TrainmonLossNotFinite", "TrainmonAnomalyCritical", "TrainmonGPUOverheating")
+
+
+@pytest.mark.slow
+@needs_prometheus
+@pytest.mark.timeout(120)
+def test_a_finished_runs_final_values_raise_no_alert(tmp_path: Path) -> None:
+    """A run ends on a NaN with a critical nan_inf open and a hot GPU: the real collector keeps
+    exporting those values (FINISHED_RUN_TTL_SECONDS), and the real Prometheus, with the shipped
+    rules, resolves the run's alerts at run_end instead of holding them until the series expire."""
+    collector = start_collector(tmp_path / "trainmon.sqlite")
+    rules = write_test_rules(tmp_path / "rules.yml", for_="0s")
+    prom = start_prometheus(tmp_path / "prom", [collector.url.removeprefix("http://")], [rules])
+    run = "ends-on-nan"
+    with stopping(collector, prom):
+        start = event("run_start", {"world_size": 1}, run=run, seq=0)
+        steps = step_events(30, run=run, loss=lambda i: "NaN" if i >= 25 else 4.0 - 0.01 * i)
+        assert collector.post(batch([start, *steps, _health(run, 31)]))[0] == 200
+
+        def firing() -> set[str]:
+            return {
+                a["labels"]["alertname"]
+                for a in prom.alerts()
+                if a["state"] == "firing" and a["labels"].get("run") == run
+            }
+
+        wait_until(lambda: set(RUN_ALERTS) <= firing(), 60, f"{RUN_ALERTS} firing for the running run")
+
+        end = event("run_end", {"status": "failed", "step": 29, "error": "loss is NaN"}, run=run, seq=32)
+        assert collector.post(batch([end]))[0] == 200
+        wait_until(lambda: not firing() & set(RUN_ALERTS), 30, "the ended run's alerts to resolve")
+        # Still exported, and scraped after the end: the alerts stopped because the run ended.
+        prom.wait_scraped(f'trainmon_run_running{{run="{run}"}} == 0')
+        (active,) = prom.query(f'trainmon_anomalies_active{{run="{run}", kind="nan_inf"}}')
+        assert active["metric"]["severity"] == "critical" and float(active["value"][1]) == 1.0
+        (loss,) = prom.query(f'trainmon_loss{{run="{run}"}}')
+        assert math.isnan(float(loss["value"][1]))
+        assert not firing() & set(RUN_ALERTS)
