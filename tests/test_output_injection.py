@@ -23,7 +23,7 @@ from tests.conftest import start_collector
 from tests.events import batch, event
 
 ROOT = Path(__file__).resolve().parents[1]
-PLOTS = ("loss", "grad_norm", "lr", "throughput", "rank_heatmap", "gpu_health")
+PLOTS = ("loss", "grad_norm", "lr", "throughput", "gpu_health")  # one rank: no rank heatmap
 
 # Clears the screen and paints a fake red verdict (and a rich emoji code); "[/]" crashed rich's markup
 # parser (MarkupError).

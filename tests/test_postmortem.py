@@ -21,7 +21,8 @@ from trainmon.monitor.analysis.postmortem import analyse, import_file, optimal_c
 from trainmon.monitor.store.storage import Storage
 
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
-PLOTS = ("loss", "grad_norm", "lr", "throughput", "rank_heatmap", "gpu_health")
+# A one-rank run on CPU: no per-rank heatmap (nothing to compare), node health is host memory only.
+PLOTS = ("loss", "grad_norm", "lr", "throughput", "gpu_health")
 TRAINER = ["--threads", "1", "--seq-len", "32", "--batch-size", "8", "--checkpoint-every", "25", "--eval-every", "20"]
 # What the hint of each expected detection must point at for the injected fault (labels.json).
 HINT_WORDS = {
@@ -156,6 +157,7 @@ def test_out_writes_the_plots_and_one_self_contained_html(faulted_run: Any, tmp_
         png = tmp_path / "report" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert png.stat().st_size > 10_000, name  # a drawn plot, not an empty canvas
+    assert sorted(p.stem for p in (tmp_path / "report").glob("*.png")) == sorted(PLOTS)
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(PLOTS)
     assert "http://" not in page and "https://" not in page  # nothing fetched when opened offline
@@ -257,3 +259,162 @@ def test_same_analysis_on_sqlite_and_postgresql(faulted_run: Any, tmp_path: Path
     assert s["checkpoint"]["optimal_interval_seconds"] == pytest.approx(
         reference["checkpoint"]["optimal_interval_seconds"]
     )
+
+
+# -- the report's presentation: verdict first, 80 columns, one number format, plots that show the data --
+
+
+@pytest.fixture(scope="module")
+def faulted_analysis(faulted_run: Any) -> Any:
+    out, _ = faulted_run
+    storage = Storage("sqlite://")
+    (run,) = import_file(out, storage)
+    return analyse(storage, run)
+
+
+def _terminal(summary: dict[str, Any], width: int = 80) -> str:
+    from rich.console import Console
+
+    from trainmon.monitor.analysis.report import print_summary
+
+    console = Console(width=width, record=True, emoji=False, file=open(os.devnull, "w"))  # noqa: SIM115
+    print_summary(summary, console)
+    return console.export_text()
+
+
+def test_terminal_report_opens_with_the_verdict_and_fits_80_columns(faulted_run: Any) -> None:
+    _, s = faulted_run
+    text = _terminal(s)
+    lines = text.splitlines()
+    verdict_at = next(i for i, line in enumerate(lines) if line.startswith("PROBLEMS:"))
+    assert "1 CRITICAL" in lines[verdict_at] and "1 FAILED ATTEMPT" in lines[verdict_at]
+    first = lines[verdict_at + 1]  # the most impact first: the NaN that never recovered
+    assert "nan_inf" in first and "critical" in first and "steps 95-119" in first and "still open" in first
+    overview = next(i for i, line in enumerate(lines) if line.startswith("overview"))
+    assert verdict_at < overview < next(i for i, line in enumerate(lines) if line.startswith("anomaly timeline"))
+    assert "cost:" in text and "steps trained on non-finite values from step 95" in text
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in text  # nothing cut: not a name, not a header
+    for kind in ("throughput_collapse", "layer_grad_norm", "loss_spike"):
+        assert kind in text, kind  # whole, not folded into a narrow column
+    assert "e+0" not in text and "36,608" in text  # one number format: thousands separated
+    assert "attempt 2 resumed from" in text and "72, 50-62" in text  # attempts counted from 1
+    assert len(lines) < 150  # long text below the tables, not wrapped into a 20-character column
+
+
+def _summary(**extra: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"run": "r", "status": "finished", "steps": 100, "last_step": 99, "world_size": 1}
+    return {**base, **extra}
+
+
+def _anomaly(kind: str, severity: str, status: str, first: int, last: int, **evidence: Any) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "severity": severity,
+        "status": status,
+        "rank": 0,
+        "first_step": first,
+        "last_step": last,
+        "message": f"{kind} message",
+        "hint": f"{kind} hint",
+        "evidence": evidence,
+        "level": 1,
+    }
+
+
+def test_verdict_ranks_by_severity_then_recovery_then_extent() -> None:
+    from trainmon.monitor.analysis.verdict import verdict
+
+    anomalies = [
+        _anomaly("memory_leak", "info", "open", 0, 99),
+        _anomaly("loss_spike", "warning", "resolved", 10, 10, ratio=300.0),
+        _anomaly("divergence", "warning", "open", 20, 24),
+        _anomaly("straggler", "warning", "open", 30, 60),
+        _anomaly("nan_inf", "critical", "resolved", 70, 71),
+    ]
+    v = verdict(_summary(anomalies=anomalies))
+    assert not v["healthy"] and v["headline"] == "problems: 1 critical, 3 warnings"
+    assert [f["kind"] for f in v["findings"]] == ["nan_inf", "straggler", "divergence"]
+    assert [f["number"] for f in v["findings"]] == [5, 4, 3]  # the numbers of the timeline (step order)
+    assert v["more"] == 1  # the loss spike: recovered, one step; in the details
+    assert (
+        verdict(_summary(anomalies=anomalies[:1]))["headline"]
+        == "healthy: no warnings or critical findings in 100 steps"
+    )
+    assert not verdict(_summary(anomalies=anomalies[:1], failures=1))["healthy"]
+
+
+def test_terminal_never_breaks_a_command_or_a_name() -> None:
+    command = "`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`"
+    hint = "Throttled: the SM clock fell under load. Check the node's clocks and throttle reasons " + command
+    anomaly = {**_anomaly("node_health", "warning", "open", 5, 50), "hint": hint + " and drain it if it stays hot."}
+    long_run = "pretrain-llama-70b-ablation-lr3e-4-warmup2000-" + "x" * 40
+    text = _terminal(_summary(run=long_run, anomalies=[anomaly], timeline=[{**anomaly, "anomaly": 0}]))
+    lines = text.splitlines()
+    assert sum(command in line for line in lines) == 2  # the verdict and the timeline, whole each time
+    assert any(long_run in line for line in lines)
+    assert all(len(line) <= 80 for line in lines if command not in line and long_run not in line)
+
+
+def test_plots_show_the_data_not_markers_or_empty_panels(faulted_analysis: Any) -> None:
+    from trainmon.monitor.analysis import plots
+
+    a = faulted_analysis
+    assert plots.plot_rank_heatmap(a) is None  # one rank: nothing to compare
+    loss = plots.plot_loss(a)
+    loss.canvas.draw()
+    ax = loss.axes[0]
+    legend = ax.get_legend()
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the data, never over it
+    assert {t.get_text() for t in legend.get_texts()} >= {
+        "train loss, attempt 1 (mean, min-max)",
+        "train loss, attempt 2 (mean, min-max)",
+        "non-finite loss",
+    }
+
+    def dashed(axes: Any) -> set[float]:
+        return {float(line.get_xdata()[0]) for line in axes.get_lines() if line.get_linestyle() == "--"}
+
+    stall = next(an["first_step"] for an in a.summary["anomalies"] if an["kind"] == "throughput_collapse")
+    assert 40 in dashed(ax) and 95 in dashed(ax) and stall not in dashed(ax)  # the stall is not a loss event
+    assert stall in dashed(plots.plot_throughput(a).axes[0])
+    health = plots.plot_gpu_health(a)
+    (panel,) = health.axes  # host memory only: no empty GPU panels
+    assert panel.get_ylabel() == "host memory used, %"
+    y = panel.get_lines()[0].get_ydata()
+    assert 1 < max(y) <= 100  # a percentage, as in the table
+    assert panel.get_xticklabels() and panel.get_xlabel().endswith("since the first sample")
+
+
+def test_many_anomaly_labels_never_overlap(faulted_analysis: Any) -> None:
+    """26 findings a few steps apart (an imported log's loss spikes): the top ones named, the rest
+    numbered where they fit, no two labels on top of each other, all above the data."""
+    from dataclasses import replace
+
+    from trainmon.monitor.analysis import plots
+
+    a = faulted_analysis
+    many = [_anomaly("loss_spike", "warning", "resolved", 3 + 4 * i, 3 + 4 * i) for i in range(26)]
+    crowded = replace(a, summary={**a.summary, "anomalies": many, "timeline": []})
+    fig = plots.plot_loss(crowded)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text().startswith("#")]
+    assert 3 <= len(labels) < 26
+    boxes = [t.get_window_extent() for t in labels]
+    assert all(not b1.overlaps(b2) for i, b1 in enumerate(boxes) for b2 in boxes[i + 1 :])
+    assert all(b.y0 >= ax.get_window_extent().y1 - 1 for b in boxes)
+    named = [t.get_text() for t in labels if " " in t.get_text()]
+    assert len(named) == 3 and all(t.endswith("loss_spike") for t in named)
+
+
+def test_imported_log_without_throughput_or_health_has_no_empty_panels(tmp_path: Path) -> None:
+    log = Path("/work/shared/real-logs/44_lightning-slm-v0.csv")
+    if not log.exists():
+        pytest.skip("real logs not available")
+    _postmortem(str(log), "--out", str(tmp_path / "report"))
+    assert sorted(p.stem for p in (tmp_path / "report").glob("*.png")) == ["loss"]
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.count("data:image/png") == 1
+    for heading in ("Throughput", "Ranks", "Node health", "Gradient norm"):
+        assert f"<h2>{heading}" not in page, heading

@@ -29,6 +29,7 @@ from sqlalchemy import Connection, select
 
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
+from trainmon.monitor.analysis.fmt import fmt as _fmt  # the one number format: 31,470, not 3.147e+04
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
@@ -76,6 +77,18 @@ def _recent(conn: Connection, run: str, rank: int, attempt: int, window: int) ->
         .limit(window)
     ).all()
     return [dict(r._mapping) for r in reversed(rows)]
+
+
+RECENT_STEPS = 10  # the steps a "now" figure is taken over (tokens/s in status, runs and the web view)
+
+
+def tokens_per_second(rows: list[dict[str, Any]], world: int) -> float | None:
+    """The one definition of tokens/s, here over ``rows`` (steps of one rank): every rank's tokens over
+    the step time, all phases included (the post-mortem's whole-run figure is the same over every
+    step). A median of per-step rates would skip a slow step the run did pay for."""
+    timed = [(x["tokens"], _float(x["step_time"])) for x in rows if x.get("tokens") and _float(x.get("step_time"))]
+    seconds = sum(t for _, t in timed)
+    return sum(n for n, _ in timed) * world / seconds if seconds else None
 
 
 def run_status(storage: Storage, run: str, window: int = 120, now: float | None = None) -> dict[str, Any]:
@@ -154,7 +167,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
     if total and timed > total:
         phase_sums["other"] += timed - total
         total = timed
-    tps_now = _median(tps[-10:])
+    tps_now = tokens_per_second(recent[-RECENT_STEPS:], world)
     fpt = meta.get("flops_per_token") or (6 * meta["n_params"] if meta.get("n_params") else None)
     mfu = (
         budget.mfu_from_throughput(tps_now / world, fpt, meta["peak_flops"])
@@ -198,15 +211,17 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
 
 
 def run_table(storage: Storage) -> list[dict[str, Any]]:
-    """``GET /v1/runs``'s rows plus the latest tokens/s and the kinds of the open anomalies."""
+    """``GET /v1/runs``'s rows plus the latest tokens/s and the kinds and severities of the open anomalies."""
     with storage.connect() as conn:
         rows = run_rows(conn)
         for r in rows:
             last = latest_step(conn, r["run"])
             world = r["world_size"] or 1
-            st = None if last is None else _float(last["step_time"])
-            r["tokens_per_second"] = last["tokens"] * world / st if last and last["tokens"] and st else None
-            r["open_kinds"] = sorted({a["kind"] for a in anomaly_rows(conn, r["run"]) if a["status"] == "open"})
+            recent = [] if last is None else _recent(conn, r["run"], last["rank"], last["attempt"], RECENT_STEPS)
+            r["tokens_per_second"] = tokens_per_second(recent, world)
+            opened = [a for a in anomaly_rows(conn, r["run"]) if a["status"] == "open"]
+            r["open_kinds"] = sorted({a["kind"] for a in opened})
+            r["open_severities"] = sorted({a["severity"] for a in opened})
     return rows
 
 
@@ -387,14 +402,6 @@ def sparkline(values: list[float | None], width: int = 48) -> str:
     return "".join(out)
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return "NaN" if v != v else f"{v:.{digits}g}"
-    return str(v)
-
-
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -444,7 +451,8 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     trends.add_column()
     trends.add_column(justify="right")
     trends.add_row("loss", sparkline(recent.get("loss") or []), _cell(st.get("loss")))
-    trends.add_row("tokens/s", sparkline(recent.get("tokens_per_second") or []), _cell(st.get("tokens_per_second")))
+    tps = recent.get("tokens_per_second") or []
+    trends.add_row(f"tokens/s (last {RECENT_STEPS} steps)", sparkline(tps), _cell(st.get("tokens_per_second")))
     if any(v is not None for v in recent.get("grad_norm") or []):
         gn = recent["grad_norm"]
         trends.add_row("grad norm", sparkline(gn), _cell(gn[-1] if gn else None))

@@ -1,16 +1,22 @@
-"""The post-mortem's plots, as PNG files (matplotlib, no display needed).
+"""The post-mortem's plots, as PNG bytes (matplotlib, no display needed).
 
 Figures are built with ``matplotlib.figure.Figure`` directly, not ``pyplot``: no global state,
 no backend to select, nothing that needs a display. Each plot draws the already-downsampled
 series of :class:`trainmon.monitor.analysis.postmortem.Analysis` (about 200 step bins, a ~100k-row sample), so
-drawing costs the same for a run of a thousand steps or of a million. A plot whose data the
-input lacks is still written, saying what is missing, so the report always has the same shape.
+drawing costs the same for a run of a thousand steps or of a million.
+
+What a reader sees must be the data: a plot (or a panel) the input has no data for is not drawn
+at all (imported logs often lack throughput or health); legends sit outside the axes; anomaly
+marks carry the number the verdict and the timeline give them, placed above the axes in at most
+three rows (the most important findings also named, the rest numbered, and what does not fit
+left to the dashed line), and each plot marks only the kinds that concern it (a throughput
+collapse on the throughput plot, not on the loss). Attempts are numbered from 1, as people count.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +24,16 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+from matplotlib.transforms import blended_transform_factory
 
+from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.postmortem import Analysis, expected_lr
+from trainmon.monitor.analysis.report import attempt_label
+from trainmon.monitor.analysis.verdict import finding_numbers, verdict
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
-__all__ = ["PLOTS", "write_plots"]
+__all__ = ["PLOTS", "render_plots"]
 
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
 PHASE_COLOURS = {
@@ -37,12 +48,30 @@ PHASE_COLOURS = {
 }
 ATTEMPT_COLOURS = ("#1f77b4", "#9467bd", "#17becf", "#bcbd22", "#8c564b")
 DPI = 100
+LABEL_ROWS = 3  # rows of anomaly labels above an axes
+# Which anomaly kinds each plot marks: where the reader looks for them.
+LOSS_KINDS = (
+    "nan_inf",
+    "loss_spike",
+    "divergence",
+    "eval_regression",
+    "bad_resume",
+    "init_loss",
+    "loss_scale_collapse",
+)
+GRAD_KINDS = ("grad_explosion", "loss_spike", "nan_inf", "divergence")
+LR_KINDS = ("lr_schedule_drift", "bad_resume")
+THROUGHPUT_KINDS = ("throughput_collapse", "straggler", "hang")
 
 
 def _legend(ax: Axes, **kwargs: Any) -> None:
-    """``ax.legend``, its labels never parsed as mathtext: they hold data (host names), and a
-    ``$`` in them would be read as a formula (a parse error stops the whole report)."""
-    for text in ax.legend(**kwargs).get_texts():
+    """``ax.legend`` outside the axes, on the right, so it never covers data; its labels are never
+    parsed as mathtext: they hold data (host names), and a ``$`` in them would be read as a
+    formula (a parse error stops the whole report)."""
+    if not ax.get_legend_handles_labels()[0]:
+        return
+    legend = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, **kwargs)
+    for text in legend.get_texts():
         text.set_parse_math(False)
 
 
@@ -52,31 +81,66 @@ def _figure(rows: int = 1, height: float = 4.0) -> tuple[Figure, list[Axes]]:
     return fig, list(axes)
 
 
-def _missing(fig: Figure, ax: Axes, what: str) -> None:
-    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="#555555")
-    ax.set_xticks([])
-    ax.set_yticks([])
+def _numbers(a: Analysis) -> dict[int, int]:
+    """Anomaly index -> the number shown for it: a first-level finding's own, a detail's that of
+    the finding it explains (the timeline's ``explains``)."""
+    s = a.summary
+    own = finding_numbers(s)
+    out = dict(own)
+    timeline = s.get("timeline") or []
+    for e in timeline:
+        idx, head = e.get("anomaly"), e.get("explains")
+        if idx is not None and head is not None and idx not in out:
+            head_idx = timeline[head].get("anomaly")
+            if head_idx in own:
+                out[idx] = own[head_idx]
+    return out
 
 
-def _mark_anomalies(ax: Axes, a: Analysis, kinds: tuple[str, ...] | None = None) -> None:
-    """Shade each anomaly's step range in its severity's colour; name the kinds starting at a step
-    once, at the top (a loss spike and its grad-norm spike share a line)."""
-    top = ax.get_ylim()[1]
+def _mark_anomalies(ax: Axes, a: Analysis, kinds: tuple[str, ...]) -> None:
+    """Shade each anomaly of ``kinds`` over its steps in its severity's colour with a dashed line at
+    its first step, and label it above the axes with its number (and kind, for the verdict's top
+    findings) where a label fits without overlapping another."""
+    numbers = _numbers(a)
+    top = {f["number"] for f in verdict(a.summary)["findings"]}
     rank = {"critical": 0, "warning": 1, "info": 2}
-    at: dict[int, list[dict[str, Any]]] = {}
-    for an in a.summary["anomalies"]:
-        if an["first_step"] is None or (kinds is not None and an["kind"] not in kinds):
+    marks: dict[int, tuple[int, dict[str, Any]]] = {}  # number -> (first step, worst anomaly)
+    for i, an in enumerate(a.summary["anomalies"]):
+        if an["first_step"] is None or an["kind"] not in kinds:
             continue
-        first, last = an["first_step"], an["last_step"] if an["last_step"] is not None else an["first_step"]
+        first = an["first_step"]
+        last = an["last_step"] if an["last_step"] is not None else first
+        colour = SEVERITY_COLOURS.get(an["severity"], "#1f77b4")
         if last > first:
-            ax.axvspan(first, last + 1, color=SEVERITY_COLOURS.get(an["severity"], "#1f77b4"), alpha=0.12, lw=0)
-        at.setdefault(first, []).append(an)
-    for first, group in sorted(at.items()):
-        worst = min(group, key=lambda an: rank.get(an["severity"], 3))
-        colour = SEVERITY_COLOURS.get(worst["severity"], "#1f77b4")
-        ax.axvline(first, color=colour, lw=1.2, ls="--", alpha=0.9)
-        label = " " + ", ".join(dict.fromkeys(an["kind"] for an in group))
-        ax.text(first, top, label, rotation=90, va="top", ha="left", fontsize=8, color=colour, parse_math=False)
+            ax.axvspan(first, last + 1, color=colour, alpha=0.12, lw=0)
+        ax.axvline(first, color=colour, lw=1.1, ls="--", alpha=0.9)
+        n = numbers.get(i)
+        if n is not None and (n not in marks or rank.get(an["severity"], 3) < rank.get(marks[n][1]["severity"], 3)):
+            marks[n] = (first, an)
+    if not marks:
+        return
+    lo, hi = ax.get_xlim()
+    width_px = ax.get_figure().get_figwidth() * DPI * 0.8
+    rows: list[list[tuple[float, float]]] = [[] for _ in range(LABEL_ROWS)]
+    order = sorted(marks, key=lambda n: (n not in top, rank.get(marks[n][1]["severity"], 3), n))
+    trans = blended_transform_factory(ax.transData, ax.transAxes)
+    used = 0
+    for n in order:
+        first, an = marks[n]
+        text = f"#{n} {an['kind']}" if n in top else f"#{n}"
+        x = (first - lo) / (hi - lo) if hi > lo else 0.5
+        span = (x - 0.004, x + len(text) * 6.0 / width_px + 0.004)
+        row = next((r for r in range(LABEL_ROWS) if all(span[1] < s0 or span[0] > s1 for s0, s1 in rows[r])), None)
+        if row is None:
+            continue  # no room: the dashed line stays, the timeline and verdict name it
+        rows[row].append(span)
+        used = max(used, row + 1)
+        colour = SEVERITY_COLOURS.get(an["severity"], "#1f77b4")
+        label = ax.annotate(text, xy=(first, 1.0), xycoords=trans, xytext=(0, 2 + 12 * row),
+                            textcoords="offset points", ha="left", va="bottom", fontsize=8, color=colour,
+                            fontweight="bold" if n in top else "normal", annotation_clip=False)  # fmt: skip
+        label.set_parse_math(False)
+    ax.set_title(ax.get_title(), pad=6 + 12 * used, parse_math=False)
 
 
 def _by_attempt(df: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
@@ -85,22 +149,27 @@ def _by_attempt(df: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
     return [(int(k), g) for k, g in df.groupby("attempt", sort=True)]
 
 
-def plot_loss(a: Analysis) -> Figure:
+def _attempt_suffix(attempt: int, attempts: int) -> str:
+    return f", attempt {attempt_label(attempt)}" if attempts > 1 else ""
+
+
+def plot_loss(a: Analysis) -> Figure | None:
     """Training loss per step bin (mean, min-max band: a one-step spike stays visible), eval loss,
-    anomalies shaded."""
-    fig, (ax,) = _figure()
+    non-finite steps as crosses along the bottom edge, the loss kinds of anomalies marked."""
     b = a.bins
     if b.empty or b["loss"].isna().all():
-        _missing(fig, ax, "no training loss in this input")
-        return fig
-    for attempt, g in _by_attempt(b):
+        return None
+    fig, (ax,) = _figure()
+    groups = _by_attempt(b)
+    for attempt, g in groups:
         colour = ATTEMPT_COLOURS[attempt % len(ATTEMPT_COLOURS)]
         ax.fill_between(g["step"], g["loss_min"], g["loss_max"], color=colour, alpha=0.2, lw=0)
-        ax.plot(g["step"], g["loss"], color=colour, lw=1.4, label=f"train loss, attempt {attempt} (mean, min-max)")
-        bad = g[g["nonfinite"] > 0]
-        if len(bad):
-            ax.plot(bad["step"], np.full(len(bad), np.nanmax(b["loss_max"])), "x", color="#d62728", ms=7,
-                    label="non-finite loss")  # fmt: skip
+        ax.plot(g["step"], g["loss"], color=colour, lw=1.4,
+                label=f"train loss{_attempt_suffix(attempt, len(groups))} (mean, min-max)")  # fmt: skip
+    bad = b[b["nonfinite"] > 0]
+    if len(bad):
+        ax.plot(bad["step"], np.full(len(bad), 0.02), "x", color="#d62728", ms=6, clip_on=False,
+                transform=ax.get_xaxis_transform(), label="non-finite loss")  # fmt: skip
     ev = a.evals.dropna(subset=["loss"]) if not a.evals.empty else a.evals
     if len(ev):
         ax.plot(ev["step"], pd.to_numeric(ev["loss"], errors="coerce"), "o-", color="#2ca02c", ms=4, lw=1,
@@ -112,18 +181,17 @@ def plot_loss(a: Analysis) -> Figure:
     ax.set_xlabel("step")
     ax.set_title(f"loss - run {a.summary['run']}", parse_math=False)
     ax.grid(alpha=0.3)
-    _mark_anomalies(ax, a)
-    _legend(ax, loc="upper right", fontsize=8)
+    _mark_anomalies(ax, a, LOSS_KINDS)
+    _legend(ax)
     return fig
 
 
-def plot_grad_norm(a: Analysis) -> Figure:
+def plot_grad_norm(a: Analysis) -> Figure | None:
     """Pre-clip grad norm (mean and max per bin) against the post-clip norm."""
-    fig, (ax,) = _figure()
     b = a.bins
     if b.empty or b["grad_norm"].isna().all():
-        _missing(fig, ax, "no grad norms in this input")
-        return fig
+        return None
+    fig, (ax,) = _figure()
     for i, (_attempt, g) in enumerate(_by_attempt(b)):
         ax.fill_between(g["step"], g["grad_norm"], g["grad_norm_max"], color="#1f77b4", alpha=0.2, lw=0)
         ax.plot(g["step"], g["grad_norm"], color="#1f77b4", lw=1.3, label=None if i else "pre-clip (mean, max)")
@@ -135,89 +203,96 @@ def plot_grad_norm(a: Analysis) -> Figure:
     ax.set_xlabel("step")
     ax.set_title("gradient norm before and after clipping")
     ax.grid(alpha=0.3)
-    _mark_anomalies(ax, a, ("grad_explosion", "loss_spike", "nan_inf", "divergence"))
-    _legend(ax, loc="upper right", fontsize=8)
+    _mark_anomalies(ax, a, GRAD_KINDS)
+    _legend(ax)
     return fig
 
 
-def plot_lr(a: Analysis) -> Figure:
-    """The LR each step used against the declared schedule's, and their relative gap."""
-    fig, axes = _figure(2, 3.0)
+def plot_lr(a: Analysis) -> Figure | None:
+    """The LR each step used, against the declared schedule's and their relative gap when the run
+    declared one."""
     s = a.sample
-    rank0 = int(s["rank"].min()) if not s.empty else 0
-    s = s[(s["rank"] == rank0) & s["lr"].notna()].sort_values(["attempt", "step"]) if not s.empty else s
     if s.empty:
-        _missing(fig, axes[0], "no learning rate in this input")
-        _missing(fig, axes[1], "")
-        return fig
+        return None
+    rank0 = int(s["rank"].min())
+    s = s[(s["rank"] == rank0) & s["lr"].notna()].sort_values(["attempt", "step"])
+    if s.empty:
+        return None
+    fig, axes = _figure(2 if a.schedule is not None else 1, 3.0)
     ax = axes[0]
-    for attempt, g in _by_attempt(s):
+    groups = _by_attempt(s)
+    for attempt, g in groups:
         ax.plot(g["step"], g["lr"], color=ATTEMPT_COLOURS[attempt % len(ATTEMPT_COLOURS)], lw=1.5,
-                label=f"actual (attempt {attempt})")  # fmt: skip
+                label=f"actual{_attempt_suffix(attempt, len(groups))}")  # fmt: skip
     if a.schedule is not None:
         grid = np.unique(np.linspace(s["step"].min(), s["step"].max(), 600).round().astype(int))
         ax.plot(grid, expected_lr(a.schedule, grid), color="#000000", lw=1, ls="--",
                 label=f"expected ({a.schedule.name} schedule)")  # fmt: skip
-        gap = (s["lr"].to_numpy() - expected_lr(a.schedule, s["step"])) / expected_lr(a.schedule, s["step"])
+        expected = expected_lr(a.schedule, s["step"])
+        with np.errstate(divide="ignore", invalid="ignore"):  # the schedule is 0 at the first warmup step
+            gap = np.where(expected > 0, (s["lr"].to_numpy() - expected) / expected, np.nan)
         axes[1].plot(s["step"], gap * 100, color="#d62728", lw=1)
         axes[1].axhline(0, color="#000000", lw=0.8)
         axes[1].set_ylabel("actual vs expected, %")
-    else:
-        _missing(fig, axes[1], "no declared LR schedule: nothing to compare against")
+        axes[1].grid(alpha=0.3)
     ax.set_ylabel("learning rate")
-    ax.set_title("learning rate: actual vs declared schedule")
+    ax.set_title("learning rate" + (": actual vs declared schedule" if a.schedule is not None else ""))
     ax.grid(alpha=0.3)
-    _legend(ax, loc="upper right", fontsize=8)
-    axes[1].set_xlabel("step")
-    axes[1].grid(alpha=0.3)
-    _mark_anomalies(ax, a, ("lr_schedule_drift", "bad_resume"))
+    _legend(ax)
+    axes[-1].set_xlabel("step")
+    _mark_anomalies(ax, a, LR_KINDS)
     return fig
 
 
-def plot_throughput(a: Analysis) -> Figure:
-    """Tokens/s per bin over the run, and below it the step time stacked by phase."""
-    fig, axes = _figure(2, 3.5)
+def plot_throughput(a: Analysis) -> Figure | None:
+    """Tokens/s per bin over the run (every rank's tokens over the step time, the report's one
+    definition; steps/s when the steps carry no token counts), and below it the step time stacked
+    by phase when the steps have phases."""
     b = a.bins
     if b.empty or b["step_time"].isna().all():
-        _missing(fig, axes[0], "no step times in this input")
-        _missing(fig, axes[1], "")
-        return fig
-    world = a.summary.get("world_size") or 1
-    tps = b["tokens"] * world / b["step_time"]
-    for attempt, g in _by_attempt(b.assign(tps=tps)):
-        axes[0].plot(g["step"], g["tps"], color=ATTEMPT_COLOURS[attempt % len(ATTEMPT_COLOURS)], lw=1.4,
-                     label=f"attempt {attempt}")  # fmt: skip
-    axes[0].set_ylabel("tokens/s (all ranks)")
-    axes[0].set_title("throughput and where the step time goes")
-    axes[0].grid(alpha=0.3)
-    _legend(axes[0], loc="lower right", fontsize=8)
-    _mark_anomalies(axes[0], a, ("throughput_collapse", "straggler", "hang"))
+        return None
     cols = [f"phase_{p}" for p in PHASE_COLUMNS]
-    if not b[cols].notna().any().any():
-        _missing(fig, axes[1], "no phase times in this input")
-        return fig
-    per_step = b[cols].fillna(0.0).div(b["count"], axis=0)
-    rest = (b["step_time"] / b["count"] - per_step.sum(axis=1)).clip(lower=0).fillna(0)
-    per_step["phase_other"] += rest
-    order = b.sort_values(["step", "attempt"]).index
-    axes[1].stackplot(b.loc[order, "step"], *[per_step.loc[order, c] for c in cols], labels=list(PHASE_COLUMNS),
-                      colors=[PHASE_COLOURS[p] for p in PHASE_COLUMNS], alpha=0.85)  # fmt: skip
-    axes[1].set_ylabel("seconds per step")
-    axes[1].set_xlabel("step")
-    axes[1].grid(alpha=0.3)
-    _legend(axes[1], loc="upper left", fontsize=8, ncol=4)
+    have_phases = bool(b[cols].notna().any().any())
+    fig, axes = _figure(2 if have_phases else 1, 3.5)
+    world = a.summary.get("world_size") or 1
+    have_tokens = bool((b["tokens"] > 0).any())
+    rate = b["tokens"] * world / b["step_time"] if have_tokens else b["count"] / b["step_time"]
+    groups = _by_attempt(b.assign(rate=rate))
+    for attempt, g in groups:
+        axes[0].plot(g["step"], g["rate"], color=ATTEMPT_COLOURS[attempt % len(ATTEMPT_COLOURS)], lw=1.4,
+                     label=f"attempt {attempt_label(attempt)}" if len(groups) > 1 else None)  # fmt: skip
+    unit = "tokens/s" if have_tokens else "steps/s"
+    axes[0].set_ylabel(unit + (f" (all {world} ranks)" if have_tokens and world > 1 else ""))
+    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt(float(v), 3)))
+    axes[0].set_title("throughput" + (" and where the step time goes" if have_phases else ""))
+    axes[0].grid(alpha=0.3)
+    axes[0].set_ylim(bottom=0)
+    _legend(axes[0])
+    _mark_anomalies(axes[0], a, THROUGHPUT_KINDS)
+    if have_phases:
+        per_step = b[cols].fillna(0.0).div(b["count"], axis=0)
+        rest = (b["step_time"] / b["count"] - per_step.sum(axis=1)).clip(lower=0).fillna(0)
+        per_step["phase_other"] += rest
+        used = [c for c in cols if per_step[c].sum() > 0]
+        order = b.sort_values(["step", "attempt"]).index
+        axes[1].stackplot(b.loc[order, "step"], *[per_step.loc[order, c] for c in used],
+                          labels=[c.removeprefix("phase_") for c in used],
+                          colors=[PHASE_COLOURS[c.removeprefix("phase_")] for c in used], alpha=0.85)  # fmt: skip
+        axes[1].set_ylabel("seconds per step")
+        axes[1].grid(alpha=0.3)
+        _legend(axes[1])
+    axes[-1].set_xlabel("step")
     return fig
 
 
-def plot_rank_heatmap(a: Analysis) -> Figure:
+def plot_rank_heatmap(a: Analysis) -> Figure | None:
     """Each rank's step time (and compute time) over the run relative to the median rank of the
-    same steps: a straggler is a hot row."""
+    same steps: a straggler is a hot row. Nothing to compare with one rank."""
     s = a.sample
-    have_compute = not s.empty and s[["phase_forward", "phase_backward"]].notna().any().any()
+    if s.empty or s["step_time"].isna().all() or s["rank"].nunique() < 2:
+        return None
+    have_compute = s[["phase_forward", "phase_backward"]].notna().any().any()
     fig, axes = _figure(2 if have_compute else 1, 3.0)
-    if s.empty or s["step_time"].isna().all():
-        _missing(fig, axes[0], "no step times in this input")
-        return fig
     s = s.copy()
     lo, hi = s["step"].min(), s["step"].max()
     nb = int(min(120, max(1, s["step"].nunique())))
@@ -245,41 +320,41 @@ def plot_rank_heatmap(a: Analysis) -> Figure:
     return fig
 
 
-def plot_gpu_health(a: Analysis) -> Figure:
-    """GPU temperature, SM clock and utilisation per rank over wall time; host memory when
-    there is no GPU."""
+# Health columns that can be drawn: (column, axis label, scale to the shown unit).
+HEALTH_PANELS = (
+    ("temperature_c", "GPU temperature, °C", 1.0),
+    ("sm_clock_hz", "SM clock, GHz", 1e-9),
+    ("utilization_ratio", "GPU utilisation, %", 100.0),
+    ("host_mem_ratio", "host memory used, %", 100.0),
+)
+
+
+def plot_gpu_health(a: Analysis) -> Figure | None:
+    """Node health per rank over wall time: one panel per reading the samples hold (GPU
+    temperature, SM clock and utilisation; host memory as a percentage, as in the table)."""
     h = a.health
-    fig, axes = _figure(3, 2.8)
     if h.empty:
-        _missing(fig, axes[0], "no node-health samples in this input")
-        _missing(fig, axes[1], "")
-        _missing(fig, axes[2], "")
-        return fig
-    t0 = h["time"].min()
-    hours = (h["time"] - t0) / 3600
-    panels = [
-        ("temperature_c", "GPU temperature, C"),
-        ("sm_clock_hz", "SM clock, GHz"),
-        ("utilization_ratio", "GPU utilisation"),
-    ]
-    if h["temperature_c"].isna().all():
-        panels = [("host_mem_ratio", "host memory used"), ("temperature_c", ""), ("sm_clock_hz", "")]
-    for ax, (col, label) in zip(axes, panels, strict=True):
-        if h[col].isna().all():
-            _missing(fig, ax, f"no {col.replace('_', ' ')} in the health samples")
-            continue
+        return None
+    panels = [p for p in HEALTH_PANELS if h[p[0]].notna().any()]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), 2.6)
+    elapsed = h["time"] - h["time"].min()
+    span = float(elapsed.max()) if len(elapsed) else 0.0
+    unit, per = ("hours", 3600.0) if span >= 7200 else ("minutes", 60.0) if span >= 120 else ("seconds", 1.0)
+    for ax, (col, label, scale) in zip(axes, panels, strict=True):
         for rank, g in h.groupby("rank"):
-            y = g[col] / 1e9 if col == "sm_clock_hz" else g[col]
-            ax.plot(hours[g.index], y, lw=1, label=f"rank {rank} ({g['host'].iloc[0]})")
+            ax.plot(elapsed[g.index] / per, g[col] * scale, lw=1, label=f"rank {rank} ({g['host'].iloc[0]})")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        ax.tick_params(labelbottom=True)
     axes[0].set_title("node health per rank")
-    _legend(axes[0], loc="upper right", fontsize=7, ncol=4)
-    axes[-1].set_xlabel("hours since the first sample")
+    _legend(axes[0])
+    axes[-1].set_xlabel(f"{unit} since the first sample")
     return fig
 
 
-PLOTS: dict[str, Callable[[Analysis], Figure]] = {
+PLOTS: dict[str, Callable[[Analysis], Figure | None]] = {
     "loss": plot_loss,
     "grad_norm": plot_grad_norm,
     "lr": plot_lr,
@@ -289,15 +364,16 @@ PLOTS: dict[str, Callable[[Analysis], Figure]] = {
 }
 
 
-def write_plots(a: Analysis, out: Path, progress: Callable[[str], Any] | None = None) -> dict[str, Path]:
-    """Write every plot as ``out/NAME.png``; returns name -> path."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
+def render_plots(a: Analysis, progress: Callable[[str], Any] | None = None) -> dict[str, bytes]:
+    """Every plot the input has data for, as PNG bytes by name (in :data:`PLOTS` order)."""
+    out = {}
     for name, draw in PLOTS.items():
         if progress is not None:
             progress(f"plot {name}")
         fig = draw(a)
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=DPI)
-        paths[name] = path
-    return paths
+        if fig is None:
+            continue
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI)
+        out[name] = buf.getvalue()
+    return out

@@ -20,7 +20,7 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import select, text
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,6 +33,7 @@ from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionColle
 from trainmon.monitor.collector.ingest import IngestLimits, Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.open_findings import OpenFindings
+from trainmon.monitor.collector.web import WebView, html_response
 from trainmon.monitor.collector.writer import IngestWriter, Reply
 from trainmon.monitor.config import CollectorConfig, ConfigError
 from trainmon.monitor.detectors import SEVERITIES
@@ -555,6 +556,26 @@ def create_app(collector: Collector) -> _Ingress:
             if conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is None:
                 raise HTTPException(404, {"error": f"no run {run!r}"})
             return wire.json_safe(anomaly_rows(conn, run))
+
+    # The web view: plain functions, so rendering runs on the thread pool, off the ingest event loop.
+    pages = WebView(collector.storage, collector.config.web_cache_seconds, collector.config.web_refresh_seconds)
+    app.state.web = pages
+
+    @app.get("/", response_class=HTMLResponse, summary="The runs (HTML): health, progress, open findings")
+    def runs_page() -> HTMLResponse:
+        return html_response(pages.index())
+
+    @app.get(
+        "/runs/{run:path}",
+        response_class=HTMLResponse,
+        summary="One run (HTML): verdict, plots and findings; reloads itself while the run is live",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_page(run: str) -> HTMLResponse:
+        try:
+            return html_response(pages.run(run))
+        except KeyError:
+            return html_response(pages.not_found(run), 404)
 
     return _Ingress(app, collector)
 
