@@ -304,6 +304,7 @@ def test_terminal_report_opens_with_the_verdict_and_fits_80_columns(faulted_run:
 
 def _summary(**extra: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"run": "r", "status": "finished", "steps": 100, "last_step": 99, "world_size": 1}
+    base["anomalies"] = []
     return {**base, **extra}
 
 
@@ -418,3 +419,40 @@ def test_imported_log_without_throughput_or_health_has_no_empty_panels(tmp_path:
     assert page.count("data:image/png") == 1
     for heading in ("Throughput", "Ranks", "Node health", "Gradient norm"):
         assert f"<h2>{heading}" not in page, heading
+
+
+def test_runs_table_keeps_names_and_ranks_table_reads_cleanly() -> None:
+    """``trainmon runs`` at 80 columns never cuts a run's name (``demo-2…``); a rank without comm
+    time reads ``-``, not ``- s (x-)``; tokens/s in the one number format."""
+    from rich.console import Console
+
+    from trainmon.monitor.analysis.report import print_runs
+
+    console = Console(width=80, record=True, emoji=False, file=open(os.devnull, "w"))  # noqa: SIM115
+    row = {"run": "demo-20261124-184946", "status": "running", "step": 41, "planned_steps": 400, "loss": 2.5,
+           "tokens_per_second": 17520.4, "attempts": 2, "open_anomalies": 1, "open_kinds": ["throughput_collapse"],
+           "updated_at": 1.7e9}  # fmt: skip
+    print_runs([row], console)
+    text = console.export_text()
+    assert "demo-20261124-184946" in text and "17,520" in text and "…" not in text
+    assert "demo-20261124-184946: open throughput_collapse" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    ranks = [
+        {
+            "rank": r,
+            "host": f"node-{r}",
+            "samples": 10,
+            "step_time": 0.5 + 0.1 * r,
+            "compute": None,
+            "comm": None,
+            "data": 0.01,
+            "step_time_rel": 1.0 + 0.2 * r,
+            "compute_rel": None,
+            "comm_rel": None,
+            "anomalies": [],
+            "slow": r == 1,
+        }
+        for r in (0, 1)
+    ]
+    text = _terminal(_summary(ranks=ranks, world_size=2))
+    assert "- s" not in text and "(x-)" not in text and "0.6 s (x1.2)" in text

@@ -415,13 +415,14 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
 
 
 def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    """The runs, one line each; a run's name is never cut (its column takes the width it needs)."""
+    """The runs, one line each. Names, numbers and kinds are never cut (no ``demo-2…``): the open
+    anomalies' kinds are listed below the table, which keeps it inside 80 columns."""
     console = console or Console(emoji=False)
-    table = Table(title="runs", title_justify="left")
-    width = max((len(visible_controls(str(r["run"]))) for r in rows), default=3)
-    table.add_column("run", no_wrap=True, min_width=width)
-    for col in ("status", "step", "loss", "tokens/s", "attempts", "open anomalies", "updated"):
-        table.add_column(col)
+    table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("run", "status", "step", "loss", "tokens/s", "attempts", "open"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("updated", overflow="fold")
+    below = []
     for r in rows:
         updated = dt.datetime.fromtimestamp(r["updated_at"]).strftime("%Y-%m-%d %H:%M:%S")
         step = "-" if r.get("step") is None else str(r.get("steps_done", r["step"] + 1))
@@ -429,11 +430,8 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
             step += f"/{r['planned_steps']}"
         opened = r.get("open_anomalies") or 0
         kinds = r.get("open_kinds") or []
-        open_text = (
-            f"[red]{_cell(opened)}[/red] ({escape_for_terminal(', '.join(map(str, kinds)))})"
-            if opened and kinds
-            else _cell(opened)
-        )
+        if opened and kinds:
+            below.append(f"{r['run']}: open {', '.join(map(str, kinds))}")
         table.add_row(
             _cell(r["run"]),
             _cell(r["status"]),
@@ -441,10 +439,12 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
             _cell(r.get("loss")),
             _cell(r.get("tokens_per_second")),
             _cell(r.get("attempts")),
-            open_text,
+            f"[red]{_cell(opened)}[/red]" if opened else _cell(opened),
             updated,
         )
     console.print(table)
+    for text in below:
+        _prose(console, text, 4)
 
 
 # -- HTML -----------------------------------------------------------------------------------
