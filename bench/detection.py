@@ -62,6 +62,7 @@ MAX_DELAY = {  # steps after the fault's last step within which a detection stil
     "loss_scale_collapse": 30,
     "eval_regression": 1000,
     "replica_divergence": 10,  # the reference trainer checksums the weights every 10 steps
+    "loss_noise": 200,  # a sustained rise: the recent window must fill, then hold for 80 entries
 }
 RELATED = {  # kinds a fault legitimately raises besides its expected one
     "loss_spike": {"grad_explosion", "eval_regression"},
@@ -86,6 +87,7 @@ RELATED = {  # kinds a fault legitimately raises besides its expected one
     "bad_init": {"loss_spike", "grad_explosion"},
     "replica_desync": set(),
     "tp_same_seed": set(),
+    "unshuffled": {"loss_spike", "grad_explosion"},  # one-document batches: odd batches spike, clipping rises
 }
 for _kind in (
     "resume_no_scheduler",
@@ -134,6 +136,7 @@ TRAINER_FAULTS: list[tuple[str, list[str], int]] = [  # (fault spec, extra args,
     ("memory_leak@20:mb=16", [], 160),
     ("labels_unshifted@0", [], 100),
     ("bad_init@0", [], 80),
+    ("unshuffled@280", [], 440),  # the noise baseline needs ~250 steps after the first descent
 ]
 RESUME_FAULTS = [
     "resume_no_scheduler",
@@ -153,7 +156,13 @@ REPLICA_SCENARIOS: list[tuple[str, str | None, list[str], int, int]] = [
     ("t-tp_same_seed", "tp_same_seed@0", ["--layout", "tp=2"], 2, 30),
     ("t-replica-clean", None, ["--layout", "tp=2", "--checkpoint-every", "20"], 4, 40),
 ]
-QUICK_FAULTS = {"loss_spike@80:scale=50", "nan@80", "lr_frozen@60", "data_stall@80:seconds=0.5,steps=5"}
+QUICK_FAULTS = {
+    "loss_spike@80:scale=50",
+    "nan@80",
+    "lr_frozen@60",
+    "data_stall@80:seconds=0.5,steps=5",
+    "unshuffled@280",
+}
 
 _ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 

@@ -36,6 +36,7 @@ __all__ = [
     "GradExplosionConfig",
     "HangConfig",
     "InitLossConfig",
+    "LossNoiseConfig",
     "LossScaleCollapseConfig",
     "LossSpikeConfig",
     "LrScheduleDriftConfig",
@@ -654,7 +655,6 @@ class EvalRegressionConfig:
     """Distinct eval metrics tracked per run (bounded state; the rest are ignored)."""
 
 
-
 @dataclass
 class ReplicaDivergenceConfig:
     """``replica_divergence``: data-parallel replicas whose weights differ, or tensor-parallel shards that are
@@ -675,6 +675,46 @@ class ReplicaDivergenceConfig:
     """With two replicas there is no majority: one is named as the one that changed only when its weight norm
     moved this many times the group's usual change between two checks while the other's stayed within it."""
 
+
+@dataclass
+class LossNoiseConfig:
+    """``loss_noise``: the loss's step-to-step noise sustained well above the attempt's own baseline at a steady
+    LR (SmolLM3's loader that read documents' sequences in order: one long or odd document filled whole batches).
+    Noise is the MAD of the first differences of the log loss (relative) and of the loss (absolute): differences
+    cancel the trend, the log cancels the level, and both must rise (a falling loss raises only the relative
+    noise, a rising one only the absolute). A warning: the run learns worse from less diverse batches; never
+    critical."""
+
+    window: int = 50
+    """Recent logged entries whose noise is compared with the baseline's."""
+    baseline: int = 150
+    """Earlier entries of the same attempt forming the baseline, judged once it holds this many: MADs of 50
+    against 50 iid entries differ 2x once in 500 windows, 50 against 150 once in 10^5."""
+    ratio: float = 1.7
+    """The relative noise this many times the baseline's ..."""
+    sustain: int = 80
+    """... and both noises at least ``admit_ratio`` x since the relative one first got there, for this many
+    consecutive entries, opens the finding (the absolute noise must rise too: a falling loss raises only the
+    relative one). A single spike moves a MAD by nothing; real data's noise wanders in bursts (56_modded-nanogpt-1b:
+    2.2x for 45 steps around step 11,150, then back), a loader that stopped shuffling stays noisy (the reference
+    trainer's unshuffled batches: 3-4x to the end)."""
+    admit_ratio: float = 1.4
+    """Entries leave the recent window into the baseline only while the relative or the absolute noise is under
+    this many times the baseline's: a rise is judged against the noise before it, a slow drift is followed."""
+    release_ratio: float = 1.2
+    """Once open, both noises under this many times the baseline's for ``sustain`` entries resolve it."""
+    trend_max: float = 0.5
+    """Entries whose window's median log-loss change exceeds this share of its noise are a descent (the first
+    fast fall, a decay's drop) and never join the baseline: a consistent fall makes differences look quiet."""
+    lr_rise: float = 0.1
+    """No finding while the recent window's median LR is more than this fraction above the baseline's: a
+    higher LR is noisier by itself (warmup, a restart, a re-warm)."""
+    level_drift: float = 0.15
+    """No finding unless the recent window's median loss is within this fraction of the oldest third of the
+    baseline's: noise is compared at one level (a pretraining descent's relative noise grows as the loss falls,
+    MiniMind's 1.5-2x from loss 6 to 4; the reference trainer's unshuffled batches move the level 5%)."""
+
+
 @dataclass
 class DetectorsConfig:
     replay_window: int = 512
@@ -694,6 +734,7 @@ class DetectorsConfig:
     loss_scale_collapse: LossScaleCollapseConfig = field(default_factory=LossScaleCollapseConfig)
     eval_regression: EvalRegressionConfig = field(default_factory=EvalRegressionConfig)
     replica_divergence: ReplicaDivergenceConfig = field(default_factory=ReplicaDivergenceConfig)
+    loss_noise: LossNoiseConfig = field(default_factory=LossNoiseConfig)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from trainmon.hooks.schedules import Schedule
+from trainmon.reference_trainer.data import one_document_batches
 
 __all__ = ["CATALOG", "Fault", "FaultError", "FaultPlan", "catalog_help", "parse_fault", "write_labels"]
 
@@ -79,6 +80,12 @@ CATALOG: dict[str, FaultKind] = {
         _K("hang", "hang", {"seconds": 10.0}, "one rank stops stepping for `seconds` (heartbeats go on)", "last"),
         _K("labels_unshifted", "init_loss", {"steps": None}, "targets = inputs (no shift): loss under the floor"),
         _K("bad_init", "init_loss", {"scale": 20.0}, "output head initialised x scale (STEP ignored)"),
+        _K(
+            "unshuffled",
+            "loss_noise",
+            {"docs": 1},
+            "sequences no longer shuffled: every batch is read in order from `docs` document(s) (rows repeat them)",
+        ),
         _K(
             "replica_desync",
             "replica_divergence",
@@ -340,6 +347,8 @@ class FaultPlan:
             g = torch.Generator().manual_seed(2_000_003 * step + 1009 * self.rank + micro)
             noise = torch.rand(y.shape, generator=g) < share
             y = torch.where(noise, torch.randint(vocab_size, y.shape, generator=g), y)
+        if f := self.get("unshuffled", step):
+            x, y = one_document_batches(x, y, int(f.params["docs"]))
         if self.get("labels_unshifted", step):
             y = x.clone()  # the bug: targets are the inputs themselves, not the next tokens
         return x, y, mult

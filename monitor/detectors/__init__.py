@@ -7,6 +7,7 @@ from trainmon.monitor.detectors.eval_regression import EvalRegression
 from trainmon.monitor.detectors.grad_explosion import GradExplosion
 from trainmon.monitor.detectors.hang import Hang
 from trainmon.monitor.detectors.init_loss import InitLoss
+from trainmon.monitor.detectors.loss_noise import LossNoise
 from trainmon.monitor.detectors.loss_scale_collapse import LossScaleCollapse
 from trainmon.monitor.detectors.loss_spike import LossSpike
 from trainmon.monitor.detectors.lr_schedule_drift import LrScheduleDrift
@@ -28,6 +29,7 @@ __all__ = [
     "GradExplosion",
     "Hang",
     "InitLoss",
+    "LossNoise",
     "LossScaleCollapse",
     "LossSpike",
     "LrScheduleDrift",
@@ -55,4 +57,5 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     LossScaleCollapse,
     EvalRegression,
     ReplicaDivergence,
+    LossNoise,
 )
