@@ -14,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DATASOURCE_UID = "trainmon-prometheus"
-"""The uid the provisioning file gives the Prometheus datasource; every panel uses it."""
-DATASOURCE = {"type": "prometheus", "uid": DATASOURCE_UID}
+DATASOURCE_INPUT = "DS_PROMETHEUS"
+"""The import input (``__inputs``): Grafana's import dialog asks for a Prometheus and writes its uid
+wherever ``${DS_PROMETHEUS}`` appears, which is only the ``datasource`` variable's default."""
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+"""Every query goes to the Prometheus the ``datasource`` variable selects, never to a fixed uid: the
+dashboards work under any datasource uid (file provisioning, the HTTP API, the import dialog), and
+a Grafana with several Prometheus servers switches between them at the top of the dashboard."""
 SCHEMA_VERSION = 39
 WIDTH = 24  # Grafana's grid is 24 columns wide
 
@@ -72,6 +76,7 @@ class Layout:
         custom: dict[str, Any] | None = None,
         defaults: dict[str, Any] | None = None,
         transformations: list[dict[str, Any]] | None = None,
+        overrides: list[dict[str, Any]] | None = None,
     ) -> None:
         field_defaults: dict[str, Any] = dict(defaults or {})
         if unit:
@@ -97,12 +102,51 @@ class Layout:
                 }
                 for i, (expr, legend) in enumerate(targets)
             ],
-            "fieldConfig": {"defaults": field_defaults, "overrides": []},
+            "fieldConfig": {"defaults": field_defaults, "overrides": overrides or []},
             "options": options or {},
         }
         if transformations:
             panel["transformations"] = transformations
         self.panels.append(panel)
+
+
+def _datasource_variable() -> dict[str, Any]:
+    """The Prometheus to query. Its default is the import input; where nothing fills it in (file
+    provisioning, the HTTP API), Grafana falls back to the first Prometheus datasource."""
+    return {
+        "name": "datasource",
+        "label": "Prometheus",
+        "type": "datasource",
+        "query": "prometheus",
+        "regex": "",
+        "current": {"text": f"${{{DATASOURCE_INPUT}}}", "value": f"${{{DATASOURCE_INPUT}}}"},
+        "options": [],
+        "refresh": 1,
+        "hide": 0,
+        "multi": False,
+        "includeAll": False,
+    }
+
+
+# NVML clock-event reason bits: (bit, name, harmful). Idle, application clocks and sync boost are
+# left out; the harmful ones are the alert's (trainmon:gpu_throttle_harmful_reasons).
+THROTTLE_REASONS = (
+    (0x4, "SW power cap", False),
+    (0x8, "HW slowdown", True),
+    (0x20, "SW thermal", True),
+    (0x40, "HW thermal", True),
+    (0x80, "power brake", True),
+)
+
+
+def _throttle_reasons(mask: str) -> str:
+    """PromQL decoding the reasons bitmask (PromQL has no bitwise AND) into one series per active
+    reason, labelled ``reason``: 1 for a benign reason, 2 for one that slows the GPU."""
+    parts = [
+        f'label_replace((floor({mask} / {bit}) % 2 == 1){" * 2" if harmful else ""}, "reason", "{name}", "", "")'
+        for bit, name, harmful in THROTTLE_REASONS
+    ]
+    return "max by (node, gpu, reason) (\n  " + "\nor\n  ".join(parts) + "\n)"
 
 
 def _query_variable(name: str, label: str, query: str, *, multi: bool = False) -> dict[str, Any]:
@@ -127,7 +171,23 @@ def _query_variable(name: str, label: str, query: str, *, multi: bool = False) -
 def _dashboard(
     uid: str, title: str, description: str, panels: list, variables: list, annotations: list
 ) -> dict[str, Any]:
+    kinds = sorted({p["type"] for p in panels if p["type"] != "row"})
     return {
+        "__inputs": [
+            {
+                "name": DATASOURCE_INPUT,
+                "label": "Prometheus",
+                "description": "The Prometheus that scrapes the trainmon collector",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            *({"type": "panel", "id": kind, "name": kind, "version": ""} for kind in kinds),
+        ],
         "uid": uid,
         "title": title,
         "description": description,
@@ -139,7 +199,7 @@ def _dashboard(
         "version": 1,
         "refresh": "10s",
         "time": {"from": "now-3h", "to": "now"},
-        "templating": {"list": variables},
+        "templating": {"list": [_datasource_variable(), *variables]},
         "annotations": {"list": annotations},
         "links": [],
         "panels": panels,
@@ -234,7 +294,7 @@ def run_dashboard() -> dict[str, Any]:
         "Learning rate: actual vs expected",
         [
             (f'trainmon_learning_rate{{{RR}, group="0"}}', "actual, rank {{rank}}"),
-            (f"trainmon_learning_rate_expected{{{RR}}}", "expected, rank {{rank}}"),
+            (f'trainmon_learning_rate_expected{{{RR}, group="0"}}', "expected, rank {{rank}}"),
         ],
         w=8,
         description="Actual LR of param group 0 against the declared schedule's LR at the same step.",
@@ -245,7 +305,7 @@ def run_dashboard() -> dict[str, Any]:
         "LR actual / expected",
         [
             (
-                f'trainmon_learning_rate{{{RR}, group="0"}} / ignoring (group) trainmon_learning_rate_expected{{{RR}}}',
+                f'trainmon_learning_rate{{{RR}, group="0"}} / trainmon_learning_rate_expected{{{RR}, group="0"}}',
                 "rank {{rank}}",
             )
         ],
@@ -395,28 +455,46 @@ def run_dashboard() -> dict[str, Any]:
     )
     d.add(
         "timeseries",
-        "GPU power and SM clock",
-        [
-            (f"max by (node, gpu) (trainmon_gpu_power_watts{{{R}}})", "{{node}} gpu {{gpu}} W"),
-            (f"max by (node, gpu) (trainmon_gpu_sm_clock_hertz{{{R}}}) / 1e6", "{{node}} gpu {{gpu}} MHz"),
-        ],
+        "GPU power",
+        [(f"max by (node, gpu) (trainmon_gpu_power_watts{{{R}}})", "{{node}} gpu {{gpu}}")],
         w=8,
+        unit="watt",
         options=TS,
     )
     d.add(
         "timeseries",
-        "GPU throttle reasons and ECC errors",
-        [
-            (f"max by (node, gpu) (trainmon_gpu_throttle_reasons{{{R}}})", "{{node}} gpu {{gpu}} throttle mask"),
-            (
-                f"max by (node, gpu, type) (trainmon_gpu_ecc_errors_total{{{R}}})",
-                "{{node}} gpu {{gpu}} ECC {{type}}",
-            ),
-        ],
+        "GPU SM clock",
+        [(f"max by (node, gpu) (trainmon_gpu_sm_clock_hertz{{{R}}})", "{{node}} gpu {{gpu}}")],
         w=8,
-        description="Throttle mask bits: 4 SW power cap (benign), 8 HW slowdown, 32 SW thermal, 64 HW thermal, "
-        "128 power brake. Uncorrected ECC errors mean: drain the node.",
+        unit="hertz",
+        description="A clock that drops while the power stays under its cap: see the throttle reasons below.",
         options=TS,
+    )
+    d.add(
+        "timeseries",
+        "GPU ECC errors",
+        [(f"max by (node, gpu, type) (trainmon_gpu_ecc_errors_total{{{R}}})", "{{node}} gpu {{gpu}} {{type}}")],
+        w=8,
+        description="Since the driver loaded. Uncorrected errors mean: drain the node; corrected ones rising "
+        "precede them.",
+        options=TS,
+    )
+    d.add(
+        "state-timeline",
+        "GPU throttle reasons",
+        [(_throttle_reasons(f"trainmon_gpu_throttle_reasons{{{R}}}"), "{{node}} gpu {{gpu}}: {{reason}}")],
+        w=24,
+        h=6,
+        description="NVML clock-event reasons, decoded: one row per GPU and reason that occurred, coloured "
+        "while it holds. The SW power cap is benign; HW slowdown, SW/HW thermal and the power brake cost "
+        "throughput (TrainmonGPUThrottled).",
+        options={"mergeValues": True, "showValue": "never", "rowHeight": 0.8, "legend": {"showLegend": False}},
+        defaults={
+            "mappings": [
+                {"type": "value", "options": {"1": {"text": "benign", "color": "yellow", "index": 0}}},
+                {"type": "value", "options": {"2": {"text": "slowing the GPU", "color": "red", "index": 1}}},
+            ],
+        },
     )
     d.add(
         "timeseries",
@@ -442,9 +520,11 @@ def run_dashboard() -> dict[str, Any]:
     d.add(
         "timeseries",
         "Training process CPU",
-        [(f"trainmon_process_cpu_ratio{{{RR}}}", "rank {{rank}} on {{node}}")],
+        [(f"trainmon_process_cpu_cores{{{RR}}}", "rank {{rank}} on {{node}}")],
         w=8,
-        description="Cores in use by the training process.",
+        unit="none",
+        description="CPU cores the training process keeps busy (1 = one core): the dataloader and the "
+        "Python loop compete for them.",
         options=TS,
     )
     d.add(
@@ -496,6 +576,14 @@ def run_dashboard() -> dict[str, Any]:
     )
 
 
+RUN_LINK = {
+    "title": "Run ${__value.raw}",
+    "url": "/d/trainmon-run/trainmon-run?var-run=${__value.raw:percentencode}&${datasource:queryparam}"
+    "&${__url_time_range}",
+}
+"""The fleet table's link to a run: the run dashboard (its uid) for that run, same Prometheus and time."""
+
+
 def fleet_dashboard() -> dict[str, Any]:
     """Every run at a glance: which one needs attention."""
     d = Layout()
@@ -536,8 +624,15 @@ def fleet_dashboard() -> dict[str, Any]:
         h=9,
         instant=True,
         fmt="table",
-        description="One row per run. 'since last step' is the slowest rank's silence (hang alert signal).",
+        description="One row per run (click it: the run dashboard). 'since last step' is the slowest rank's "
+        "silence (hang alert signal).",
         options={"showHeader": True, "sortBy": [{"displayName": "open anomalies", "desc": True}]},
+        overrides=[
+            {
+                "matcher": {"id": "byName", "options": "run"},
+                "properties": [{"id": "links", "value": [RUN_LINK]}],
+            }
+        ],
         transformations=[
             {"id": "merge", "options": {}},
             {

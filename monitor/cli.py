@@ -311,7 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="Grafana base URL, e.g. http://grafana:3000")
     p.add_argument("--token", help="service account token (default: $GRAFANA_TOKEN); never printed")
     p.add_argument("--folder", default="trainmon", help="folder to put the dashboards in (default trainmon)")
-    p.add_argument("--datasource-uid", help="uid of your Prometheus datasource (default trainmon-prometheus)")
+    p.add_argument(
+        "--datasource-uid",
+        help="uid of the Prometheus datasource the dashboards default to (default: Grafana's first Prometheus)",
+    )
     p.add_argument("--dashboards", help="folder holding the dashboard JSON (default: the repository's dashboards/)")
     p.set_defaults(func=_cmd_grafana_provision)
     _add_budget(sub)

@@ -26,7 +26,8 @@ __all__ = ["DASHBOARD_DIR", "DASHBOARD_FILES", "ProvisionResult", "load_dashboar
 DASHBOARD_DIR = Path(dashboards.__file__).resolve().parent
 """The dashboards' folder (``trainmon.dashboards``: the repository's dashboards/, or its copy in a wheel)."""
 DASHBOARD_FILES = ("trainmon-run.json", "trainmon-fleet.json")
-DEFAULT_DATASOURCE_UID = "trainmon-prometheus"
+DATASOURCE_INPUT = "${DS_PROMETHEUS}"
+"""The dashboards' import input (``__inputs``): the default of their ``datasource`` variable."""
 
 
 @dataclass
@@ -36,25 +37,26 @@ class ProvisionResult:
     dashboards: list[dict[str, Any]]  # Grafana's answer per dashboard: uid, url, version, status
 
 
-def _set_datasource(node: Any, old: str, new: str) -> Any:
-    """The dashboards name their datasource by a fixed uid; a Grafana whose Prometheus has another
-    uid gets a copy pointing at that one."""
+def _set_datasource(node: Any, uid: str) -> Any:
+    """Fill the import input with ``uid``, as Grafana's import dialog does (the upload API does not):
+    the dashboards' ``datasource`` variable then defaults to that Prometheus."""
+    if isinstance(node, str):
+        return node.replace(DATASOURCE_INPUT, uid)
     if isinstance(node, dict):
-        if node.get("uid") == old and node.get("type") == "prometheus":
-            return {**node, "uid": new}
-        return {k: _set_datasource(v, old, new) for k, v in node.items()}
+        return {k: _set_datasource(v, uid) for k, v in node.items()}
     if isinstance(node, list):
-        return [_set_datasource(v, old, new) for v in node]
+        return [_set_datasource(v, uid) for v in node]
     return node
 
 
 def load_dashboards(directory: Path = DASHBOARD_DIR, datasource_uid: str | None = None) -> list[dict[str, Any]]:
-    """The dashboards' JSON models, optionally re-pointed at another datasource uid."""
+    """The dashboards' JSON models, optionally defaulting to the Prometheus datasource ``datasource_uid``
+    (without it Grafana picks its first Prometheus datasource)."""
     out = []
     for name in DASHBOARD_FILES:
         model = json.loads((directory / name).read_text(encoding="utf-8"))
-        if datasource_uid and datasource_uid != DEFAULT_DATASOURCE_UID:
-            model = _set_datasource(model, DEFAULT_DATASOURCE_UID, datasource_uid)
+        if datasource_uid:
+            model = _set_datasource(model, datasource_uid)
         out.append(model)
     return out
 

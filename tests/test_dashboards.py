@@ -64,11 +64,11 @@ def all_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", ())  # panels inside collapsed rows
 
 
-def provisioned_uid() -> str:
+def provisioned_datasource() -> dict[str, Any]:
     doc = yaml.safe_load((DASHBOARDS / "provisioning" / "datasources" / "trainmon.yml").read_text())
     (source,) = doc["datasources"]
     assert source["type"] == "prometheus"
-    return source["uid"]
+    return source
 
 
 def expressions(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
@@ -110,22 +110,41 @@ def test_dashboard_model(name: str) -> None:
     assert d["uid"] and d["title"]
     ids = [p["id"] for p in all_panels(d)]
     assert len(ids) == len(set(ids)), f"duplicate panel ids in {name}"
-    uid = provisioned_uid()
+    selected = {"type": "prometheus", "uid": "${datasource}"}
     for panel in all_panels(d):
         if panel["type"] == "row":
             continue
-        assert panel["datasource"] == {"type": "prometheus", "uid": uid}, panel["title"]
+        assert panel["datasource"] == selected, panel["title"]
         assert panel["targets"], f"panel {panel['title']} has no query"
         for target in panel["targets"]:
-            assert target["datasource"]["uid"] == uid, (panel["title"], target["refId"])
+            assert target["datasource"] == selected, (panel["title"], target["refId"])
             assert target["expr"].strip()
         refs = [t["refId"] for t in panel["targets"]]
         assert len(refs) == len(set(refs)), panel["title"]
     for var in d["templating"]["list"]:
-        assert var["datasource"]["uid"] == uid, var["name"]
+        if var["type"] == "query":
+            assert var["datasource"] == selected, var["name"]
     for ann in d["annotations"]["list"]:
         if not ann.get("builtIn"):
-            assert ann["datasource"]["uid"] == uid, ann["name"]
+            assert ann["datasource"] == selected, ann["name"]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_datasource_is_a_variable_the_import_dialog_fills(name: str) -> None:
+    """No datasource uid is written into the dashboards (a Grafana whose Prometheus has another uid
+    broke on import): the `datasource` variable selects it, and its default is the `__inputs` entry
+    Grafana's import dialog asks for."""
+    d = load(name)
+    assert provisioned_datasource()["uid"] not in (DASHBOARDS / name).read_text()
+    (source,) = [v for v in d["templating"]["list"] if v["type"] == "datasource"]
+    assert source["name"] == "datasource" and source["query"] == "prometheus"
+    assert not source["multi"] and not source["includeAll"]
+    (put,) = d["__inputs"]
+    assert put == {**put, "type": "datasource", "pluginId": "prometheus"}
+    assert source["current"] == {"text": f"${{{put['name']}}}", "value": f"${{{put['name']}}}"}
+    assert {"type": "datasource", "id": "prometheus"}.items() <= d["__requires"][1].items()
+    panel_types = {p["type"] for p in all_panels(d)} - {"row"}
+    assert panel_types == {r["id"] for r in d["__requires"] if r["type"] == "panel"}
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -140,7 +159,8 @@ def test_every_variable_used_is_defined(name: str) -> None:
     if name == "trainmon-run.json":
         assert {"run", "rank"} <= defined
         for var in d["templating"]["list"]:
-            assert var["query"]["query"].startswith("label_values("), var
+            if var["type"] == "query":
+                assert var["query"]["query"].startswith("label_values("), var
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -186,10 +206,44 @@ def test_provisioning_matches_the_compose_example() -> None:
     mounts = compose["services"]["grafana"]["volumes"]
     for name in FILES:
         assert f"./{name}:{path}/{name}:ro" in mounts
-    generate = load_generator()
-    assert provisioned_uid() == generate.DATASOURCE_UID
+    assert provisioned_datasource()["isDefault"] is True  # the variable's choice where nothing else fills it
     prom = yaml.safe_load((DASHBOARDS / "prometheus.yml").read_text())
     assert prom["scrape_configs"][0]["job_name"] == "trainmon"  # TrainmonCollectorDown's job
+
+
+def test_gpu_panels_have_one_unit_each_and_decode_throttling() -> None:
+    """Watts and hertz on separate panels with their units; the throttle bitmask is not drawn as a
+    number but decoded into named reasons on a state timeline."""
+    panels = {p["title"]: p for p in all_panels(load("trainmon-run.json"))}
+    assert panels["GPU power"]["fieldConfig"]["defaults"]["unit"] == "watt"
+    assert panels["GPU SM clock"]["fieldConfig"]["defaults"]["unit"] == "hertz"
+    for panel in panels.values():
+        if panel["type"] == "timeseries":
+            assert not any("throttle_reasons" in t["expr"] for t in panel["targets"]), panel["title"]
+    throttle = panels["GPU throttle reasons"]
+    assert throttle["type"] == "state-timeline"
+    assert "{{reason}}" in throttle["targets"][0]["legendFormat"]
+    texts = {
+        value: option["text"]
+        for m in throttle["fieldConfig"]["defaults"]["mappings"]
+        for value, option in m["options"].items()
+    }
+    assert texts == {"1": "benign", "2": "slowing the GPU"}
+
+
+def test_fleet_table_links_each_run_to_the_run_dashboard() -> None:
+    fleet, run = load("trainmon-fleet.json"), load("trainmon-run.json")
+    (table,) = [p for p in all_panels(fleet) if p["type"] == "table"]
+    (override,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"] == {"id": "byName", "options": "run"}]
+    (links,) = [p["value"] for p in override["properties"] if p["id"] == "links"]
+    (link,) = links
+    path, _, query = link["url"].partition("?")
+    assert path.startswith(f"/d/{run['uid']}/")
+    params = query.split("&")
+    assert "var-run=${__value.raw:percentencode}" in params  # the row's run, into the run variable
+    assert "${datasource:queryparam}" in params and "${__url_time_range}" in params  # same Prometheus and time
+    assert {v["name"] for v in run["templating"]["list"]} >= {"run", "datasource"}
+    assert "datasource" in {v["name"] for v in fleet["templating"]["list"]}
 
 
 # --- every query against a real Prometheus --------------------------------------------------
@@ -249,6 +303,22 @@ def test_every_query_returns_data(scraped: tuple[Prometheus, float, float], name
                 continue
             empty.append(f"{where}: {query}")
     assert not empty, "queries without data:\n" + "\n".join(empty)
+
+
+@pytest.mark.slow
+@needs_prometheus
+def test_throttle_reasons_decode_in_prometheus(scraped: tuple[Prometheus, float, float]) -> None:
+    """The throttle panel's PromQL on the scraped run (fake NVML: SW power cap, 0x4) and on a mask with
+    SW thermal, HW thermal and the power cap set (0x64): each set bit is one series naming its reason."""
+    prom, _, _ = scraped
+    generate = load_generator()
+
+    def decoded(mask: str) -> dict[str, float]:
+        return {s["metric"]["reason"]: float(s["value"][1]) for s in prom.query(generate._throttle_reasons(mask))}
+
+    assert decoded(f'trainmon_gpu_throttle_reasons{{run="{RUN}"}}') == {"SW power cap": 1.0}
+    assert decoded("vector(100)") == {"SW power cap": 1.0, "SW thermal": 2.0, "HW thermal": 2.0}
+    assert decoded("vector(0)") == {}
 
 
 # --- trainmon grafana provision against a fake Grafana HTTP API ----------------------------
@@ -353,8 +423,10 @@ def test_grafana_provision_creates_the_folder_and_uploads_both_dashboards(
     reqs = fake_grafana.requests
     assert [r["method"] for r in reqs] == ["GET", "POST", "POST"]
     assert all(r["auth"] == "Bearer other" for r in reqs)
-    text = json.dumps([r["json"] for r in reqs[1:]])
-    assert '"uid": "my-prom"' in text and "trainmon-prometheus" not in text
+    for r in reqs[1:]:
+        variables = {v["name"]: v for v in r["json"]["dashboard"]["templating"]["list"]}
+        assert variables["datasource"]["current"] == {"text": "my-prom", "value": "my-prom"}
+        assert "${DS_PROMETHEUS}" not in json.dumps(r["json"])
     assert "(existing, uid ml-runs)" in capsys.readouterr().out
 
 
