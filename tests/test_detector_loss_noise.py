@@ -28,7 +28,7 @@ def _run(
     noise: float = 0.03,
     *,
     louder_from: int | None = None,
-    factor: float = 2.0,
+    factor: float = 3.0,
     lr=SCHEDULE.lr,
     level=None,
     fingerprints: bool = False,
@@ -52,15 +52,16 @@ def _opened(findings) -> list:
 
 
 @pytest.mark.parametrize(("seed", "noise"), [(1, 0.01), (2, 0.03), (3, 0.08)])
-def test_noise_doubling_fires_within_a_window(seed: int, noise: float) -> None:
+def test_noise_tripling_fires_within_a_window(seed: int, noise: float) -> None:
+    """3x: clean real logs wander up to 2x for 100+ entries, so a doubling is not told from them."""
     found = _opened(feed(_det(), _run(seed, noise, louder_from=600)))
-    assert found, "a doubled noise at a steady LR must be found"
+    assert found, "a tripled noise at a steady LR must be found"
     first = found[0]
-    # sustain (80) after the recent window (50) shows it; a doubling sits near the 1.7x bar, so the window's
-    # MAD dips under it now and then and the streak can restart once or twice
+    # the recent window's MAD passes 2.2x once about half of it is louder, then the streak holds 80 entries
+    # (it restarts when the window's MAD dips under 1.6x, which a 50-entry MAD of a 3x noise now and then does)
     assert 600 + 80 <= first.step <= 600 + 300
     assert first.severity == "warning"
-    assert first.evidence["relative_ratio"] >= 1.7 and first.evidence["absolute_ratio"] >= 1.4
+    assert first.evidence["relative_ratio"] >= 2.2 and first.evidence["absolute_ratio"] >= 1.6
     assert 600 <= first.evidence["rise_first_seen"] <= first.step
     assert "sequence-level shuffling" in first.hint and "no batch fingerprints" in first.hint
     assert all(f.severity == "warning" for f in found)
@@ -78,7 +79,7 @@ def test_a_single_spike_is_silent() -> None:
 
 
 def test_noise_from_a_higher_lr_is_silent() -> None:
-    """A re-warm to twice the LR is noisier by itself: not a data problem."""
+    """A re-warm to twice the LR is noisier by itself (here 3x): not a data problem."""
     evs = _run(8, louder_from=600, lr=lambda t: 1e-3 if t < 600 else 2e-3)
     assert feed(_det(), evs) == []
 
