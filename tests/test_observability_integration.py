@@ -96,6 +96,10 @@ def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
         "data_stall@300:seconds=1,steps=6",
         "--inject",
         "nan@310",
+        # Alerts about a run resolve when it ends, and the last 110 steps take a second or two: a
+        # pause keeps the run alive (and NaN) long enough for Alertmanager to deliver the NaN alerts.
+        "--inject",
+        "hang@315:seconds=6",
     ]
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     hang = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "trainmon.reference_trainer"]
@@ -141,7 +145,12 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
                         if wanted is not None:
                             seen.setdefault((name, _key(alert, tuple(k for k, _ in wanted))), alert)
                 delivered = {(a["labels"]["alertname"], a["labels"].get("run")) for a in receiver.alerts()}
-                if set(seen) >= EXPECTED_FIRING and delivered >= EXPECTED_DELIVERED:
+                nan_delivered = any(
+                    a["labels"]["alertname"] == "TrainmonAnomalyCritical" and a["labels"].get("kind") == "nan_inf"
+                    for a in receiver.alerts()
+                    if a["status"] == "firing"
+                )
+                if set(seen) >= EXPECTED_FIRING and delivered >= EXPECTED_DELIVERED and nan_delivered:
                     break
                 time.sleep(0.5)
             missing = EXPECTED_FIRING - set(seen)
