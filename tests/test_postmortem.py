@@ -350,8 +350,11 @@ def test_terminal_never_breaks_a_command_or_a_name() -> None:
     hint = "Throttled: the SM clock fell under load. Check the node's clocks and throttle reasons " + command
     anomaly = {**_anomaly("node_health", "warning", "open", 5, 50), "hint": hint + " and drain it if it stays hot."}
     long_run = "pretrain-llama-70b-ablation-lr3e-4-warmup2000-" + "x" * 40
-    text = _terminal(_summary(run=long_run, anomalies=[anomaly], timeline=[{**anomaly, "anomaly": 0}]))
+    whole = {**_anomaly("throughput_collapse", "critical", "resolved", 122250, 122450), "rank": -1}
+    timeline = [{**anomaly, "anomaly": 0}, {**whole, "anomaly": 1}]
+    text = _terminal(_summary(run=long_run, anomalies=[anomaly, whole], timeline=timeline))
     lines = text.splitlines()
+    assert "steps 122250-122450 (201 steps), all ranks," in text  # the header wraps at a space
     assert sum(command in line for line in lines) == 2  # the verdict and the timeline, whole each time
     assert any(long_run in line for line in lines)
     assert all(len(line) <= 80 for line in lines if command not in line and long_run not in line)

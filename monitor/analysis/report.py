@@ -72,6 +72,11 @@ def _rank(rank: int | None) -> str:
     return "all" if rank is None or rank < 0 else str(rank)
 
 
+def _who(rank: int | None) -> str:
+    """``rank 5``, or ``all ranks`` for a finding about the run as a whole."""
+    return "all ranks" if rank is None or rank < 0 else f"rank {rank}"
+
+
 def _steps(first: Any, last: Any) -> str:
     if first is None:
         return "-"
@@ -247,12 +252,12 @@ def _print_verdict(s: dict[str, Any], console: Console) -> None:
     console.print(Text(v["headline"].upper(), style="bold green" if v["healthy"] else "bold red"), soft_wrap=True)
     for f in v["findings"]:
         sev = f["severity"]
-        state = "still open at the end" if not f["recovered"] else f"recovered ({f['status']})"
+        state = "still open at the end" if not f["recovered"] else "recovered"
         head = Text(f"#{f['number']} ", style="bold")
         head.append(f["kind"], style="bold")
         head.append(f"  {sev}", style=_COLOUR.get(sev, ""))
-        head.append(visible_controls(f"  {f['when']}, rank {_rank(f['rank'])}, {state}"))
-        console.print(head, soft_wrap=True)
+        head.append(visible_controls(f"  {f['when']}, {_who(f['rank'])}, {state}"))
+        console.print(head)  # wrapped at spaces: it holds no command
         _prose(console, f["what"], 4, first="    ")
         _prose(console, f["todo"], 4, "dim", first="  → ")
     if v["more"]:
@@ -270,7 +275,7 @@ def _print_timeline(s: dict[str, Any], console: Console) -> None:
         console.print("[green]no anomalies[/green]")
         return
     numbers = finding_numbers(s)
-    table = Table(title="anomaly timeline (a first-level symptom, then what localises it)", title_justify="left")
+    table = Table(title="anomaly timeline (└ explains the finding above)", title_justify="left")
     for col in ("#", "steps", "kind", "severity", "rank", "status"):
         table.add_column(col, no_wrap=True)
     texts = []
@@ -528,10 +533,10 @@ def _verdict_html(s: dict[str, Any]) -> str:
         parts.append("<ol>")
         for f in v["findings"]:
             sev = html.escape(f["severity"])
-            state = "still open at the end" if not f["recovered"] else f"recovered ({f['status']})"
+            state = "still open at the end" if not f["recovered"] else "recovered"
             parts.append(
                 f'<li value="{f["number"]}"><b>{html_text(f["kind"])}</b> <span class="{sev}">{sev}</span> '
-                f"&middot; {html_text(f['when'])}, rank {html_text(_rank(f['rank']))}, {html_text(state)}"
+                f"&middot; {html_text(f['when'])}, {html_text(_who(f['rank']))}, {html_text(state)}"
                 f"<div>{_prose_html(f['what'])}</div>"
                 f'<div class="hint">&rarr; {_prose_html(f["todo"])}</div></li>'
             )
