@@ -175,7 +175,7 @@ CASES: list[tuple[str, list[str], int, tuple[int, int], Callable[[Run], None]]] 
     ("nan@6", [], 10, (6, 9), check_nan),
     ("divergence@30", [], 60, (30, 59), check_divergence),
     ("lr_per_microbatch@0", ["--accum", "4", "--warmup-steps", "8"], 12, (0, 11), check_lr_per_microbatch),
-    ("lr_wrong_total@0", [], 20, (0, 19), check_lr_wrong_total),
+    ("lr_wrong_total@0", [], 20, (1, 19), check_lr_wrong_total),  # step 0: LR 0 in both (warmup from 0)
     ("lr_frozen@5", [], 15, (6, 14), check_lr_frozen),
     ("data_stall@4:seconds=1,steps=2", [], 8, (4, 5), check_data_stall),
     ("checkpoint_stall@4:seconds=1", [], 8, (4, 5), check_checkpoint_stall),
