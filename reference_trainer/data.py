@@ -154,4 +154,3 @@ def one_document_batches(x: torch.Tensor, y: torch.Tensor, docs: int) -> tuple[t
     n = x.shape[0]
     rows = torch.arange(n) * min(docs, n) // n
     return x[rows], y[rows]
-
