@@ -229,7 +229,7 @@ def test_real_runs_different_lr_cli(real_runs: dict[str, Path]) -> None:
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     out = json.loads(proc.stdout)
-    assert out["lr"]["first_step"] == 0
+    assert out["lr"]["first_step"] == 1  # warmup starts from 0: both LRs are 0 at step 0
     assert out["lr"]["ratio"] == pytest.approx(0.01 / 0.003) and out["lr"]["constant_ratio"]
     assert out["loss"]["verdict"] in ("better", "worse", "transient")  # a higher LR learns this toy task faster
     direction = out["loss"].get("direction") or out["loss"]["transient"]["direction"]
@@ -253,3 +253,19 @@ def test_two_imported_logs_compare_hyperparameters_not_importer_internals(
     assert not {k.split(".")[0] for k in out["config_differences"]} & internals, out["config_differences"]
     assert out["loss"]["verdict"] in ("worse", "better", "transient", "within noise", "too short")
     assert "diverged" not in " ".join(out["summary"])
+
+
+def test_a_noisier_b_gets_the_shuffling_line_and_equal_noise_does_not() -> None:
+    """SmolLM3's loader change: the same curve, three times the step-to-step noise in B."""
+    rng = np.random.default_rng(3)
+    s = np.arange(STEPS, dtype=float)
+    a = _curve(s) + rng.normal(0, NOISE, STEPS)
+    noisy = _curve(s) + rng.normal(0, 3 * NOISE, STEPS)
+    result = compare(series_from_arrays("ref", s, a, _lr(s)), series_from_arrays("loader", s, noisy, _lr(s)))
+    assert result["noise"]["ratio"] == pytest.approx(3.0, rel=0.15)
+    (line,) = [x for x in result["summary"] if x.startswith("loss noise")]
+    assert "shuffling" in line
+    same = _curve(s) + rng.normal(0, NOISE, STEPS)
+    result = compare(series_from_arrays("ref", s, a, _lr(s)), series_from_arrays("same", s, same, _lr(s)))
+    assert result["noise"]["ratio"] == pytest.approx(1.0, rel=0.15)
+    assert not any(x.startswith("loss noise") for x in result["summary"])

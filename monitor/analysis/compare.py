@@ -34,6 +34,7 @@ import numpy as np
 from sqlalchemy import select
 
 from trainmon.monitor.analysis.escape import escape_for_terminal
+from trainmon.monitor.detectors.loss_noise import shuffling_hint
 from trainmon.monitor.importers.common import BOOKKEEPING_KEYS
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps
 
@@ -359,6 +360,28 @@ def _loss_report(al: _Aligned, a: RunSeries, b: RunSeries, k: float) -> dict[str
     return out
 
 
+NOISE_RATIO = 2.0  # B's loss noise this many times A's over the shared range is worth a line
+
+
+def _noise_report(a: RunSeries, b: RunSeries, al: _Aligned, by: str) -> dict[str, Any] | None:
+    """Each run's own step-to-step loss noise over the range both cover (the same steps or tokens).
+
+    Measured on each run's points, not the aligned ones: interpolating one run at the other's
+    positions would smooth its noise away."""
+    if len(al.x) < 2:
+        return None
+    lo, hi = float(al.x[0]), float(al.x[-1])
+
+    def noise(r: RunSeries) -> float:
+        x = r.step if by == "step" else r.cum_tokens
+        return noise_sigma(r.loss[(x >= lo) & (x <= hi)])
+
+    na, nb = noise(a), noise(b)
+    if not (na > 0 and nb > 0):
+        return None
+    return {"a": na, "b": nb, "ratio": nb / na}
+
+
 def _lr_report(al: _Aligned) -> dict[str, Any] | None:
     ok = np.isfinite(al.lr_a) & np.isfinite(al.lr_b)
     if not ok.any():
@@ -467,6 +490,7 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
     lr = _lr_report(al)
     tput = _throughput_report(a, b)
     ev = _eval_report(a, b, by)
+    noise = _noise_report(a, b, al, by)
     cfg = _config_diff(a.config, b.config)
     summary: list[str] = []
     v = loss.get("verdict")
@@ -490,6 +514,11 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
         )
     else:
         summary.append(f"too few aligned steps to judge the loss ({loss['points']})")
+    if noise is not None and noise["ratio"] >= NOISE_RATIO:
+        summary.append(
+            f"loss noise: B's step-to-step noise is {noise['ratio']:.1f}x A's over the same {by} "
+            f"({noise['b']:.3g} vs {noise['a']:.3g} nats). " + shuffling_hint(None)
+        )
     if lr is None:
         summary.append("LR: not logged by both runs")
     elif lr["differs"]:
@@ -525,6 +554,7 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
         "differs": v in ("worse", "better"),
         "loss": loss,
         "lr": lr,
+        "noise": noise,
         "throughput": tput,
         "eval": ev,
         "config_differences": cfg,
