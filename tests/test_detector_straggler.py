@@ -62,6 +62,19 @@ def test_slow_rank_is_named_with_its_ratio(factor: float, ranks: int) -> None:
     assert "rank 1" in first.message and "node1" in first.hint and "waiting least" in first.message
 
 
+@pytest.mark.parametrize(("device", "gpu_advice"), [("cpu", False), ("cuda:0", True), (None, True)])
+def test_hint_blames_the_gpu_only_when_the_run_may_have_one(device: str | None, gpu_advice: bool) -> None:
+    events = trace(2, slow=lambda r, s: 2.0 if (r == 1 and s >= 50) else 1.0)
+    for e in events:
+        if e.kind == "run_start" and device is not None:
+            e.fields["device"] = device
+    (first, *_) = [f for f in run(events) if not f.resolved]
+    assert first.rank == 1 and first.hint.startswith("Rank 1 (host node1) is a straggler")
+    assert ("nvidia-smi" in first.hint and "GPU clocks" in first.hint) is gpu_advice
+    if not gpu_advice:
+        assert "GPU" not in first.hint and "competing for its cores" in first.hint
+
+
 def test_resolves_when_the_rank_recovers() -> None:
     found = run(trace(4, slow=lambda r, s: 2.0 if (r == 2 and 60 <= s < 120) else 1.0))
     assert [(f.rank, f.resolved) for f in found] == [(2, False), (2, True)]

@@ -62,10 +62,12 @@ class Straggler(Detector):
         self._step_comm = RollingWindow(config.window)
         self._open: dict[int, float] = {}  # rank -> median ratio when reported
         self._hosts: dict[int, str] = {}
+        self._device = ""  # run_start's device: a CPU run's straggler is not a throttled GPU
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
             self._world = max(self._world, int(event.fields.get("world_size") or 0), event.rank + 1)
+            self._device = str(event.fields.get("device") or "")
             self._pending.clear()
             return []
         if event.kind != "step":
@@ -125,6 +127,17 @@ class Straggler(Detector):
             if waits_least and others_comm > 0
             else ""
         )
+        if self._device.lower().startswith("cpu"):
+            check = (
+                "other processes competing for its cores (noisy neighbour: top/htop), CPU frequency or thermal "
+                "limits, more threads than free cores (torch.get_num_threads(), OMP_NUM_THREADS), dataloader "
+                "contention"
+            )
+        else:
+            check = (
+                "GPU clocks, temperature and throttle reasons (node_health, nvidia-smi -q -d PERFORMANCE), other "
+                "processes on it (noisy neighbour), CPU/dataloader contention"
+            )
         return Finding(
             kind=self.kind,
             severity="warning",
@@ -135,9 +148,8 @@ class Straggler(Detector):
             ),
             hint=(
                 f"Rank {rank} (host {host}) is a straggler and every other rank waits for it in the all-reduce. "
-                f"Check that node: GPU clocks, temperature and throttle reasons (node_health, nvidia-smi -q -d "
-                f"PERFORMANCE), other processes on it (noisy neighbour), CPU/dataloader contention. If it "
-                f"persists, drain or exclude {host} and restart from the last checkpoint."
+                f"Check that node: {check}. If it persists, drain or exclude {host} and restart from the last "
+                "checkpoint."
             ),
             evidence={
                 "rank": rank,
