@@ -13,7 +13,9 @@ per scenario), exactly like ``trainmon postmortem FILE``. A label is detected wh
 its ``expected_detection`` kind starts within ``[first_step, last_step + MAX_DELAY[kind]]``.
 An anomaly counts as a false positive when no label of the scenario expects or explains its kind
 (``RELATED``: an LR burst also shows as a grad explosion); on clean controls every anomaly is a
-false positive. The loss-spike scenarios are scored again with the rules the anchors ship.
+false positive. The loss-spike scenarios are scored again with the rules the anchors ship. Each detected
+label's findings are also checked for naming its cause (``DIAGNOSIS``): ``diagnosis_ok`` on the last line is the
+share of detected labels whose every matching finding names it.
 
     python bench/detection.py            # full: all trainer faults, 100 synthetic traces per kind
     python bench/detection.py --quick    # under a minute
@@ -253,8 +255,8 @@ RESUME_FAULTS = [
 DDP_FAULTS: list[tuple[str, int]] = [("straggler@20:rank=1,ms=40", 60), ("hang@30:rank=1,seconds=8", 60)]
 # The hang detector's timeout has a 60 s floor (HangConfig.min_timeout): on a live run a pause of a few seconds
 # is a busy host, not a hang. A hang past that floor would add a minute to the benchmark, so the hang scenario
-# is analysed with the floor lowered to 3 s (its steps take ~30 ms, so the learnt timeout is the floor); every
-# other scenario keeps the defaults, which is what the clean controls check.
+# is analysed with the floor lowered to 3 s (its learnt timeout, 20x the median step, is below it); every other
+# scenario keeps the defaults, which is what the clean controls check.
 HANG_CONFIG = CollectorConfig(detectors=DetectorsConfig(hang=HangConfig(min_timeout=3.0)))
 # (name, fault spec or None for a clean control, extra args, ranks, steps): the weights' layout across ranks. The
 # desync runs 3 replicas so that a majority names the rank; the clean control's 4 ranks are 2 tensor-parallel
