@@ -20,8 +20,8 @@ of each process group go along; without NCCL (CPU, gloo) that part is skipped qu
 from __future__ import annotations
 
 import collections
+import json
 import os
-import pickle
 import signal
 import statistics
 import sys
@@ -54,10 +54,11 @@ def nccl_trace() -> dict[str, Any] | None:
             return None
         import torch
 
-        dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+        # The JSON form: no unpickling anywhere in the hooks (tests/test_security.py holds them to it).
+        dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
         if dump is None:
             return None
-        trace = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+        trace = json.loads(dump(includeCollectives=True, onlyActive=False))
     except Exception:  # no NCCL, no process group, an older torch: nothing to attach
         return None
     entries = []
