@@ -72,8 +72,9 @@ length warm-up, a larger batch) stops counting it after a while."""
 MIN_BASELINE = 5
 """Step intervals seen before a median is trusted; until then no step counts as slow."""
 
-BATCH = 4096
-"""Steps buffered before they are accounted (the ledger also accounts them when read)."""
+BATCH = 512
+"""Steps buffered before they are accounted (the ledger also accounts them when read): ~50 KB per live
+run at most (the collector holds up to 256), large enough that the per-batch numpy work stays cheap."""
 
 MARKS = 64
 """Checkpoints remembered per attempt as resume points (a resume goes to one of the newest): the
