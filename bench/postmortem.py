@@ -80,7 +80,7 @@ def _lr(sched: dict, steps: np.ndarray) -> np.ndarray:
     w, n, peak, lo = sched["warmup_steps"], sched["total_steps"], sched["peak_lr"], sched["min_ratio"]
     progress = np.clip((steps - w) / max(1, n - w), 0, 1)
     cos = lo + (1 - lo) * 0.5 * (1 + np.cos(np.pi * progress))
-    return peak * np.where(steps < w, (steps + 1) / w, cos)
+    return peak * np.where(steps < w, steps / max(1, w), cos)  # as Schedule: warmup from 0 (HF, torch)
 
 
 def generate(db: Path, n: int, seed: int = 0) -> dict:
