@@ -69,6 +69,6 @@ def test_occasional_overflow_is_silent() -> None:
 def test_reference_trainer(tmp_path: Path) -> None:
     anomalies, _ = run_reference(tmp_path, "ws16", "--precision", "fp16", "--inject", "weight_scale@40", steps=60)
     hits = [a for a in anomalies if a["kind"] == "loss_scale_collapse"]
-    assert hits and 40 <= hits[0]["first_step"] <= 45, anomalies
+    assert hits and 40 <= hits[0]["first_step"] <= 50, anomalies  # within a few overflow-skip windows
     anomalies, _ = run_reference(tmp_path, "clean16", "--precision", "fp16", "--init-scale", "1e9", steps=60)
     assert [a for a in anomalies if a["kind"] == "loss_scale_collapse"] == []

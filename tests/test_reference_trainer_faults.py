@@ -99,7 +99,7 @@ def check_lr_per_microbatch(r: Run) -> None:
         assert r.steps[s]["micro_batches"] == 4
         assert r.lr(s) == pytest.approx(d.lr(4 * s + 3))  # the trace runs 4x fast
     assert all(r.steps[s]["scheduler_steps"] == 4 for s in range(12))  # TrainMonitor counts the calls
-    assert r.lr(2) == pytest.approx(d.peak_lr)  # warmup over by step 2 instead of 8
+    assert r.lr(2) < r.lr(1)  # past the peak by step 2: the warmup ended there instead of at step 8
     assert r.lr(1) > 3 * d.lr(1)
 
 
