@@ -67,7 +67,11 @@ class NanInfConfig:
     precursor_window: int = 20
     """Steps of grad-norm and loss history used to tell a numerical blow-up from a sudden fault."""
     precursor_z: float = 3.0
-    """A log grad-norm z-score above this before the NaN means it was building up."""
+    """A log grad-norm z-score above this before the NaN means it was building up..."""
+    precursor_norm_ratio: float = 2.0
+    """...if the norm also reached this many times its recent median: on a quiet series a 1.4x step is
+    3 sigma, and calling a sudden NaN after it numerical instability sends the user to the LR instead
+    of the batch or the hardware (2 of 102 synthetic sudden NaNs did)."""
     precursor_loss_rise: float = 1.3
     """The median of the last 3 finite losses at this many times the lowest loss before them (within
     ``precursor_window``) means the loss was climbing into the NaN: a numerical blow-up, which is all

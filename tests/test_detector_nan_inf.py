@@ -210,3 +210,16 @@ def test_zero_loss_from_the_first_step_is_flagged() -> None:
     found = feed(_det(), _run([{"loss": 0.0, "grad_norm": 0.0}] * 10))
     assert found[0].step == 0 and found[0].severity == "warning"
     assert "from the first logged step" in found[-1].message
+
+
+def test_one_noisy_step_before_a_sudden_nan_is_not_a_climb() -> None:
+    """Synthetic nan-71: the last finite grad norm is 1.46x the run's level, 4.3 sigma on a quiet
+    series; the NaN is injected at once. It was called numerical instability (lower the LR)."""
+    norms = [0.213, 0.206, 0.211, 0.218, 0.233, 0.227, 0.231, 0.227, 0.216, 0.247, 0.202, 0.245, 0.202, 0.179]
+    norms += [0.228, 0.232, 0.184, 0.188, 0.216, 0.316]
+    rows = [{"loss": 2.85 + 0.05 * math.sin(i), "grad_norm": 0.21 + 0.02 * math.cos(i)} for i in range(300)]
+    rows += [{"loss": 2.85, "grad_norm": g} for g in norms]
+    rows += [{"loss": math.nan, "grad_norm": math.nan}] * 5
+    found = feed(_det(), _run(rows))
+    assert found[0].step == 320 and found[0].evidence["cause"] == "sudden"
+    assert "numerical instability" not in found[0].hint and "suspect the batch" in found[0].hint

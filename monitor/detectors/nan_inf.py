@@ -131,8 +131,9 @@ class NanInf(Detector):
         """How the history before the first non-finite step reads: setup, resume, numerical, early, sudden."""
         z = self._precursor_z()
         rise = self._loss_rise()
-        norm_climb = z is not None and z > self.config.precursor_z
-        loss_climb = rise is not None and rise >= self.config.precursor_loss_rise
+        cfg = self.config
+        norm_climb = z is not None and z > cfg.precursor_z and self._norm_ratio() >= cfg.precursor_norm_ratio
+        loss_climb = rise is not None and rise >= cfg.precursor_loss_rise
         if not self._attempt_finite:
             cause = "resume" if self._resumed else "setup"
         elif norm_climb or loss_climb:
@@ -158,6 +159,12 @@ class NanInf(Detector):
         base = hist[:-3]
         spread = statistics.pstdev(base) or 1e-3
         return (max(hist[-3:]) - statistics.fmean(base)) / spread
+
+    def _norm_ratio(self) -> float:
+        """The largest of the last 3 grad norms over the median before them: a z-score alone calls a
+        1.4x step on a quiet series a climb, and a sudden NaN after it numerical instability."""
+        hist = list(self._log_norms)
+        return math.exp(max(hist[-3:]) - statistics.median(hist[:-3]))
 
     def _loss_rise(self) -> float | None:
         """The median of the last 3 finite losses over the lowest one before them (a climb into the NaN)."""
