@@ -130,6 +130,11 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "accum_steps": _i("micro-batches per optimizer step"),
         "planned_steps": _i("optimizer steps the run intends to take"),
         "schedule": Field("json", doc="declared LR schedule, see trainmon.hooks.schedules"),
+        "scheduler": Field(
+            "str",
+            doc="class of the LR scheduler the hooks watch (CyclicLR, LambdaLR, ...); with no declared schedule, the "
+            "LR's shape is then the scheduler's business and only its step count is checked",
+        ),
         "loss_floor": _f("lowest reachable loss when known (synthetic data's entropy rate)"),
         "flops_per_token": _f("training FLOPs per token, for MFU"),
         "peak_flops": _f("peak FLOP/s of one device, for MFU"),

@@ -424,6 +424,15 @@ class LrScheduleDriftConfig:
     frozen_level_ratio: float = 4.0
     """Inferred schedules only: a flat LR is frozen only when it lasts this many times the previous LR
     level too (a rounded LR, e.g. llm.c's ``lr 5.97e-04``, moves in levels lasting tens of steps)."""
+    reset_min_level: float = 0.3
+    """Inferred schedules only: an LR that jumps back up from at least this fraction of its peak (or
+    falls by half from there and climbs again) restarted mid-decay: a scheduler reset, a warning.
+    Warm-restart and cyclic schedules rise from the floor of their decay: a note (info)."""
+    frozen_max_drop: float = 0.3
+    """Inferred schedules only: an LR held for 3+ logged points and then cut by more than this fraction
+    is a step schedule (StepLR, MultiStepLR, ReduceLROnPlateau: x0.1, x0.5), which holds each level
+    as long as it likes, so no flat stretch after it is frozen. A smooth decay moves every point, or
+    by a printed quantum (~1%) after a held level; only its last points into a floor of 0 drop more."""
     quantum_min_values: int = 8
     """Distinct logged LRs needed before their printed resolution is trusted (half a quantum is tolerated)."""
     restart_points: int = 3

@@ -165,3 +165,74 @@ def test_a_frozen_lr_finding_follows_the_condition_to_the_end(tmp_path):
     off = float(a["message"].split("(")[1].split("%")[0])
     assert off > 500, a["message"]  # the frozen LR ends far above the cosine's floor, not "1.5% off"
     assert json.dumps(a)  # the stored anomaly stays JSON
+
+
+# -- torch's other schedulers: their shapes are not drift ------------------------------------------
+
+_SCHEDULERS = textwrap.dedent(
+    """
+    import sys, torch
+    from torch.optim import lr_scheduler as L
+    from trainmon import TrainMonitor
+
+    out, watch = sys.argv[1], sys.argv[2] == "watch"
+    MAKE = {
+        "plateau": lambda o: L.ReduceLROnPlateau(o, patience=5, factor=0.5),
+        "warm_restarts": lambda o: L.CosineAnnealingWarmRestarts(o, 50),
+        "cyclic": lambda o: L.CyclicLR(o, 1e-4, 1e-3, step_size_up=40),
+        "constant_then_full": lambda o: L.ConstantLR(o, factor=0.5, total_iters=50),
+        "step": lambda o: L.StepLR(o, 100, 0.1),
+        "multistep": lambda o: L.MultiStepLR(o, [150, 250], 0.1),
+        "exponential": lambda o: L.ExponentialLR(o, 0.99),
+        "reset_mid_decay": lambda o: L.LinearLR(o, 1.0, 0.0, total_iters=300),
+    }
+    for name, make in MAKE.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = make(opt)
+        mon = TrainMonitor(name, collector=f"file://{out}/{name}.jsonl")
+        mon.watch(model, opt, sched if watch else None)
+        mon.start(planned_steps=300)
+        w = torch.randn(32, 8)
+        for step in range(300):
+            x = torch.randn(64, 32)
+            loss = torch.nn.functional.cross_entropy(model(x), (x @ w).argmax(1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if name == "reset_mid_decay" and step == 120:  # re-created mid-run: the decay starts over
+                for g in opt.param_groups:
+                    g["lr"] = g["initial_lr"]
+                sched = make(opt)
+            elif isinstance(sched, L.ReduceLROnPlateau):
+                sched.step(loss.item())
+            else:
+                sched.step()
+            mon.step_end(step, loss=loss, tokens=64)
+        mon.close()
+    """
+)
+
+
+def test_torch_schedulers_are_not_drift_and_a_reset_mid_decay_is(tmp_path):
+    """Watched, a scheduler trainmon cannot read owns the LR's shape: silence. Not watched (or an
+    imported log), step decays and plateaus are not frozen, a held level raised is warmup, and a rise
+    from a decay's floor (warm restarts, cyclic) is a note; a jump back up mid-decay is a reset."""
+    for mode in ("watch", "plain"):
+        out = tmp_path / mode
+        out.mkdir()
+        subprocess.run([sys.executable, "-c", _SCHEDULERS, str(out), mode], check=True, timeout=300)
+        for path in sorted(out.glob("*.jsonl")):
+            found = _drift(_postmortem(path, tmp_path / "db" / mode / path.stem))
+            if path.stem == "reset_mid_decay":
+                if mode == "watch":  # LinearLR is read: the declared schedule catches it exactly
+                    assert found and found[0]["severity"] == "warning" and found[0]["first_step"] == 121, found
+                else:
+                    assert [(a["severity"], a["first_step"]) for a in found] == [("warning", 121)], found
+                    assert "mid-decay" in found[0]["message"] and "re-created or reset" in found[0]["hint"]
+            elif mode == "plain" and path.stem in ("warm_restarts", "cyclic"):
+                assert [a["severity"] for a in found] == ["info"], (path.stem, found)
+                assert "by design" in found[0]["hint"]
+            else:
+                assert found == [], (mode, path.stem, found[0]["message"])

@@ -16,10 +16,17 @@ restarted warmup), but they are exact in the LR trace. So the check is on the LR
   steps is L1 directly, even where the LR curve is flat and the bug does not show yet.
 * With no declared schedule, the schedule is inferred from the first logged steps, and only
   what every standard schedule (constant, warmup then constant/cosine/linear/wsd/inverse-sqrt)
-  obeys is checked: after the peak the LR never rises again (a rise is a restarted warmup or a
-  reset), and, when the planned length is known, an LR that stops changing in the middle of a
-  decay for ``frozen_steps`` steps is frozen. Inferred checks say so in their evidence. Real
-  logs (``/work/shared/real-logs``) show no LR rise after the peak in any clean run.
+  obeys is checked. After the peak the LR does not rise again: a jump back up from the middle of
+  the decay (``reset_min_level`` of the peak or more) is a scheduler reset, a warning; a rise from
+  the decay's floor is what warm restarts and cyclic schedules do, a note. A level held and then
+  raised before any decay is more warmup (``ConstantLR``, stepped warmups). When the planned
+  length is known, an LR that stops changing in the middle of a smooth decay for
+  ``frozen_steps`` steps is frozen (a stepwise decay holds its levels at will). Inferred checks
+  say so in their evidence. Real logs (``/work/shared/real-logs``) show no LR rise after the peak
+  in any clean run.
+* A scheduler the hooks watch but cannot read (``run_start``'s ``scheduler`` with no ``schedule``:
+  ``CyclicLR``, warm restarts, ``ReduceLROnPlateau``, a ``LambdaLR`` of the user's) owns the LR's
+  shape: rises and long plateaus are what it does, so only the per-step scheduler count is checked.
 
 * Printed LRs are rounded (llm.c: ``lr 5.97e-04``): the printing quantum is learnt from the
   values' digits and half of it is tolerated; a flat LR is frozen only when it lasts
@@ -111,6 +118,7 @@ class LrScheduleDrift(Detector):
     def __init__(self, config: LrScheduleDriftConfig) -> None:
         self.config = config
         self._schedule: Schedule | None = None
+        self._opaque = False  # a scheduler whose schedule was not declared: its shape is its own business
         self._accum = 1
         self._step_base = 0
         self._world = 1
@@ -142,6 +150,11 @@ class LrScheduleDrift(Detector):
         self._n = 0
         self._prev: float | None = None
         self._peak_done = False
+        self._fell = False  # the LR went down since the peak (a rise before that is more warmup)
+        self._stepwise = False  # the last decrease was a step down after a held level (StepLR, plateau)
+        self._changed_at = 0  # the logged point at which the LR last changed
+        self._fall_from: float | None = None  # the LR before the last decrease, when that cut it by half or more
+        self._rise_from = 0.0  # where the current rise above the floor started from (the fall's top, if any)
         self._equal_run = 0
         self._floor: float | None = None  # lowest LR since the peak
         self._decreases = 0  # consecutive decreasing points
@@ -195,6 +208,8 @@ class LrScheduleDrift(Detector):
         self._recent.append((step, lrs_t))
         if self._schedule is not None:
             bad, worst = self._check_declared(step, lrs_t)
+        elif self._opaque:
+            bad, worst = False, {}
         else:
             bad, worst = self._check_inferred(step, lrs_t[0])
             if self._ratios is None or len(self._ratios) != len(lrs_t):
@@ -232,6 +247,9 @@ class LrScheduleDrift(Detector):
                 self._schedule = Schedule.from_dict(raw)
             except (TypeError, ValueError):
                 self._schedule = None
+        # CyclicLR, warm restarts, ReduceLROnPlateau, a LambdaLR of the user's: rises and plateaus are
+        # what they do, so the shape rules of an inferred schedule would only cry wolf.
+        self._opaque = self._schedule is None and bool(f.get("scheduler"))
         config = f.get("config") if isinstance(f.get("config"), dict) else {}
         # a log that counts its steps from 1 (llm.c's stdout prints step + 1) logs lr(N - 1) at step N
         self._step_base = int(config.get("step_base") or 0)
@@ -253,7 +271,11 @@ class LrScheduleDrift(Detector):
         self._attempt_first = None
         self._n = self._equal_run = self._decreases = 0
         self._prev = self._floor = self._flat_since = self._flat_next = None
-        self._peak_done = self._decaying = False
+        self._peak_done = self._decaying = self._fell = False
+        self._stepwise = False
+        self._changed_at = 0
+        self._fall_from = None
+        self._rise_from = 0.0
         self._peak, self._peak_step, self._level = 0.0, 0, 1
         self._decay = []
 
@@ -310,10 +332,16 @@ class LrScheduleDrift(Detector):
             self._equal_run = 0
             self._decaying = lr < prev and self._decreases >= 2
             self._decreases = self._decreases + 1 if lr < prev else 0
+            if lr < prev:  # held for 3+ logged points, then down by a large fraction: a step schedule
+                held = self._n - self._changed_at
+                self._stepwise = held >= 3 and 1.0 - lr / prev > cfg.frozen_max_drop
+                self._fall_from = prev if lr <= 0.5 * prev else None
+            self._changed_at = self._n
             if self._flat_since is not None:
                 self._level = step - self._flat_since
             self._flat_since = step
             if self._peak_done and lr < prev:
+                self._fell = True
                 self._remember_decay(step, lr)
         if not self._peak_done:
             if lr >= self._peak:
@@ -322,18 +350,34 @@ class LrScheduleDrift(Detector):
                 self._peak_done = True
                 self._floor = lr
                 if lr < prev:
+                    self._fell = True
                     self._remember_decay(step, lr)
+            return False, {}
+        if not self._fell and lr > prev:  # a level held, then higher (ConstantLR, a stepped warmup): still warmup
+            self._peak_done = False
+            self._peak, self._peak_step = lr, step
             return False, {}
         if self._n < cfg.infer_points:
             self._floor = min(self._floor if self._floor is not None else lr, lr)
             return False, {}
         floor = self._floor if self._floor is not None else lr
-        if lr > floor * (1 + cfg.rel_tol) + self._res.quantum(lr) and lr > self._peak * 1e-6:
-            return True, {"group": 0, "actual": lr, "expected_max": floor, "rule": "rise_after_peak"}
+        above = floor * (1 + cfg.rel_tol) + self._res.quantum(lr)
+        if lr > above and lr > self._peak * 1e-6:
+            if prev <= above:  # the rise starts here: from the floor of a decay, or from the middle of one
+                jump = self._fall_from is not None or lr >= 1.3 * prev
+                self._rise_from = max(prev, self._fall_from or 0.0) if jump else 0.0
+            return True, {
+                "group": 0,
+                "actual": lr,
+                "expected_max": floor,
+                "rule": "rise_after_peak",
+                "rise_from": self._rise_from,
+            }
         self._floor = min(floor, lr)
         if (
             same
             and self._decaying
+            and not self._stepwise  # a smooth decay, not a stepwise one
             and self._planned
             and self._flat_since is not None
             and step - self._flat_since >= cfg.frozen_steps
@@ -473,6 +517,8 @@ class LrScheduleDrift(Detector):
                 return "frozen", {"inferred": True}
             if self._restarted_here():
                 return "restarted", {"inferred": True, "restart_step": self._attempt_first}
+            if worst.get("rise_from", 0.0) >= self.config.reset_min_level * self._peak:
+                return "reset", {"inferred": True, "peak": self._peak}
             return "rise", {"inferred": True}
         group = int(worst.get("group", 0))
         ratios = self._ratios or [1.0]
@@ -604,6 +650,12 @@ class LrScheduleDrift(Detector):
                 f"has stayed there for {off} steps (step {step}): a complete {extra['shape']} decay, ~"
                 f"{extra['speedup']}x faster than the run ({inferred})"
             )
+        elif diag == "reset":
+            what = (
+                f"LR jumped back up from {_fmt(worst['rise_from'])} ({worst['rise_from'] / extra['peak']:.0%} of its "
+                f"peak {_fmt(extra['peak'])}, mid-decay) at step {self._ep_first}: the schedule restarted; "
+                f"{_fmt(actual)} at step {step}, above the decay for {off} steps ({inferred})"
+            )
         elif frozen:
             what = (
                 f"LR has stayed at {_fmt(actual)} since step {worst.get('flat_since')} after decaying, {off} steps "
@@ -612,12 +664,15 @@ class LrScheduleDrift(Detector):
         else:
             what = (
                 f"LR rose to {_fmt(actual)} at step {step} after decaying to {_fmt(worst.get('expected_max', 0.0))}, "
-                f"above it for {off} steps {since} ({inferred}; after the peak it should never rise)"
+                f"above it for {off} steps {since} ({inferred})"
             )
         hint = _HINTS[diag](self, extra, group)
         if source == "inferred":
             hint += " (No schedule was declared; declare it in run_start for exact checks.)"
-        return Finding(kind=self.kind, severity="warning", step=at, message=what, hint=hint, evidence=evidence)
+        # An LR rising after a decay, with nothing declared and no resume there, is what warm restarts and
+        # cyclic schedules do by design: a note, unless the user tells trainmon the schedule.
+        severity = "info" if diag == "rise" else "warning"
+        return Finding(kind=self.kind, severity=severity, step=at, message=what, hint=hint, evidence=evidence)
 
 
 def _pct(err: float | None) -> str:
@@ -660,10 +715,21 @@ def _hint_restarted(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> 
     )
 
 
+def _hint_reset(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
+    return (
+        f"The LR went back up in the middle of its decay, not from its floor as warm-restart and cyclic schedules "
+        f"do: the scheduler was re-created or reset, most often at a resume that did not restore its state (a "
+        f"new scheduler, no scheduler.load_state_dict). Check the resume code around step {det._ep_first}; the "
+        f"steps since ran at a higher LR than planned."
+    )
+
+
 def _hint_rise(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
     return (
-        "The LR went up again after the peak, which no standard schedule does: a scheduler rebuilt or "
-        "reset mid-run, a manual LR override, or a cyclic schedule. Check for a restart or resume near this step."
+        "The LR went up again after decaying: warm restarts (CosineAnnealingWarmRestarts, HF "
+        "cosine_with_restarts) and cyclic schedules do this by design; otherwise a scheduler rebuilt or reset "
+        "mid-run, or a manual LR override. Pass the scheduler to watch() or declare the schedule for an exact "
+        "check."
     )
 
 
@@ -734,6 +800,7 @@ _HINTS: dict[str, Callable[[LrScheduleDrift, dict[str, Any], int], str]] = {
     "per_microbatch": _hint_microbatch,
     "per_process": _hint_process,
     "restarted": _hint_restarted,
+    "reset": _hint_reset,
     "rise": _hint_rise,
     "frozen": _hint_frozen,
     "wrong_length": _hint_length,
