@@ -246,10 +246,12 @@ def test_backward_ends_at_the_last_gradient_whatever_the_registration_order(tmp_
         loss.backward()
         opt.step()
         opt.zero_grad()
-        time.sleep(0.02)  # host work after the optimizer: "optimizer" until step_end, never "backward"
+        time.sleep(0.25)  # host work after the optimizer: "optimizer" until step_end, never "backward"
         mon.step_end(step, loss=loss)
     mon.close()
     for s in _events(path):
         ph = s["fields"]["phases"]
-        assert 0.03 <= ph["backward"] < 0.045, (s["fields"]["step"], ph)  # the sleep is backward compute
-        assert ph["optimizer"] >= 0.02 and ph.get("data", 0.0) < 0.01
+        # the 0.03 s sleep is backward compute; the 0.25 s after the optimizer is not (bounds wide
+        # apart, so a loaded CI machine does not turn scheduling delay into a failure)
+        assert 0.03 <= ph["backward"] < 0.2, (s["fields"]["step"], ph)
+        assert ph["optimizer"] >= 0.25 and ph.get("data", 0.0) < 0.1
