@@ -401,6 +401,9 @@ class ThroughputCollapseConfig:
     """...and exceed the typical save by at least this many seconds (jitter of millisecond saves)."""
     checkpoint_first_fraction: float = 0.25
     """The first save has no median to compare with: it must cost this share of the time before it."""
+    checkpoint_first_min_interval: float = 10.0
+    """...and only after this many seconds of training: the share of a few seconds is noise (a 2 s CPU
+    run whose first save took 0.6 s on a loaded machine was told its checkpoints cost 31%)."""
 
 
 @dataclass

@@ -28,8 +28,9 @@ Why the rule is what it is (``failure-modes.md``):
   slower than the median of the earlier saves *and* costs more than ``checkpoint_fraction`` of
   the time since the previous save *and* exceeds the typical save by ``checkpoint_min_seconds``
   (the first save, with no median, must cost ``checkpoint_first_fraction`` of the time before
-  it). Either P5 condition alone fires on healthy runs that save often or whose saves take
-  milliseconds; both together single out a save that stalled.
+  it, and only after ``checkpoint_first_min_interval`` seconds of training). Either P5
+  condition alone fires on healthy runs that save often or whose saves take milliseconds; both
+  together single out a save that stalled.
 
 What the finding says (issue 14, findings a person can trust):
 
@@ -611,6 +612,8 @@ class ThroughputCollapse(Detector):
         slow_vs_typical = typical is None or duration > cfg.checkpoint_ratio * typical
         share_limit = cfg.checkpoint_fraction if typical is not None else cfg.checkpoint_first_fraction
         costly = interval is not None and interval > 0 and duration > share_limit * interval
+        if typical is None and (interval or 0.0) < cfg.checkpoint_first_min_interval:
+            costly = False  # a share of a few seconds of training says nothing yet
         excess = duration - (typical or 0.0)
         if not (slow_vs_typical and costly and excess >= cfg.checkpoint_min_seconds):
             self._saves.add(duration)
