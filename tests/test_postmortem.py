@@ -346,6 +346,18 @@ def test_verdict_ranks_by_severity_then_recovery_then_extent() -> None:
     assert not verdict(_summary(anomalies=anomalies[:1], failures=1))["healthy"]
 
 
+def test_verdict_cost_of_a_short_run_is_never_zero_seconds() -> None:
+    """A 0.3 s CPU loop at 86% goodput said '0.0 s did no useful work' beside the 14% it had lost."""
+    from trainmon.monitor.analysis.verdict import verdict
+
+    good = {"fraction": 0.86, "wall_seconds": 0.3, "recomputed_steps": 0, "failures": 0, "productive_seconds": 0.26}
+    good["badput_seconds"] = {"other": 0.03, "slow_steps": 0.012}
+    (line,) = verdict(_summary(goodput=good))["cost"]
+    assert "0.042 s did no useful work" in line and "0.0 s" not in line
+    good = {**good, "wall_seconds": 2000.0}
+    assert "280 s did no useful work" in verdict(_summary(goodput=good))["cost"][0]
+
+
 def test_terminal_never_breaks_a_command_or_a_name() -> None:
     command = "`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`"
     hint = "Throttled: the SM clock fell under load. Check the node's clocks and throttle reasons " + command

@@ -128,7 +128,7 @@ def _device_time(seconds: float, world: int) -> str:
     ranks = f" x {world} ranks" if world > 1 else ""
     if total >= 360:
         return f"{total / 3600:,.2f} GPU-hours"
-    return f"{seconds:.1f} s{ranks}"
+    return f"{seconds:.2g} s{ranks}" if seconds < 10 else f"{seconds:.0f} s{ranks}"  # never "0.0 s"
 
 
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
