@@ -9,6 +9,7 @@ default, since Prometheus sends bearer tokens (``authorization: {credentials: ..
 
 from __future__ import annotations
 
+import http.client
 import inspect
 import json
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -269,3 +271,49 @@ def test_no_pickle_deserialisation_in_the_collector_or_hooks() -> None:
     uses = re.findall(r"pickle\.\w+", fingerprint)
     assert set(uses) == {"pickle.dumps"}
     assert all("_hash_bytes(pickle.dumps(" in line for line in fingerprint.splitlines() if "pickle.dumps" in line)
+
+
+def _raw_get(url: str, path: str, cookie: str | None = None, method: str = "GET") -> tuple[int, bytes, dict]:
+    """One request, redirects not followed (the browser's view of the login)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn.request(method, path, headers={"Cookie": cookie} if cookie else {})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, body, {k.lower(): v for k, v in resp.getheaders()}
+
+
+def test_a_browser_opens_the_web_view_of_a_guarded_collector_with_the_token_once(guarded) -> None:
+    """With a token configured a browser could not open / or /runs/... at all (no way to send a bearer
+    header). ?token= once sets a session cookie the pages accept; the API and ingest never do."""
+    url = guarded.url
+    assert (
+        _request(url + "/v1/events", token=TOKEN, body=batch([event("run_start", {"world_size": 1}, seq=0)]))[0] == 200
+    )
+    status, body, _ = _raw_get(url, "/")
+    assert status == 401 and b"?token=" in body and TOKEN.encode() not in body  # says how, in HTML
+    for bad in ("wrong", TOKEN[:-1], ""):
+        assert _raw_get(url, "/?token=" + urllib.parse.quote(bad))[0] == 401
+    assert _raw_get(url, f"/?token={TOKEN}&token=wrong")[0] == 401  # one token, not a guess among several
+
+    status, _, headers = _raw_get(url, f"/runs/r1?token={TOKEN}&x=1")
+    assert status == 303 and headers["location"] == "/runs/r1?x=1"  # the token leaves the address bar
+    cookie = headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN not in cookie
+    session = cookie.split(";")[0]
+    assert _raw_get(url, "/", cookie=session)[0] == 200
+    assert _raw_get(url, "/runs/r1", cookie="other=1; " + session)[0] == 200
+    assert _raw_get(url, "/", cookie=session[:-1] + "0")[0] == 401
+
+    # The cookie opens the pages only: not the API, the metrics, nor ingest.
+    for path in GUARDED_GETS:
+        assert _raw_get(url, path, cookie=session)[0] == 401, path
+    req = urllib.request.Request(
+        url + "/v1/events",
+        data=json.dumps(batch([event("run_start", {"world_size": 1}, seq=1)])).encode(),
+        headers={"Content-Type": "application/json", "Cookie": session},
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 401

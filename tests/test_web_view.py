@@ -194,3 +194,28 @@ def test_the_run_page_in_headless_chromium(served: LiveCollector, tmp_path: Path
     # Plots are where the colours are: at least two 200-px bands hold hundreds of distinct colours.
     bands = [len(image.crop((0, y, 1280, y + 200)).getcolors(1 << 20) or []) for y in range(0, 2000, 200)]
     assert sum(n >= 300 for n in bands) >= 2, bands
+
+
+def test_chromium_logs_in_to_a_guarded_collector_with_the_token_once(tmp_path: Path) -> None:
+    """A collector started with a token: Chromium opens /?token=..., follows the redirect with the
+    session cookie and shows the run list; without the token it shows how to log in."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian chromium is not installed (apt-get install -y --no-install-recommends chromium)")
+    token = "s3cret-token-for-the-web-view-test"
+    lc = start_collector(tmp_path / "guarded.sqlite", token=token)
+    try:
+        assert lc.post(batch([event("run_start", {"world_size": 1}, run="guarded-run", seq=0)]),
+                       {"Authorization": f"Bearer {token}"})[0] == 200  # fmt: skip
+
+        def dom(path: str) -> str:
+            cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+                   "--disable-background-networking", "--disable-component-update",
+                   f"--user-data-dir={tmp_path / 'p'}", "--dump-dom", lc.url + path]  # fmt: skip
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+
+        assert "needs its token" in dom("/") and "guarded-run" not in dom("/")
+        page = dom(f"/?token={token}")
+        assert "guarded-run" in page and "needs its token" not in page
+    finally:
+        lc.stop()

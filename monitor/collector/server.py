@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -213,6 +214,11 @@ class _Ingress:
     machinery. Everything else (the read API, ``/metrics``, ``/openapi.json``) is FastAPI's.
     A token refusal is a 401 counted as ``auth``; the comparison is constant-time, so response
     timing does not reveal how much of a guess was right.
+
+    A browser cannot send a bearer header, so the web pages (``GET /``, ``GET /runs/...``) also take
+    the token once as ``?token=``: the reply redirects to the same page without it and sets a session
+    cookie (an HMAC of the token, HttpOnly, SameSite=Strict) that only those pages accept. The API,
+    ``/metrics`` and ingest still need the header, so a page elsewhere cannot use the cookie to write.
     """
 
     def __init__(self, api: FastAPI, collector: Collector) -> None:
@@ -220,6 +226,9 @@ class _Ingress:
         self.collector = collector
         config = collector.config
         self._token = config.token.encode() if config.token else None
+        self._session = (
+            hmac.new(self._token, b"trainmon web session", hashlib.sha256).hexdigest().encode() if self._token else b""
+        )
         # On a loopback bind, only loopback names (and the configured ones) in Host: DNS rebinding.
         self._hosts: frozenset[bytes] | None = None
         if _is_loopback(config.host):
@@ -242,6 +251,15 @@ class _Ingress:
             await self._reply(send, 403, {"error": problem})
             return
         if self._token is not None and scope["path"] not in self._open and not self._authorized(scope):
+            if _is_page(scope):
+                if self._has_session(scope):
+                    await self.api(scope, receive, send)
+                elif (query := self._page_token(scope)) is not None:
+                    await self._log_in(scope, send, query)
+                else:
+                    self._metrics.rejected.labels("auth").inc()
+                    await _html(send, 401, _LOGIN_PAGE)
+                return
             await self._refuse(scope, send)
             return
         if scope["path"] != "/v1/events":
@@ -273,6 +291,31 @@ class _Ingress:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         scheme, _, credential = given.partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self._token or b"")
+
+    def _has_session(self, scope: dict) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"cookie":
+                for part in value.split(b";"):
+                    key, _, given = part.strip().partition(b"=")
+                    if key == _SESSION_COOKIE and hmac.compare_digest(given, self._session):
+                        return True
+        return False
+
+    def _page_token(self, scope: dict) -> str | None:
+        """The page's query without ``token`` when ``token`` is right (None otherwise)."""
+        pairs = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        given = [v for k, v in pairs if k == "token"]
+        if len(given) != 1 or not hmac.compare_digest(given[0].encode("latin-1"), self._token or b""):
+            return None
+        return urllib.parse.urlencode([(k, v) for k, v in pairs if k != "token"])
+
+    async def _log_in(self, scope: dict, send: Any, query: str) -> None:
+        path = scope.get("raw_path") or scope["path"].encode()
+        location = path + (b"?" + query.encode() if query else b"")
+        cookie = _SESSION_COOKIE + b"=" + self._session + b"; Path=/; HttpOnly; SameSite=Strict; Max-Age=604800"
+        headers = [(b"location", location), (b"set-cookie", cookie), (b"cache-control", b"no-store")]
+        await send({"type": "http.response.start", "status": 303, "headers": [*headers, (b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
 
     async def _refuse(self, scope: dict, send: Any) -> None:
         self._metrics.rejected.labels("auth").inc()
@@ -360,6 +403,33 @@ class _Ingress:
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
+
+
+_SESSION_COOKIE = b"trainmon_session"
+
+_LOGIN_PAGE = b"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>trainmon: token needed</title>
+</head><body style="font-family:sans-serif;max-width:40em;margin:3em auto">
+<h1>This collector needs its token</h1>
+<p>It was started with a bearer token (<code>--token</code> or <code>$TRAINMON_TOKEN</code>). Open this page once
+as <code>/?token=YOUR_TOKEN</code>: the collector then sets a cookie for its pages and drops the token from the
+address. The API and <code>/metrics</code> still take <code>Authorization: Bearer &lt;token&gt;</code>.</p>
+</body></html>"""
+
+
+def _is_page(scope: dict) -> bool:
+    """The web view's pages, which a browser opens (and which never change anything)."""
+    return scope["method"] in ("GET", "HEAD") and (scope["path"] == "/" or scope["path"].startswith("/runs/"))
+
+
+async def _html(send: Any, status: int, body: bytes) -> None:
+    head = [
+        (b"content-type", b"text/html; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"),
+        (b"www-authenticate", b'Bearer realm="trainmon"'),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _findings_query(query: bytes, revision: int) -> tuple[str, str, int] | str | None:
@@ -724,6 +794,9 @@ def serve(config: CollectorConfig) -> None:
     check_bind(config)
     log.setLevel(min(log.getEffectiveLevel(), logging.INFO))  # run start/end and anomaly lines on the console
     collector = Collector.open(config)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    login = " (open it once as /?token=<the token>; a cookie keeps the browser in)" if config.token else ""
+    log.info("web view at http://%s:%d/%s", host, config.port, login)
     server = _DaemonServer(uvicorn_config(create_app(collector), config.host, config.port, "info"))
     try:
         server.run()
