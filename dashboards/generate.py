@@ -592,7 +592,14 @@ def fleet_dashboard() -> dict[str, Any]:
     d.add(
         "stat",
         "Runs with open critical anomalies",
-        [('count(sum by (run) (trainmon_anomalies_active{severity="critical"}) > 0) or vector(0)', "runs")],
+        [
+            (
+                # finished runs keep their series for a while: count only the ones still running
+                'count((sum by (run) (trainmon_anomalies_active{severity="critical"}) > 0) '
+                "and on (run) (max by (run) (trainmon_run_running) == 1)) or vector(0)",
+                "runs",
+            )
+        ],
         w=6,
         h=4,
         options=STAT,

@@ -17,13 +17,23 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 from conftest import start_collector
-from prometheus import REPO, Prometheus, fake_nvml_env, needs_prometheus, start_prometheus, stopping, write_test_rules
+from prometheus import (
+    PROMTOOL,
+    REPO,
+    Prometheus,
+    fake_nvml_env,
+    needs_prometheus,
+    start_prometheus,
+    stopping,
+    write_test_rules,
+)
 
 from trainmon.monitor.cli import main as cli_main
 
@@ -319,6 +329,40 @@ def test_throttle_reasons_decode_in_prometheus(scraped: tuple[Prometheus, float,
     assert decoded(f'trainmon_gpu_throttle_reasons{{run="{RUN}"}}') == {"SW power cap": 1.0}
     assert decoded("vector(100)") == {"SW power cap": 1.0, "SW thermal": 2.0, "HW thermal": 2.0}
     assert decoded("vector(0)") == {}
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool missing (Debian package 'prometheus')")
+def test_fleet_critical_stat_counts_only_runs_still_running(tmp_path: Path) -> None:
+    """A finished run's series outlive it by 5 minutes, its open critical anomaly included: the fleet
+    stat counted it all that time. promtool evaluates the panel's query on both kinds of run."""
+    (query,) = [e for w, e in expressions(load("trainmon-fleet.json")) if "Runs with open critical" in w]
+    series = {
+        'trainmon_anomalies_active{run="live", rank="0", kind="nan_inf", severity="critical"}': "1x10",
+        'trainmon_anomalies_active{run="done", rank="0", kind="nan_inf", severity="critical"}': "1x10",
+        'trainmon_anomalies_active{run="done", rank="1", kind="hang", severity="critical"}': "1x10",
+        'trainmon_anomalies_active{run="warned", rank="0", kind="loss_spike", severity="warning"}': "1x10",
+        'trainmon_run_running{run="live", attempt="1"}': "1x10",
+        'trainmon_run_running{run="done", attempt="1"}': "1 1 1 1 1 0 0 0 0 0 0",
+        'trainmon_run_running{run="warned", attempt="1"}': "1x10",
+    }
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "promql_expr_test": [
+                    {"expr": query, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": 2}]},
+                    {"expr": query, "eval_time": "8m", "exp_samples": [{"labels": "{}", "value": 1}]},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "fleet.test.yml"
+    path.write_text(json.dumps(test))  # JSON is YAML
+    proc = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # --- trainmon grafana provision against a fake Grafana HTTP API ----------------------------
