@@ -17,7 +17,7 @@ import pytest
 
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from tests.trainer_helpers import ROOT, read_labels, run_trainer
-from trainmon.monitor.analysis.postmortem import analyse, import_file, optimal_checkpoint_interval
+from trainmon.monitor.analysis.postmortem import analyse, import_file, optimal_checkpoint_interval, summarize
 from trainmon.monitor.store.storage import Storage
 
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
@@ -472,3 +472,39 @@ def test_runs_table_keeps_names_and_ranks_table_reads_cleanly() -> None:
     ]
     text = _terminal(_summary(ranks=ranks, world_size=2))
     assert "- s" not in text and "(x-)" not in text and "0.6 s (x1.2)" in text
+
+
+def _spike_run(path: Path, rises: dict[str, float]) -> dict[str, Any]:
+    """A loss spike at step 60 with per-layer grad norms every step; ``rises`` multiplies layers there."""
+    from tests.events import event
+
+    names = ["blocks.0.ln_1.bias", "blocks.0.attn.qkv.weight", "blocks.1.mlp.fc.weight", "ln_f.weight"]
+    lines = [event("run_start", {"planned_steps": 100}, run="layers", seq=0, t=1.7e9)]
+    for s in range(100):
+        spike = s == 60
+        norms = {
+            n: (1.0 + 0.05 * ((s * 7 + i) % 5)) * (rises.get(n, 1.0) if spike else 1.0) for i, n in enumerate(names)
+        }
+        fields = {"step": s, "loss": (3.0 - 0.005 * s) * (40.0 if spike else 1.0) + 0.01 * ((s * 3) % 7),
+                  "grad_norm": 1.0 + 0.02 * ((s * 5) % 3) + (100.0 if spike else 0.0), "lr": [1e-3],
+                  "tokens": 512, "step_time": 0.05, "layer_grad_norms": norms}  # fmt: skip
+        lines.append(event("step", fields, run="layers", seq=s + 1, t=1.7e9 + 0.05 * (s + 1)))
+    lines.append(event("run_end", {"status": "finished", "step": 99}, run="layers", seq=101, t=1.7e9 + 6))
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    storage = Storage(f"sqlite:///{path.with_suffix('.sqlite')}")
+    (run,) = import_file(path, storage)
+    return summarize(storage, run)
+
+
+def test_layers_that_rose_together_are_one_entry_and_not_called_localised(tmp_path: Path) -> None:
+    """The demo's loss spike listed three layers under it, each 'the loss_spike is localised to' another
+    one (1,540x, 334x, 315x). A bad batch lifts every layer: one entry, the layers ranked, not localised."""
+    s = _spike_run(tmp_path / "all.jsonl", {"ln_f.weight": 1500.0, "blocks.0.ln_1.bias": 330.0,
+                                             "blocks.1.mlp.fc.weight": 300.0})  # fmt: skip
+    (entry,) = [e for e in s["timeline"] if e["kind"] == "layer_grad_norm"]
+    assert entry["evidence"]["layer"] == "ln_f.weight" and not entry["evidence"]["localised"]
+    assert entry["message"].index("ln_f.weight") < entry["message"].index("blocks.0.ln_1.bias")
+    assert "not localised" in entry["hint"] and "is localised to" not in entry["hint"]
+    s = _spike_run(tmp_path / "one.jsonl", {"blocks.0.attn.qkv.weight": 800.0, "ln_f.weight": 4.0})
+    (entry,) = [e for e in s["timeline"] if e["kind"] == "layer_grad_norm"]
+    assert entry["evidence"]["localised"] and "localised to blocks.0.attn.qkv.weight" in entry["hint"]

@@ -63,6 +63,7 @@ from sqlalchemy import Connection, and_, bindparam, case, func, select
 
 from trainmon.hooks.schedules import Schedule
 from trainmon.monitor.analysis import budget, goodput
+from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.queries import anomaly_rows, step_base
 from trainmon.monitor.store.storage import (
@@ -777,32 +778,60 @@ def _timeline(
                     "evidence": a["evidence"],
                 }
             )
-        seen_layers: set[str] = set()
+        layers: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # layer -> (its rise, the anomaly)
         for a in cluster:
             for loc in local.get(a["id"], []):
-                if loc["layer"] in seen_layers:
-                    continue
-                seen_layers.add(loc["layer"])
-                ratio = "non-finite" if not math.isfinite(loc["ratio"]) else f"{loc['ratio']:.3g}x"
-                timeline.append(
-                    {
-                        "level": 2,
-                        "explains": head,
-                        "anomaly": None,
-                        "kind": "layer_grad_norm",
-                        "severity": "info",
-                        "rank": a["rank"],
-                        "first_step": loc["step"],
-                        "last_step": loc["step"],
-                        "message": f"grad norm of {loc['layer']} at step {loc['step']}: {loc['grad_norm']:.4g} "
-                        f"({ratio} its median of {_g(loc['baseline'])} before)",
-                        "hint": f"the {cluster[0]['kind']} is localised to {loc['layer']}: inspect that layer's "
-                        "inputs and weights at this step (attention logits, norm scales, the batch).",
-                        "status": None,
-                        "evidence": loc,
-                    }
-                )
+                layers.setdefault(loc["layer"], (loc, a))
+        if layers:
+            timeline.append(
+                _layer_entry(cluster[0]["kind"], head, sorted(layers.values(), key=lambda la: -la[0]["ratio"]))
+            )
     return anomalies_out, timeline
+
+
+def _layer_entry(kind: str, head: int, rises: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """One entry for the layers whose grad norm rose at an incident, largest rise first. Localised
+    means one layer stands out: no other rose 10x or more (a bad batch lifts every layer at once,
+    and naming each as "the" place sent the reader to three layers for one cause)."""
+    top, a = rises[0]
+
+    def ratio(loc: dict[str, Any]) -> str:
+        return "non-finite" if not math.isfinite(loc["ratio"]) else f"{fmt(loc['ratio'], 3)}x"
+
+    others = [loc for loc, _ in rises[1:3]]
+    localised = all(loc["ratio"] < 10 for loc in others)
+    if localised:
+        message = (
+            f"grad norm of {top['layer']} at step {top['step']}: {top['grad_norm']:.4g} ({ratio(top)} its median "
+            f"of {_g(top['baseline'])} before)"
+        )
+        hint = (
+            f"the {kind} is localised to {top['layer']}: inspect that layer's inputs and weights at this step "
+            "(attention logits, norm scales, the batch)."
+        )
+    else:
+        listed = ", ".join(f"{loc['layer']} {ratio(loc)}" for loc, _ in rises[:3])
+        message = (
+            f"grad norm rose in {len(rises)} layers at step {top['step']} (against their medians before): {listed}"
+        )
+        hint = (
+            f"not localised: several layers rose together, so look at the step as a whole (the batch, the LR) "
+            f"before any one layer; the largest rise is in {top['layer']}."
+        )
+    return {
+        "level": 2,
+        "explains": head,
+        "anomaly": None,
+        "kind": "layer_grad_norm",
+        "severity": "info",
+        "rank": a["rank"],
+        "first_step": top["step"],
+        "last_step": top["step"],
+        "message": message,
+        "hint": hint,
+        "status": None,
+        "evidence": {**top, "localised": localised, "layers": [loc for loc, _ in rises[:3]]},
+    }
 
 
 def _g(v: float | None) -> str:

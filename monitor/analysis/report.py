@@ -57,6 +57,8 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = float(seconds)
+    if seconds < 1:
+        return f"{seconds:.2g} s"  # a 14 ms save is not "0.0 s"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:
@@ -256,8 +258,12 @@ def _print_verdict(s: dict[str, Any], console: Console) -> None:
         head = Text(f"#{f['number']} ", style="bold")
         head.append(f["kind"], style="bold")
         head.append(f"  {sev}", style=_COLOUR.get(sev, ""))
-        head.append(visible_controls(f"  {f['when']}, {_who(f['rank'])}, {state}"))
-        console.print(head)  # wrapped at spaces: it holds no command
+        tail = visible_controls(f"  {f['when']}, {_who(f['rank'])}, {state}")
+        if len(head) + len(tail) <= console.width:
+            console.print(head + Text(tail))
+        else:  # the state goes to its own indented line rather than wrapping to column 0
+            console.print(head + Text(tail.rsplit(", ", 1)[0] + ","))
+            _prose(console, state, 4, first="    ")
         _prose(console, f["what"], 4, first="    ")
         _prose(console, f["todo"], 4, "dim", first="  → ")
     if v["more"]:
