@@ -49,6 +49,7 @@ import statistics
 from typing import Any
 
 from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.config import LossSpikeConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
@@ -453,12 +454,12 @@ class LossSpike(Detector):
             if last["ratio"] is not None:
                 return (
                     f"loss spike at step {last['step']}: {last['loss']:.4g} vs a median of {level:.4g} "
-                    f"({last['ratio']:.2f}x, {last['z']:.1f} robust sigma)"
+                    f"({fmt(last['ratio'], 3)}x, {fmt(last['z'], 3)} robust sigma)"
                 )
-            return f"loss spike at step {last['step']}: {last['loss']:.4g} ({last['z']:.1f} robust sigma)"
+            return f"loss spike at step {last['step']}: {last['loss']:.4g} ({fmt(last['z'], 3)} robust sigma)"
         _, big_step, big_ratio = ep["largest"]
-        big = f"{big_ratio:.2f}x" if big_ratio is not None else "the largest"
-        now = f"{last['ratio']:.2f}x" if last["ratio"] is not None else f"{last['z']:.1f} sigma"
+        big = f"{fmt(big_ratio, 3)}x" if big_ratio is not None else "the largest"
+        now = f"{fmt(last['ratio'], 3)}x" if last["ratio"] is not None else f"{fmt(last['z'], 3)} sigma"
         trend = self._trend(ep)
         return (
             f"loss spikes recurring: {ep['count']} spikes since step {ep['first_step']} "
