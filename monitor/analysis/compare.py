@@ -361,6 +361,7 @@ def _loss_report(al: _Aligned, a: RunSeries, b: RunSeries, k: float) -> dict[str
 
 
 NOISE_RATIO = 2.0  # B's loss noise this many times A's over the shared range is worth a line
+LEVEL_RATIO = 1.5  # ...when the two losses sit within this factor of each other (else noise is not comparable)
 
 
 def _noise_report(a: RunSeries, b: RunSeries, al: _Aligned, by: str) -> dict[str, Any] | None:
@@ -372,14 +373,26 @@ def _noise_report(a: RunSeries, b: RunSeries, al: _Aligned, by: str) -> dict[str
         return None
     lo, hi = float(al.x[0]), float(al.x[-1])
 
-    def noise(r: RunSeries) -> float:
+    def shared(r: RunSeries) -> np.ndarray:
         x = r.step if by == "step" else r.cum_tokens
-        return noise_sigma(r.loss[(x >= lo) & (x <= hi)])
+        return r.loss[(x >= lo) & (x <= hi)]
+
+    def noise(r: RunSeries) -> float:
+        return noise_sigma(shared(r))
+
+    def level(r: RunSeries) -> float:
+        v = shared(r)
+        v = v[np.isfinite(v)]
+        return float(np.median(v)) if len(v) else math.nan
 
     na, nb = noise(a), noise(b)
     if not (na > 0 and nb > 0):
         return None
-    return {"a": na, "b": nb, "ratio": nb / na}
+    la, lb = level(a), level(b)
+    # Noise in nats scales with the loss: a run at a tenth of the other's loss (another model, another
+    # task, an overfit fine-tune) is quieter for that alone, and blaming B's data loader misleads.
+    comparable = la > 0 and lb > 0 and 1 / LEVEL_RATIO <= lb / la <= LEVEL_RATIO
+    return {"a": na, "b": nb, "ratio": nb / na, "level_a": la, "level_b": lb, "comparable": comparable}
 
 
 def _lr_report(al: _Aligned) -> dict[str, Any] | None:
@@ -514,10 +527,10 @@ def compare(a: RunSeries, b: RunSeries, by: str = "step", k: float = K_SIGMA) ->
         )
     else:
         summary.append(f"too few aligned steps to judge the loss ({loss['points']})")
-    if noise is not None and noise["ratio"] >= NOISE_RATIO:
+    if noise is not None and noise["ratio"] >= NOISE_RATIO and noise["comparable"]:
         summary.append(
             f"loss noise: B's step-to-step noise is {noise['ratio']:.1f}x A's over the same {by} "
-            f"({noise['b']:.3g} vs {noise['a']:.3g} nats). " + shuffling_hint(None)
+            f"({noise['b']:.3g} vs {noise['a']:.3g} nats). " + shuffling_hint(None, than="in A")
         )
     if lr is None:
         summary.append("LR: not logged by both runs")

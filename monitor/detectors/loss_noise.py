@@ -39,11 +39,12 @@ from trainmon.monitor.detectors.rolling import RollingWindow
 __all__ = ["LossNoise", "shuffling_hint"]
 
 
-def shuffling_hint(since: int | None) -> str:
-    """What a noisier loss at a steady LR usually means, and what to check (also used by ``compare``)."""
+def shuffling_hint(since: int | None, than: str = "before") -> str:
+    """What a noisier loss at a steady LR usually means, and what to check (also used by ``compare``,
+    with ``than="in A"``)."""
     where = f" around step {since}" if since is not None else ""
     return (
-        "Batches look less diverse than before: check sequence-level shuffling. A loader that reads each "
+        f"Batches look less diverse than {than}: check sequence-level shuffling. A loader that reads each "
         "document's sequences in order lets one long or odd document fill a whole batch (SmolLM3's noisier "
         "loss; they pre-shuffled the tokenized sequences offline, per node and epoch). Check any data loader, "
         f"mixture or packing change{where}, and the batch size per step."
