@@ -271,3 +271,13 @@ def test_printed_budget_cites_sources_and_units(capsys: pytest.CaptureFixture[st
     text = capsys.readouterr().out
     assert "seed" not in text.lower()
     assert "1,610 steps" in text and "Young 1974" in text.replace("\n", " ").replace("│", " ").replace("  ", " ")
+
+
+def test_large_counts_read_like_the_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    """'--tokens 1T' came back as 'tokens 1e+12' and 'flops per token 4.2e+10': the one number format
+    has no exponents below 1e15; counts take the suffixes the flags take."""
+    assert main(["budget", "--params", "7B", "--tokens", "1T", "--gpus", "8", "--peak-flops", "312T"]) == 0
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in capsys.readouterr().out.splitlines()
+            if line.count("│") >= 3}  # fmt: skip
+    assert rows["tokens"] == "1T" and rows["flops per token"] == "42B" and rows["peak flops per gpu"] == "312T"
+    assert rows["train flops"] == "4.2e+22"  # beyond T: FLOPs in exponent form, as papers write them

@@ -564,7 +564,11 @@ def _show(key: str, value: Any) -> str:
         return f"{value:,.0f} s ({value / 3600:,.1f} h)"
     if key.endswith("_seconds"):
         return f"{value:,.4g} s"
-    if isinstance(value, float) and (abs(value) >= 1e6 or 0 < abs(value) < 1e-3):
+    if isinstance(value, float) and 1e6 <= abs(value) < 1e15:  # the suffixes the inputs take: 300B, 312T
+        for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+            if abs(value) >= scale:
+                return f"{value / scale:,.4g}{suffix}"
+    if isinstance(value, float) and (abs(value) >= 1e15 or 0 < abs(value) < 1e-3):
         return f"{value:.4g}"
     if isinstance(value, float):
         return f"{value:,.4g}"
