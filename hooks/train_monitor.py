@@ -299,6 +299,7 @@ class TrainMonitor:
                 "config": json_config(config) if config is not None else None,
                 "schedule": declared.to_dict() if declared is not None else None,
                 "scheduler": type(self._scheduler).__name__ if self._scheduler is not None else None,
+                "schedule_source": None if declared is None else ("user" if schedule is not None else "scheduler"),
                 "planned_steps": planned_steps,
                 "vocab_size": vocab_size,
                 "world_size": world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),

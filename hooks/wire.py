@@ -130,6 +130,9 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "accum_steps": _i("micro-batches per optimizer step"),
         "planned_steps": _i("optimizer steps the run intends to take"),
         "schedule": Field("json", doc="declared LR schedule, see trainmon.hooks.schedules"),
+        "schedule_source": Field(
+            "str", doc="scheduler: the declared schedule was read off the watched scheduler; user: given to start()"
+        ),
         "scheduler": Field(
             "str",
             doc="class of the LR scheduler the hooks watch (CyclicLR, LambdaLR, ...); with no declared schedule, the "

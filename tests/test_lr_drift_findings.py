@@ -236,3 +236,55 @@ def test_torch_schedulers_are_not_drift_and_a_reset_mid_decay_is(tmp_path):
                 assert "by design" in found[0]["hint"]
             else:
                 assert found == [], (mode, path.stem, found[0]["message"])
+
+
+_CADENCE = textwrap.dedent(
+    """
+    import sys, torch
+    from torch.optim import lr_scheduler as L
+    from trainmon import TrainMonitor
+
+    out = sys.argv[1]
+    EPOCHS, PER_EPOCH = 10, 40
+    for case in ("per_epoch_cosine", "per_epoch_linear", "per_step_stops", "logs_every_10th"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        total = EPOCHS * PER_EPOCH
+        sched = {
+            "per_epoch_cosine": lambda: L.CosineAnnealingLR(opt, T_max=EPOCHS),
+            "per_epoch_linear": lambda: L.LinearLR(opt, 1.0, 0.1, total_iters=EPOCHS),
+        }.get(case, lambda: L.CosineAnnealingLR(opt, T_max=total))()
+        mon = TrainMonitor(case, collector=f"file://{out}/{case}.jsonl")
+        mon.watch(model, opt, sched)  # the schedule is read off the scheduler
+        mon.start(planned_steps=total)
+        for step in range(total):
+            x = torch.randn(64, 16)
+            loss = torch.nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if case.startswith("per_epoch"):
+                if step % PER_EPOCH == PER_EPOCH - 1:
+                    sched.step()
+            elif case != "per_step_stops" or step < 150:
+                sched.step()
+            if case != "logs_every_10th" or step % 10 == 9:
+                mon.step_end(step, loss=loss, tokens=64)
+        mon.close()
+    """
+)
+
+
+def test_a_scheduler_stepped_per_epoch_is_not_read_as_a_step_schedule(tmp_path):
+    """CosineAnnealingLR(T_max=epochs) stepped once per epoch was declared as a 10-step cosine and
+    raised 'off schedule for 399 steps'. Per-epoch schedulers are common: the schedule read off the
+    scheduler counts its own steps. A per-step scheduler that stops being stepped still fires, and a
+    loop that logs every 10th step is not 'scheduler.step() ran 10 times'."""
+    subprocess.run([sys.executable, "-c", _CADENCE, str(tmp_path)], check=True, timeout=300)
+    for case in ("per_epoch_cosine", "per_epoch_linear", "logs_every_10th"):
+        found = _drift(_postmortem(tmp_path / f"{case}.jsonl", tmp_path / "db" / case))
+        assert found == [], (case, found[0]["message"])
+    (a,) = _drift(_postmortem(tmp_path / "per_step_stops.jsonl", tmp_path / "db" / "stops"))
+    assert a["severity"] == "warning" and 150 <= a["first_step"] <= 152, a
+    assert "declared cosine schedule" in a["message"] and "no longer called" in a["hint"]

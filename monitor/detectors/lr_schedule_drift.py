@@ -27,6 +27,11 @@ restarted warmup), but they are exact in the LR trace. So the check is on the LR
 * A scheduler the hooks watch but cannot read (``run_start``'s ``scheduler`` with no ``schedule``:
   ``CyclicLR``, warm restarts, ``ReduceLROnPlateau``, a ``LambdaLR`` of the user's) owns the LR's
   shape: rises and long plateaus are what it does, so only the per-step scheduler count is checked.
+  So does a schedule read off a scheduler (``schedule_source: "scheduler"``) that is stepped once
+  per epoch: it counts epochs, not steps. Its cadence shows in ``scheduler_steps``: stepped at the
+  attempt's first step, it is per step; first stepped later, per epoch. Until it steps, nothing is
+  compared. ``scheduler_steps`` counts the steps between two logged steps, so a loop that logs
+  every k-th step is not L1.
 
 * Printed LRs are rounded (llm.c: ``lr 5.97e-04``): the printing quantum is learnt from the
   values' digits and half of it is tolerated; a flat LR is frozen only when it lasts
@@ -119,6 +124,11 @@ class LrScheduleDrift(Detector):
         self.config = config
         self._schedule: Schedule | None = None
         self._opaque = False  # a scheduler whose schedule was not declared: its shape is its own business
+        # A schedule read off the watched scheduler counts scheduler steps; it is in optimizer steps only
+        # when the scheduler steps with the optimizer ("step"), not once per epoch ("sparse"; None: not known yet).
+        self._read_off = False
+        self._cadence: str | None = "step"
+        self._last_logged: int | None = None
         self._accum = 1
         self._step_base = 0
         self._world = 1
@@ -199,14 +209,26 @@ class LrScheduleDrift(Detector):
         out: list[Finding] = []
         sched_steps = f.get("scheduler_steps")
         self._sched_steps = sched_steps
-        self._multi = self._multi + 1 if sched_steps is not None and sched_steps > 1 else 0
+        # a loop that logs every k-th step steps its scheduler k times between two logged steps
+        gap = step - self._last_logged if self._last_logged is not None and step > self._last_logged else 1
+        self._last_logged = step
+        self._multi = self._multi + 1 if sched_steps is not None and sched_steps > gap else 0
+        if self._cadence is None and sched_steps is not None and not f.get("skipped"):
+            if sched_steps and self._attempt_points == 1:
+                self._cadence = "step"  # stepped with the first optimizer step: the schedule is in steps
+            elif sched_steps:
+                # First stepped after optimizer steps without: once per epoch (or every N steps). The
+                # schedule read off it counts epochs, so the scheduler owns the LR's shape from here.
+                self._cadence, self._schedule, self._opaque = "sparse", None, True
         lrs = f.get("lr")
         if not lrs or not all(math.isfinite(x) and x >= 0 for x in lrs):
             return out
         lrs_t = tuple(float(x) for x in lrs)
         self._res.add(lrs_t[0])
         self._recent.append((step, lrs_t))
-        if self._schedule is not None:
+        if self._schedule is not None and self._cadence is None:
+            bad, worst = False, {}  # not stepped yet: per epoch, or never; nothing to compare until it is
+        elif self._schedule is not None:
             bad, worst = self._check_declared(step, lrs_t)
         elif self._opaque:
             bad, worst = False, {}
@@ -250,6 +272,9 @@ class LrScheduleDrift(Detector):
         # CyclicLR, warm restarts, ReduceLROnPlateau, a LambdaLR of the user's: rises and plateaus are
         # what they do, so the shape rules of an inferred schedule would only cry wolf.
         self._opaque = self._schedule is None and bool(f.get("scheduler"))
+        self._read_off = self._schedule is not None and f.get("schedule_source") == "scheduler"
+        self._cadence = None if self._read_off else "step"
+        self._last_logged = None
         config = f.get("config") if isinstance(f.get("config"), dict) else {}
         # a log that counts its steps from 1 (llm.c's stdout prints step + 1) logs lr(N - 1) at step N
         self._step_base = int(config.get("step_base") or 0)
