@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -451,8 +452,17 @@ def test_runs_table_keeps_names_and_ranks_table_reads_cleanly() -> None:
     print_runs([row], console)
     text = console.export_text()
     assert "demo-20261124-184946" in text and "17,520" in text and "…" not in text
-    assert "demo-20261124-184946: open throughput_collapse" in text
+    assert "demo-20261124-184946: 1 open: throughput_collapse" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+    # the widest common row: a finished 400/400 demo run (cut 'open' to 'op…' and dropped the update time)
+    done = {**row, "status": "finished", "step": 399, "loss": math.nan, "tokens_per_second": 39428.0,
+            "attempts": 1, "open_anomalies": 2, "open_kinds": ["lr_schedule_drift", "nan_inf"],
+            "updated_at": time.time() - 840}  # fmt: skip
+    console = Console(width=80, record=True, emoji=False, file=open(os.devnull, "w"))  # noqa: SIM115
+    print_runs([done], console)
+    text = console.export_text()
+    assert "…" not in text and "400/400" in text and "14m" in text and "attempts" not in text
+    assert "demo-20261124-184946: 2 open: lr_schedule_drift, nan_inf" in text
     ranks = [
         {
             "rank": r,

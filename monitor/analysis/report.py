@@ -19,6 +19,7 @@ import datetime as dt
 import html
 import re
 import textwrap
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -425,34 +426,39 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
         _prose(console, text, 4)
 
 
+def _ago(seconds: float) -> str:
+    """How long ago: ``12s``, ``5m``, ``3h``, ``2d``."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
 def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     """The runs, one line each. Names, numbers and kinds are never cut (no ``demo-2…``): the open
-    anomalies' kinds are listed below the table, which keeps it inside 80 columns."""
+    anomalies are listed below the table, attempts get a column only when a run has several, and
+    the last update is an age (``14m``), which keeps a finished 400/400 run inside 80 columns."""
     console = console or Console(emoji=False)
     table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("run", "status", "step", "loss", "tokens/s", "attempts", "open"):
+    several = any((r.get("attempts") or 1) > 1 for r in rows)
+    cols = ["run", "status", "step", "loss", "tokens/s", *(["attempts"] if several else []), "age"]
+    for col in cols:
         table.add_column(col, no_wrap=True)
-    table.add_column("updated", overflow="fold")
     below = []
+    now = time.time()
     for r in rows:
-        updated = dt.datetime.fromtimestamp(r["updated_at"]).strftime("%Y-%m-%d %H:%M:%S")
         step = "-" if r.get("step") is None else str(r.get("steps_done", r["step"] + 1))
         if r.get("planned_steps"):
             step += f"/{r['planned_steps']}"
         opened = r.get("open_anomalies") or 0
         kinds = r.get("open_kinds") or []
-        if opened and kinds:
-            below.append(f"{r['run']}: open {', '.join(map(str, kinds))}")
-        table.add_row(
-            _cell(r["run"]),
-            _cell(r["status"]),
-            escape_for_terminal(step),
-            _cell(r.get("loss")),
-            _cell(r.get("tokens_per_second")),
-            _cell(r.get("attempts")),
-            f"[red]{_cell(opened)}[/red]" if opened else _cell(opened),
-            updated,
-        )
+        if opened:
+            below.append(f"{r['run']}: {opened} open" + (f": {', '.join(map(str, kinds))}" if kinds else ""))
+        cells = [_cell(r["run"]), _cell(r["status"]), escape_for_terminal(step), _cell(r.get("loss")),
+                 _cell(r.get("tokens_per_second")), *([_cell(r.get("attempts"))] if several else []),
+                 _ago(now - r["updated_at"])]  # fmt: skip
+        table.add_row(*cells)
     console.print(table)
     for text in below:
         _prose(console, text, 4)
