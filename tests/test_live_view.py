@@ -175,3 +175,28 @@ def test_sparkline() -> None:
     assert sparkline([1.0, float("nan"), None, 1.0]) == "▁! ▁"
     assert len(sparkline(list(range(1000)), width=40)) == 40
     assert sparkline([]) == ""
+
+
+def test_status_gives_findings_the_whole_width_at_80_columns() -> None:
+    """The open anomalies sat in a table column ~24 characters wide at 80 columns: two findings took
+    40 lines. Each now reads across the panel, the critical one first."""
+    from rich.console import Console
+
+    from trainmon.monitor.analysis.live_view import render_status
+
+    hint = "Check that scheduler.step() runs every step; " * 6
+    found = [
+        {"kind": "lr_schedule_drift", "severity": "warning", "rank": 0, "first_step": 262, "last_step": 399,
+         "message": "LR of param group 0 is 0.00107 at step 399, the declared cosine schedule expects 0.0003",
+         "hint": hint},
+        {"kind": "nan_inf", "severity": "critical", "rank": 0, "first_step": 360, "last_step": 399,
+         "message": "loss (nan) non-finite since step 360", "hint": "suspect the batch at step 360"},
+    ]  # fmt: skip
+    st = {"run": "demo-20261124-223756", "status": "finished", "step": 399, "planned_steps": 400, "attempts": 1,
+          "world_size": 1, "open_anomalies": found}  # fmt: skip
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render_status(st, "sqlite:///x"))
+    text = console.export_text()
+    assert len(text.splitlines()) < 20, text
+    assert text.index("nan_inf") < text.index("lr_schedule_drift")  # the critical one first
+    assert "scheduler.step()" in text and "suspect the batch at step 360" in text

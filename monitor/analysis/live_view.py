@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -52,6 +53,9 @@ _BLOCKS = "▁▂▃▄▅▆▇█"
 
 class SourceError(RuntimeError):
     """The collector or store could not answer; the message says which and why."""
+
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _float(v: Any) -> float | None:
@@ -491,18 +495,19 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         parts.append(table)
     found = st.get("open_anomalies") or []
     if found:
-        table = Table(title="open anomalies", title_justify="left")
-        for col in ("kind", "severity", "rank", "steps", "what, and what to check"):
-            table.add_column(col, overflow="fold")
-        for a in found:
-            table.add_row(
-                _cell(a["kind"]),
-                _cell(a["severity"]),
-                "all" if a["rank"] < 0 else _cell(a["rank"]),
-                escape_for_terminal(f"{a['first_step']}-{a['last_step']}"),
-                f"{escape_for_terminal(a['message'])}\n[dim]→ {escape_for_terminal(a['hint'])}[/dim]",
-            )
-        parts.append(table)
+        # One line per finding, then its text across the whole width (a table column squeezed it
+        # to ~24 characters at 80 columns: 40 lines for two findings).
+        parts.append(Text("open anomalies", style="bold"))
+        order = {"critical": 0, "warning": 1, "info": 2}
+        for a in sorted(found, key=lambda a: (order.get(a["severity"], 3), a["first_step"] or 0)):
+            sev = str(a["severity"])
+            head = Text("  ")
+            head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))
+            rank = "all ranks" if a["rank"] < 0 else f"rank {a['rank']}"
+            head.append(visible_controls(f"  {a['kind']}  {rank}  steps {a['first_step']}-{a['last_step']}"))
+            parts.append(head)
+            parts.append(Padding(Text(visible_controls(str(a["message"]))), (0, 0, 0, 4)))
+            parts.append(Padding(Text(visible_controls(f"→ {a['hint']}"), style="dim"), (0, 0, 0, 4)))
         parts += _stack_lines(found)
     else:
         parts.append(Text("no open anomalies", style="green"))

@@ -422,8 +422,8 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
                 f"rank {r['rank']} {e['severity']} @ {_steps(e['first_step'], e['last_step'])}: {e['message']}"
             )
     console.print(table)
-    for text in below:
-        _prose(console, text, 4)
+    for line in below:
+        console.print(line)  # wraps at spaces; it holds names, never a command
 
 
 def _ago(seconds: float) -> str:
@@ -454,14 +454,17 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
         opened = r.get("open_anomalies") or 0
         kinds = r.get("open_kinds") or []
         if opened:
-            below.append(f"{r['run']}: {opened} open" + (f": {', '.join(map(str, kinds))}" if kinds else ""))
+            line = Text(visible_controls(f"    {r['run']}: "))
+            line.append(f"{opened} open", style="red")
+            line.append(visible_controls(f": {', '.join(map(str, kinds))}" if kinds else ""))
+            below.append(line)
         cells = [_cell(r["run"]), _cell(r["status"]), escape_for_terminal(step), _cell(r.get("loss")),
                  _cell(r.get("tokens_per_second")), *([_cell(r.get("attempts"))] if several else []),
                  _ago(now - r["updated_at"])]  # fmt: skip
         table.add_row(*cells)
     console.print(table)
-    for text in below:
-        _prose(console, text, 4)
+    for line in below:
+        console.print(line)  # wraps at spaces; it holds names, never a command
 
 
 # -- HTML -----------------------------------------------------------------------------------
