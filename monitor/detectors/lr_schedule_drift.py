@@ -203,6 +203,7 @@ class LrScheduleDrift(Detector):
                 self._resumed = True
                 if self._attempt_first is None:
                     self._attempt_first = step
+                self._rewind(step)
         if self._run_first is None:
             self._run_first = step
         self._attempt_points += 1
@@ -303,6 +304,17 @@ class LrScheduleDrift(Detector):
         self._rise_from = 0.0
         self._peak, self._peak_step, self._level = 0.0, 0, 1
         self._decay = []
+
+    def _rewind(self, step: int) -> None:
+        """A resume from a checkpoint older than the last logged step logs those steps again, and a restored
+        scheduler gives them the LRs they had the first time: above the floor the decay reached since. The
+        inferred decay goes back to where it stood at that step (an unrestored scheduler's warmup still climbs
+        past it)."""
+        if not self._recent or step > self._recent[-1][0] or not self._peak_done:
+            return
+        self._decay = [(s, v) for s, v in self._decay if s <= step]
+        level = self._decay[-1][1] if self._decay else self._peak
+        self._floor = self._prev = level
 
     # -- declared schedule ---------------------------------------------------------------------
 

@@ -238,6 +238,14 @@ class NanInf(Detector):
     def _cause_hint(self) -> str:
         ep = self._ep
         cause = ep["cause"]
+        if cause in ("setup", "resume", "early") and "loss" not in ep["values"] and not ep["hidden_loss"]:
+            return (
+                "Only the grad norm is non-finite; the loss is finite. In an fp16 run the loss scaler starts (or, "
+                "after a resume, restarts) at a scale too high and skips the steps that overflow until it finds its "
+                "scale: expected at the start, and over once finite norms follow. Without a loss scaler (bf16, "
+                "fp32) the update carries the NaN into the weights and the loss goes non-finite next: then check "
+                "the initial weights (or the checkpoint) and the LR warmup."
+            )
         if cause == "setup":
             return (
                 "Nothing was finite from the first logged step on, so this is not a bad batch or the hardware: it "

@@ -1,7 +1,8 @@
 """CSV metric tables: W&B exports, Lightning's ``metrics.csv``, anything with a step column.
 
 Columns are mapped to wire fields by name. The default mapping knows the common spellings
-(``_step``/``step``/``global_step``/``trainer/global_step``; ``train/loss``/``train_loss_step``/
+(``_step``/``step``/``global_step``/``trainer/global_step``/``train/global_step``, the last two before W&B's
+``_step``, which counts log calls; ``train/loss``/``train_loss_step``/
 ``loss``; ``train/grad_norm``; ``train/learning_rate``/``lr-AdamW``; ``eval/loss``/``val_loss``;
 ``_timestamp``) and a user mapping (``--map loss=train_loss,step=_step``) overrides it field by
 field. W&B panel exports prefix every column with the run name (``myrun - train/loss``) and add
@@ -35,7 +36,8 @@ FIELDS = ("step", "loss", "grad_norm", "lr", "eval_loss", "time", "tokens", "ste
 
 # Candidates per field, lower-cased, most specific first.
 DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "step": ("trainer/global_step", "global_step", "_step", "step", "iter", "iteration"),
+    # HF's W&B callback logs its global step as train/global_step; _step only counts wandb.log calls
+    "step": ("trainer/global_step", "train/global_step", "global_step", "_step", "step", "iter", "iteration"),
     "loss": (
         "train/loss",
         "train/loss_step",

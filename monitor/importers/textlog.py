@@ -5,7 +5,8 @@ Line shapes recognised (anything else is ignored, so interleaved prints do not b
 * llm.c ``main.log``: ``s:N trl:X`` (train loss), newer ``s:N trl:X lr:Y norm:Z``,
   ``s:N tel:X`` (validation loss), ``s:N eval:X`` (HellaSwag accuracy, kept as an eval metric).
 * llm.c and build-nanogpt stdout: ``step N[/M] | loss X | lr Y | norm Z | dt Tms | tok/sec R``
-  (also ``train loss X``, ``(T ms | R tok/s)``); ``/M`` gives the planned steps. llm.c's stdout
+  (also ``train loss X``, ``(T ms | R tok/s)``); ``/M`` gives the planned steps; llm.c's ``val loss X``
+  lines are evals of the steps printed before them. llm.c's stdout
   starts with a parameter table (``| LR scheduler | cosine |``, ``| learning rate (LR) | 6e-04 |``,
   ``| warmup iterations | 700 |``, ``| final LR fraction | 0 |``): its schedule is declared
   (``run_start.config.declared_schedule``), and its step lines print step + 1 (``step_base`` 1).
@@ -62,6 +63,8 @@ _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|I
 _LLMC = re.compile(r"^s:(\d+)\s+(trl|tel|eval):(\S+)(.*)$")
 _LLMC_KV = re.compile(r"(\w+):(\S+)")
 _LLMC_ROW = re.compile(r"^\|\s*([^|]*?[^|\s])\s*\|\s*([^|]*?)\s*\|$")  # | LR scheduler | cosine |
+# llm.c's stdout prints its validation loss alone on a line, after the step line of the steps it follows
+_LLMC_VAL = re.compile(r"^val loss\s+(" + _NUM + r")$")
 _BUILD = re.compile(r"^(\d+)\s+(train|val|hella)\s+(\S+)\s*$")
 _PIPE = re.compile(r"^step\s+(\d+)(?:\s*/\s*(\d+))?\s*[:|]\s*(.*)$")
 _ITER = re.compile(r"^iter\s+(\d+):\s*loss\s+(\S+?),\s*time\s+(" + _NUM + r")\s*ms(.*)$")
@@ -149,6 +152,10 @@ def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
                 continue
             kind = _kind(line)
             if kind is None:
+                val = _LLMC_VAL.match(line)
+                if val is not None:
+                    items.append(EvalPoint(last_train.step if last_train is not None else 0, float(val.group(1))))
+                    continue
                 row = _LLMC_ROW.match(line) if not kinds else None
                 if row is not None:
                     header.setdefault(row.group(1), row.group(2))
