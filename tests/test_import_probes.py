@@ -145,3 +145,24 @@ def test_llmc_stdout_val_loss_lines_are_evals(tmp_path: Path) -> None:
     evals = [(e.fields["step"], e.fields["loss"]) for e in read_events(path) if e.kind == "eval"]
     assert evals == [(0, 10.95), (100, 2.9), (200, 2.8)]
     assert _postmortem(path)["final_eval_loss"] == 2.8
+
+
+def test_wandb_export_eval_accuracy_reads_a_rising_eval_loss_as_over_confidence(tmp_path: Path) -> None:
+    """The eval loss rises over the last epochs while eval/accuracy keeps improving. As a trainer_state.json
+    this is 'over-confidence, not a regression' (info); as a W&B export the accuracy column was dropped and
+    the same run got a warning: 'overfitting ... or leakage'."""
+    rng = random.Random(9)
+    path = tmp_path / "wandb_export.csv"
+    with open(path, "w", newline="") as f:
+        f.write("_step,_timestamp,train/loss,train/global_step,eval/loss,eval/accuracy,eval/runtime\n")
+        w = csv.writer(f)
+        for s in range(10, 3001, 10):
+            w.writerow([s, 1.7e9 + s, round(0.3 + 1.2 * math.exp(-s / 400) + rng.gauss(0, 0.02), 4), s, "", "", ""])
+            if s % 300 == 0:
+                e = s // 300
+                loss = 0.6 + 0.3 * math.exp(-e / 2) + (0.04 * (e - 5) if e > 5 else 0)
+                w.writerow([s, 1.7e9 + s + 1, "", s, round(loss, 4), round(0.7 + 0.02 * e, 4), 12.0])
+    (found,) = [a for a in _postmortem(path)["anomalies"] if a["kind"] == "eval_regression"]
+    assert found["severity"] == "info" and "over-confidence" in found["message"]
+    evals = [e for e in read_events(path) if e.kind == "eval"]
+    assert evals[-1].fields["metrics"] == {"accuracy": 0.9}  # eval/runtime times the eval: not a metric

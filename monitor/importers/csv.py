@@ -11,8 +11,9 @@ field. W&B panel exports prefix every column with the run name (``myrun - train/
 Lightning's ``CSVLogger`` writes sparse rows: the step's loss, the LR monitor, validation and
 epoch aggregates land in separate rows that share a ``step``. A row with any training field is
 a training point, adjacent rows of the same step are merged, a row with a validation loss is an
-eval; epoch aggregates (``train_loss_epoch``) are not step losses and are ignored. Lightning's
-``step`` is the 0-based global step, kept as is.
+eval (with the task metrics that share its prefix: ``val_acc`` beside ``val_loss``); epoch
+aggregates (``train_loss_epoch``) are not step losses and are ignored. Lightning's ``step`` is the
+0-based global step, kept as is.
 
 A malformed row (wrong column count, text where a number belongs) is skipped with a warning.
 """
@@ -66,6 +67,9 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 _WANDB_PREFIX = re.compile(r"^.+? - (.+)$")
+
+# Eval columns that time the evaluation rather than score the model.
+_EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
 
 
 def looks_like_csv(head: str, named_csv: bool = False) -> bool:
@@ -142,6 +146,35 @@ def _resolve(header: list[str], user: dict[str, str]) -> dict[str, int]:
     return out
 
 
+def _eval_metric_columns(header: list[str], cols: dict[str, int]) -> dict[int, str]:
+    """The task metrics logged beside the eval loss (``eval/accuracy`` beside ``eval/loss``, ``val_acc``
+    beside ``val_loss``): column index -> metric name.
+
+    A fine-tune is judged by its task metric more than by its eval loss, which can rise while the metric
+    improves (over-confidence); without them the eval detector calls that overfitting.
+    """
+    i = cols.get("eval_loss")
+    name = _clean(header[i]) if i is not None else ""
+    prefix = name[: -len("loss")]
+    if not name.lower().endswith("loss") or not prefix.endswith(("/", "_")):
+        return {}
+    taken = set(cols.values())
+    out = {}
+    for j, col in enumerate(header):
+        c = _clean(col)
+        rest = c[len(prefix) :]
+        if (
+            j not in taken
+            and c.lower().startswith(prefix.lower())
+            and rest
+            and "/" not in rest
+            and not c.endswith(("__MIN", "__MAX"))
+            and rest.lower() not in _EVAL_TIMINGS
+        ):
+            out[j] = rest
+    return out
+
+
 def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     reader = csv.reader(io.StringIO(text))
@@ -160,6 +193,7 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
             f"{path}: no training-loss column among {header}; name it with --map loss=COLUMN "
             f"(known: {', '.join(DEFAULT_COLUMNS['loss'])})"
         )
+    metric_cols = _eval_metric_columns(header, cols)
     lightning = "epoch" in {h.strip() for h in header} and any(h.strip().endswith(("_step", "_epoch")) for h in header)
     items: list[Item] = []
     last: TrainPoint | None = None
@@ -181,7 +215,8 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
         step = int(step_v)
         t = vals.get("time")
         if vals.get("eval_loss") is not None:
-            items.append(EvalPoint(step, vals["eval_loss"], time=t))  # type: ignore[arg-type]
+            metrics = {name: x for j, name in metric_cols.items() if (x := to_float(row[j])) is not None}
+            items.append(EvalPoint(step, vals["eval_loss"], metrics, time=t))  # type: ignore[arg-type]
         train: dict[str, Any] = {
             k: vals.get(k) for k in ("loss", "grad_norm", "lr", "tokens", "step_time") if vals.get(k) is not None
         }
