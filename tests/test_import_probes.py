@@ -166,3 +166,21 @@ def test_wandb_export_eval_accuracy_reads_a_rising_eval_loss_as_over_confidence(
     assert found["severity"] == "info" and "over-confidence" in found["message"]
     evals = [e for e in read_events(path) if e.kind == "eval"]
     assert evals[-1].fields["metrics"] == {"accuracy": 0.9}  # eval/runtime times the eval: not a metric
+
+
+def test_lightning_tensorboard_val_acc_reads_a_rising_val_loss_as_over_confidence(tmp_path: Path) -> None:
+    """Lightning's TensorBoardLogger writes val_loss and val_acc (no slash): val_acc was dropped, and a val
+    loss rising while accuracy improved got 'overfitting ... or leakage' (warning)."""
+    tb = pytest.importorskip("torch.utils.tensorboard", reason="tensorboard not installed (SummaryWriter needs it)")
+    rng = random.Random(3)
+    w = tb.SummaryWriter(str(tmp_path / "version_0"))
+    for s in range(49, 3000, 50):
+        w.add_scalar("train_loss_step", 0.3 + 1.2 * math.exp(-s / 400) + rng.gauss(0, 0.02), s, walltime=1e9 + s)
+        if s % 300 == 299:
+            e = s // 300 + 1
+            loss = 0.6 + 0.3 * math.exp(-e / 2) + (0.04 * (e - 5) if e > 5 else 0)
+            w.add_scalar("val_loss", loss, s, walltime=1e9 + s + 1)
+            w.add_scalar("val_acc", 0.7 + 0.02 * e, s, walltime=1e9 + s + 1)
+    w.close()
+    (found,) = [a for a in _postmortem(tmp_path / "version_0")["anomalies"] if a["kind"] == "eval_regression"]
+    assert found["severity"] == "info" and "over-confidence" in found["message"]

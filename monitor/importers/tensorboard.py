@@ -229,14 +229,20 @@ _EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
 
 
 def _eval_metric_tags(tags: set[str], eval_loss_tag: str | None) -> dict[str, str]:
-    """The task metrics logged next to the eval loss (``eval/wer`` beside ``eval/loss``), by name.
+    """The task metrics logged next to the eval loss (``eval/wer`` beside ``eval/loss``, ``val_acc`` beside
+    ``val_loss``), by name.
 
     A fine-tune is judged by its task metric (WER, accuracy) more than by its eval loss, which
     can rise while the metric improves; the eval detector needs both.
     """
-    if eval_loss_tag is None or "/" not in eval_loss_tag:
+    if eval_loss_tag is None:
         return {}
-    prefix = eval_loss_tag.rsplit("/", 1)[0] + "/"
+    if "/" in eval_loss_tag:
+        prefix = eval_loss_tag.rsplit("/", 1)[0] + "/"
+    elif eval_loss_tag.lower().endswith("_loss"):
+        prefix = eval_loss_tag[: -len("loss")]  # Lightning's val_loss: val_acc beside it
+    else:
+        return {}
     out = {}
     for tag in tags:
         name = tag[len(prefix) :]
