@@ -437,6 +437,11 @@ class EvalRegression(Detector):
         if m.best is None or m.bad(m.recent[-1][1]) > m.best[0] + self._metric_margin(m):
             return []  # the metric is off its best but not (yet) a regression: wait for the next eval
         cfg = self.config
+        then = self._best[3].get(m.name) if self._best is not None else None
+        if then is not None and m.bad(m.recent[-1][1]) - m.bad(then) > cfg.metric_worse_rel * abs(then):
+            # Worse than when the eval loss was best, if within its noise: it did not hold (the note's claim that
+            # the model is no worse at the task would be wrong), and it is no regression either.
+            return []
         noise = _noise([e[1] for e in self._evals][: -cfg.rising_evals])
         above = rise["best_eval"] + max(
             cfg.above_best_rel * abs(rise["best_eval"]), cfg.metric_noise_k * (noise or 0.0)
