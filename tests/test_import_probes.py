@@ -184,3 +184,21 @@ def test_lightning_tensorboard_val_acc_reads_a_rising_val_loss_as_over_confidenc
     w.close()
     (found,) = [a for a in _postmortem(tmp_path / "version_0")["anomalies"] if a["kind"] == "eval_regression"]
     assert found["severity"] == "info" and "over-confidence" in found["message"]
+
+
+def _sampled_wandb_export(path: Path) -> None:
+    """W&B's history export samples a long run to ~500 rows: the steps between two rows vary from 1 to
+    hundreds, at 0.5 s a step."""
+    rng = random.Random(11)
+    steps = sorted(rng.sample(range(20000), 500))
+    with open(path, "w", newline="") as f:
+        f.write("trainer/global_step,_step,_timestamp,train/loss\n")
+        w = csv.writer(f)
+        for k, s in enumerate(steps):
+            w.writerow([s, k, 1.7e9 + 0.5 * s, round(2 + 2 * math.exp(-4 * s / 20000) + rng.gauss(0, 0.05), 4)])
+
+
+def test_a_sampled_wandb_export_is_not_a_hang_where_it_skips_many_steps(tmp_path: Path) -> None:
+    """Rows at steps 17 and 150 are 66.5 s apart: 133 steps at 0.5 s, not 'no step for 66.5 s'."""
+    _sampled_wandb_export(tmp_path / "sampled.csv")
+    assert [a for a in _postmortem(tmp_path / "sampled.csv")["anomalies"] if a["kind"] == "hang"] == []
