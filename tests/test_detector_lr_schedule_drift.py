@@ -321,3 +321,16 @@ def test_reference_trainer_frozen_scheduler_and_clean_run(tmp_path):
     assert a["severity"] == "warning" and "scheduler.step() is no longer called" in a["hint"]
     found, _ = _anomalies(clean, tmp_path / "b")
     assert found == []
+
+
+def test_a_schedule_read_off_the_scheduler_learns_its_cadence_from_the_first_counted_step():
+    """A step without ``scheduler_steps`` (an event from an older producer) says nothing about the
+    cadence: a per-step scheduler counted from the next step on is per step, and its freeze fires."""
+    sched = Schedule("cosine", 1e-3, 300, 0)
+    feed = Feed()
+    feed.send("run_start", {"world_size": 1, "schedule": sched.to_dict(), "planned_steps": 300,
+                            "schedule_source": "scheduler", "scheduler": "CosineAnnealingLR"})  # fmt: skip
+    feed.step(0, [sched.lr(0)])  # no scheduler_steps
+    for s in range(1, 200):
+        feed.step(s, [sched.lr(min(s, 120))], scheduler_steps=1 if s <= 120 else 0)
+    assert [f.step for f in feed.opened] in ([121], [122]), [f.message for f in feed.findings]

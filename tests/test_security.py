@@ -296,6 +296,7 @@ def test_a_browser_opens_the_web_view_of_a_guarded_collector_with_the_token_once
     for bad in ("wrong", TOKEN[:-1], ""):
         assert _raw_get(url, "/?token=" + urllib.parse.quote(bad))[0] == 401
     assert _raw_get(url, f"/?token={TOKEN}&token=wrong")[0] == 401  # one token, not a guess among several
+    assert _raw_get(url, "/?token=%E2%82%AC%FF")[0] == 401  # not Latin-1, not UTF-8: refused, not a 500
 
     status, _, headers = _raw_get(url, f"/runs/r1?token={TOKEN}&x=1")
     assert status == 303 and headers["location"] == "/runs/r1?x=1"  # the token leaves the address bar

@@ -305,7 +305,7 @@ class _Ingress:
         """The page's query without ``token`` when ``token`` is right (None otherwise)."""
         pairs = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = [v for k, v in pairs if k == "token"]
-        if len(given) != 1 or not hmac.compare_digest(given[0].encode("latin-1"), self._token or b""):
+        if len(given) != 1 or not hmac.compare_digest(given[0].encode("utf-8", "replace"), self._token or b""):
             return None
         return urllib.parse.urlencode([(k, v) for k, v in pairs if k != "token"])
 

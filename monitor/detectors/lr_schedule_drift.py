@@ -129,6 +129,7 @@ class LrScheduleDrift(Detector):
         self._read_off = False
         self._cadence: str | None = "step"
         self._last_logged: int | None = None
+        self._counted = False  # a step of this attempt reported its scheduler steps
         self._accum = 1
         self._step_base = 0
         self._world = 1
@@ -215,12 +216,13 @@ class LrScheduleDrift(Detector):
         self._last_logged = step
         self._multi = self._multi + 1 if sched_steps is not None and sched_steps > gap else 0
         if self._cadence is None and sched_steps is not None and not f.get("skipped"):
-            if sched_steps and self._attempt_points == 1:
-                self._cadence = "step"  # stepped with the first optimizer step: the schedule is in steps
+            if sched_steps and not self._counted:
+                self._cadence = "step"  # stepped with the first counted step: the schedule is in steps
             elif sched_steps:
                 # First stepped after optimizer steps without: once per epoch (or every N steps). The
                 # schedule read off it counts epochs, so the scheduler owns the LR's shape from here.
                 self._cadence, self._schedule, self._opaque = "sparse", None, True
+            self._counted = True
         lrs = f.get("lr")
         if not lrs or not all(math.isfinite(x) and x >= 0 for x in lrs):
             return out
@@ -275,6 +277,7 @@ class LrScheduleDrift(Detector):
         self._opaque = self._schedule is None and bool(f.get("scheduler"))
         self._read_off = self._schedule is not None and f.get("schedule_source") == "scheduler"
         self._cadence = None if self._read_off else "step"
+        self._counted = False
         self._last_logged = None
         config = f.get("config") if isinstance(f.get("config"), dict) else {}
         # a log that counts its steps from 1 (llm.c's stdout prints step + 1) logs lr(N - 1) at step N
