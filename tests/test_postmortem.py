@@ -518,3 +518,12 @@ def test_layers_that_rose_together_are_one_entry_and_not_called_localised(tmp_pa
     s = _spike_run(tmp_path / "one.jsonl", {"blocks.0.attn.qkv.weight": 800.0, "ln_f.weight": 4.0})
     (entry,) = [e for e in s["timeline"] if e["kind"] == "layer_grad_norm"]
     assert entry["evidence"]["localised"] and "localised to blocks.0.attn.qkv.weight" in entry["hint"]
+
+
+def test_health_events_below_the_table_are_printed_as_text() -> None:
+    """A node_health message is data (it carries a host name): rich markup in it must print literally."""
+    message = "[link=https://evil.example]node-[/]7[/link]: GPU 0 at 91 C"
+    health = [{"rank": 0, "host": "node-7", "events": [
+        {"severity": "warning", "first_step": 3, "last_step": 9, "message": message}]}]  # fmt: skip
+    text = _terminal(_summary(health=health))
+    assert message in " ".join(text.split())

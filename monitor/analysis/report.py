@@ -422,8 +422,8 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
                 f"rank {r['rank']} {e['severity']} @ {_steps(e['first_step'], e['last_step'])}: {e['message']}"
             )
     console.print(table)
-    for line in below:
-        console.print(line)  # wraps at spaces; it holds names, never a command
+    for text in below:
+        _prose(console, text, 4)
 
 
 def _ago(seconds: float) -> str:
