@@ -30,8 +30,9 @@ from sqlalchemy import Connection, select
 
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
-from trainmon.monitor.analysis.fmt import fmt as _fmt  # the one number format: 31,470, not 3.147e+04
+from trainmon.monitor.analysis.fmt import fmt as _fmt
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
+from trainmon.monitor.analysis.verdict import SEVERITY_ORDER  # the one number format: 31,470, not 3.147e+04
 from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
@@ -498,8 +499,7 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         # One line per finding, then its text across the whole width (a table column squeezed it
         # to ~24 characters at 80 columns: 40 lines for two findings).
         parts.append(Text("open anomalies", style="bold"))
-        order = {"critical": 0, "warning": 1, "info": 2}
-        for a in sorted(found, key=lambda a: (order.get(a["severity"], 3), a["first_step"] or 0)):
+        for a in sorted(found, key=lambda a: (SEVERITY_ORDER.get(a["severity"], 3), a["first_step"] or 0)):
             sev = str(a["severity"])
             head = Text("  ")
             head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))

@@ -157,13 +157,14 @@ class Hang(Detector):
                 # Seen only now (an import, or the collector was down): report the stall after the fact.
                 phases = event.fields.get("phases") or {}
                 unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0)
-                limit = self.timeout(st, step) if unexplained >= self._least_timeout else math.inf
-                if st.last_step is not None and step > st.last_step and len(st.strides):
-                    limit *= max(1.0, (step - st.last_step) / st.strides.median())  # a gap over more steps
-                if unexplained >= self._least_timeout and unexplained >= limit:
-                    st.open = "stuck"
-                    out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled", ended_by=step))
-                    out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
+                if unexplained >= self._least_timeout:
+                    limit = self.timeout(st, step)
+                    if st.last_step is not None and step > st.last_step and len(st.strides):
+                        limit *= max(1.0, (step - st.last_step) / st.strides.median())  # a gap over more steps
+                    if unexplained >= limit:
+                        st.open = "stuck"
+                        out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled", ended_by=step))
+                        out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
             if st.last_step is not None and step > st.last_step:
                 st.strides.add(step - st.last_step)
             st.last_step, st.last_step_time = step, t

@@ -126,7 +126,6 @@ class LrScheduleDrift(Detector):
         self._opaque = False  # a scheduler whose schedule was not declared: its shape is its own business
         # A schedule read off the watched scheduler counts scheduler steps; it is in optimizer steps only
         # when the scheduler steps with the optimizer ("step"), not once per epoch ("sparse"; None: not known yet).
-        self._read_off = False
         self._cadence: str | None = "step"
         self._last_logged: int | None = None
         self._counted = False  # a step of this attempt reported its scheduler steps
@@ -275,8 +274,8 @@ class LrScheduleDrift(Detector):
         # CyclicLR, warm restarts, ReduceLROnPlateau, a LambdaLR of the user's: rises and plateaus are
         # what they do, so the shape rules of an inferred schedule would only cry wolf.
         self._opaque = self._schedule is None and bool(f.get("scheduler"))
-        self._read_off = self._schedule is not None and f.get("schedule_source") == "scheduler"
-        self._cadence = None if self._read_off else "step"
+        read_off = self._schedule is not None and f.get("schedule_source") == "scheduler"
+        self._cadence = None if read_off else "step"
         self._counted = False
         self._last_logged = None
         config = f.get("config") if isinstance(f.get("config"), dict) else {}

@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from trainmon.hooks.wire import Event, validate_event
 
 __all__ = [
     "BOOKKEEPING_KEYS",
+    "EVAL_TIMINGS",
     "EvalPoint",
     "ImportFormatError",
     "LogMeta",
@@ -54,6 +55,7 @@ __all__ = [
     "TrainPoint",
     "apply_scheduler_end",
     "build_events",
+    "eval_metric_names",
     "file_digest",
     "read_scheduler_end",
     "run_id_from_path",
@@ -636,6 +638,40 @@ def to_count(value: Any) -> int | None:
     if x is None or not math.isfinite(x) or x < 0:
         return None
     return int(x)
+
+
+EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
+"""Eval scalars that time the evaluation rather than score the model."""
+
+
+def eval_metric_names(names: Iterable[str], eval_loss: str | None) -> dict[str, str]:
+    """The task metrics logged beside the eval loss (``eval/wer`` beside ``eval/loss``, ``val_acc``
+    beside ``val_loss``): each such column or tag name -> its metric name.
+
+    A fine-tune is judged by its task metric (WER, accuracy) more than by its eval loss, which can
+    rise while the metric improves (over-confidence); without the metric the eval detector calls
+    that overfitting.
+    """
+    if eval_loss is None:
+        return {}
+    if "/" in eval_loss:
+        prefix = eval_loss.rsplit("/", 1)[0] + "/"
+    elif eval_loss.lower().endswith("_loss"):
+        prefix = eval_loss[: -len("loss")]
+    else:
+        return {}
+    out = {}
+    for name in names:
+        rest = name[len(prefix) :]
+        if (
+            name != eval_loss
+            and name.lower().startswith(prefix.lower())
+            and rest
+            and "/" not in rest
+            and rest.lower() not in EVAL_TIMINGS
+        ):
+            out[name] = rest
+    return out
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

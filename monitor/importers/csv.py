@@ -27,7 +27,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint, to_float
+from trainmon.monitor.importers.common import (
+    EvalPoint,
+    ImportFormatError,
+    Item,
+    LogMeta,
+    TrainPoint,
+    eval_metric_names,
+    to_float,
+)
 
 __all__ = ["DEFAULT_COLUMNS", "FIELDS", "looks_like_csv", "parse_csv", "parse_mapping"]
 
@@ -67,9 +75,6 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 _WANDB_PREFIX = re.compile(r"^.+? - (.+)$")
-
-# Eval columns that time the evaluation rather than score the model.
-_EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
 
 
 def looks_like_csv(head: str, named_csv: bool = False) -> bool:
@@ -147,32 +152,14 @@ def _resolve(header: list[str], user: dict[str, str]) -> dict[str, int]:
 
 
 def _eval_metric_columns(header: list[str], cols: dict[str, int]) -> dict[int, str]:
-    """The task metrics logged beside the eval loss (``eval/accuracy`` beside ``eval/loss``, ``val_acc``
-    beside ``val_loss``): column index -> metric name.
-
-    A fine-tune is judged by its task metric more than by its eval loss, which can rise while the metric
-    improves (over-confidence); without them the eval detector calls that overfitting.
-    """
+    """The task metrics beside the eval loss (``eval/accuracy``, ``val_acc``): column index -> metric
+    name, among the columns no field took (W&B's ``__MIN``/``__MAX`` companions left out)."""
     i = cols.get("eval_loss")
-    name = _clean(header[i]) if i is not None else ""
-    prefix = name[: -len("loss")]
-    if not name.lower().endswith("loss") or not prefix.endswith(("/", "_")):
+    if i is None:
         return {}
     taken = set(cols.values())
-    out = {}
-    for j, col in enumerate(header):
-        c = _clean(col)
-        rest = c[len(prefix) :]
-        if (
-            j not in taken
-            and c.lower().startswith(prefix.lower())
-            and rest
-            and "/" not in rest
-            and not c.endswith(("__MIN", "__MAX"))
-            and rest.lower() not in _EVAL_TIMINGS
-        ):
-            out[j] = rest
-    return out
+    names = {_clean(c): j for j, c in enumerate(header) if j not in taken and not c.endswith(("__MIN", "__MAX"))}
+    return {names[n]: metric for n, metric in eval_metric_names(names, _clean(header[i])).items()}
 
 
 def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:

@@ -22,7 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainmon.monitor.importers.common import EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import (
+    EvalPoint,
+    ImportFormatError,
+    Item,
+    LogMeta,
+    TrainPoint,
+    eval_metric_names,
+)
 
 __all__ = ["TAGS", "is_event_file", "looks_like_tfrecord", "parse_tensorboard", "read_scalars"]
 
@@ -224,33 +231,6 @@ def _choose(tags: set[str]) -> dict[str, str]:
     return out
 
 
-# Eval scalars that time the evaluation rather than score the model.
-_EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
-
-
-def _eval_metric_tags(tags: set[str], eval_loss_tag: str | None) -> dict[str, str]:
-    """The task metrics logged next to the eval loss (``eval/wer`` beside ``eval/loss``, ``val_acc`` beside
-    ``val_loss``), by name.
-
-    A fine-tune is judged by its task metric (WER, accuracy) more than by its eval loss, which
-    can rise while the metric improves; the eval detector needs both.
-    """
-    if eval_loss_tag is None:
-        return {}
-    if "/" in eval_loss_tag:
-        prefix = eval_loss_tag.rsplit("/", 1)[0] + "/"
-    elif eval_loss_tag.lower().endswith("_loss"):
-        prefix = eval_loss_tag[: -len("loss")]  # Lightning's val_loss: val_acc beside it
-    else:
-        return {}
-    out = {}
-    for tag in tags:
-        name = tag[len(prefix) :]
-        if tag.startswith(prefix) and tag != eval_loss_tag and "/" not in name and name.lower() not in _EVAL_TIMINGS:
-            out[tag] = name
-    return out
-
-
 def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
     """One run from one event file or a folder's event files (a restart writes a new file).
 
@@ -269,7 +249,7 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
             "expected one of " + ", ".join(TAGS["loss"])
         )
     by_tag = {tag: fld for fld, tag in mapping.items()}
-    metric_tags = _eval_metric_tags(tags, mapping.get("eval_loss"))
+    metric_tags = eval_metric_names(tags, mapping.get("eval_loss"))
     items: list[Item] = []
     for _, rows in per_file:
         train: dict[int, TrainPoint] = {}
