@@ -18,61 +18,25 @@ Everything else any detector raises on these files fails ``test_no_unexpected_an
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.real_log_readings_hf_degenerate import READINGS_HF_DEGENERATE
+from tests.real_log_readings_megatron_deepspeed import READINGS_MEGATRON_DEEPSPEED
+from tests.real_log_readings_nanochat import READINGS_NANOCHAT
+from tests.real_log_readings_structured import READINGS_STRUCTURED
+from tests.real_log_types import _ANY, Allow, Expect, Known, Need
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.store.storage import Storage
 
-LOGS = Path("/work/shared/real-logs")
+LOGS = Path(__file__).resolve().parents[2] / "shared" / "real-logs"
 MANIFEST = json.loads((LOGS / "manifest.json").read_text()) if (LOGS / "manifest.json").exists() else []
 BY_FILE = {m["file"]: m for m in MANIFEST}
 
 pytestmark = pytest.mark.skipif(not MANIFEST, reason=f"{LOGS} is not available")
 
-
-@dataclass(frozen=True)
-class Allow:
-    kind: str
-    lo: int
-    hi: int
-    why: str
-    severities: tuple[str, ...] = ("info", "warning")
-
-
-@dataclass(frozen=True)
-class Need:
-    kind: str
-    step: int
-    tol: int
-    why: str
-    recovered: bool = True  # the reading says the incident passed (a spike), so the anomaly must be resolved
-
-
-@dataclass(frozen=True)
-class Known:
-    """A detector problem on this file: ``kind`` fires in [lo, hi] (false alarm) or misses ``missed``."""
-
-    kind: str
-    lo: int
-    hi: int
-    problem: str
-    missed: bool = False
-
-
-@dataclass(frozen=True)
-class Expect:
-    runs: int = 1  # runs the file holds (several runs written into one log are imported apart)
-    attempts: int = 1
-    allowed: tuple[Allow, ...] = ()
-    required: tuple[Need, ...] = ()
-    known: tuple[Known, ...] = ()
-
-
-_ANY = (0, 10**9)
 
 EXPECT: dict[str, Expect] = {
     "01_whisper-large-v2-ja.json": Expect(
@@ -336,6 +300,12 @@ EXPECT: dict[str, Expect] = {
         ),
     ),
 }
+
+# The newer logs (81-110), one module per family: the importer and its readings change together.
+EXPECT.update(READINGS_HF_DEGENERATE)
+EXPECT.update(READINGS_STRUCTURED)
+EXPECT.update(READINGS_MEGATRON_DEEPSPEED)
+EXPECT.update(READINGS_NANOCHAT)
 
 
 _CACHE: dict[str, dict[str, Any]] = {}

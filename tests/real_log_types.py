@@ -1,0 +1,51 @@
+"""The shapes a reading of a real log is encoded in (``tests/test_real_logs.py`` explains each).
+
+The readings themselves live in ``test_real_logs.py`` (logs 01-60) and in one module per family
+of the newer logs (``real_log_readings_*.py``), so each family's importer and its readings change
+together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Allow:
+    kind: str
+    lo: int
+    hi: int
+    why: str
+    severities: tuple[str, ...] = ("info", "warning")
+
+
+@dataclass(frozen=True)
+class Need:
+    kind: str
+    step: int
+    tol: int
+    why: str
+    recovered: bool = True  # the reading says the incident passed (a spike), so the anomaly must be resolved
+
+
+@dataclass(frozen=True)
+class Known:
+    """A detector problem on this file: ``kind`` fires in [lo, hi] (false alarm) or misses ``missed``."""
+
+    kind: str
+    lo: int
+    hi: int
+    problem: str
+    missed: bool = False
+
+
+@dataclass(frozen=True)
+class Expect:
+    runs: int = 1  # runs the file holds (several runs written into one log are imported apart)
+    attempts: int = 1
+    allowed: tuple[Allow, ...] = ()
+    required: tuple[Need, ...] = ()
+    known: tuple[Known, ...] = ()
+
+
+_ANY = (0, 10**9)
