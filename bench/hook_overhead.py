@@ -20,11 +20,19 @@ variant never touch another. Background work a block leaves behind (trainmon's s
 is finished, untimed, before the next block starts, so it is not charged to a neighbour.
 
 Run ``python bench/hook_overhead.py [--quick]``; the last line holds the headline figures as key=value pairs.
+
+On a GPU (``--device cuda``, with ``--layers``/``--d-model``/``--batch``... for a step of tens of ms) every step
+ends with ``torch.cuda.synchronize()``, so a step's time is the device's work, not only the launches; a host sync
+inside trainmon would hide in that wait, which is why ``--sync-debug`` runs each step (not that final wait) under
+torch's sync-debug mode ("warn") and counts the synchronizing calls it reports, per variant and call site.
+``--no-serve`` (a machine without the daemon's dependencies) sends the collector-up variant's events to a
+``file://`` JSONL collector instead of a ``trainmon serve`` subprocess.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import cProfile
 import datetime
@@ -45,6 +53,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +68,8 @@ VOCAB, SEQ, BATCH, D_MODEL, HEADS, LAYERS = 256, 64, 8, 128, 4, 2
 CLIP = 1.0
 N_BATCHES = 32  # pre-generated batches, cycled: data loading is not what is measured
 PAGE = os.sysconf("SC_PAGE_SIZE")
+DEVICE = torch.device("cpu")  # --device
+SYNC_DEBUG = False  # --sync-debug
 
 perf = time.perf_counter
 _SCHEDSTAT = (
@@ -85,7 +96,7 @@ def make_batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     out = []
     for _ in range(N_BATCHES):
         t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
-        out.append((t[:, :-1].contiguous(), t[:, 1:].contiguous()))
+        out.append((t[:, :-1].contiguous().to(DEVICE), t[:, 1:].contiguous().to(DEVICE)))
     return out
 
 
@@ -116,7 +127,7 @@ class Loop:
     def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         torch.manual_seed(0)
         cfg = GPTConfig(vocab_size=VOCAB, seq_len=SEQ, n_layer=LAYERS, n_head=HEADS, n_embd=D_MODEL, dropout=0.0)
-        self.model = GPT(cfg)
+        self.model = GPT(cfg).to(DEVICE)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.param_groups(0.1), lr=3e-4, betas=(0.9, 0.95))
         warmup, total = 100, 100_000
@@ -128,6 +139,31 @@ class Loop:
         self.i = 0
 
 
+class SyncWatch:
+    """torch's sync-debug mode ("warn") around a step: counts the host syncs it reports, by call site.
+
+    The mode is process-wide, so a sync on a background thread (trainmon's sender) during the step counts too."""
+
+    def __init__(self) -> None:
+        self.sites: collections.Counter[str] = collections.Counter()
+        self._caught: Any = None
+
+    def start(self) -> None:
+        self._cm = warnings.catch_warnings(record=True)
+        self._caught = self._cm.__enter__()
+        warnings.simplefilter("always")
+        if DEVICE.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+
+    def stop(self) -> None:
+        if DEVICE.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+        self._cm.__exit__(None, None, None)
+        for w in self._caught:
+            if "synchronizing CUDA operation" in str(w.message):
+                self.sites[f"{Path(w.filename).name}:{w.lineno}"] += 1
+
+
 class Variant:
     """No monitoring: the baseline (and, under a second name, the A/A noise-floor row)."""
 
@@ -136,6 +172,7 @@ class Variant:
     def __init__(self, name: str, label: str, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.name, self.label = name, label
         self.loop = Loop(batches)
+        self.syncs = SyncWatch() if SYNC_DEBUG else None
         self.steps_run = 0
         self.setup_s = 0.0
         self.close_s = 0.0
@@ -160,6 +197,8 @@ class Variant:
         cpu0, wait0 = sched_ns()
         t0 = perf()
         st = StepTimes(0.0, 0.0, 0.0)
+        if self.syncs is not None:
+            self.syncs.start()
         self.before(st)
         _, loss = lp.model(x, y)
         loss.backward()
@@ -173,6 +212,10 @@ class Variant:
         st.sched = perf() - s0
         lp.opt.zero_grad(set_to_none=True)
         self.after(st)
+        if self.syncs is not None:
+            self.syncs.stop()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()  # the step's time includes the device's work
         st.step = perf() - t0
         cpu1, wait1 = sched_ns()
         st.cpu, st.runq = (cpu1 - cpu0) / 1e9, (wait1 - wait0) / 1e9
@@ -398,9 +441,9 @@ def delivered_steps(db: Path, run: str) -> tuple[int, int | None]:
     return n, missing
 
 
-def spooled_events(spool: Path) -> list[dict]:
+def spooled_events(spool: Path, pattern: str = "*.jsonl") -> list[dict]:
     events = []
-    for seg in sorted(spool.glob("*.jsonl")):
+    for seg in sorted(spool.glob(pattern)):
         for line in seg.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 events.append(json.loads(line))
@@ -535,6 +578,7 @@ def fmt(x: float, nd: int = 1) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global VOCAB, SEQ, BATCH, D_MODEL, HEADS, LAYERS, DEVICE, SYNC_DEBUG  # the model-size and device flags
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
     ap.add_argument("--rounds", type=int, help="alternation rounds (default 40, --quick 4)")
@@ -544,7 +588,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS", help="also cProfile trainmon for STEPS steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where the model trains")
+    ap.add_argument("--layers", type=int, default=LAYERS, help="model size: blocks")
+    ap.add_argument("--d-model", type=int, default=D_MODEL, help="model size: width")
+    ap.add_argument("--heads", type=int, default=HEADS, help="model size: attention heads")
+    ap.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
+    ap.add_argument("--batch", type=int, default=BATCH, help="sequences per step")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size")
+    ap.add_argument("--sync-debug", action="store_true", help="count the host syncs torch's sync-debug mode reports")
+    ap.add_argument("--no-serve", action="store_true", help="collector up = a file:// JSONL, not trainmon serve")
     args = ap.parse_args(argv)
+    VOCAB, SEQ, BATCH, D_MODEL, HEADS, LAYERS = args.vocab, args.seq, args.batch, args.d_model, args.heads, args.layers
+    DEVICE, SYNC_DEBUG = torch.device(args.device), args.sync_debug
     rounds = args.rounds or (4 if args.quick else 40)
     block = args.block or (5 if args.quick else 10)
     warmup = args.warmup if args.warmup is not None else (5 if args.quick else 20)
@@ -559,13 +614,17 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, {platform.platform()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}"
+        + (f", {torch.cuda.get_device_name(DEVICE)}" if DEVICE.type == "cuda" else "")
     )
     print(f"loop: GPT {LAYERS} layers, d_model {D_MODEL}, {HEADS} heads, vocab {VOCAB}, seq {SEQ}, batch {BATCH},")
     print(
         f"      AdamW, clip {CLIP}, torch.set_num_threads(1), seed 0; {rounds} rounds x blocks of {block} (+1 dropped)"
     )
 
-    proc, url, db = start_collector(tmp)
+    if args.no_serve:
+        proc, url, db = None, f"file://{tmp / 'up.jsonl'}", None
+    else:
+        proc, url, db = start_collector(tmp)
     variants: list[Variant] = []
     versions = []
     try:
@@ -601,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
             v.close()
         # What reached the collector (collector up) and what waits in the spool (collector down).
         up_stored, up_missing = math.nan, None
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + (0 if db is None else 10)
+        if db is None:  # the file collector: closed above, so every event is in the file
+            up_stored = len({e["fields"]["step"] for e in spooled_events(tmp, "up.jsonl") if e["kind"] == "step"})
         while time.monotonic() < deadline:
             with contextlib.suppress(sqlite3.Error):
                 up_stored, up_missing = delivered_steps(db, "bench-up")
@@ -611,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         spooled = spooled_events(tmp / "spool-down")
         profile = profile_trainmon(batches, tmp, url, args.profile) if args.profile else ""
     finally:
-        stop_collector(proc)
+        if proc is not None:
+            stop_collector(proc)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -776,6 +838,12 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items())
         + (f"; wandb incl. its metric collection {wandb_incl:.1f}x" if not math.isnan(wandb_incl) else "")
     )
+    syncs = {v.name: v.syncs.sites for v in variants if v.syncs is not None}
+    if SYNC_DEBUG:
+        print()
+        print(f"sync-debug ({'warn' if DEVICE.type == 'cuda' else 'off: no CUDA device'}), syncs reported per variant:")
+        for name, sites in syncs.items():
+            print(f"  {name:10s} {sum(sites.values()):5d}  " + ", ".join(f"{k} x{n}" for k, n in sites.most_common(5)))
     if profile:
         print()
         print(profile)
@@ -802,7 +870,11 @@ def main(argv: list[str] | None = None) -> int:
         "lost_events_up": fmt(lost_up, 0),
         "rounds": str(rounds),
         "block": str(block),
+        "device": str(DEVICE),
     }
+    if SYNC_DEBUG:
+        kv["sync_warnings_trainmon"] = str(sum(sum(syncs[v.name].values()) for v in variants if v.kind == "trainmon"))
+        kv["sync_warnings_baseline"] = str(sum(syncs["baseline"].values()))
     print(" ".join(f"{k}={v}" for k, v in kv.items()))
     return 0
 
