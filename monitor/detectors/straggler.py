@@ -1,13 +1,35 @@
-"""``straggler``: one rank computes slower than the others, step after step.
+"""``straggler``: the rank the other ranks wait for, step after step, whatever it is slow in.
 
-Why the rule is what it is (``failure-modes.md`` P1, traceopt-ai/traceml#252): DDP's all-reduce
-evens out the step time of every rank (the fast ones wait for the slow one), so step time alone
-cannot name the culprit. Compute time can: the straggler has the highest forward + backward time
-and the lowest exposed communication wait. The detector aligns the ranks' records by step,
-divides each rank's compute time by the median of the other ranks' at the same step, and fires
-when that ratio reaches ``min_ratio`` in ``min_share`` of the last ``window`` aligned steps
-(sustained, P1; CPU ranks sharing cores show 2-5x bursts on single steps from noisy
-neighbours). Without a phase split it falls back to step time.
+Principle: **a straggler is the rank the others wait for**, not the rank with the slowest forward
+pass. DDP's all-reduce evens out the step time of every rank (the fast ones wait for the slow one
+in the collective), so step time alone cannot name the culprit; what can is where each rank's
+time goes. A rank's *own time* is its step time minus the time it waited in collectives
+(``comm``) and minus its scheduled ``checkpoint``/``eval`` phases: data loading, forward,
+backward, optimizer and whatever ran outside any timed phase (``other``) all count, because a
+rank slow in any of them holds up the all-reduce alike (a data-loading straggler spends its
+extra time in ``data`` while rank 0 spends 93 % of each step in ``comm``; compute time alone
+called that run healthy). The others' excess wait is the same evidence seen from their side:
+the delay a rank imposes is how much longer the other ranks wait than it does. So the detector
+aligns the ranks' records by step and, per rank, measures
+
+    ratio = (median own time of the others + (median wait of the others - own wait)) / median own time of the others
+
+which is the plain own-time ratio when the delay lies inside the rank's step and still sees a
+delay between its steps (the others' wait grows, its own does not). It fires when that ratio
+reaches ``min_ratio`` in ``min_share`` of the last ``window`` aligned steps (sustained, P1; CPU
+ranks sharing cores show 2-5x bursts on single steps from noisy neighbours), and the message says
+the phase the extra time went to (the one that grew most against the other ranks' median of the
+same phase), or that it went outside every timed phase. Without a ``comm`` phase (no DDP comm
+hook) the waiting lands in an unknown phase, so the rank's forward + backward time is compared,
+and without a phase split its step time. Units of the timing's own resolution: on a CPU run the
+excess must also reach one scheduler time slice per step (``_CPU_SLICE_S``) in those steps; a
+rank 0 that spends 7 ms more than its peer on 7 ms steps of a loaded host is not a straggler worth
+a warning.
+
+Onset, extent, persistence: the finding opens at the step the window first holds the condition,
+is renewed every ``4 x window`` aligned steps while it lasts (its last step follows the
+condition), and once more at ``run_end`` with the last step judged, so an anomaly still open
+at the end covers the steps it covered.
 """
 
 from __future__ import annotations
@@ -22,16 +44,45 @@ from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Straggler"]
 
+_CPU_SLICE_S = 0.010
+"""On a CPU run a rank shares cores with other processes and is descheduled for whole scheduler time
+slices (several ms): an excess under this per step is the timing's resolution there, not evidence."""
+_SCHEDULED = ("checkpoint", "eval")  # a rank that saves or evaluates on schedule is not straggling
+_OWN_PHASES = ("data", "forward", "backward", "optimizer", "other")
+_PHASE_WORDS = {
+    "data": "loading data (its data phase)",
+    "forward": "the forward pass",
+    "backward": "the backward pass",
+    "optimizer": "the optimizer step",
+    "other": "work outside every timed phase",
+}
 
-def _times(fields: dict) -> tuple[float, float] | None:
-    """(compute seconds, comm seconds) of a step record, or None when it has no timing."""
+# A rank's record at one step: (own seconds, wait seconds, per-phase own seconds in _OWN_PHASES order
+# or None, whether the wait was measured)
+_Rec = tuple[float, float, "tuple[float, ...] | None", bool]
+
+
+def _times(fields: dict) -> _Rec | None:
+    """A step record as (own seconds, wait seconds, own phases, wait measured), or None without timing."""
     phases = fields.get("phases") or {}
-    compute = phases.get("forward", 0.0) + phases.get("backward", 0.0)
+    step_time = fields.get("step_time") or 0.0
+    if "comm" in phases:
+        scheduled = sum(phases.get(p) or 0.0 for p in _SCHEDULED)
+        comm = phases.get("comm") or 0.0
+        total = step_time if step_time > 0 else sum(v or 0.0 for v in phases.values())
+        own = total - comm - scheduled
+        if own <= 0:
+            return None
+        split = [phases.get(p) or 0.0 for p in _OWN_PHASES]
+        timed = sum(split)
+        split[-1] += max(0.0, own - timed)  # the untimed rest of the step, as the hooks count "other"
+        return own, comm, tuple(split), True
+    compute = (phases.get("forward") or 0.0) + (phases.get("backward") or 0.0)
     if compute <= 0:
-        compute = fields.get("step_time") or 0.0
+        compute = step_time
     if compute <= 0:
         return None
-    return compute, phases.get("comm", 0.0)
+    return compute, 0.0, None, False
 
 
 def _median_without(ordered: list[float], value: float) -> float:
@@ -46,7 +97,7 @@ def _median_without(ordered: list[float], value: float) -> float:
 
 
 class Straggler(Detector):
-    """Per-rank compute time against the median of the other ranks at the same step."""
+    """Per rank, the time the other ranks wait for it, against their own time at the same step."""
 
     kind = "straggler"
     scope = "run"
@@ -54,15 +105,18 @@ class Straggler(Detector):
     def __init__(self, config: StragglerConfig) -> None:
         self.config = config
         self._world = 0
-        self._pending: dict[int, dict[int, tuple[float, float]]] = {}
+        self._pending: dict[int, dict[int, _Rec]] = {}
         self._ratios: dict[int, RollingWindow] = {}
-        self._comm: dict[int, RollingWindow] = {}
-        # median comm over all ranks, per step: what the others wait (for the message only, so one
-        # run-wide window rather than one per rank; with two ranks "own <= median" still means "own <= other")
-        self._step_comm = RollingWindow(config.window)
-        self._open: dict[int, float] = {}  # rank -> median ratio when reported
+        self._held: dict[int, RollingWindow] = {}  # seconds the rank holds a step: the others' own + what they wait
+        self._excess: dict[int, RollingWindow] = {}  # seconds the rank holds a step beyond the others' own
+        self._others: dict[int, RollingWindow] = {}  # the others' median own seconds
+        self._wait: dict[int, RollingWindow] = {}  # own wait in collectives
+        self._others_wait: dict[int, RollingWindow] = {}  # the others' median wait
+        self._extra: dict[int, list[tuple[float, ...]]] = {}  # per step: extra seconds per phase (+ between steps)
+        self._open: dict[int, tuple[float, int]] = {}  # rank -> (ratio when reported, step reported)
         self._hosts: dict[int, str] = {}
         self._device = ""  # run_start's device: a CPU run's straggler is not a throttled GPU
+        self._last_step: int | None = None
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
@@ -70,6 +124,8 @@ class Straggler(Detector):
             self._device = str(event.fields.get("device") or "")
             self._pending.clear()
             return []
+        if event.kind == "run_end":
+            return self._at_end()
         if event.kind != "step":
             return []
         self._world = max(self._world, event.rank + 1)
@@ -89,44 +145,116 @@ class Straggler(Detector):
         del self._pending[step]
         return self._judge(step, row)
 
-    def _judge(self, step: int, row: dict[int, tuple[float, float]]) -> list[Finding]:
+    def _at_end(self) -> list[Finding]:
+        """Once more for every open finding, at the last step judged: the anomaly covers its extent."""
+        if self._last_step is None:
+            return []
+        out = []
+        for rank, (ratio, reported) in list(self._open.items()):
+            if reported != self._last_step:
+                self._open[rank] = (ratio, self._last_step)
+                out.append(self._finding(rank, self._last_step))
+        return out
+
+    def _judge(self, step: int, row: dict[int, _Rec]) -> list[Finding]:
         cfg = self.config
         out: list[Finding] = []
-        computes = sorted(c for c, _ in row.values())
-        comms = sorted(m for _, m in row.values())
-        self._step_comm.add(statistics.median(comms))
-        for rank, (compute, comm) in row.items():
-            ref = _median_without(computes, compute)
-            if ref <= 0:
+        self._last_step = step
+        owns = sorted(r[0] for r in row.values())
+        waits = sorted(r[1] for r in row.values())
+        splits = [r[2] for r in row.values()]
+        phase_sorted = (
+            [sorted(s[i] for s in splits) for i in range(len(_OWN_PHASES))]  # type: ignore[index]
+            if all(s is not None for s in splits)
+            else None
+        )
+        measured = all(r[3] for r in row.values())
+        for rank, (own, wait, split, _) in row.items():
+            others_own = _median_without(owns, own)
+            if others_own <= 0:
                 continue
-            ratios = self._ratios.setdefault(rank, RollingWindow(cfg.window))
-            ratios.add(compute / ref)
-            self._comm.setdefault(rank, RollingWindow(cfg.window)).add(comm)
+            others_wait = _median_without(waits, wait) if measured else wait
+            imposed = max(0.0, others_wait - wait)  # how much longer the others wait than this rank
+            held = others_own + imposed if measured else own
+            ratio = held / others_own
+            for store, value in (
+                (self._ratios, ratio),
+                (self._excess, held - others_own),
+                (self._held, held),
+                (self._others, others_own),
+                (self._wait, wait),
+                (self._others_wait, others_wait),
+            ):
+                store.setdefault(rank, RollingWindow(cfg.window)).add(value)
+            if split is not None and phase_sorted is not None:
+                extra = [split[i] - _median_without(phase_sorted[i], split[i]) for i in range(len(_OWN_PHASES))]
+                extra.append(
+                    max(0.0, imposed - (own - others_own))
+                )  # between steps: the others waited, it did not work
+                kept = self._extra.setdefault(rank, [])
+                kept.append(tuple(extra))
+                del kept[: -cfg.window]
+            ratios = self._ratios[rank]
             if not ratios.full:
                 continue
             median = ratios.median()
             if rank in self._open:
+                reported_ratio, reported_step = self._open[rank]
                 if median < cfg.resolve_ratio:
                     del self._open[rank]
                     out.append(self._resolved(rank, step, median))
-                elif median > 1.5 * self._open[rank]:  # markedly worse: update the evidence
-                    self._open[rank] = median
-                    out.append(self._finding(rank, step, median))
-            elif ratios.quantile(1 - cfg.min_share) >= cfg.min_ratio:
-                self._open[rank] = median
-                out.append(self._finding(rank, step, median))
+                elif median > 1.5 * reported_ratio or step - reported_step >= 4 * cfg.window:
+                    # markedly worse, or renewed while it lasts: the anomaly's extent follows it
+                    self._open[rank] = (max(median, reported_ratio), step)
+                    out.append(self._finding(rank, step))
+            elif ratios.quantile(1 - cfg.min_share) >= cfg.min_ratio and (
+                not self._device.lower().startswith("cpu")
+                or self._excess[rank].quantile(1 - cfg.min_share) >= _CPU_SLICE_S
+            ):
+                self._open[rank] = (median, step)
+                out.append(self._finding(rank, step))
         return out
 
-    def _finding(self, rank: int, step: int, median: float) -> Finding:
-        own_comm = self._comm[rank].median()
-        others_comm = self._step_comm.median()
+    def _where(self, rank: int) -> tuple[str, dict[str, float]]:
+        """Where the rank's extra time went (words) and the extra seconds per phase (evidence)."""
+        rows = self._extra.get(rank)
+        if not rows:
+            return "", {}
+        names = (*_OWN_PHASES, "between_steps")
+        mean = {n: statistics.fmean(r[i] for r in rows) for i, n in enumerate(names)}
+        grown = {n: v for n, v in mean.items() if v > 0}
+        total = sum(grown.values())
+        if total <= 0:
+            return "", {}
+        named = sorted((n for n, v in grown.items() if v >= 0.2 * total), key=lambda n: -grown[n])
+        words = [
+            (
+                "outside its steps (between one step's end and the next one's start)"
+                if n == "between_steps"
+                else _PHASE_WORDS[n]
+            )
+            + (f" ({grown[n] / total:.0%})" if len(named) > 1 else "")
+            for n in named
+        ]
+        where = "the extra time in " + " and ".join(words)
+        return where, {n: round(max(0.0, v), 6) for n, v in mean.items()}
+
+    def _finding(self, rank: int, step: int) -> Finding:
+        held = self._held[rank].median()
+        others = self._others[rank].median()
+        ratio = held / others if others > 0 else float("nan")
+        own_wait = max(0.0, self._wait[rank].median())
+        others_wait = max(0.0, self._others_wait[rank].median())
         host = self._hosts.get(rank, "?")
-        waits_least = own_comm <= others_comm
-        signature = (
-            f"while waiting least in collectives ({own_comm * 1e3:.3g} ms vs {others_comm * 1e3:.3g} ms)"
-            if waits_least and others_comm > 0
-            else ""
-        )
+        where, extra = self._where(rank)
+        window = self.config.window
+        if own_wait < others_wait:
+            waits = (
+                f"; the other ranks wait {others_wait * 1e3:.3g} ms per step in collectives, "
+                f"it waits {own_wait * 1e3:.3g} ms"
+            )
+        else:
+            waits = ""
         if self._device.lower().startswith("cpu"):
             check = (
                 "other processes competing for its cores (noisy neighbour: top/htop), CPU frequency or thermal "
@@ -138,13 +266,20 @@ class Straggler(Detector):
                 "GPU clocks, temperature and throttle reasons (node_health, nvidia-smi -q -d PERFORMANCE), other "
                 "processes on it (noisy neighbour), CPU/dataloader contention"
             )
+        top = max(extra, key=extra.__getitem__) if extra else ""
+        if top == "data":
+            check = (
+                "its input pipeline first (dataloader workers, storage or network reads, preprocessing on that "
+                "host), then " + check
+            )
         return Finding(
             kind=self.kind,
             severity="warning",
             step=step,
             message=(
-                f"rank {rank} on {host} computes {median:.2f}x the median of the other ranks over the last "
-                f"{self.config.window} steps {signature}".rstrip()
+                f"rank {rank} on {host} is the rank the others wait for: it holds each step {ratio:.2f}x the "
+                f"other ranks' own time ({held * 1e3:.3g} ms vs {others * 1e3:.3g} ms, medians over the last "
+                f"{window} steps)" + (f", {where}" if where else "") + waits
             ),
             hint=(
                 f"Rank {rank} (host {host}) is a straggler and every other rank waits for it in the all-reduce. "
@@ -154,10 +289,13 @@ class Straggler(Detector):
             evidence={
                 "rank": rank,
                 "host": host,
-                "ratio_to_median_of_others": round(median, 3),
-                "comm_s": round(own_comm, 6),
-                "others_comm_s": round(others_comm, 6),
-                "window": self.config.window,
+                "ratio_to_median_of_others": round(ratio, 3),
+                "held_s": round(held, 6),
+                "others_own_s": round(others, 6),
+                "comm_s": round(own_wait, 6),
+                "others_comm_s": round(others_wait, 6),
+                "extra_s_by_phase": extra,
+                "window": window,
             },
             rank=rank,
         )
@@ -167,7 +305,7 @@ class Straggler(Detector):
             kind=self.kind,
             severity="info",
             step=step,
-            message=f"rank {rank} back in line with the other ranks ({median:.2f}x their median)",
+            message=f"rank {rank} back in line with the other ranks ({median:.2f}x their own time)",
             hint="No action needed.",
             evidence={"rank": rank, "ratio_to_median_of_others": round(median, 3)},
             resolved=True,
