@@ -7,10 +7,17 @@ halves on every overflow and doubles only after thousands of clean steps, so a f
 a short window, a run of consecutive skipped steps, a skip rate far above the one-in-thousands
 of a healthy run, or a scale under 1 all mean gradients are overflowing persistently.
 
-The scaler's start-up calibration is not a collapse: an initial scale of 2^16 (or more) is
-halved on the first steps until the gradients fit, so steps are only counted once a run (or a
-resumed attempt) has taken its first non-skipped step. A scale reset on resume is
-``bad_resume``'s finding.
+The scaler's start-up calibration is not a collapse: an initial scale of 2^16 (or more; Megatron
+starts at 2^32) is halved on the first steps until the gradients fit, so steps are only counted
+once a run (or a resumed attempt) has taken its first non-skipped step. A scale reset on resume is
+``bad_resume``'s finding. The search is bounded, though: a scale under ``min_scale`` is an
+underflow whether or not a step was ever applied, and an attempt that *ends* without one applied
+step never trained: one warning saying every step was skipped (not a collapse: the scale of 5e8
+it stopped at is not collapsed, the run just never got past its search).
+
+A scale is a positive multiplier: a value <= 0 is what a trainer prints when its own scaler is off
+(Megatron-DeepSpeed's ``loss scale: -1.0`` under the DeepSpeed engine), ignored like a missing one.
+Importers drop such placeholders already; this keeps the rule true for any producer.
 """
 
 from __future__ import annotations
@@ -40,17 +47,23 @@ class LossScaleCollapse(Detector):
         self._consecutive = 0
         self._open: str | None = None  # the severity of the open anomaly
         self._quiet = 0  # steps since the last skip or halving
+        self._searching: list[tuple[int, float | None]] = []  # (step, scale) skipped before the first applied step
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
             self._calibrated = False
             self._scale = None
             self._consecutive = 0
+            self._searching = []
             return []
+        if event.kind == "run_end":
+            return self._never_applied()
         if event.kind != "step":
             return []
         f = event.fields
         scale = f.get("loss_scale")
+        if finite(scale) and scale <= 0:
+            scale = None  # a placeholder: no scaler of this trainer's own to watch
         skipped = f.get("skipped")
         if not finite(scale) and not isinstance(skipped, bool):
             return []
@@ -61,12 +74,39 @@ class LossScaleCollapse(Detector):
         skip = bool(skipped) if isinstance(skipped, bool) else halved
         if not self._calibrated:
             if skip:
+                self._searching.append((step, scale if finite(scale) else None))
+                if finite(scale) and scale < self.config.min_scale:
+                    evidence = {"loss_scale": scale, "skips_before_any_update": len(self._searching)}
+                    return self._fire(step, scale, True, evidence)
                 return []
             self._calibrated = True
+            self._searching = []
         self._push(halved, skip)
         self._consecutive = self._consecutive + 1 if skip else 0
         self._quiet = 0 if (skip or halved) else self._quiet + 1
         return self._judge(step, scale if finite(scale) else None, skip or halved)
+
+    def _never_applied(self) -> list[Finding]:
+        """The attempt ended while still skipping every step: it never trained."""
+        if self._calibrated or not self._searching:
+            return []
+        (first, start), (last, end) = self._searching[0], self._searching[-1]
+        n = len(self._searching)
+        scales = f" (loss scale {start:.4g} -> {end:.4g})" if start is not None and end is not None else ""
+        evidence = {"skipped_steps": n, "first_skipped_step": first, "loss_scale_first": start, "loss_scale_last": end}
+        message = f"every step skipped so far: no optimizer update in the {n} logged steps {first}-{last}{scales}"
+        hint = (
+            "The run never trained: the fp16 scaler was still searching for a scale at which the gradients do not "
+            "overflow when the run ended. A search from 2^32 takes a dozen or more skipped steps; one that lasts "
+            "longer means the gradients overflow at any scale (NaN/inf in the forward pass, a bad initialisation, "
+            "an LR far too high): check the first steps' loss and activations, or switch to bf16."
+        )
+        out = [Finding(kind=self.kind, severity="warning", step=first, message=message, hint=hint, evidence=evidence)]
+        if last != first:
+            out.append(
+                Finding(kind=self.kind, severity="warning", step=last, message=message, hint=hint, evidence=evidence)
+            )
+        return out
 
     def _push(self, halved: bool, skip: bool) -> None:
         d = self._events

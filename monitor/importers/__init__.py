@@ -11,7 +11,7 @@ TensorBoard event files   ``tensorboard``: scalars, read without TensorBoard
 CSV                       ``csv``: W&B exports, Lightning ``metrics.csv``
 text logs                 ``textlog``: llm.c and nanoGPT (``s:N trl:X``, ``step N | loss X``),
                           Megatron-LM / DeepSpeed stdout (``megatron``), nanochat,
-                          modded-nanogpt records, MiniMind
+                          modded-nanogpt records, MiniMind, DeepSpeed(-Chat) (``deepspeed``)
 ========================  =======================================================
 
 Foreign formats go through :func:`trainmon.monitor.importers.common.build_events`, which makes the
@@ -20,6 +20,14 @@ Foreign formats go through :func:`trainmon.monitor.importers.common.build_events
 trainmon JSONL files (one per rank, merged by time), a spool folder (``…/spool/RUN/rankN``: its
 segments are one rank's stream, read in the order they were written), a run's spool folder
 (``…/spool/RUN``: its rank folders, merged by time) or a folder of TensorBoard event files.
+
+Structured formats (JSON, JSON lines, CSV, TFRecord) are judged by the first 64 KiB: their first
+record says what they are. A text log is judged by its lines wherever they are: a SLURM job's shell
+trace and argument dump, or a terminal's progress bars, can push the first step line a megabyte
+into the file, so when the head shows none the file is scanned further in bounded pieces (the
+first 8 MiB, then pieces spread over the rest; :mod:`.terminal`), with terminal control sequences
+removed before judging. A file is called binary only on binary evidence (NUL bytes, or many bytes
+that are not UTF-8 once escapes are removed), never for the escape codes of its first kilobytes.
 
 A file no reader recognises fails at detection with one line naming the formats tried and what
 the file starts with, before any reader runs: a JSON-lines log of a format we do not read must
@@ -48,7 +56,8 @@ from trainmon.monitor.importers.jsonlog import (
     parse_ms_swift,
 )
 from trainmon.monitor.importers.tensorboard import is_event_file, looks_like_tfrecord, parse_tensorboard
-from trainmon.monitor.importers.textlog import looks_like_textlog, parse_textlog
+from trainmon.monitor.importers.terminal import binary_evidence, clean_text
+from trainmon.monitor.importers.textlog import looks_like_textlog, parse_textlog, sniff_textlog
 
 __all__ = ["FORMATS", "ImportFormatError", "detect_format", "parse_mapping", "read_events"]
 
@@ -107,9 +116,11 @@ def _looks_like_jsonl(head: str) -> bool:
 
 
 def _looks(head: str, raw: bytes) -> str:
-    """What the file starts with, in a few words on one line: its JSON keys, or its first line."""
-    if b"\0" in raw[:4096] or sum(b < 9 or 13 < b < 32 for b in raw[:4096]) > 8:
+    """What the file starts with, in a few words on one line: its JSON keys, or its first line
+    (as a terminal showed it: escape codes removed)."""
+    if binary_evidence(raw):
         return "binary data"
+    head = clean_text(head)
     obj = next((o for o in _head_objects(head) if o is not None), None)
     if isinstance(obj, dict):
         keys = ", ".join(json.dumps(k) for k in list(obj)[:15]) + (", ..." if len(obj) > 15 else "")
@@ -175,6 +186,8 @@ def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
         # Decodable lines that are not wire events are another tool's JSONL: said here, in one line,
         # rather than by the reader rejecting every line.
         return "jsonl"
+    if len(raw) == _HEAD and sniff_textlog(path) is not None:
+        return "textlog"  # its training lines start past the head
     raise _unrecognised(path, head, raw)
 
 

@@ -24,6 +24,32 @@ What is read:
   update), one step off :class:`trainmon.hooks.schedules.Schedule`'s convention, which would make
   every warmup step look like drift. The detector infers the schedule from the logged LRs instead.
 
+Values that are data, not errors. What the format prints when a feature is off is a placeholder,
+dropped here so detectors never see it:
+
+* ``loss scale: -1.0``: Megatron-DeepSpeed with the DeepSpeed engine on (``--deepspeed``) leaves the
+  scaler to DeepSpeed and prints -1. A loss scale is a positive multiplier: a value <= 0 is never a
+  scale, whatever printed it.
+* ``grad norm: 0.000`` on every line of a run (the same code path: DeepSpeed clips, Megatron's norm
+  stays 0): a norm that is exactly zero at every logged iteration while the loss moves is not a
+  measurement. One zero among real norms is kept (it is data).
+* bf16 and fp32 print a constant ``loss scale: 1.0``: there is no scaler to watch.
+* A *static* fp16 scale (``--loss-scale 12``, ``loss_scale`` in the argument dump) is configuration,
+  not the state of a dynamic scaler: kept once in the config (``static_loss_scale``), not per step.
+
+The dynamic scaler starts high (``initial_loss_scale``, 2^32 by default) and halves on each overflow
+until the gradients fit: the iterations it skips meanwhile are logged with ``number of skipped
+iterations`` and, when every iteration of an interval was skipped, without ``lm loss`` and ``grad
+norm``. Such a line is a *skipped* interval (``skipped``, no loss), not a NaN one: only ``number of
+nan iterations`` covering the interval makes a NaN loss. A run whose every logged iteration was
+skipped never applied an update: said in a note and in the config (``never_trained``).
+
+How a run ended, read after its last iteration line: ``KeyboardInterrupt`` (Ctrl-C; the tracebacks
+of every rank follow it) is a stop by hand, ``interrupted``, not a crash; a SLURM cancellation is read
+by :func:`~trainmon.monitor.importers.common.read_scheduler_end` for every text log. Keys are read
+with ``-`` and ``_`` as spaces (``lm-loss``, ``grad-norm``, ``learning-rate``: the TensorBoard tag
+spellings some forks print), and ``iteration-time`` (seconds) when the millisecond field is absent.
+
 Several runs in one file (a sweep script appending each launch's stdout): the iteration counter
 starting over (going back to or before where the current run's log began) is a new run, not a
 resume, and comes out as a separate run (:class:`~trainmon.monitor.importers.common.RunMark`),
@@ -43,7 +69,6 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.monitor.importers.common import (
-    ANSI_ESCAPE,
     EvalPoint,
     ImportFormatError,
     Item,
@@ -51,6 +76,7 @@ from trainmon.monitor.importers.common import (
     RunMark,
     TrainPoint,
 )
+from trainmon.monitor.importers.terminal import terminal_lines
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
 
 __all__ = ["looks_like_megatron", "parse_megatron"]
@@ -73,6 +99,9 @@ _CLI_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?:=|'?,?\s+'?)(?!--)([^\s',\]]+)")
 _CLI_SWITCH = re.compile(r"--(bf16|fp16)\b")
 _BANNER = re.compile(r"^={3,}\s*(\S.*?)\s*={3,}$")
 _PART = re.compile(r"^\s*(.+?)\s*:\s*(\S+)")
+_KEY_SEP = re.compile(r"[-_\s]+")
+# After the last iteration line: a stop by hand (every rank prints the interrupt's traceback)
+_CTRL_C = re.compile(r"^KeyboardInterrupt\b")
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|-inf|-nan)$", re.IGNORECASE)
 
 # Arguments worth keeping in the run's config (the dump has a few hundred).
@@ -101,6 +130,8 @@ _KEEP_ARGS = (
     "world_size",
     "fp16",
     "bf16",
+    "loss_scale",
+    "initial_loss_scale",
     "clip_grad",
     "weight_decay",
     "optimizer",
@@ -194,6 +225,8 @@ class _Run:
     prev_samples: int | None = None
     rel: float = 0.0  # seconds since the current segment's start
     last_rest: str = ""
+    scale_placeholders: dict[float, int] = field(default_factory=dict)  # printed value -> lines
+    ctrl_c_after: int | None = None  # the last iteration logged before a KeyboardInterrupt
 
     @property
     def log_interval(self) -> int:
@@ -207,51 +240,49 @@ def parse_megatron(path: Path) -> tuple[list[Item], LogMeta]:
     in_args = False
     variant = "megatron"
     bad = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, raw in enumerate(f, 1):
-            line = ANSI_ESCAPE.sub("", raw).strip()
-            if not line:
+    for n, line in terminal_lines(path):
+        if in_args:
+            if _ARGS_END.match(line):
+                in_args = False
                 continue
-            if in_args:
-                if _ARGS_END.match(line):
-                    in_args = False
-                    continue
-                m = _ARG.match(line)
-                if m is not None:
-                    pre.args.setdefault(m.group(1), _value(m.group(2)))
-                    continue
-                in_args = False  # a dump cut short: read on as ordinary lines
-            m = _ITER.search(line)
-            if m is not None and "|" in m.group("rest"):
-                try:
-                    _iteration(m, runs, pre)
-                except ValueError as exc:
-                    bad += 1
-                    log.warning("%s: line %d: %s; skipped", path, n, exc)
-                pre = _Preamble()
-                continue
-            m = _VAL.search(line)
+            m = _ARG.match(line)
             if m is not None:
-                if runs:
-                    _validation(m, runs[-1])
+                pre.args.setdefault(m.group(1), _value(m.group(2)))
                 continue
-            if _ARGS_START.match(line):
-                in_args = True
-                pre.args = {}
-                continue
-            if "deepspeed" in line.lower():
-                variant = "megatron-deepspeed"
-            if "[after training is done]" in line and runs:
-                runs[-1].done = True
-            m = _BANNER.match(line)
-            if m is not None and "argument" not in m.group(1).lower():
-                pre.banner = m.group(1)
-            if _CMDLINE.search(line) and not pre.cli:
-                pre.cli = _cli_args(line)
-            for sm in ISO_STAMP.finditer(line):
-                t = iso_to_epoch(sm)
-                if t is not None:
-                    pre.stamp = t
+            in_args = False  # a dump cut short: read on as ordinary lines
+        m = _ITER.search(line)
+        if m is not None and "|" in m.group("rest"):
+            try:
+                _iteration(m, runs, pre)
+            except ValueError as exc:
+                bad += 1
+                log.warning("%s: line %d: %s; skipped", path, n, exc)
+            pre = _Preamble()
+            continue
+        m = _VAL.search(line)
+        if m is not None:
+            if runs:
+                _validation(m, runs[-1])
+            continue
+        if _ARGS_START.match(line):
+            in_args = True
+            pre.args = {}
+            continue
+        if "deepspeed" in line.lower():
+            variant = "megatron-deepspeed"
+        if "[after training is done]" in line and runs:
+            runs[-1].done = True
+        if runs and _CTRL_C.match(line):
+            runs[-1].ctrl_c_after = runs[-1].last_iter
+        m = _BANNER.match(line)
+        if m is not None and "argument" not in m.group(1).lower():
+            pre.banner = m.group(1)
+        if _CMDLINE.search(line) and not pre.cli:
+            pre.cli = _cli_args(line)
+        for sm in ISO_STAMP.finditer(line):
+            t = iso_to_epoch(sm)
+            if t is not None:
+                pre.stamp = t
     runs = [r for r in runs if any(isinstance(it, TrainPoint) for it in r.items)]
     if not runs:
         raise ImportFormatError(f"{path}: no Megatron iteration lines found")
@@ -318,7 +349,7 @@ def _parts(rest: str) -> dict[str, str]:
     for part in rest.split("|"):
         m = _PART.match(part)
         if m is not None:
-            out.setdefault(m.group(1).strip().lower(), m.group(2))
+            out.setdefault(_KEY_SEP.sub(" ", m.group(1).strip().lower()), m.group(2))
     return out
 
 
@@ -348,6 +379,9 @@ def _iteration(m: re.Match[str], runs: list[_Run], pre: _Preamble) -> None:
     seg = run.segments[-1]
 
     elapsed_ms = _pf(parts, "elapsed time per iteration (ms)")
+    if elapsed_ms is None and "iteration time" in parts:  # the TensorBoard tag's spelling: seconds
+        seconds = _pf(parts, "iteration time")
+        elapsed_ms = seconds * 1000.0 if seconds is not None else None
     span = it - run.prev_iter if run.prev_iter is not None and it > run.prev_iter else None
     steps = span or min(it, run.log_interval) or 1
     losses = {k: v for k, v in parts.items() if k.endswith("loss") and k != "loss scale"}
@@ -376,6 +410,9 @@ def _iteration(m: re.Match[str], runs: list[_Run], pre: _Preamble) -> None:
         t = None
     lr = _pf(parts, "learning rate")
     scale = _pf(parts, "loss scale")
+    if scale is not None and not scale > 0:  # a scale is a positive multiplier: -1 means "not Megatron's"
+        run.scale_placeholders[scale] = run.scale_placeholders.get(scale, 0) + 1
+        scale = None
     if run.args.get("bf16") is True and not run.args.get("fp16"):
         scale = None  # bf16 prints a constant 1.0: there is no scaler to watch
     point = TrainPoint(
@@ -474,6 +511,48 @@ def _validation(m: re.Match[str], run: _Run) -> None:
     run.items.append(ev)
 
 
+def _placeholders(run: _Run, config: dict[str, Any]) -> list[str]:
+    """Drop what the run printed for a feature that was off (module docstring); notes saying so."""
+    notes = []
+    points = [it for it in run.items if isinstance(it, TrainPoint)]
+    for value, lines in sorted(run.scale_placeholders.items()):
+        config["loss_scale_placeholder"] = value
+        notes.append(
+            f"'loss scale: {value}' on {lines} lines is not a scale (Megatron's own scaler is off: the DeepSpeed "
+            "engine, when on, keeps it); not imported"
+        )
+    norms = [p.grad_norm for p in points if p.grad_norm is not None]
+    losses = {p.loss for p in points if p.loss is not None and math.isfinite(p.loss)}
+    if norms and all(g == 0.0 for g in norms) and len(losses) > 1:
+        for p in points:
+            p.grad_norm = None
+        config["grad_norm_placeholder"] = 0.0
+        notes.append(
+            f"'grad norm: 0.000' on all {len(norms)} lines while the loss moves is a placeholder (the DeepSpeed "
+            "engine clips in this code path), not vanishing gradients; not imported"
+        )
+    static = run.args.get("loss_scale")
+    scales = {p.loss_scale for p in points if p.loss_scale is not None}
+    if isinstance(static, (int, float)) and static > 0 and scales <= {float(static)}:
+        for p in points:
+            p.loss_scale = None
+        config["static_loss_scale"] = float(static)
+        if scales:
+            notes.append(
+                f"loss scale {float(static):g} is static (--loss-scale): configuration, not a dynamic scaler's state"
+            )
+    if points and all(p.skipped is True for p in points):
+        config["never_trained"] = True
+        start = next((p.loss_scale for p in points if p.loss_scale is not None), None)
+        end = next((p.loss_scale for p in reversed(points) if p.loss_scale is not None), None)
+        search = f" while the fp16 scaler searched down from {start:.4g} to {end:.4g}" if start and end else ""
+        notes.append(
+            f"the run never trained: every one of its {run.skipped_total} logged iterations was skipped{search}; "
+            "no optimizer update was applied (no loss or grad norm is printed for a skipped iteration)"
+        )
+    return notes
+
+
 def _meta(run: _Run, variant: str, bad: int, time_source: str) -> LogMeta:
     args = run.args
     planned = run.planned or (args.get("train_iters") if isinstance(args.get("train_iters"), int) else None)
@@ -483,19 +562,29 @@ def _meta(run: _Run, variant: str, bad: int, time_source: str) -> LogMeta:
     elif run.done:
         status = "finished"
     notes = [f"{bad} damaged log lines skipped"] if bad else []
-    if run.skipped_total or run.nan_total:
-        notes.append(
-            f"Megatron counted {run.skipped_total} skipped and {run.nan_total} NaN iterations "
-            f"({run.nan_lines} logged lines had no loss because every iteration in them was NaN: imported as NaN)"
-        )
-    li = run.log_interval
-    if li > 1:
-        notes.append(f"one line per {li} iterations: losses and step times are means over the interval")
     config: dict[str, Any] = {
         "time_source": time_source,
         "skipped_iterations_total": run.skipped_total,
         "nan_iterations_total": run.nan_total,
     }
+    notes += _placeholders(run, config)
+    if run.ctrl_c_after is not None and run.ctrl_c_after == run.last_iter and status != "finished":
+        status = "interrupted"
+        config["ended_by"] = "keyboard_interrupt"
+        notes.append(
+            f"stopped by hand after iteration {run.last_iter} (KeyboardInterrupt: Ctrl-C or SIGINT); the tracebacks "
+            "that follow are the ranks unwinding, not a crash"
+        )
+    if run.skipped_total or run.nan_total:
+        skipped_lines = sum(1 for it in run.items if isinstance(it, TrainPoint) and it.skipped and it.loss is None)
+        notes.append(
+            f"Megatron counted {run.skipped_total} skipped and {run.nan_total} NaN iterations; "
+            f"{skipped_lines} logged lines print no loss because every iteration in them was skipped (imported as "
+            f"skipped steps without a loss, not NaN), {run.nan_lines} because every one was NaN (imported as NaN)"
+        )
+    li = run.log_interval
+    if li > 1:
+        notes.append(f"one line per {li} iterations: losses and step times are means over the interval")
     if run.banner:
         config["banner"] = run.banner
     kept = {k: args[k] for k in _KEEP_ARGS if args.get(k) is not None}

@@ -17,8 +17,13 @@ Step durations (``dt``, ``time``) become ``step_time`` and drive the synthetic c
 step are ``tok/sec x dt`` when both are printed (rounded: the log prints them rounded). A line
 that matches a shape but carries a damaged number is skipped and counted.
 
-Trainers with a stdout of their own are read by their own module, chosen from the first 64 KiB
-(their first step line is often further in, after a long preamble):
+Trainers with a stdout of their own are read by their own module. The format is recognised by its
+lines wherever they are (:func:`sniff_textlog`): a SLURM job's shell trace and argument dump, or a
+terminal's progress bars, can push the first step line megabytes into the file, so the file is
+scanned in bounded pieces (:func:`trainmon.monitor.importers.terminal.text_chunks`), terminal control
+sequences removed before judging and before parsing. The first piece holding a recognised line
+decides; within a piece a trainer's own stdout outranks the generic shapes above (its preamble
+could hold a line that looks like one of them):
 
 * Megatron-LM / Megatron-DeepSpeed ``iteration N/ M | ... | lm loss: X | ...``: :mod:`.megatron`
   (real step times, several runs in one file split into runs).
@@ -49,12 +54,14 @@ from trainmon.monitor.importers.common import (
     apply_scheduler_end,
     read_scheduler_end,
 )
+from trainmon.monitor.importers.deepspeed import looks_like_deepspeed, parse_deepspeed
 from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
 from trainmon.monitor.importers.minimind import looks_like_minimind, parse_minimind
 from trainmon.monitor.importers.modded_nanogpt import looks_like_modded_nanogpt, parse_modded_nanogpt
 from trainmon.monitor.importers.nanochat import looks_like_nanochat, parse_nanochat
+from trainmon.monitor.importers.terminal import clean_text, terminal_lines, text_chunks
 
-__all__ = ["looks_like_textlog", "parse_textlog"]
+__all__ = ["looks_like_textlog", "parse_textlog", "sniff_textlog"]
 
 log = logging.getLogger("trainmon.import")
 
@@ -99,37 +106,47 @@ def _kind(line: str) -> str | None:
     return None
 
 
-# Trainer stdouts read by their own module: (name, detector on the head, parser). Checked in
-# this order, before the generic shapes: a modded-nanogpt record's script or a Megatron preamble
-# could hold a line that looks like one of them.
+# Trainer stdouts read by their own module: (name, detector on a piece of cleaned text, parser).
+# Checked in this order, before the generic shapes: a modded-nanogpt record's script or a Megatron
+# preamble could hold a line that looks like one of them. A new format is one more row.
 _DIALECTS = (
     ("modded_nanogpt", looks_like_modded_nanogpt, parse_modded_nanogpt),
     ("megatron", looks_like_megatron, parse_megatron),
     ("nanochat", looks_like_nanochat, parse_nanochat),
     ("minimind", looks_like_minimind, parse_minimind),
+    ("deepspeed", looks_like_deepspeed, parse_deepspeed),  # after megatron: Megatron-DeepSpeed prints both
 )
-_HEAD = 64 * 1024
+_GENERIC = "generic"
 
 
-def _dialect(head: str) -> str | None:
-    return next((name for name, looks, _ in _DIALECTS if looks(head)), None)
+def _shape(text: str) -> str | None:
+    """The dialect whose lines ``text`` holds, else ``"generic"`` for a generic step line, else None."""
+    dialect = next((name for name, looks, _ in _DIALECTS if looks(text)), None)
+    if dialect is not None:
+        return dialect
+    return _GENERIC if any(_kind(ln.strip()) for ln in text.splitlines()) else None
 
 
 def looks_like_textlog(head: str) -> bool:
-    """Some of the first lines match one of the recognised shapes, or a trainer's stdout is recognised."""
-    lines = [ln.strip() for ln in head.splitlines()[:200] if ln.strip()]
-    return any(_kind(ln) for ln in lines) or _dialect(head) is not None
+    """``head`` (any piece of a file's text) holds a line of a recognised shape or trainer stdout."""
+    return _shape(clean_text(head)) is not None
+
+
+def sniff_textlog(path: Path) -> str | None:
+    """Which text log ``path`` is (a dialect's name or ``"generic"``), judged by its lines wherever
+    they are in the file (bounded pieces, :func:`~trainmon.monitor.importers.terminal.text_chunks`);
+    None when no piece holds a recognised line."""
+    for piece in text_chunks(path):
+        shape = _shape(piece)
+        if shape is not None:
+            return shape
+    return None
 
 
 def parse_textlog(path: Path) -> tuple[list[Item], LogMeta]:
-    with open(path, "rb") as f:
-        head = f.read(_HEAD).decode("utf-8", errors="replace")
-    dialect = _dialect(head)
-    if dialect is not None:
-        parse = next(p for name, _, p in _DIALECTS if name == dialect)
-        items, meta = parse(path)
-    else:
-        items, meta = _parse_generic(path)
+    dialect = sniff_textlog(path)
+    parse = next((p for name, _, p in _DIALECTS if name == dialect), _parse_generic)
+    items, meta = parse(path)
     end = read_scheduler_end(path)  # a SLURM cancellation is how the run ended, whatever printed the log
     if end is not None:
         apply_scheduler_end(items, meta, end)
@@ -145,42 +162,38 @@ def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
     hella: dict[int, float] = {}
     last_train: TrainPoint | None = None
     header: dict[str, str] = {}  # llm.c's parameter table, printed before the first step
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line:
+    for n, line in terminal_lines(path):
+        kind = _kind(line)
+        if kind is None:
+            val = _LLMC_VAL.match(line)
+            if val is not None:
+                items.append(EvalPoint(last_train.step if last_train is not None else 0, float(val.group(1))))
                 continue
-            kind = _kind(line)
-            if kind is None:
-                val = _LLMC_VAL.match(line)
-                if val is not None:
-                    items.append(EvalPoint(last_train.step if last_train is not None else 0, float(val.group(1))))
-                    continue
-                row = _LLMC_ROW.match(line) if not kinds else None
-                if row is not None:
-                    header.setdefault(row.group(1), row.group(2))
-                continue
-            kinds[kind] = kinds.get(kind, 0) + 1
-            try:
-                point = _parse_line(line, kind, pending_eval, hella)
-            except ValueError as exc:
-                bad += 1
-                log.warning("%s: line %d: %s; skipped", path, n, exc)
-                continue
-            if point is None:
-                continue
-            if isinstance(point, tuple):  # (TrainPoint, planned total) from a pipe line
-                point, total = point
-                planned = total or planned
-            if isinstance(point, TrainPoint) and last_train is not None and point.step == last_train.step:
-                # the same step printed twice (two log shapes in one file): fill in what was missing
-                for k in ("loss", "grad_norm", "lr", "tokens", "step_time"):
-                    if getattr(last_train, k) is None:
-                        setattr(last_train, k, getattr(point, k))
-                continue
-            items.append(point)
-            if isinstance(point, TrainPoint):
-                last_train = point
+            row = _LLMC_ROW.match(line) if not kinds else None
+            if row is not None:
+                header.setdefault(row.group(1), row.group(2))
+            continue
+        kinds[kind] = kinds.get(kind, 0) + 1
+        try:
+            point = _parse_line(line, kind, pending_eval, hella)
+        except ValueError as exc:
+            bad += 1
+            log.warning("%s: line %d: %s; skipped", path, n, exc)
+            continue
+        if point is None:
+            continue
+        if isinstance(point, tuple):  # (TrainPoint, planned total) from a pipe line
+            point, total = point
+            planned = total or planned
+        if isinstance(point, TrainPoint) and last_train is not None and point.step == last_train.step:
+            # the same step printed twice (two log shapes in one file): fill in what was missing
+            for k in ("loss", "grad_norm", "lr", "tokens", "step_time"):
+                if getattr(last_train, k) is None:
+                    setattr(last_train, k, getattr(point, k))
+            continue
+        items.append(point)
+        if isinstance(point, TrainPoint):
+            last_train = point
     if not kinds:
         raise ImportFormatError(f"{path}: no llm.c or nanoGPT log lines found")
     for step, acc in hella.items():  # accuracies whose step had no validation loss line
