@@ -1,0 +1,689 @@
+"""DeepSpeed stdout: DeepSpeed-Chat's three training steps and scripts that train through a DeepSpeed engine.
+
+A DeepSpeed engine prints, from rank 0, every ``steps_per_print`` optimizer steps, ``[stamp] [INFO]
+[logging.py:96:log_dist] [Rank 0] step=N, skipped=K, lr=[a, b], mom=[...]`` and a throughput line
+(``timer.py ... CurrSamplesPerSec=...``). What the training script prints around it depends on the
+script; three shapes are read:
+
+* **DeepSpeed-Chat step 1 and 2** (supervised fine-tuning, reward model: ``cmd = deepspeed main.py
+  ...``, ``Beginning of Epoch e/E, Total Micro Batches M``): no training loss at all. One step point
+  per ``log_dist`` line, with its LR and its wall-clock stamp. Evaluations: ``***** Evaluating
+  perplexity, Epoch e/E *****`` then ``ppl: X`` is an eval whose loss is ``ln X`` (perplexity is the
+  exponential of the mean token NLL; kept as the ``perplexity`` metric too); the reward model's
+  ``chosen_last_scores ..., acc ...`` has no loss, so it is recorded in the config
+  (``reward_evals``) and a note, not made into an eval. ``Epoch e/E with loss X`` is a mean over the
+  whole epoch: recorded (``epoch_mean_losses``), not a step's loss.
+* **DeepSpeed-Chat step 3** (PPO, ``epoch: 0|step: N|ppo_ep: 1|act_loss: X|cri_loss: Y|...``): one
+  step point per generation batch, ``step`` being the batch's index counted over the epochs
+  (``Total Generation Batches`` per epoch; step base 0). The loss is the actor's PPO loss (signed:
+  a policy-gradient surrogate is negative as often as not); the critic's loss and the ``average
+  reward score`` of each batch are recorded in the config (first and last tenth), the reward being
+  the run's task metric (higher is better). ``E2E latency`` is the step time and, summed from the
+  first stamp, the clock.
+* **Scripts with a step counter of their own** (DeepSpeedExamples' fine-tuning scripts:
+  ``'step':N, 'ppl':X, 'seq_len':L, ...`` every few batches): one step point and one eval per such
+  line, ``N`` being the script's batch index (step base 0), the eval loss ``ln ppl``.
+* Otherwise (any script): the ``log_dist`` lines alone, as in step 1.
+
+Semantics, as DeepSpeed defines them:
+
+* **Step base.** ``log_dist``'s ``step=N`` is the engine's ``global_steps`` after the update, skipped
+  ones included: logged after N optimizer steps (step base 1). The script counters above are step
+  base 0. With gradient accumulation (``gradient_accumulation_steps`` in the config dump or on the
+  command line) a script counting batches is GA batches per engine step.
+* **Skipped steps and the LR.** ``skipped=K`` counts the steps the fp16 loss scaler skipped on an
+  overflow. DeepSpeed does not step the LR scheduler on a skipped step, so the LR printed at step N
+  is the schedule's value at ``N - K``: it lags the step counter by the skipped count (said in
+  ``lr_relation``; the LR detector tolerates that lag through ``skipped``). A point is ``skipped``
+  when every step of its interval was (the counter grew by the interval), not skipped when the
+  counter did not move, unknown in between; in PPO mode a batch is skipped when an overflow line
+  was printed while it trained (DeepSpeed prints every overflow on rank 0).
+* **Loss scale.** Read from the scaler's own messages: ZeRO's ``[deepspeed] OVERFLOW! Rank 0
+  Skipping step. Attempted loss scale: A, reducing to B`` (or ``but hysteresis is h``: skipped, scale
+  kept), and FP16_Optimizer's ``Reducing/Increasing dynamic loss scale from A to B`` and
+  ``Overflow detected. Skipping step. Attempted loss scale: A, reducing to B``. FP16_Optimizer prints
+  its increases too, so the scale is known at every step and emitted on every point. ZeRO's scaler
+  doubles the scale silently after each clean window, so a carried value would be stale: there the
+  scale is emitted only on the point right after a message stated it.
+* **Ranks printing the same line.** FP16_Optimizer prints its scaler messages on every rank (16
+  copies of each on 16 GPUs): a message that repeats a change already applied (from A to B when the
+  scale is already B) is a copy, counted and dropped.
+* **Several engines.** A script that trains several models (DeepSpeed-Chat's actor and critic) has
+  one engine each, all printing ``step=N`` lines under the same N, in the order they step (the actor
+  first). They are kept apart by that order: each engine has its own skip counter and LR schedule;
+  the step's ``lr`` lists every engine's param groups, engine by engine (``engines`` in the config
+  names them), and each engine's skip total is recorded. The loss scale, one per engine, is not
+  emitted then (the wire has one per step); the overflow count is recorded.
+* **Clock.** The stamps of the ``log_dist`` / scaler lines (read as UTC); lines without one take the
+  last stamp before them (PPO: the E2E latencies summed from the first stamp).
+* **Status.** ``finished`` when the launcher reports its processes exiting successfully, or when
+  the script says it saves its model after reaching its planned steps; ``interrupted`` when the
+  launcher reports a process failing short of them; unknown otherwise. The planned length comes
+  from the epochs and batches per epoch the script prints (or its ``Total optimization steps``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainmon.monitor.importers.common import ANSI_ESCAPE, EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.textclock import ISO_STAMP, iso_to_epoch
+
+__all__ = ["looks_like_deepspeed", "parse_deepspeed"]
+
+log = logging.getLogger("trainmon.import")
+
+_N = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
+_STEP = re.compile(r"\[Rank\s+\d+\]\s+step=(\d+),\s*skipped=(\d+),\s*lr=\[([^\]]*)\]")
+_ZERO_SCALE = re.compile(
+    r"OVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: (" + _N + r")"
+    r"(?:, reducing to (" + _N + r")|, but hysteresis is \d+)"
+)
+_FUSED_CHANGE = re.compile(r"(Reducing|Increasing) dynamic loss scale from (" + _N + r") to (" + _N + r")")
+_FUSED_SKIP = re.compile(
+    r"Overflow detected\. Skipping step\. Attempted loss scale: (" + _N + r"), reducing to (" + _N + r")"
+)
+_PPO = re.compile(r"^epoch:\s*(\d+)\s*\|\s*step:\s*(\d+)\s*\|(.*)$")
+_REWARD = re.compile(r"^average reward score:\s*(" + _N + r")")
+_E2E = re.compile(r"E2E latency=(" + _N + r")s")
+_EVAL_HEAD = re.compile(r"Evaluating (perplexity|reward), Epoch (\d+)/(\d+)")
+_PPL = re.compile(r"^ppl:\s*(" + _N + r")\s*$")
+_REWARD_EVAL = re.compile(
+    r"chosen_last_scores \(higher is better\)\s*:\s*(" + _N + r"),\s*acc \(higher is better\)\s*:\s*(" + _N + r")"
+)
+_DICT = re.compile(r"^'step'\s*:\s*(\d+),\s*'ppl'\s*:\s*(" + _N + r")")
+_EPOCH = re.compile(r"Beginning of Epoch (\d+)/(\d+), Total (Micro|Generation) Batches (\d+)")
+_EPOCH_LOSS = re.compile(r"^Epoch (\d+)/(\d+) with loss (" + _N + r")")
+_GA_DUMP = re.compile(r"\bgradient_accumulation_steps \.+\s*(\d+)")
+_GA_CLI = re.compile(r"--gradient_accumulation_steps[ =](\d+)")
+_PRECISION_DUMP = re.compile(r"\b(fp16|bfloat16)_enabled \.+\s*(True|False)")
+_EXIT_OK = re.compile(r"launch\.py:\d+:main\] Process \d+ exits successfully")
+_EXIT_BAD = re.compile(r"launch\.py:\d+:\w+\] .*(?:exits with return code|Killing subprocess)")
+_TOTAL = re.compile(r"Total optimization steps = (\d+)")
+
+
+def looks_like_deepspeed(head: str) -> bool:
+    """A DeepSpeed engine's ``[Rank 0] step=N, skipped=K, lr=[...]`` line, or a DeepSpeed-Chat PPO step line."""
+    for raw in head.splitlines():
+        line = raw.strip()
+        if "skipped=" in line and _STEP.search(line):
+            return True
+        if line.startswith("epoch:") and _PPO.match(line) and "act_loss" in line:
+            return True
+    return False
+
+
+def _f(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Engine:
+    """One DeepSpeed engine's ``step=N, skipped=K, lr=[...]`` lines."""
+
+    skipped: int = 0
+    lr_first: list[float] | None = None
+    lr_peak: float = 0.0
+    lines: int = 0
+
+
+@dataclass
+class _Scale:
+    """The fp16 loss scale as the scaler's messages state it; copies from other ranks are dropped."""
+
+    value: float | None = None
+    fresh: bool = False  # a message stated it since the last step point
+    messages: int = 0
+    copies: int = 0
+    changes: int = 0
+    lowest: float | None = None
+    lowest_at: int | None = None
+    prints_increases: bool = False
+    rank_lines: int = 0  # FP16_Optimizer's change messages, printed by every rank
+
+    def change(self, old: float, new: float, at: int | None, *, per_rank: bool) -> None:
+        """A change from ``old`` to ``new``; ``per_rank``: a message every rank prints, so one that
+        repeats the change just applied is another rank's copy (a rank-0 line never is)."""
+        self.messages += 1
+        if per_rank and self.value is not None and self.value == new and old != new:
+            self.copies += 1  # another rank's copy of a change already applied
+            return
+        self.value = new
+        self.fresh = True
+        self.changes += 1
+        if self.lowest is None or new < self.lowest:
+            self.lowest, self.lowest_at = new, at
+
+    def state(self, value: float) -> None:
+        self.messages += 1
+        self.value = value
+        self.fresh = True
+
+
+@dataclass
+class _State:
+    items: list[Item] = field(default_factory=list)
+    engines: list[_Engine] = field(default_factory=list)
+    scale: _Scale = field(default_factory=_Scale)
+    stamp: float | None = None
+    first_stamp: float | None = None
+    ga: int | None = None
+    fp16: bool | None = None
+    bf16: bool | None = None
+    epochs: int | None = None
+    per_epoch: int | None = None
+    batches_kind: str | None = None
+    epochs_begun: int = 0
+    total_steps: int | None = None
+    chat: bool = False
+    ppo: bool = False
+    dict_lines: bool = False
+    exits_ok: int = 0
+    exits_bad: int = 0
+    saved: bool = False  # the script printed that it saves its (final) model
+    overflows: int = 0
+    eval_kind: str | None = None
+    eval_epoch: int = 0
+    reward_evals: list[dict[str, float]] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    rewards: list[tuple[int, float]] = field(default_factory=list)
+    ppo_terms: list[tuple[TrainPoint, dict[str, float]]] = field(default_factory=list)
+    loss_series: dict[str, Any] | None = None
+    critic_losses: list[float] = field(default_factory=list)
+    copies_of_step_lines: int = 0
+    # log_dist lines of the current engine step: (step, skipped, lrs) per engine, in print order
+    round: list[tuple[int, int, list[float], str]] = field(default_factory=list)
+    # PPO: what was printed while the next generation batch trained
+    ppo_overflows: int = 0
+    ppo_lrs: list[list[float]] = field(default_factory=list)
+    ppo_clock: float = 0.0
+    last_point: TrainPoint | None = None
+    last_logged: tuple[int, int] | None = None  # (step, skipped) of engine 0 at the last step point
+    dist_lines: list[tuple[int, int, list[float], float | None]] = field(default_factory=list)  # engine 0
+
+
+def parse_deepspeed(path: Path) -> tuple[list[Item], LogMeta]:
+    st = _State()
+    # Which lines make the step points is known before reading: a script that prints its own step
+    # lines (PPO, 'step':N) makes them; otherwise the engine's log_dist lines do.
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            if raw.startswith("epoch:") and "act_loss" in raw and _PPO.match(raw.strip()):
+                st.ppo = True
+                break
+            if raw.startswith("'step'") and _DICT.match(raw.strip()):
+                st.dict_lines = True
+                break
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            line = ANSI_ESCAPE.sub("", raw).strip()
+            if line:
+                _line(line, st)
+    if st.ppo:
+        _flush_round(st)
+        _ppo_loss(st)
+    _fill_times(st.items)
+    if not any(isinstance(it, TrainPoint) for it in st.items):
+        raise ImportFormatError(f"{path}: no DeepSpeed step lines found")
+    return st.items, _meta(st)
+
+
+def _fill_times(items: list[Item]) -> None:
+    """Lines printed before the first stamp (the evaluation before training) take the first stamp
+    after them; a PPO step printed without its latency line (the last one) ends no earlier than the
+    step before it."""
+    nxt: float | None = None
+    for it in reversed(items):
+        if isinstance(it, (TrainPoint, EvalPoint)):
+            if it.time is None:
+                it.time = nxt
+            else:
+                nxt = it.time
+    prev: float | None = None
+    for it in items:
+        if isinstance(it, (TrainPoint, EvalPoint)):
+            if it.time is None:
+                it.time = prev
+            prev = it.time
+
+
+def _line(line: str, st: _State) -> None:
+    sm = _STAMP.match(line)
+    if sm is not None:
+        im = ISO_STAMP.match(sm.group(1))
+        t = iso_to_epoch(im) if im is not None else None
+        if t is not None:
+            st.stamp = t
+            if st.first_stamp is None:
+                st.first_stamp = t
+    if "skipped=" in line:
+        m = _STEP.search(line)
+        if m is not None:
+            lrs = [x for x in (_f(v) for v in m.group(3).split(",") if v.strip()) if x is not None]
+            _step_line(int(m.group(1)), int(m.group(2)), lrs, line[m.start() :], st)
+            return
+    if "loss scale" in line:
+        _scale_line(line, st)
+        return
+    if line.startswith("epoch:"):
+        m = _PPO.match(line)
+        if m is not None:
+            _ppo_step(int(m.group(1)), int(m.group(2)), m.group(3), st)
+            return
+    if line.startswith("'step'"):
+        m = _DICT.match(line)
+        if m is not None:
+            _dict_line(int(m.group(1)), float(m.group(2)), st)
+            return
+    _other(line, st)
+
+
+def _scale_line(line: str, st: _State) -> None:
+    at = st.last_point.step if st.last_point is not None else None
+    m = _ZERO_SCALE.search(line)
+    if m is not None:
+        st.overflows += 1
+        st.ppo_overflows += 1
+        old = float(m.group(1))
+        if m.group(2) is not None:
+            st.scale.change(old, float(m.group(2)), at, per_rank=False)
+        else:
+            st.scale.state(old)  # hysteresis: skipped, the scale kept
+        return
+    m = _FUSED_SKIP.search(line)
+    if m is not None:  # rank 0's summary of the change its FP16_Optimizer also prints (on every rank)
+        st.overflows += 1
+        st.ppo_overflows += 1
+        st.scale.change(float(m.group(1)), float(m.group(2)), at, per_rank=True)
+        return
+    m = _FUSED_CHANGE.search(line)
+    if m is not None:
+        st.scale.prints_increases = True
+        st.scale.rank_lines += 1
+        st.scale.change(float(m.group(2)), float(m.group(3)), at, per_rank=True)
+
+
+def _step_line(step: int, skipped: int, lrs: list[float], text: str, st: _State) -> None:
+    """A ``log_dist`` line. Several engines print under the same step, in the order they step."""
+    if st.round and st.round[-1][3] == text:
+        st.copies_of_step_lines += 1  # the same line twice (a tee'd or duplicated stdout)
+        return
+    if st.round and st.round[0][0] != step:
+        _flush_round(st)
+    st.round.append((step, skipped, lrs, text))
+    k = len(st.round) - 1
+    while len(st.engines) <= k:
+        st.engines.append(_Engine())
+    eng = st.engines[k]
+    eng.skipped = skipped
+    eng.lines += 1
+    if eng.lr_first is None:
+        eng.lr_first = lrs
+    eng.lr_peak = max([eng.lr_peak, *lrs])
+    if k == 0:
+        st.dist_lines.append((step, skipped, lrs, st.stamp))
+        if not st.ppo and not st.dict_lines:
+            _dist_point(step, skipped, lrs, st)
+
+
+def _flush_round(st: _State) -> None:
+    if st.round and st.ppo:
+        lrs = [x for (_, _, lr, _) in st.round for x in lr]
+        st.ppo_lrs.append(lrs)
+    st.round = []
+
+
+def _dist_point(step: int, skipped: int, lrs: list[float], st: _State) -> None:
+    """A step point from engine 0's ``log_dist`` line (no training loss in such logs)."""
+    prev = st.last_logged
+    skip: bool | None = None
+    if prev is not None and step > prev[0]:
+        done = skipped - prev[1]
+        skip = True if done >= step - prev[0] else (False if done == 0 else None)
+    elif prev is None:
+        skip = True if skipped >= step > 0 else (False if skipped == 0 else None)
+    point = TrainPoint(step=step, lr=lrs or None, time=st.stamp, skipped=skip)
+    point.loss_scale = _take_scale(st)
+    st.items.append(point)
+    st.last_point = point
+    st.last_logged = (step, skipped)
+
+
+def _take_scale(st: _State) -> float | None:
+    """The scale to emit on the point being made (see the module docstring), or None."""
+    sc = st.scale
+    out = sc.value if (sc.fresh or sc.prints_increases) else None
+    sc.fresh = False
+    return out
+
+
+def _ppo_step(epoch: int, batch: int, rest: str, st: _State) -> None:
+    st.ppo = True
+    _flush_round(st)
+    parts = dict((k.strip(), v.strip()) for k, _, v in (p.partition(":") for p in rest.split("|")) if k.strip())
+    terms = {k: x for k, v in parts.items() if k.endswith("loss") and (x := _f(v)) is not None}
+    step = epoch * st.per_epoch + batch if st.per_epoch else batch
+    lrs: list[float] | None = None
+    if st.ppo_lrs:
+        lrs = st.ppo_lrs[-1]
+    point = TrainPoint(step=step, lr=lrs)
+    st.ppo_terms.append((point, terms))
+    cri = terms.get("cri_loss")
+    if st.ppo_overflows or st.overflows or st.fp16:
+        point.skipped = st.ppo_overflows > 0
+    st.ppo_overflows = 0
+    st.ppo_lrs = []
+    if cri is not None:
+        st.critic_losses.append(cri)
+    st.items.append(point)
+    st.last_point = point
+
+
+_RL_TERM = (
+    "a PPO term in a run judged by its reward: the actor's loss is a signed policy-gradient surrogate, the "
+    "critic's chases returns that move as the policy improves"
+)
+
+
+def _ppo_loss(st: _State) -> None:
+    """Which PPO term is the loss curve: none of the RL terms (``act_loss``, ``cri_loss``); the unsupervised
+    LM loss (``unsuper_loss``) when the run trains one (printed as 0.0 when the feature is off). A
+    non-finite value of any term is a NaN loss all the same: a fault whatever the term means."""
+    lm = any(t.get("unsuper_loss", 0.0) != 0.0 for _, t in st.ppo_terms)
+    for point, terms in st.ppo_terms:
+        if any(not math.isfinite(x) for x in terms.values()):
+            point.loss = math.nan
+        elif lm:
+            point.loss = terms.get("unsuper_loss")
+    names = sorted({k for _, t in st.ppo_terms for k in t})
+    left = {k: _RL_TERM for k in names if k != "unsuper_loss" or not lm}
+    if not lm and "unsuper_loss" in left:
+        left["unsuper_loss"] = "0.0 at every step: the unsupervised loss is off in this run"
+    st.loss_series = {
+        "how": "unsupervised LM loss" if lm else "none",
+        "terms": ["unsuper_loss"] if lm else [],
+        "not_judged": left,
+    }
+
+
+def _dict_line(step: int, ppl: float, st: _State) -> None:
+    """``'step':N, 'ppl':X, ...``: the script's batch counter, and an evaluation at it."""
+    st.dict_lines = True
+    lr = None
+    ga = st.ga or 1
+    engine_step = (step + 1) // ga
+    for s, _, lrs, _ in reversed(st.dist_lines):
+        if s == engine_step:
+            lr = lrs or None
+            break
+        if s < engine_step:
+            break
+    point = TrainPoint(step=step, lr=lr, time=st.stamp)
+    st.items.append(point)
+    st.last_point = point
+    st.items.append(_ppl_eval(step, ppl, st.stamp))
+
+
+def _ppl_eval(step: int, ppl: float, t: float | None) -> EvalPoint:
+    loss = math.log(ppl) if ppl > 0 and math.isfinite(ppl) else math.nan
+    return EvalPoint(step, loss, {"perplexity": ppl}, time=t)
+
+
+def _other(line: str, st: _State) -> None:
+    if line.startswith("cmd = "):
+        st.chat = True
+        m = _GA_CLI.search(line)
+        if m is not None and st.ga is None:
+            st.ga = int(m.group(1))
+        if "--fp16" in line:
+            st.fp16 = True
+        return
+    m = _EPOCH.search(line)
+    if m is not None:
+        st.chat = True
+        st.epochs = int(m.group(2))
+        st.per_epoch = int(m.group(4))
+        st.batches_kind = m.group(3).lower()
+        st.epochs_begun = int(m.group(1))
+        return
+    m = _EVAL_HEAD.search(line)
+    if m is not None:
+        st.eval_kind = m.group(1)
+        st.eval_epoch = int(m.group(2))
+        return
+    m = _PPL.match(line)
+    if m is not None and st.eval_kind == "perplexity":
+        st.items.append(_ppl_eval(_eval_step(st), float(m.group(1)), st.stamp))
+        st.eval_kind = None
+        return
+    m = _REWARD_EVAL.search(line)
+    if m is not None:
+        st.reward_evals.append(
+            {
+                "epoch": st.eval_epoch,
+                "step": _eval_step(st),
+                "chosen_last_scores": float(m.group(1)),
+                "acc": float(m.group(2)),
+            }
+        )
+        st.eval_kind = None
+        return
+    m = _REWARD.match(line)
+    if m is not None:
+        step = st.last_point.step if st.last_point is not None else 0
+        st.rewards.append((step, float(m.group(1))))
+        return
+    m = _E2E.search(line)
+    if m is not None and st.ppo and st.last_point is not None:
+        dt = _f(m.group(1))
+        if dt is not None and dt >= 0:
+            st.last_point.step_time = dt
+            st.ppo_clock += dt
+            if st.first_stamp is not None:
+                st.last_point.time = st.first_stamp + st.ppo_clock
+        return
+    m = _EPOCH_LOSS.match(line)
+    if m is not None:
+        st.epoch_losses.append(float(m.group(3)))
+        return
+    m = _GA_DUMP.search(line)
+    if m is not None:
+        st.ga = int(m.group(1))
+        return
+    m = _PRECISION_DUMP.search(line)
+    if m is not None:
+        if m.group(1) == "fp16":
+            st.fp16 = m.group(2) == "True"
+        else:
+            st.bf16 = m.group(2) == "True"
+        return
+    m = _TOTAL.search(line)
+    if m is not None:
+        st.total_steps = int(m.group(1))
+        return
+    if line.lower().startswith("saving") and "model" in line.lower():
+        st.saved = True
+    elif _EXIT_OK.search(line):
+        st.exits_ok += 1
+    elif _EXIT_BAD.search(line):
+        st.exits_bad += 1
+
+
+def _eval_step(st: _State) -> int:
+    """The engine step an epoch's evaluation ran after: epochs done x batches per epoch / GA when the
+    script printed them, else the last logged step (0 before the first)."""
+    if st.per_epoch and st.batches_kind == "micro":
+        return st.eval_epoch * st.per_epoch // (st.ga or 1)
+    return st.last_point.step if st.last_point is not None else 0
+
+
+def _tenths(values: list[float]) -> tuple[float, float] | None:
+    if len(values) < 2:
+        return None
+    k = max(1, len(values) // 10)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def _meta(st: _State) -> LogMeta:
+    notes: list[str] = []
+    config: dict[str, Any] = {}
+    if st.ppo:
+        fmt, framework = "deepspeed_chat_stdout", "deepspeed-chat"
+        step_base = 0
+        config["step_counter"] = "generation batch index (DeepSpeed-Chat PPO), counted over the epochs"
+    elif st.dict_lines:
+        fmt, framework = "deepspeed_stdout", "deepspeed"
+        step_base = 0
+        config["step_counter"] = "the script's batch index ('step':N)"
+    else:
+        fmt, framework = (
+            ("deepspeed_chat_stdout" if st.chat else "deepspeed_stdout"),
+            ("deepspeed-chat" if st.chat else "deepspeed"),
+        )
+        step_base = 1
+        config["step_counter"] = "DeepSpeed's global_steps (log_dist step=N, skipped steps included)"
+    planned = None
+    if st.epochs and st.per_epoch:
+        per_step = (st.ga or 1) if st.batches_kind == "micro" else 1
+        planned = st.epochs * st.per_epoch // per_step
+    elif st.total_steps:
+        planned = st.total_steps
+    last = max((it.step for it in st.items if isinstance(it, TrainPoint)), default=None)
+    reached = planned is not None and last is not None and last + 1 - step_base >= planned
+    status = None
+    if st.exits_bad:
+        status = "interrupted" if not reached else None
+    elif st.exits_ok or (st.saved and reached):
+        status = "finished"
+    if st.ga:
+        config["gradient_accumulation_steps"] = st.ga
+    if st.fp16 or (st.fp16 is None and st.overflows):
+        config["precision"] = "fp16"
+    elif st.bf16:
+        config["precision"] = "bf16"
+    elif st.fp16 is False and st.bf16 is False:
+        config["precision"] = "fp32"
+    time_source = "the timestamps DeepSpeed prints on its log lines (read as UTC)"
+    if st.ppo:
+        time_source = "E2E latency per step summed from the first timestamp DeepSpeed prints (read as UTC)"
+    elif st.dict_lines:
+        time_source = "the last timestamp DeepSpeed printed before each line (read as UTC)"
+    config["time_source"] = time_source
+    names = ["actor", "critic"] if st.ppo and len(st.engines) == 2 else [f"engine{k}" for k in range(len(st.engines))]
+    if st.engines:
+        config["engines"] = [
+            {
+                "name": name,
+                "param_groups": len(e.lr_first or []),
+                "skipped_steps": e.skipped,
+                "lr_peak": e.lr_peak,
+                "step_lines": e.lines,
+            }
+            for name, e in zip(names, st.engines, strict=True)
+        ]
+        skipped = ", ".join(f"{name} {e.skipped}" for name, e in zip(names, st.engines, strict=True))
+        config["lr_relation"] = (
+            "DeepSpeed does not step the LR scheduler on an overflow-skipped step: the LR printed at step N "
+            "is the schedule's value at N minus the skipped steps so far"
+        )
+        if any(e.skipped for e in st.engines):
+            notes.append(
+                f"fp16 overflow skips (DeepSpeed's skip counter at the end: {skipped}): the LR lags the step "
+                "counter by the skipped count, as DeepSpeed's scheduler does not step on a skipped step"
+            )
+        if len(st.engines) > 1:
+            notes.append(
+                f"{len(st.engines)} DeepSpeed engines ({', '.join(names)}) print their step lines under the same step: "
+                "kept apart by print order; each step's lr lists every engine's param groups, engine by engine"
+            )
+    sc = st.scale
+    if sc.messages:
+        config["loss_scale"] = {
+            "messages": sc.messages,
+            "copies_dropped": sc.copies,
+            "changes": sc.changes,
+            "lowest": sc.lowest,
+            "lowest_after_step": sc.lowest_at,
+            "increases_printed": sc.prints_increases,
+        }
+        if sc.copies and sc.changes:
+            ranks = round(sc.rank_lines / sc.changes) if sc.rank_lines else None
+            copies = f"{ranks} copies of each change" if ranks and ranks > 1 else "repeated"
+            notes.append(
+                f"the loss scaler's messages are printed by every rank ({copies}): {sc.messages} lines, "
+                f"read as {sc.changes} distinct scale changes"
+            )
+        if st.ppo and len(st.engines) > 1:
+            notes.append(
+                f"{st.overflows} fp16 overflow lines, not attributed to an engine (the lines do not say which): "
+                "no loss scale is imported; a step is 'skipped' when an overflow was printed while it trained"
+            )
+        elif not sc.prints_increases:
+            notes.append(
+                "ZeRO's loss scaler prints its overflows but not its doublings after each clean window: the loss "
+                "scale is imported only on the step point right after a message stated it"
+            )
+    if st.copies_of_step_lines:
+        notes.append(f"{st.copies_of_step_lines} step lines printed twice: read once")
+    if st.loss_series is not None:  # the import's statement of which series is the loss (as importers.structure)
+        config["loss_series"] = st.loss_series
+        for name, why in st.loss_series["not_judged"].items():
+            notes.append(
+                f"not a loss curve: {name} ({why}); not checked for spikes, divergence or the initial loss, "
+                "only for non-finite values"
+            )
+        if not st.loss_series["terms"]:
+            notes.append("no loss curve in this log: the loss rules had nothing to judge")
+    else:
+        config["loss_series"] = {"how": "none", "terms": [], "not_judged": {}}
+        notes.append(
+            "no training loss is printed by this script: the log carries no loss curve, so the loss rules "
+            "(spikes, divergence, the initial loss) had nothing to judge"
+        )
+    if st.epoch_losses:
+        config["epoch_mean_losses"] = st.epoch_losses
+        notes.append(
+            "the script prints only each epoch's mean training loss ("
+            + ", ".join(f"{x:.4g}" for x in st.epoch_losses)
+            + "): recorded, not imported as a step's loss"
+        )
+    if st.reward_evals:
+        config["reward_evals"] = st.reward_evals
+        first, last = st.reward_evals[0], st.reward_evals[-1]
+        notes.append(
+            f"reward-model evaluations (no eval loss, not imported as evals): acc {first['acc']:.4g} "
+            f"(epoch {first['epoch']}) -> {last['acc']:.4g} (epoch {last['epoch']}), higher is better"
+        )
+    if st.ppo:
+        t = _tenths([r for _, r in st.rewards])
+        if t is not None:
+            config["reward"] = {
+                "first_tenth_mean": round(t[0], 4),
+                "last_tenth_mean": round(t[1], 4),
+                "n": len(st.rewards),
+            }
+            notes.append(
+                f"average reward score (the task metric, higher is better): {t[0]:.3g} over the first tenth of the "
+                f"steps -> {t[1]:.3g} over the last"
+            )
+        c = _tenths(st.critic_losses)
+        if c is not None:
+            config["critic_loss"] = {"first_tenth_mean": round(c[0], 5), "last_tenth_mean": round(c[1], 5)}
+    return LogMeta(
+        format=fmt,
+        framework=framework,
+        planned_steps=planned,
+        status=status,
+        config=config,
+        notes=notes,
+        step_base=step_base,
+    )
