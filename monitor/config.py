@@ -30,6 +30,7 @@ __all__ = [
     "BadResumeConfig",
     "CollectorConfig",
     "ConfigError",
+    "DegenerateConfig",
     "DetectorsConfig",
     "DivergenceConfig",
     "EvalRegressionConfig",
@@ -466,6 +467,19 @@ class BadResumeConfig:
     """Loss-continuity check: jump in robust deviations (1.4826 x MAD) of the pre-resume losses..."""
     loss_rel: float = 0.25
     """...and as a fraction of their median; both must be exceeded (tiny models are noisy, R3/R5)."""
+    lr_jump: float = 2.0
+    """A resume seen in a log: the first LR after it this many times the last one before is a re-warm..."""
+    lr_floor: float = 0.01
+    """...and so is a schedule decayed under this fraction of its peak..."""
+    lr_restart: float = 0.1
+    """...starting again at this fraction of the peak or more (82: 0.0 -> 1.38e-3 of a 2e-3 peak)."""
+    gn_shock: float = 10.0
+    """The first updates' grad norm this many times the median before the resume (or, for a log that starts at a
+    resume, the first one against the median of the ``shock_steps`` after it) is a shock..."""
+    gn_mads: float = 6.0
+    """...and this many robust deviations of the log grad norm above it."""
+    shock_steps: int = 20
+    """Steps of a log that starts at a resume whose grad norms and losses are the reference for its first update."""
 
 
 @dataclass
@@ -577,6 +591,39 @@ class MemoryLeakConfig:
     update_seconds: float = 10.0
     """An open finding's slope and time to exhaustion are refreshed at most this often (each refresh
     is a store write)."""
+
+
+@dataclass
+class DegenerateConfig:
+    """``degenerate``: a saturated objective, no-op steps, a model stuck at chance, a classifier collapsed to one
+    class (the principle of each in ``trainmon.monitor.detectors.degenerate``)."""
+
+    saturated_entries: int = 2
+    """Logged losses of exactly 0.0 in a row (with a vanishing, nonzero gradient) before the objective is saturated."""
+    vanished_ratio: float = 1e-4
+    """The grad norm at those entries, against its median before them, below which no gradient is left."""
+    noop_share: float = 0.2
+    """Share of logged grad norms exactly 0.0 (with a finite loss) that makes no-op steps a finding; at least as many
+    must be nonzero (a norm always 0.0 is a placeholder)."""
+    noop_min: int = 10
+    """... and at least this many of them."""
+    noop_update: int = 50
+    """The no-op finding is restated every this many more zero grad norms (its extent)."""
+    chance_evals: int = 5
+    """Evals, all at ln K, before a run is stuck at chance."""
+    chance_tol: float = 0.002
+    """How close to ln K (relative) every eval loss must be: 83's 1.3856-1.3863 against ln 4 = 1.3863 is 0.05%."""
+    chance_separation: float = 10.0
+    """ln K counts only when ln (K+1) - ln K is at least this many tolerances (or K is the declared vocabulary):
+    for a large K the log of some integer is always near (4.13 is within 0.2% of ln 62)."""
+    chance_train_below: float = 0.1
+    """Not stuck when the train loss is this fraction below ln K (memorising is another story)."""
+    chance_acc_band: float = 0.1
+    """The accuracy, when logged, must be within this of 1/K."""
+    collapse_tol: float = 5e-4
+    """Recall 1.0 and accuracy = precision to within this: one class predicted for every example."""
+    collapse_margin: float = 0.05
+    """The collapse clears when accuracy rises this far above the base rate it collapsed to."""
 
 
 @dataclass
@@ -752,6 +799,7 @@ class DetectorsConfig:
     eval_regression: EvalRegressionConfig = field(default_factory=EvalRegressionConfig)
     replica_divergence: ReplicaDivergenceConfig = field(default_factory=ReplicaDivergenceConfig)
     loss_noise: LossNoiseConfig = field(default_factory=LossNoiseConfig)
+    degenerate: DegenerateConfig = field(default_factory=DegenerateConfig)
 
 
 @dataclass

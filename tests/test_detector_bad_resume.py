@@ -345,3 +345,78 @@ def test_reference_trainer_resume_faults(interrupted, tmp_path, fault, words):
 def test_reference_trainer_clean_resume_is_silent(interrupted, tmp_path, older):
     out = _resumed(interrupted, tmp_path, drop_newest=older)
     assert _anomalies(out) == []
+
+
+# -- a resume seen only in a log (an imported file: no fingerprint, no checkpoint event) ------------------------------
+
+
+def _log_event(kind: str, fields: dict[str, Any], seq: int) -> Event:
+    return Event(kind, "r", 0, "h", "s", seq, float(seq), fields)
+
+
+def _log_run(rows_before: list[tuple[int, float, float, float]], rows_after: list[tuple[int, float, float, float]]):
+    """(step, loss, grad norm, lr) rows of an imported log, with a resumed attempt between them."""
+    det = BadResume(BadResumeConfig())
+    out: list[Finding] = []
+    seq = 0
+    for attempt, rows in enumerate((rows_before, rows_after)):
+        if attempt == 0 and not rows:
+            continue
+        out += det.observe(_log_event("run_start", {"resumed": attempt > 0 or not rows_before}, seq), attempt)
+        for step, loss, gn, lr in rows:
+            seq += 1
+            out += det.observe(
+                _log_event("step", {"step": step, "loss": loss, "grad_norm": gn, "lr": [lr]}, seq), attempt
+            )
+    return out
+
+
+def _cosine(step: int, total: int, peak: float = 2e-3) -> float:
+    return 0.5 * peak * (1 + __import__("math").cos(__import__("math").pi * min(step, total) / total))
+
+
+def test_a_resume_in_a_log_that_restarts_the_lr_schedule_is_flagged_at_its_first_step() -> None:
+    # 82: a 1500-step cosine decayed to 0.0, resumed into a 4000-step plan: 0.0 -> 1.38e-3 at step 1501
+    rng = random.Random(0)
+    before = [(s, 1.15 + 0.05 * rng.random(), 0.8 + 0.3 * rng.random(), _cosine(s, 1500)) for s in range(1400, 1501)]
+    after = [(s, 1.2 + 0.05 * rng.random(), 0.9 + 0.3 * rng.random(), _cosine(s, 4000)) for s in range(1501, 1520)]
+    found = _log_run(before, after)
+    assert [(f.step, f.severity, f.resolved) for f in found] == [(1501, "warning", False)]
+    assert found[0].evidence["failed"] == ["lr"] and "schedule did not continue" in found[0].hint
+
+
+def test_a_resume_in_a_log_whose_lr_and_loss_carry_on_is_silent() -> None:
+    # 04: HF's epoch reset mid-run, the constant LR and the loss carry on
+    rng = random.Random(1)
+    before = [(s, 1.41 + 0.01 * rng.random(), 1.0 + 0.2 * rng.random(), 3e-6) for s in range(4000, 5051, 50)]
+    after = [(s, 1.40 + 0.01 * rng.random(), 1.0 + 0.2 * rng.random(), 3e-6) for s in range(5100, 6000, 50)]
+    assert _log_run(before, after) == []
+
+
+def test_the_first_updates_after_a_resume_far_above_the_norms_before_are_a_shock() -> None:
+    rng = random.Random(2)
+    before = [(s, 3.0 + 0.02 * rng.random(), 0.5 + 0.1 * rng.random(), 3e-4) for s in range(100, 200)]
+    after = [(200, 3.0, 12.5, 3e-4), (201, 3.3, 4.0, 3e-4), (202, 3.1, 1.0, 3e-4)] + [
+        (s, 3.0, 0.5, 3e-4) for s in range(203, 220)
+    ]
+    found = _log_run(before, after)
+    assert found and found[0].step == 200 and "shock" in found[0].evidence["failed"]
+
+
+def test_a_log_that_starts_at_a_resume_with_a_shock_is_not_healthy() -> None:
+    # issue 22: the first update's grad norm 25x the median of the steps after it, the loss 3.0 -> 4.0
+    rng = random.Random(3)
+    after = [(5001, 3.0, 25.0, 6e-4)] + [
+        (s, 4.0 + 0.05 * rng.random(), 1.0 + 0.1 * rng.random(), 6e-4) for s in range(5002, 5040)
+    ]
+    found = _log_run([], after)
+    assert found and found[0].step == 5001
+    assert set(found[-1].evidence["failed"]) == {"shock", "loss"}
+
+
+def test_a_log_that_starts_at_a_clean_resume_is_silent() -> None:
+    rng = random.Random(4)
+    after = [
+        (s, 3.0 - 0.001 * (s - 5001) + 0.03 * rng.random(), 1.0 + 0.2 * rng.random(), 6e-4) for s in range(5001, 5060)
+    ]
+    assert _log_run([], after) == []

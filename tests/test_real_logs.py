@@ -390,7 +390,8 @@ def test_imports_and_analyses(name: str) -> None:
         # A trainer_state.json short of max_steps is a checkpoint snapshot: how the run ended is unknown, not a failure.
         assert s["status"] == ("finished" if complete else "unknown")
         if not complete:
-            assert s["ends_at_checkpoint"] == m["file_meta"]["global_step"] and s["failures"] == 0
+            # (the snapshot's own attempt: an earlier attempt of a resumed log ended as the resume shows)
+            assert s["ends_at_checkpoint"] == m["file_meta"]["global_step"] and not s["attempts_detail"][-1]["failed"]
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -55,6 +55,7 @@ LOSS_KINDS = (
     "loss_spike",
     "divergence",
     "eval_regression",
+    "degenerate",
     "bad_resume",
     "init_loss",
     "loss_scale_collapse",

@@ -2,6 +2,7 @@
 
 from trainmon.monitor.detectors.bad_resume import BadResume
 from trainmon.monitor.detectors.base import SEVERITIES, Detector, Finding
+from trainmon.monitor.detectors.degenerate import Degenerate
 from trainmon.monitor.detectors.divergence import Divergence
 from trainmon.monitor.detectors.eval_regression import EvalRegression
 from trainmon.monitor.detectors.grad_explosion import GradExplosion
@@ -22,6 +23,7 @@ __all__ = [
     "ALL_DETECTORS",
     "SEVERITIES",
     "BadResume",
+    "Degenerate",
     "Detector",
     "Divergence",
     "EvalRegression",
@@ -58,4 +60,5 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     EvalRegression,
     ReplicaDivergence,
     LossNoise,
+    Degenerate,
 )

@@ -26,6 +26,20 @@ check is on state, at load time, not on the loss:
   position not empty after training steps, and the ``run_start`` topology of the previous
   attempt.
 
+* A resume seen only in a log (an imported file: no fingerprint, no checkpoint event; the importer
+  marks the attempt ``resumed``) is still an event with its own checks, on what the log carries:
+  the **LR across the resume** (the first LR after it against the last one before: ``lr_jump`` times
+  higher, or a schedule that had decayed to under ``lr_floor`` of its peak starting again at
+  ``lr_restart`` of it or more, means the scheduler did not continue: restarted, or a new plan such as
+  another ``max_steps``; 82: 0.0 -> 1.38e-3 at step 1501, then divergence), the **first updates' grad
+  norm** (``gn_shock`` times the median before and ``gn_mads`` robust deviations of its log above it:
+  Adam moments or the LR not restored make the first updates too large), and the loss continuity
+  above. A log that *starts* at a resume has no "before": the first update is judged against the
+  ``shock_steps`` steps that follow it (a first grad norm ``gn_shock`` times their median), and the
+  loss against its first logged value (the checkpoint's level: the median of the following steps
+  ``loss_rel`` above it is the resume making the model worse). An LR the log shows continuing, a
+  loss that carries on, are a clean resume (04's three epoch-reset resumes).
+
 One finding lists every failed check; later checks of the same resume update it. A later
 resume that checks clean resolves it.
 """
@@ -47,7 +61,20 @@ __all__ = ["BadResume"]
 
 _TOPOLOGY = ("world_size", "global_batch_tokens", "accum_steps", "config_hash")
 _CRITICAL = {"step", "optimizer", "model"}
-_ORDER = ("step", "optimizer", "scheduler", "data", "rng", "loss_scale", "topology", "model", "lr", "loss", "other")
+_ORDER = (
+    "step",
+    "optimizer",
+    "scheduler",
+    "data",
+    "rng",
+    "loss_scale",
+    "topology",
+    "model",
+    "lr",
+    "shock",
+    "loss",
+    "other",
+)
 _LABELS = {
     "step": "step continuity",
     "optimizer": "optimizer state",
@@ -58,6 +85,7 @@ _LABELS = {
     "topology": "topology / global batch",
     "model": "model weights",
     "lr": "LR after resume",
+    "shock": "first updates after resume",
     "loss": "loss continuity",
     "other": "other state",
 }
@@ -90,6 +118,12 @@ class _Check:
     losses: list[float] = field(default_factory=list)
     replayed: list[tuple[int, int]] = field(default_factory=list)  # (step, seen at step)
     reported: frozenset[str] = frozenset()
+    # what the log showed before the resume (None: the log starts here)
+    lr_before: float | None = None
+    lr_peak: float | None = None
+    gn_before: list[float] | None = None
+    grad_norms: list[float] = field(default_factory=list)
+    starts_here: bool = False
 
 
 class BadResume(Detector):
@@ -110,6 +144,9 @@ class BadResume(Detector):
         self._tail: collections.deque[str] = collections.deque()
         self._tail_steps: dict[str, int] = {}
         self._data_repeats = False  # batches repeat by design (epochs): the replay check is off
+        self._last_lr: float | None = None
+        self._peak_lr: float | None = None
+        self._gns: collections.deque[float] = collections.deque(maxlen=config.loss_window)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -130,7 +167,12 @@ class BadResume(Detector):
             self._start_prev, self._start_cur = self._start_cur, dict(f)
             out = self._finish_check()
             if f.get("resumed"):
-                self._check = _Check()
+                self._check = _Check(
+                    lr_before=self._last_lr,
+                    lr_peak=self._peak_lr,
+                    gn_before=list(self._gns) if self._gns else None,
+                    starts_here=self._last_step is None,
+                )
                 self._check_topology()
             return out
         if kind == "resume":
@@ -163,11 +205,18 @@ class BadResume(Detector):
         chk = self._check
         fp = f.get("batch_fingerprint")
         loss = f.get("loss")
-        if chk is not None and chk.steps_seen < self.config.check_steps:
+        gn = f.get("grad_norm")
+        gn = float(gn) if isinstance(gn, (int, float)) and math.isfinite(gn) and gn > 0 else None
+        lr = self._lr_of(f)
+        window = self.config.shock_steps if chk is not None and chk.starts_here else self.config.check_steps
+        if chk is not None and chk.steps_seen < window:
             chk.steps_seen += 1
+            if gn is not None:
+                chk.grad_norms.append(gn)
             if chk.steps_seen == 1:
                 chk.first_step = step
                 self._first_step_checks(step, f)
+                self._lr_shock(lr)
             if isinstance(fp, str) and not self._data_repeats:
                 seen = self._head.get(fp, self._tail_steps.get(fp))
                 if seen is not None and seen < step:
@@ -176,17 +225,103 @@ class BadResume(Detector):
                 chk.losses.append(loss)
             if chk.steps_seen == self.config.check_steps:
                 self._replay_check()
-                self._loss_check()
+                if not chk.starts_here:
+                    self._loss_check()
+                    self._gn_shock()
+            if chk.steps_seen == window and chk.starts_here:
+                self._start_shock()
             if set(chk.failures) - chk.reported:
                 out.append(self._finding(chk.first_step if chk.first_step is not None else step))
-            if chk.steps_seen == self.config.check_steps:
+            if chk.steps_seen == window:
                 out += self._finish_check()
         if isinstance(fp, str):
             self._remember_batch(fp, step)
         if isinstance(loss, float) and math.isfinite(loss):
             self._losses.append((step, loss))
+        if gn is not None:
+            self._gns.append(gn)
+        if lr is not None:
+            self._last_lr = lr
+            self._peak_lr = lr if self._peak_lr is None else max(self._peak_lr, lr)
         self._last_step = step
         return out
+
+    @staticmethod
+    def _lr_of(f: dict[str, Any]) -> float | None:
+        lrs = f.get("lr")
+        if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) and math.isfinite(lrs[0]):
+            return float(lrs[0])
+        return None
+
+    # -- a resume seen in a log ------------------------------------------------------------------
+
+    def _lr_shock(self, lr: float | None) -> None:
+        """The LR across the resume: the schedule must carry on from where it was."""
+        chk = self._check
+        assert chk is not None
+        cfg = self.config
+        before, peak = chk.lr_before, chk.lr_peak
+        if lr is None or before is None or not peak or chk.saved is not None:
+            return  # nothing to compare, or the saved scheduler's LR is checked exactly
+        rewarm = before > 0 and lr >= cfg.lr_jump * before
+        restart = before <= cfg.lr_floor * peak and lr >= cfg.lr_restart * peak
+        if not (rewarm or restart):
+            return
+        ratio = f"{lr / before:.3g}x " if before > 0 else ""
+        self._fail(
+            "lr",
+            {"lr_before_resume": before, "lr_after_resume": lr, "lr_peak_before": peak},
+            f"the LR went from {before:.3g} before the resume to {lr:.3g} after it ({ratio}the value before; peak so "
+            f"far {peak:.3g}): the schedule did not continue, it restarted or the run was resumed into a new plan "
+            "(another max_steps or number of epochs, a new scheduler); a model that had annealed at a low LR is "
+            "shocked by the jump. Resume with the saved scheduler state, or re-warm gradually from the LR it had",
+        )
+
+    def _gn_shock(self) -> None:
+        """The first updates' grad norm against the norms before the resume (log-MAD noise)."""
+        chk = self._check
+        assert chk is not None
+        cfg = self.config
+        if not chk.gn_before or len(chk.gn_before) < 4 or not chk.grad_norms:
+            return
+        logs = [math.log(g) for g in chk.gn_before]
+        med = statistics.median(logs)
+        mad = statistics.median(abs(x - med) for x in logs) * 1.4826
+        top = max(chk.grad_norms)
+        if top >= cfg.gn_shock * math.exp(med) and math.log(top) - med > cfg.gn_mads * mad:
+            self._fail(
+                "shock",
+                {"grad_norm_after": round(top, 6), "grad_norm_median_before": round(math.exp(med), 6)},
+                f"the first updates after the resume have a grad norm of {top:.3g}, {top / math.exp(med):.3g}x the "
+                f"median before it ({math.exp(med):.3g}): the optimizer moments or the LR were not restored",
+            )
+
+    def _start_shock(self) -> None:
+        """A log that starts at a resume: its first update and loss against the steps that follow."""
+        chk = self._check
+        assert chk is not None
+        cfg = self.config
+        rest = chk.grad_norms[1:]
+        if len(rest) >= 4 and chk.grad_norms:
+            first, med = chk.grad_norms[0], statistics.median(rest)
+            if first >= cfg.gn_shock * med:
+                self._fail(
+                    "shock",
+                    {"first_grad_norm": round(first, 6), "grad_norm_median_after": round(med, 6)},
+                    f"the log starts at a resume and its first update's grad norm ({first:.3g}) is {first / med:.3g}x "
+                    f"the median of the steps that follow ({med:.3g}): the optimizer moments or the LR were not "
+                    "restored",
+                )
+        if len(chk.losses) >= 4:
+            first, med = chk.losses[0], statistics.median(chk.losses[1:])
+            if first > 0 and med - first > cfg.loss_rel * first:
+                self._fail(
+                    "loss",
+                    {"loss_first": round(first, 6), "loss_after": round(med, 6)},
+                    f"the log starts at a resume and the loss rose from {first:.4g} (the checkpoint's level) to "
+                    f"{med:.4g} in the steps after it: the resume made the model worse (LR re-warmed, state not "
+                    "restored)",
+                )
 
     # -- checks --------------------------------------------------------------------------------
 

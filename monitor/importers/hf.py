@@ -23,6 +23,11 @@ all write the same shape):
   goes on; the step going back shows a restart. Either starts a new attempt.
 * ``num_input_tokens_seen`` (Trainer) or ``num_tokens`` (TRL) are cumulative: tokens per step
   are their difference over the steps between two entries.
+* TRL's preference trainers (DPO, ORPO, CPO, KTO) log ``rewards/accuracies``, ``rewards/margins``,
+  ``logps/chosen`` and ``logps/rejected`` beside the loss: the run's own measure of how far the policy
+  has moved from its reference. They are kept (step, value; the last ``_PREFERENCE_KEEP`` entries of
+  each) as ``config.preference``, the evidence that tells a saturated preference loss (0.0 with
+  accuracies 1.0 and exploding margins) from a hidden NaN (``degenerate``).
 
 A truncated file (a checkpoint copied while being written) is salvaged entry by entry up to the
 damage, with a warning; anything after ``log_history`` (``max_steps`` ...) is then unknown.
@@ -57,6 +62,8 @@ _LR_KEYS = ("learning_rate", "lr")
 _TOKEN_KEYS = ("num_input_tokens_seen", "num_tokens")
 _META_KEYS = ("global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "num_train_epochs", "epoch")
 _KNOWN_TRAIN_KEYS = {"loss", "grad_norm", "epoch", "step", *_LR_KEYS, *_TOKEN_KEYS}
+_PREFERENCE_KEYS = ("rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
+_PREFERENCE_KEEP = 256
 
 
 def looks_like_hf(head: str) -> bool:
@@ -155,6 +162,7 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     finished = False
     runtime: float | None = None
     skipped = 0
+    preference: dict[str, list[list[float]]] = {}
     for n, entry in enumerate(history):
         if not isinstance(entry, dict):
             skipped += 1
@@ -205,6 +213,12 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
             prev_tokens = (step, seen)
             break
         ignored.update(k for k in entry if k not in _KNOWN_TRAIN_KEYS)
+        for key in _PREFERENCE_KEYS:
+            x = to_float(entry.get(key))
+            if x is not None and math.isfinite(x):
+                kept = preference.setdefault(key, [])
+                kept.append([step, x])
+                del kept[:-_PREFERENCE_KEEP]
         items.append(TrainPoint(step=step, loss=loss, grad_norm=norm, lr=lr, tokens=tokens))
         prev_train_step = step
         if epoch is not None:
@@ -231,6 +245,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     if runtime is not None:
         config["train_runtime_seconds"] = runtime
     config.update(_trainer_best(state))
+    if preference:
+        config["preference"] = preference
     notes: list[str] = []
     if logging_steps and logging_steps > 1:
         notes.append(
