@@ -8,4 +8,114 @@ from __future__ import annotations
 
 from tests.real_log_types import _ANY, Allow, Expect, Known, Need  # noqa: F401  (the shapes every reading uses)
 
-READINGS_MEGATRON_DEEPSPEED: dict[str, Expect] = {}
+READINGS_MEGATRON_DEEPSPEED: dict[str, Expect] = {
+    # manifest: no training loss printed (say so, do not call it healthy by default); the fp16 overflows are the
+    # routine sawtooth (6 skips at start-up, then a 2-skip cycle each time the scale regrows to 65536: 139 of 7,360,
+    # the scale never below 2048); the LR lags the step counter by the skipped count; no throughput incident
+    "106_deepspeed-chat-sft-overflow-sawtooth-no-loss.log": Expect(
+        allowed=(
+            Allow(
+                "eval_regression",
+                6440,
+                7360,
+                "manifest: the last two epochs' eval perplexity rise (1.8033 -> 1.8085, +0.3%) is at most an "
+                "info-level eval regression (mild overfitting in epochs 15-16)",
+                ("info",),
+            ),
+        ),
+        known=(
+            Known(
+                "loss_scale_collapse",
+                0,
+                7360,
+                "manifest: routine fp16 sawtooth, not a collapse. loss_scale_collapse counts halvings per logged "
+                "point (DeepSpeed logs every 10 steps: its 100-step window spans 1,000 steps) and counts the halving "
+                "that follows each regrowth to 65536 (ZeRO's scaler doubles silently) as a fall: 3 such cycles in "
+                "1,000 steps read as 'collapsing' though the scale returns to the same top each time",
+            ),
+        ),
+    ),
+    # manifest: flag the mid-run loss-scale trouble (512 -> 8 at steps 480-560), a warning, recovered (doubling
+    # back to 4096 by 1460, then oscillating 1024-4096), not critical: 20 of 1,840 steps skipped, accuracy improved
+    "107_deepspeed-chat-rm-loss-scale-down-to-8.log": Expect(
+        allowed=(
+            Allow(
+                "loss_scale_collapse",
+                470,
+                700,
+                "manifest: overflows at ~480-560 drive the dynamic scale 512 -> 8 (warning, not critical)",
+                ("warning",),
+            ),
+        ),
+        required=(
+            Need(
+                "loss_scale_collapse",
+                520,
+                40,
+                "manifest: scale 512 -> 256 -> 128 -> 64 (480) -> 32 -> 16 (550) -> 8 (560), then back to 4096 by "
+                "1460: a warning, recovered",
+            ),
+        ),
+        known=(
+            Known(
+                "loss_scale_collapse",
+                480,
+                560,
+                "opened at 560 but never resolved: resolve_after counts logged points (100 points = 1,000 steps "
+                "here), and the benign 1024-4096 oscillation after the recovery (halvings at 1540, 1610, 1720) "
+                "keeps it open to the end",
+                missed=True,
+            ),
+        ),
+    ),
+    # manifest: no false alarm on a healthy PPO run (reward 0.30 -> 4.45); act_loss and cri_loss are signed, noisy
+    # RL terms (at most an info note for the excursions at 99-112); the 14 overflow skips (actor 7, critic 7) are
+    # routine; two engines' step/skipped/lr lines kept apart. The manifest counts 476 entries (0-475) from the
+    # latency lines; the log prints 477 PPO steps (0-476, 'Total Generation Batches 477'): the last one's loss and
+    # reward lines are printed, its latency line is not.
+    "108_deepspeed-chat-ppo-two-engines-overflow.log": Expect(
+        allowed=(
+            Allow(
+                "loss_spike",
+                80,
+                121,
+                "manifest: act_loss/cri_loss excursions up to 30x the median at 99-112 (end of warmup), back within "
+                "2 steps: at most info",
+                ("info",),
+            ),
+        ),
+        entries=477,
+        last_step=476,
+    ),
+    # manifest: a transient eval regression (perplexity 61.8 -> 131.6 at step 220, back below the start at 350,
+    # ending at its best 24.0): recovered, not a failed run; no training loss, no loss scale (fp32)
+    "109_deepspeed-gpt2-ft-eval-ppl-doubles-then-recovers.log": Expect(
+        allowed=(
+            Allow(
+                "eval_regression",
+                20,
+                400,
+                "manifest: perplexity doubles from 61.8 to 131.6 at step 220, back below the start at 350: a "
+                "transient, recovered eval regression",
+            ),
+        ),
+        required=(
+            Need(
+                "eval_regression",
+                220,
+                120,
+                "manifest: eval perplexity 61.8 -> 131.6 (2.13x) at step 220, recovered by 350, ends at 24.0",
+            ),
+        ),
+        known=(
+            Known(
+                "eval_regression",
+                100,
+                340,
+                "eval_regression judges an eval loss only against a falling train loss (and has no task metric "
+                "here): this log prints no training loss, so a perplexity that doubles and recovers is not judged",
+                missed=True,
+            ),
+        ),
+    ),
+}

@@ -46,6 +46,10 @@ class Expect:
     allowed: tuple[Allow, ...] = ()
     required: tuple[Need, ...] = ()
     known: tuple[Known, ...] = ()
+    entries: int | None = None
+    """The logged steps when the manifest's ``entries`` miscounts them (the reading says why); None: the manifest's."""
+    last_step: int | None = None
+    """Likewise the last logged step; None: the manifest's ``last_step``."""
 
 
 _ANY = (0, 10**9)
