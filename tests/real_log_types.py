@@ -50,6 +50,9 @@ class Expect:
     """The logged steps when the manifest's ``entries`` miscounts them (the reading says why); None: the manifest's."""
     last_step: int | None = None
     """Likewise the last logged step; None: the manifest's ``last_step``."""
+    stage_entries: tuple[int, ...] = ()
+    """A pipeline of stages, one run each (nanochat's base, mid, SFT): the logged steps of each run. The
+    manifest's ``entries``, ``first_step`` and ``last_step`` describe the first stage only."""
 
 
 _ANY = (0, 10**9)

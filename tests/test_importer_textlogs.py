@@ -344,7 +344,8 @@ def test_modded_nanogpt_values(tmp_path: Path) -> None:
     assert [s["step"] for s in steps] == [1, 2, 3, 4]  # nothing from the script's text
     assert steps[0] == {"step": 1, "loss": 10.8258, "tokens": 2048, "step_time": 20.0}
     assert math.isnan(steps[2]["loss"])
-    assert [s["step_time"] for s in steps] == pytest.approx([20.0, 1.0, 1.1, 1.2])
+    # across the timer's restart the increment is not a step's duration (105: 729 ms among 1,180 ms steps)
+    assert [s.get("step_time") for s in steps] == [20.0, 1.0, None, pytest.approx(1.2)]
     t0 = _utc("2024-10-16 02:54:21")
     assert [e.time for e in events if e.kind == "step"] == pytest.approx([t0 + 20.2, t0 + 21.2, t0 + 22.3, t0 + 23.5])
     assert _evals(events) == [{"step": 0, "loss": 10.825}, {"step": 4, "loss": 8.3}]

@@ -84,6 +84,7 @@ BOOKKEEPING_KEYS = frozenset(
         "resumed_after_step",
         "last_progress_percent",
         "elapsed_resolution_seconds",
+        "loss_mean_over_steps",
     }
 )
 """``run_start.config`` keys an importer writes about how it read the log, not about the training run:
@@ -158,6 +159,10 @@ class RunMark:
     status: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    step_base: int | None = None
+    """The run's own step base when it differs from the file's (a pipeline's stages count differently)."""
+    loss_mean_over: float | None = None
+    """The run's own :attr:`LogMeta.loss_mean_over` (a stage whose loss is smoothed in a file whose next is not)."""
 
 
 Item = TrainPoint | EvalPoint | ResumeMark | RunMark
@@ -187,6 +192,10 @@ class LogMeta:
     ends_at_checkpoint: int | None = None
     """The file is a snapshot saved with the checkpoint of this step (HF's ``checkpoint-N``): the log
     ends there because the file was written then. Leave ``status`` None: how the run ended is unknown."""
+    loss_mean_over: float | None = None
+    """Each logged loss averages about this many steps' losses (a logging window's mean, an EMA's
+    variance-equivalent window): its noise is about sqrt(N) times smaller than one step's, and its
+    excursions are spread over that many steps. None: one step's loss. ``run_start.config.loss_mean_over_steps``."""
 
 
 # SLURM's own line when it kills a job or step: ``slurmstepd: error: *** JOB 123 ON node CANCELLED AT
@@ -382,7 +391,9 @@ def split_runs(items: list[Item], meta: LogMeta, run: str) -> list[tuple[str, li
             config=config,
             notes=notes,
             world_size=meta.world_size,
-            step_base=meta.step_base,  # one file, one trainer: the same numbering in every run
+            # one file, one trainer: the same numbering in every run, unless the mark says otherwise
+            step_base=mark.step_base if mark is not None and mark.step_base is not None else meta.step_base,
+            loss_mean_over=mark.loss_mean_over if mark is not None and mark.loss_mean_over else meta.loss_mean_over,
         )
         out.append((name, its, sub))
     return out
@@ -452,6 +463,7 @@ def _events(
         "step_base": meta.step_base,
         **({"steps_done": meta.steps_done} if meta.steps_done is not None else {}),
         **({"ends_at_checkpoint": meta.ends_at_checkpoint} if meta.ends_at_checkpoint is not None else {}),
+        **({"loss_mean_over_steps": meta.loss_mean_over} if meta.loss_mean_over else {}),
         **meta.config,
     }
     if not real_time:

@@ -3,11 +3,20 @@
 The file is what ``train_gpt.py`` writes: a ``====`` line, the whole training script, a ``====``
 line, the PyTorch version and an ``nvidia-smi`` dump, another ``====`` line, then the log:
 
-* ``step:N/M train_loss:X train_time:Tms step_avg:Sms``: one training step. ``M`` is the
-  planned length. ``train_time`` is the cumulative training time (the script pauses the timer
-  during validation, and zeroes it after the first 10 warm-up steps, so it restarts there by
-  design: that is not a resume). Step times are its increments; the clock is the ``nvidia-smi``
+* ``step:N/M train_loss:X train_time:Tms step_avg:Sms [tokens_seen:N]``: one training step. The
+  step printed is ``step + 1``, the number of steps done (``step_base`` 1); ``M`` is the planned
+  length. ``train_loss`` is one step's loss (rank 0's, not averaged over ranks or steps).
+  ``train_time`` is the cumulative training time (the script pauses the timer during validation,
+  and zeroes it after the first 10 warm-up steps, so it restarts there by design: that is not a
+  resume, and ``step_avg`` is ``nan`` until the timer has counted a step). Step times are its
+  increments, except across a restart, where the increment is not a step's duration (the timer was
+  zeroed somewhere inside the step): that step has no step time. The clock is the ``nvidia-smi``
   banner's date plus the cumulative train time (validation pauses are not in it).
+* ``tokens_seen`` is the cumulative count of training tokens, printed to three digits
+  (``2.62e+05``): the tokens of one step are the slope of that count over the step (a least-squares
+  fit, exact to well under the print's resolution) when the count grows in proportion to the step,
+  which is how the script counts (a constant batch); the script's batch size times sequence length
+  otherwise.
 * ``step:N/M val_loss:X train_time:Tms step_avg:Sms``: a validation.
 
 The script is skipped as a block (everything up to the ``====`` line that closes it), so its
@@ -40,6 +49,7 @@ log = logging.getLogger("trainmon.import")
 _RULE = re.compile(r"^={20,}\s*$")
 _LINE = re.compile(
     r"^step:(\d+)/(\d+)\s+(train_loss|val_loss):(\S+)(?:\s+train_time:([-+\d.eE]+|nan)ms)?(?:\s+step_avg:(\S+?)ms)?"
+    r"(?:\s+tokens_seen:(\S+))?"
 )
 _SMI_DATE = re.compile(r"^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+\d{4}$")
 _HYPER = re.compile(r"^\s+(\w+)\s*:\s*[\w\[\], ]+?\s*=\s*([^#]+?)\s*(?:#.*)?$")
@@ -113,6 +123,7 @@ def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
     ms_step: int | None = None
     prev_step: int | None = None
     resets = 0
+    seen: list[tuple[int, float]] = []  # (step, tokens_seen)
     ended = False
     bad = 0
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -155,10 +166,11 @@ def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
             t: float | None = None
             step_time = None
             if ms is not None and math.isfinite(ms):
-                if prev_ms is not None and ms < prev_ms:
+                reset = prev_ms is not None and ms < prev_ms
+                if reset:
                     offset += prev_ms  # the timer was zeroed (after the warm-up steps)
                     resets += 1
-                    prev_ms = 0.0
+                    prev_ms = None  # the increment across the restart is not a step's duration
                 if tag == "train_loss" and prev_ms is not None and ms_step is not None and step > ms_step:
                     step_time = (ms - prev_ms) / 1000.0 / (step - ms_step)
                 t = (offset + ms) / 1000.0
@@ -168,13 +180,19 @@ def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
                 items.append(ev)
                 seg.points.append(ev)
                 continue
+            if tag == "train_loss" and (x := to_float(m.group(7))) is not None and math.isfinite(x):
+                seen.append((step, x))
             point = TrainPoint(step=step, loss=value, step_time=step_time, time=t)
             items.append(point)
             seg.points.append(point)
             prev_step = step
     if prev_step is None:
         raise ImportFormatError(f"{path}: no modded-nanogpt step:N/M train_loss lines found")
-    tokens = _tokens(hyper)
+    tokens = _tokens_seen_slope(seen)
+    tokens_source = "the slope of tokens_seen" if tokens is not None else None
+    if tokens is None:
+        tokens = _tokens(hyper)
+        tokens_source = "batch_size x sequence_length of the script" if tokens is not None else None
     if tokens is not None:
         for it in items:
             if isinstance(it, TrainPoint):
@@ -198,6 +216,7 @@ def parse_modded_nanogpt(path: Path) -> tuple[list[Item], LogMeta]:
         config["script_hyperparameters"] = {k: _literal(v) for k, v in hyper.items()}
     if tokens is not None:
         config["tokens_per_step"] = tokens
+        config["tokens_per_step_from"] = tokens_source
     return items, LogMeta(
         step_base=1,  # the step printed is the number of steps done (1 after the first)
         format="modded_nanogpt_log",
@@ -215,6 +234,19 @@ def _literal(text: str) -> Any:
     if x is None:
         return text
     return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
+
+
+def _tokens_seen_slope(seen: list[tuple[int, float]]) -> int | None:
+    """Tokens per step from the cumulative ``tokens_seen`` (three printed digits): the least-squares
+    slope through the origin, when every value is within 1 % of it times its step (a constant batch;
+    the print's own rounding is at most 0.5 %); None otherwise (the count is not a constant batch)."""
+    steps = [(s, x) for s, x in seen if s > 0 and x > 0]
+    if not steps:
+        return None
+    slope = sum(s * x for s, x in steps) / sum(s * s for s, _ in steps)
+    if slope <= 0 or any(abs(x - slope * s) > 0.01 * slope * s for s, x in steps):
+        return None
+    return round(slope)
 
 
 def _tokens(hyper: dict[str, str]) -> int | None:
