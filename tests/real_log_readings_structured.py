@@ -6,6 +6,90 @@ Encoded from ``manifest.json`` as described in ``tests/test_real_logs.py``.
 
 from __future__ import annotations
 
-from tests.real_log_types import _ANY, Allow, Expect, Known, Need  # noqa: F401  (the shapes every reading uses)
+from tests.real_log_types import _ANY, Allow, Expect, Known, Need
 
-READINGS_STRUCTURED: dict[str, Expect] = {}
+READINGS_STRUCTURED: dict[str, Expect] = {
+    "85_lightning-pinn-sudden-nan.csv": Expect(
+        allowed=(
+            Allow(
+                "nan_inf",
+                218,
+                261,
+                "manifest: all five loss columns nan from epoch 218 to the end (44 rows), sudden, no blow-up before",
+                ("critical",),
+            ),
+        ),
+        required=(Need("nan_inf", 218, 0, "manifest: non-finite loss at epoch 218, to the end", recovered=False),),
+    ),
+    "86_lightning-gan-nan-from-first-row.csv": Expect(
+        allowed=(
+            Allow(
+                "nan_inf",
+                0,
+                319,
+                "manifest: generator loss nan from the first row, discriminator 1.6e24 then nan, for the whole run",
+                ("critical",),
+            ),
+        ),
+        required=(Need("nan_inf", 0, 1, "manifest: flag non-finite loss immediately (row 0/1)", recovered=False),),
+    ),
+    "87_ms-swift-duplicated-lines-two-writers.jsonl": Expect(
+        allowed=(
+            Allow(
+                "loss_spike",
+                *_ANY,
+                "manifest: one-step loss 'spikes' that are ratios on a ~3e-4 baseline (low severity at most)",
+                ("info",),
+            ),
+            Allow(
+                "grad_explosion",
+                *_ANY,
+                "manifest: one-step grad-norm 'spikes' on a ~0.01 median in epochs 6-8 (low severity at most)",
+                ("info",),
+            ),
+            Allow(
+                "eval_regression",
+                6000,
+                14776,
+                "manifest: mild overfitting note allowed: eval_loss 0.462 (6000) -> 0.534 (12000) while eval_acc "
+                "stays 0.912-0.915",
+                ("info",),
+            ),
+        ),
+        known=(
+            Known(
+                "loss_spike",
+                8445,
+                8795,
+                "loss_spike: a 'recurring spikes' warning (99.7x at 8790) on the memorisation phase's ~3e-4 "
+                "baseline, which the manifest reads as ratios on a near-zero loss, low severity at most",
+            ),
+        ),
+    ),
+    "90_wandb-history-marl-mappo.csv": Expect(
+        known=(
+            Known(
+                "hang",
+                0,
+                255,
+                "hang: the export's rows are ~780 s apart (one MAPPO iteration), every one longer than the "
+                "start-up timeout (300 s), so the interval is never learnt and each step reads as a stall seen "
+                "after the fact; the manifest reads _runtime as monotone, 56 h, no stop",
+            ),
+        ),
+    ),
+    "92_ms-swift-init-loss-20.jsonl": Expect(
+        allowed=(
+            Allow(
+                "init_loss",
+                1,
+                20,
+                "manifest: at most one low-severity init_loss note: 20.5 at step 1 above ln(vocab) 11.9, explained "
+                "by the template, gone by step 20",
+                ("info",),
+            ),
+        ),
+    ),
+    "93_llamafactory-lora-3epoch-short.jsonl": Expect(),
+    "95_lightning-rl4co-reinforce-negative-loss.csv": Expect(),
+}

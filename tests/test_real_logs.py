@@ -309,11 +309,13 @@ EXPECT.update(READINGS_NANOCHAT)
 
 
 _CACHE: dict[str, dict[str, Any]] = {}
+# W&B's run-history export stamps every row with _timestamp.
 _CLOCKED_FORMATS = {
     "tensorboard_tfevents",
     "megatron_deepspeed_stdout",
     "nanochat_stdout",
     "modded_nanogpt_log",
+    "wandb_history_export_csv",
     "deepspeed_chat_stdout",  # DeepSpeed stamps its log_dist and scaler lines
     "deepspeed_hf_example_stdout",
 }

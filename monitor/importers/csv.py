@@ -24,6 +24,7 @@ import csv
 import io
 import logging
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,22 @@ from trainmon.monitor.importers.common import (
     ImportFormatError,
     Item,
     LogMeta,
+    RunMark,
     TrainPoint,
     eval_metric_names,
     to_float,
+)
+from trainmon.monitor.importers.structure import (
+    LossChoice,
+    choose_grad_norm,
+    choose_loss,
+    combine,
+    infer_step_base,
+    is_eval_name,
+    is_reward_name,
+    loss_like,
+    lr_groups,
+    root_sum_squares,
 )
 
 __all__ = ["DEFAULT_COLUMNS", "FIELDS", "looks_like_csv", "parse_csv", "parse_mapping"]
@@ -75,6 +89,7 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 _WANDB_PREFIX = re.compile(r"^.+? - (.+)$")
+_WANDB_RUN = re.compile(r"^(?P<run>.+?) - (?P<col>.+)$")
 
 
 def looks_like_csv(head: str, named_csv: bool = False) -> bool:
@@ -162,28 +177,9 @@ def _eval_metric_columns(header: list[str], cols: dict[str, int]) -> dict[int, s
     return {names[n]: metric for n, metric in eval_metric_names(names, _clean(header[i])).items()}
 
 
-def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:
-    text = path.read_text(encoding="utf-8-sig", errors="replace")
-    reader = csv.reader(io.StringIO(text))
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise ImportFormatError(f"{path}: empty CSV file") from None
-    cols = _resolve(header, mapping or {})
-    if "step" not in cols:
-        raise ImportFormatError(
-            f"{path}: no step column among {header}; name it with --map step=COLUMN "
-            f"(known: {', '.join(DEFAULT_COLUMNS['step'])})"
-        )
-    if not ({"loss", "grad_norm"} & cols.keys()):
-        raise ImportFormatError(
-            f"{path}: no training-loss column among {header}; name it with --map loss=COLUMN "
-            f"(known: {', '.join(DEFAULT_COLUMNS['loss'])})"
-        )
-    metric_cols = _eval_metric_columns(header, cols)
-    lightning = "epoch" in {h.strip() for h in header} and any(h.strip().endswith(("_step", "_epoch")) for h in header)
-    items: list[Item] = []
-    last: TrainPoint | None = None
+def _table_rows(reader: Any, header: list[str], path: Path) -> tuple[list[tuple[int, list[str]]], int]:
+    """The well-formed data rows (line number, cells); malformed ones skipped with a warning."""
+    rows: list[tuple[int, list[str]]] = []
     bad = 0
     for n, row in enumerate(reader, 2):
         if not row or all(not c.strip() for c in row):
@@ -192,6 +188,136 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
             bad += 1
             log.warning("%s: line %d has %d fields, the header %d; skipped", path, n, len(row), len(header))
             continue
+        rows.append((n, row))
+    return rows, bad
+
+
+def _panel_runs(header: list[str], user: dict[str, str]) -> dict[str, list[int]]:
+    """A W&B panel export's runs: run name -> its column indices (``RUN - metric``, ``__MIN``/``__MAX`` too).
+    A user mapping that names one run's column (``loss=RUN - train/loss``) keeps that run only."""
+    runs: dict[str, list[int]] = {}
+    for i, c in enumerate(header):
+        m = _WANDB_RUN.match(c.strip())
+        if m:
+            runs.setdefault(m["run"], []).append(i)
+    picked = {m["run"] for v in user.values() if (m := _WANDB_RUN.match(v.strip())) and m["run"] in runs}
+    return {r: cols for r, cols in runs.items() if r in picked} if picked else runs
+
+
+def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise ImportFormatError(f"{path}: empty CSV file") from None
+    rows, bad = _table_rows(reader, header, path)
+    user = mapping or {}
+    runs = _panel_runs(header, user)
+    notes = [f"{bad} malformed rows skipped"] if bad else []
+    if len(runs) <= 1:
+        items, table = _parse_table(path, header, rows, user)
+        config = table.config
+        notes += table.notes
+    else:
+        # Several runs side by side: each is analysed as its own run, never the first one alone.
+        prefixed = {i for cols in runs.values() for i in cols}
+        shared = [i for i in range(len(header)) if i not in prefixed and not _WANDB_RUN.match(header[i].strip())]
+        items = []
+        table = None
+        for name, cols in runs.items():
+            keep = shared + cols
+            sub_header = [header[i] for i in keep]
+            sub_rows = [(n, [row[i] for i in keep]) for n, row in rows]
+            try:
+                its, table_r = _parse_table(path, sub_header, sub_rows, {k: _clean(v) for k, v in user.items()})
+            except ImportFormatError as exc:
+                log.warning("%s: run %r of the panel export has no training series (%s); left out", path, name, exc)
+                continue
+            items.append(
+                RunMark(
+                    label=name,
+                    reason=f"W&B panel export: the columns of {len(runs)} runs side by side ('RUN - metric')",
+                    config=table_r.config,
+                    notes=table_r.notes,
+                )
+            )
+            items.extend(its)
+            table = table or table_r
+        if table is None:
+            raise ImportFormatError(f"{path}: none of the {len(runs)} runs of this panel export has a training series")
+        config = {}
+        notes.append(
+            f"W&B panel export of {len(runs)} runs ({', '.join(runs)}): each run is imported and analysed on its own"
+        )
+    meta = LogMeta(
+        format=table.fmt,
+        framework=table.framework,
+        config=config,
+        notes=notes,
+        step_base=table.step_base,
+    )
+    return items, meta
+
+
+@dataclass
+class _Table:
+    fmt: str
+    framework: str
+    step_base: int
+    config: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _parse_table(
+    path: Path, header: list[str], rows: list[tuple[int, list[str]]], user: dict[str, str]
+) -> tuple[list[Item], _Table]:
+    """One run's items from a table whose columns are that run's (see the module docstring)."""
+    cols = _resolve(header, user)
+    if "step" not in cols:
+        raise ImportFormatError(
+            f"{path}: no step column among {header}; name it with --map step=COLUMN "
+            f"(known: {', '.join(DEFAULT_COLUMNS['step'])})"
+        )
+    names = {i: _clean(c) for i, c in enumerate(header) if not c.strip().endswith(("__MIN", "__MAX"))}
+    by_name = {v: i for i, v in reversed(list(names.items()))}
+    taken = set(cols.values())
+
+    def values(name: str) -> list[float]:
+        j = by_name[name]
+        return [x for _, row in rows if (x := to_float(row[j])) is not None]
+
+    named = names[cols["loss"]] if "loss" in cols else None
+    if "loss" in user:
+        choice = LossChoice(terms=[named], how="named") if named is not None else LossChoice()
+    else:
+        free = [c for i, c in names.items() if i not in taken]
+        rewards = any(is_reward_name(c) and not is_eval_name(c) for c in free)
+        choice = choose_loss(
+            named,
+            free,
+            {c: values(c) for c in ([named] if named else []) + free if loss_like(c) or c == named},
+            rewards=rewards,
+        )
+    loss_idx = [by_name[c] for c in choice.terms]
+    signed_idx = [by_name[c] for c in choice.signed]
+    gn_named = names[cols["grad_norm"]] if "grad_norm" in cols else None
+    gn_names, gn_how = choose_grad_norm(gn_named, [c for i, c in names.items() if i not in taken])
+    gn_idx = [by_name[c] for c in gn_names]
+    lr_idx = (
+        [cols["lr"]] if "lr" in cols else [by_name[c] for c in lr_groups(c for i, c in names.items() if i not in taken)]
+    )
+    if not (loss_idx or signed_idx or gn_idx):
+        raise ImportFormatError(
+            f"{path}: no training-loss column among {header}; name it with --map loss=COLUMN "
+            f"(known: {', '.join(DEFAULT_COLUMNS['loss'])}, or any column with 'loss' in its name)"
+        )
+    metric_cols = _eval_metric_columns(header, cols)
+    lightning = "epoch" in {h.strip() for h in header} and any(h.strip().endswith(("_step", "_epoch")) for h in header)
+    items: list[Item] = []
+    last: TrainPoint | None = None
+    bad = 0
+    for n, row in rows:
         vals: dict[str, float | None] = {fld: to_float(row[i]) for fld, i in cols.items()}
         step_v = vals.get("step")
         if step_v is None or step_v < 0 or step_v != step_v:
@@ -204,10 +330,18 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
         if vals.get("eval_loss") is not None:
             metrics = {name: x for j, name in metric_cols.items() if (x := to_float(row[j])) is not None}
             items.append(EvalPoint(step, vals["eval_loss"], metrics, time=t))  # type: ignore[arg-type]
-        train: dict[str, Any] = {
-            k: vals.get(k) for k in ("loss", "grad_norm", "lr", "tokens", "step_time") if vals.get(k) is not None
-        }
-        if not train:
+        terms = [to_float(row[j]) for j in loss_idx]
+        signed = [to_float(row[j]) for j in signed_idx]
+        norms = [to_float(row[j]) for j in gn_idx]
+        lrs = [to_float(row[j]) for j in lr_idx]
+        train: dict[str, Any] = {k: vals.get(k) for k in ("tokens", "step_time") if vals.get(k) is not None}
+        if (loss := combine(terms, signed)) is not None:
+            train["loss"] = loss
+        if (norm := norms[0] if len(norms) == 1 else root_sum_squares(norms)) is not None:
+            train["grad_norm"] = norm
+        if lrs and all(x is not None for x in lrs):
+            train["lr"] = lrs
+        if not train and all(x is None for x in (*terms, *signed)):
             continue
         if last is not None and last.step == step and items and items[-1] is last:
             point = last  # a sparse row of the same step (Lightning's LR monitor): merge
@@ -215,19 +349,43 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
             point = TrainPoint(step=step, time=t)
             items.append(point)
         for k, v in train.items():
-            if k == "lr":
-                point.lr = [v]
-            elif k == "tokens":
+            if k == "tokens":
                 point.tokens = round(v)
             else:
                 setattr(point, k, v)
         last = point
     fmt = "lightning_csv" if lightning else "csv"
-    notes = [f"{bad} malformed rows skipped"] if bad else []
-    meta = LogMeta(
-        format=fmt,
-        framework="lightning" if lightning else "csv",
-        config={"column_mapping": {fld: header[i] for fld, i in cols.items()}},
-        notes=notes,
-    )
-    return items, meta
+    mapping = {fld: header[i] for fld, i in cols.items()}
+    if choice.terms:
+        mapping["loss"] = " + ".join(header[j] for j in loss_idx)
+    else:
+        mapping.pop("loss", None)
+    if gn_idx:
+        mapping["grad_norm"] = (
+            header[gn_idx[0]] if len(gn_idx) == 1 else "rss(" + ", ".join(header[j] for j in gn_idx) + ")"
+        )
+    if lr_idx:
+        mapping["lr"] = header[lr_idx[0]] if len(lr_idx) == 1 else [header[j] for j in lr_idx]  # type: ignore[assignment]
+    config: dict[str, Any] = {"column_mapping": mapping}
+    notes = [f"{bad} rows without a usable step skipped"] if bad else []
+    if choice.how not in ("named", ""):
+        config["loss_series"] = choice.facts()
+    notes += choice.notes()
+    if len(gn_idx) > 1:
+        config["grad_norm_series"] = {"how": gn_how, "terms": [header[j] for j in gn_idx]}
+        notes.append(f"the grad norm is the {gn_how} ({len(gn_idx)} columns; no total grad norm is logged)")
+    if len(lr_idx) > 1:
+        notes.append(f"{len(lr_idx)} learning rates, one per param group ({', '.join(header[j] for j in lr_idx)})")
+    base, why = _step_base(names[cols["step"]], lightning, [it.step for it in items if isinstance(it, TrainPoint)])
+    config["step_base_from"] = why
+    return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes)
+
+
+def _step_base(step_col: str, lightning: bool, steps: list[int]) -> tuple[int, str]:
+    """The step base of the step column: stated by its convention where it has one, else inferred."""
+    low = step_col.lower()
+    if lightning or low in ("_step", "trainer/global_step"):
+        return 0, f"{step_col} counts from 0 (W&B's log-call counter, Lightning's global step)"
+    if low in ("train/global_step", "global_step"):
+        return 1, f"{step_col} is HF's global_step: the steps done, counted from 1"
+    return infer_step_base(steps)

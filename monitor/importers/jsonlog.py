@@ -29,6 +29,11 @@ ms-swift (``logging.jsonl``), one line per ``on_log``:
   ``elapsed_time`` as ``1h 13m 46s``, ``train_speed(s/it)`` (older: ``train_speed(iter/s)``), the
   mean step time since the start; ``eval_*`` lines are evaluations; a line with
   ``train_runtime`` closes a finished run.
+* ms-swift 2.x rows carry the step as a plain integer ``global_step`` and no ``elapsed_time`` or
+  planned length (``{"loss": .., "acc": .., "grad_norm": .., "learning_rate": .., "train_speed(iter/s)":
+  .., "epoch": .., "global_step": 5}``); the ``train_speed`` key is what makes them ms-swift's rather
+  than another trainer's JSON lines. ``logging_first_step`` gives a row at step 1, then one every
+  ``logging_steps``.
 * The last line can be one JSON object that repeats the whole ``log_history`` (hundreds of KB,
   megabytes for long runs). Its history is the lines above again, so it is never imported; only
   its top-level scalars before ``log_history`` (``global_step``, the best checkpoint ...) are read,
@@ -45,9 +50,20 @@ for steps a second or two apart, so ``step_time`` is left out (and said so) when
 windows are under ten clock ticks; ms-swift's ``train_speed`` (elapsed / steps done, 6 decimals)
 gives the elapsed time to milliseconds when it agrees with the printed one, and is used then.
 
-Resumes: the step going back is a restart (handled by ``build_events``); the step going on while
-``elapsed_time`` (reset by a new ``train()`` call) or ``epoch`` goes back is a resume from a
-checkpoint, marked like HF's epoch reset.
+Step base: the step printed is the number of optimizer steps done (HF's ``global_step``), 1 after
+the first step: ``step_base`` 1, so a log of steps 1..N covers N steps.
+
+Duplicate writers: two processes that both think they are the logging process (the local rank 0 of
+two nodes sharing an output folder) append every line twice, a second or two apart, with the same
+training values and their own timings (``train_speed``, ``elapsed_time``, ``eval_runtime``). A line
+whose step was already read with the same values (loss, grad norm, LR, epoch; an evaluation's loss
+and metrics) is such a copy: read once, and said in one note, not taken for a restart. A restart
+needs evidence of a restart: the step going back *and* different values at the steps logged again.
+With two writers the elapsed time interleaves two clocks, so it is not read as a sign of a resume.
+
+Resumes: the step going back with new values is a restart (handled by ``build_events``); the step
+going on while ``elapsed_time`` (reset by a new ``train()`` call) or ``epoch`` goes back is a resume
+from a checkpoint, marked like HF's epoch reset.
 """
 
 from __future__ import annotations
@@ -113,6 +129,7 @@ _LF_KNOWN = {
 _SWIFT_STEP_KEYS = ("global_step/max_steps", "iteration")
 _SWIFT_KNOWN = {
     *_SWIFT_STEP_KEYS,
+    "global_step",
     "loss",
     "grad_norm",
     "learning_rate",
@@ -127,6 +144,10 @@ _SWIFT_KNOWN = {
     "num_input_tokens_seen",
 }
 _EVAL_NOT_METRICS = {"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+_COPY_LAG = 2
+"""A second writer's copy repeats one of this many latest training steps (the writers are a second or
+two apart); a step repeated from further back is a replay: a restart."""
+_SWIFT_SPEED = "train_speed("
 _STEP_OF = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _CLOCK = re.compile(r"^(?:(\d+)\s+days?,\s*)?(\d+):(\d{1,2}):(\d{1,2}(?:\.\d+)?)$")
 _UNITS = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)(?![a-z])")
@@ -167,11 +188,14 @@ def looks_like_llamafactory(head: str) -> bool:
 
 
 def looks_like_ms_swift(head: str) -> bool:
-    """A JSON line whose ``global_step/max_steps`` (or Megatron-swift ``iteration``) is ``"N/M"``."""
+    """A JSON line whose ``global_step/max_steps`` (or Megatron-swift ``iteration``) is ``"N/M"``, or an
+    ms-swift 2.x row: an integer ``global_step`` beside ms-swift's own ``train_speed(...)`` key."""
     obj = _first_object(head)
     if obj is None:
         return False
-    return any(isinstance(obj.get(k), str) and _STEP_OF.match(obj[k]) for k in _SWIFT_STEP_KEYS)
+    if any(isinstance(obj.get(k), str) and _STEP_OF.match(obj[k]) for k in _SWIFT_STEP_KEYS):
+        return True
+    return _swift2_step(obj) is not None and any(k.startswith(_SWIFT_SPEED) for k in obj)
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -358,12 +382,19 @@ def _lf_rows(path: Path, damage: _Damage, ignored: set[str]) -> Iterator[_Row]:
         yield row
 
 
-def _swift_step(obj: dict[str, Any]) -> tuple[int, int] | None:
+def _swift2_step(obj: dict[str, Any]) -> int | None:
+    """ms-swift 2.x: the step as a plain integer ``global_step`` (no planned length on the row)."""
+    v = obj.get("global_step")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _swift_step(obj: dict[str, Any]) -> tuple[int, int | None] | None:
     for key in _SWIFT_STEP_KEYS:
         v = obj.get(key)
         if isinstance(v, str) and (m := _STEP_OF.match(v)):
             return int(m.group(1)), int(m.group(2))
-    return None
+    step = _swift2_step(obj)
+    return (step, None) if step is not None else None
 
 
 def _swift_rows(path: Path, damage: _Damage, ignored: set[str], header: dict[str, Any]) -> Iterator[_Row]:
@@ -410,6 +441,70 @@ def _swift_rows(path: Path, damage: _Damage, ignored: set[str], header: dict[str
         header["_summary_lines"] = [n for n, _ in summaries]
 
 
+# --- duplicate writers --------------------------------------------------------------------------
+
+
+def _signature(r: _Row) -> tuple[Any, ...] | None:
+    """What a second writer's copy of a line repeats exactly: the step and the training values, not
+    the timings each process measures for itself (``train_speed``, ``elapsed_time``, ``eval_runtime``)."""
+    if r.kind == "train":
+        return ("train", r.step, r.loss, r.grad_norm, tuple(r.lr or ()), r.epoch, r.tokens_seen)
+    if r.kind == "eval":
+        return ("eval", r.step, r.loss, tuple(sorted(r.metrics.items())))
+    return None
+
+
+@dataclass
+class _Copies:
+    """Lines dropped as a second writer's copies (see the module docstring)."""
+
+    train: int = 0
+    eval: int = 0
+    train_steps: int = 0
+    """Distinct training steps read (after dropping copies)."""
+    first: int | None = None
+    """Line number of the first copy."""
+
+    def note(self) -> str | None:
+        if not self.train and not self.eval:
+            return None
+        what = f"{self.train} of {self.train_steps} training steps"
+        if self.eval:
+            what += f" and {self.eval} evaluation(s)"
+        return (
+            f"duplicate lines: {what} are logged twice with the same values and their own timings (first at line "
+            f"{self.first}): two processes append to this one log (e.g. the rank 0 of two nodes sharing an output "
+            "folder). Each step is read once; this is a logging defect, not a restart or a repeated step"
+        )
+
+
+def _drop_copies(rows: list[_Row]) -> tuple[list[_Row], _Copies]:
+    """The rows without a second writer's copies: a train or eval line that repeats, with the same
+    values, one of the last ``_COPY_LAG`` steps read (two writers a line or two apart). A step read
+    again with *different* values, or after the log went further on (a replay from the start), is kept:
+    a restart."""
+    seen: dict[tuple[str, int], tuple[Any, ...]] = {}
+    recent: list[int] = []  # the last distinct training steps read, newest last
+    copies = _Copies()
+    out: list[_Row] = []
+    for r in rows:
+        sig = _signature(r)
+        if sig is not None:
+            key = (r.kind, r.step)
+            near = r.step in recent or (r.kind == "eval" and (not recent or r.step >= recent[0]))
+            if near and seen.get(key) == sig:
+                copies.train += r.kind == "train"
+                copies.eval += r.kind == "eval"
+                copies.first = r.n if copies.first is None else copies.first
+                continue
+            seen[key] = sig
+            copies.train_steps += r.kind == "train"
+            if r.kind == "train" and (not recent or recent[-1] != r.step):
+                recent = [*recent, r.step][-_COPY_LAG:]
+        out.append(r)
+    return out, copies
+
+
 # --- assembly ----------------------------------------------------------------------------------
 
 
@@ -435,8 +530,9 @@ def _precise_elapsed(rows: list[_Row]) -> list[float | None] | None:
     return out if agreed else None
 
 
-def _assemble(rows: list[_Row]) -> tuple[list[Item], dict[str, Any], list[str]]:
-    """Items, config facts and notes shared by both formats (see the module docstring)."""
+def _assemble(rows: list[_Row], *, two_writers: bool = False) -> tuple[list[Item], dict[str, Any], list[str]]:
+    """Items, config facts and notes shared by both formats (see the module docstring). With
+    ``two_writers`` the elapsed time interleaves two processes' clocks: not a sign of a resume."""
     precise = _precise_elapsed(rows)
     # Rows without train_speed (ms-swift's eval lines) keep their printed whole seconds; a window
     # is only timed between two readings of the same resolution (a 0.5 s rounding is a 30% error
@@ -478,7 +574,7 @@ def _assemble(rows: list[_Row]) -> tuple[list[Item], dict[str, Any], list[str]]:
                 prev_any = prev_any_t = latest_t = prev_epoch = prev_tokens = None
             elif prev_train is not None:
                 why = None
-                if t is not None and latest_t is not None and t < latest_t - _BACK_TOLERANCE:
+                if not two_writers and t is not None and latest_t is not None and t < latest_t - _BACK_TOLERANCE:
                     why = f"elapsed time went back from {latest_t:.0f} s to {t:.0f} s after step {prev_train.step}"
                 elif r.epoch is not None and prev_epoch is not None and r.epoch < prev_epoch - 1e-9:
                     why = f"epoch went back from {prev_epoch:g} to {r.epoch:g} after step {prev_train.step}"
@@ -587,7 +683,11 @@ def _finish(
     damage.finish()
     if not rows and damage.count:
         raise ImportFormatError(f"{path}: no readable {fmt} line ({damage.count} damaged lines)")
-    items, config, notes = _assemble(rows)
+    rows, copies = _drop_copies(rows)
+    items, config, notes = _assemble(rows, two_writers=bool(copies.train or copies.eval))
+    if (note := copies.note()) is not None:
+        notes.append(note)
+        config["duplicate_lines"] = {"train": copies.train, "eval": copies.eval}
     planned = next((r.planned for r in reversed(rows) if r.planned), None)
     end_steps = [r.step for r in rows if r.kind == "end"]
     if end_steps:

@@ -1,0 +1,254 @@
+"""Which logged series is "the loss", the grad norm and the LR, recognised by the structure of their names
+and values when no name we know is there (CSV columns, TensorBoard tags of any trainer).
+
+Principles (the importers that use this state them in their docstrings too):
+
+* **Loss-like by structure.** A series is loss-like when a word of its name is ``loss`` (``train_disc_loss``,
+  ``train/box_loss``, ``Dielectric_Air_loss``, ``lm loss``, ``loss_G``), and it is not an evaluation's
+  (``val``/``eval``/``test`` in the name), a gradient norm of a loss (``grad_norm_loss_critic``), a loss
+  scale, a coefficient or an epoch aggregate.
+* **Which series is the loss.** A series named as the training loss (``train/loss``, ``loss``) is the loss.
+  Without one, a total of the terms (``mean_loss``, ``total_loss``: ``loss`` with only words such as
+  total/mean/sum/avg) is the loss. Without a total, the loss is the sum of the terms (a detector's box +
+  objectness + class losses, a PINN's residuals, a GAN's two players, one critic per agent): its level is not
+  the trainer's (weights unknown) but its shape and its finiteness are. The series used is named in the
+  import (``column_mapping`` / ``tag_mapping`` and ``loss_series``).
+* **A signed series is not a loss curve.** A series that takes negative values is an objective (a policy
+  gradient surrogate, REINFORCE's advantage-weighted log-probabilities, an entropy bonus, a WGAN critic), not
+  a loss that falls towards a floor: the spike, divergence and initial-loss rules measure it against its own
+  level, which means nothing for a signed value. It is left out of the loss (and of a sum of terms), and
+  the import says so and that it was not checked. Its non-finite values still reach the loss: a NaN is a
+  fault whatever the series means.
+* **Rewards and task metrics are not losses** (higher is better): no ``loss`` word, never chosen. A run
+  that logs a reward or return beside its losses is a reinforcement-learning run, judged by its reward:
+  its policy, value (critic), entropy and KL terms are not a loss curve either (a value loss chases returns
+  that grow as the policy improves; the others are signed), so they are left out of the loss the same way.
+* **Grad norms** the same way: a series named as the total grad norm; else one whose name says total;
+  else the root of the sum of squares of the per-part norms (the global norm over disjoint parameter sets,
+  as clipping computes it; an upper bound when the parts share parameters).
+* **Parameter groups.** LR series numbered by group (``x/lr0``, ``x/lr1``, ``x/lr2``; ``lr-AdamW/pg1``) are
+  one LR per param group, in group order, never merged into one series.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "LossChoice",
+    "choose_grad_norm",
+    "choose_loss",
+    "combine",
+    "is_eval_name",
+    "is_reward_name",
+    "is_signed",
+    "loss_like",
+    "lr_groups",
+]
+
+_WORD = re.compile(r"[^a-z0-9]+")
+_EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "holdout"})
+_NOT_LOSS_WORDS = frozenset(
+    {"grad", "grads", "gradient", "norm", "scale", "scaler", "epoch", "lr", "weight", "weights", "coef", "coeff", "vs"}
+)
+_TOTAL_WORDS = frozenset({"total", "mean", "avg", "average", "overall", "sum", "all", "full", "combined"})
+_TRAIN_WORDS = frozenset({"train", "training", "trn", "step"})
+_REWARD_WORDS = frozenset({"reward", "rewards", "return", "returns", "rew"})
+_RL_WORDS = frozenset({"policy", "actor", "critic", "value", "entropy", "objective", "surrogate", "pg", "vf", "kl"})
+_NOT_NORM_WORDS = frozenset({"clipped", "clip", "after", "post", "vs"})
+_LR_GROUP = (
+    # x/lr0, lr/pg1, lr/group0, learning_rate_2
+    re.compile(r"^(?P<stem>(?:.*[/_\-. ])?(?:lr|learning[_\-. ]?rate))(?P<sep>[/_\-. ]?(?:pg|group)?)(?P<n>\d+)$"),
+    # Lightning's LearningRateMonitor with several groups: lr-AdamW/pg1, lr-AdamW/pg2
+    re.compile(r"^(?P<stem>lr-[^/]+)(?P<sep>/pg)(?P<n>\d+)$"),
+)
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in _WORD.split(name.lower()) if w]
+
+
+def is_eval_name(name: str) -> bool:
+    """The series belongs to an evaluation (``val/box_loss``, ``eval_squad_loss``, ``test/reward``)."""
+    words = set(_words(name))
+    return bool(words & _EVAL_WORDS) or any(w.startswith(("val", "eval")) and w.endswith("loss") for w in words)
+
+
+def loss_like(name: str) -> bool:
+    """A training loss or a term of one, judged by the words of its name (module docstring)."""
+    words = _words(name)
+    if not any(w == "loss" or w.endswith("loss") for w in words):
+        return False
+    return not (set(words) & (_EVAL_WORDS | _NOT_LOSS_WORDS)) and not is_eval_name(name)
+
+
+def _is_total(name: str) -> bool:
+    rest = [w for w in _words(name) if w != "loss" and w not in _TRAIN_WORDS]
+    return bool(rest) and all(w in _TOTAL_WORDS for w in rest)
+
+
+def is_signed(values: Iterable[float]) -> bool:
+    """The series takes negative values: an objective, not a loss curve."""
+    return any(math.isfinite(x) and x < 0 for x in values)
+
+
+@dataclass
+class LossChoice:
+    """The series that make the loss, how, and what was left out (and why)."""
+
+    terms: list[str] = field(default_factory=list)
+    """Series summed into the loss (one: the loss itself); empty: no loss curve."""
+    how: str = ""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Loss-like series not judged as a loss curve -> why (their non-finite values still count)."""
+
+    @property
+    def signed(self) -> list[str]:
+        return list(self.left_out)
+
+    def facts(self) -> dict[str, object]:
+        return {"how": self.how, "terms": list(self.terms), "not_judged": dict(self.left_out)}
+
+    def notes(self) -> list[str]:
+        out = []
+        if len(self.terms) > 1:
+            out.append(
+                f"the loss is the sum of the {len(self.terms)} loss terms {', '.join(self.terms)} (no total is "
+                "logged): its shape and finiteness are the run's, its level is not the trainer's weighted loss"
+            )
+        elif self.terms and self.how == "total":
+            out.append(f"the loss is {self.terms[0]}, the total of the loss terms logged beside it")
+        by_why: dict[str, list[str]] = {}
+        for name, why in self.left_out.items():
+            by_why.setdefault(why, []).append(name)
+        for why, names in by_why.items():
+            out.append(
+                f"not a loss curve: {', '.join(names)} ({why}); not checked for spikes, divergence or the "
+                "initial loss, only for non-finite values"
+            )
+        if self.left_out and not self.terms:
+            out.append("no loss curve in this log: the loss rules had nothing to judge")
+        return out
+
+
+_SIGNED = "takes negative values: a signed objective such as a policy-gradient surrogate or an entropy bonus"
+_RL_TERM = (
+    "a reinforcement-learning term in a run judged by its reward: value losses chase returns that move as the "
+    "policy improves, policy and entropy terms are signed"
+)
+
+
+def is_reward_name(name: str) -> bool:
+    """An RL run's reward or return (higher is better): never a loss."""
+    return bool(set(_words(name)) & _REWARD_WORDS)
+
+
+def _rl_term(name: str) -> bool:
+    return bool(set(_words(name)) & _RL_WORDS)
+
+
+def choose_loss(
+    named: str | None, candidates: Iterable[str], values: Mapping[str, Iterable[float]], *, rewards: bool = False
+) -> LossChoice:
+    """The loss of a log: ``named`` (a series named as the training loss) or, without it, the
+    loss-like ``candidates`` by structure (module docstring). ``values`` gives each series' values
+    for the sign test; ``rewards``: the log holds an RL reward or return on its training side."""
+    if named is not None:
+        if is_signed(values.get(named, ())):
+            return LossChoice(how="not a loss curve", left_out={named: _SIGNED})
+        return LossChoice(terms=[named], how="named")
+    cands = [c for c in candidates if loss_like(c)]
+    left_out = {c: _SIGNED for c in cands if is_signed(values.get(c, ()))}
+    if rewards:
+        left_out.update({c: _RL_TERM for c in cands if c not in left_out and _rl_term(c)})
+    kept = [c for c in cands if c not in left_out]
+    totals = [c for c in kept if _is_total(c)]
+    if totals:
+        return LossChoice(terms=[totals[0]], how="total", left_out=left_out)
+    if not kept:
+        return LossChoice(how="not a loss curve" if left_out else "", left_out=left_out)
+    return LossChoice(terms=kept, how="sum of terms" if len(kept) > 1 else "structure", left_out=left_out)
+
+
+def combine(terms: list[float | None], signed: list[float | None]) -> float | None:
+    """One step's loss from its terms: NaN when any loss-like value (left-out ones too) is not finite;
+    the sum when every term is there; None otherwise (a term missing on this row)."""
+    if any(x is not None and not math.isfinite(x) for x in (*terms, *signed)):
+        return math.nan
+    if not terms or any(x is None for x in terms):
+        return None
+    return math.fsum(terms)  # type: ignore[arg-type]
+
+
+def grad_norm_like(name: str) -> bool:
+    words = set(_words(name))
+    norm = ("grad" in words or "gradient" in words or "grads" in words) and "norm" in words
+    norm = norm or bool(words & {"gnorm", "gradnorm"})
+    return norm and not (words & (_EVAL_WORDS | _NOT_NORM_WORDS))
+
+
+def choose_grad_norm(named: str | None, candidates: Iterable[str]) -> tuple[list[str], str]:
+    """The grad-norm series: the named one; else one whose name says total; else all the per-part
+    norms, combined as a root sum of squares. Returns (series, how)."""
+    if named is not None:
+        return [named], "named"
+    cands = [c for c in candidates if grad_norm_like(c)]
+    totals = [
+        c
+        for c in cands
+        if all(w in _TOTAL_WORDS for w in _words(c) if w not in {"grad", "grads", "gradient", "norm"} | _TRAIN_WORDS)
+    ]
+    if totals:
+        return [totals[0]], "total"
+    return cands, ("root sum of squares of the per-part norms" if len(cands) > 1 else "structure")
+
+
+def root_sum_squares(values: list[float | None]) -> float | None:
+    """The global norm of per-part norms; NaN when one is not finite; None when one is missing."""
+    if any(x is not None and not math.isfinite(x) for x in values):
+        return math.nan
+    if not values or any(x is None for x in values):
+        return None
+    return math.sqrt(math.fsum(x * x for x in values))  # type: ignore[operator]
+
+
+def lr_groups(names: Iterable[str]) -> list[str]:
+    """LR series numbered by param group (``x/lr0``, ``x/lr1``; ``lr-AdamW/pg1``), in group order: the
+    largest family sharing one stem; empty when there is none."""
+    fams: dict[str, list[tuple[int, str]]] = {}
+    for name in names:
+        m = next((m for rx in _LR_GROUP if (m := rx.match(name.lower()))), None)
+        if m is not None and not is_eval_name(name):
+            fams.setdefault(m["stem"] + m["sep"], []).append((int(m["n"]), name))
+    if not fams:
+        return []
+    best = max(fams.values(), key=len)
+    return [name for _, name in sorted(best)]
+
+
+def infer_step_base(steps: list[int]) -> tuple[int, str]:
+    """The step base of a log whose step column or tag does not say it: (base, why).
+
+    A log that holds a step 0 counts from 0. One whose first logged step is one logging interval
+    in (10, 20, 30 ...; 1, 2, 3 ...) or is 1 followed by multiples of the interval (HF's
+    ``logging_first_step``: 1, 10, 20 ...) numbers each step by the steps done after it, as HF's
+    ``global_step`` does: base 1, so a log of steps 1..N covers N steps. Anything else (Lightning's
+    ``(step + 1) % n == 0``: 1, 3, 5 ... or 49, 99 ...) counts from 0."""
+    if not steps:
+        return 0, "no steps"
+    first = steps[0]
+    if first == 0:
+        return 0, "the log holds a step 0"
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps) if b > a)
+    interval = gaps[len(gaps) // 2] if gaps else None
+    if interval is None:
+        return (1, "a single logged step 1") if first == 1 else (0, "one logged step")
+    if first == interval and all(s % interval == 0 for s in steps[:50]):
+        return 1, f"the first logged step is {first}, one logging interval ({interval}) in: steps done, counted from 1"
+    if first == 1 and len(steps) > 1 and steps[1] % interval == 0:
+        return 1, f"the first logged step is 1, then every {interval}: steps done, counted from 1"
+    return 0, f"the first logged step is {first} with a logging interval of {interval}: counted from 0"

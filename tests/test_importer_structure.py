@@ -1,0 +1,250 @@
+"""Logs read by structure (``importers/structure.py``): which series is the loss, the grad norm and the
+LR when no name we know is there, values that are data (``nan`` cells, blanks, zeros), the step base,
+several runs in one W&B panel export, and duplicate writers in ms-swift / LLaMA-Factory JSON lines.
+
+Each test writes a small log with a known answer; the real logs 85-95 are judged in ``test_real_logs``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.importers import read_events
+from trainmon.monitor.store.storage import Storage
+
+
+def _events(path: Path, **kw: Any) -> list[Event]:
+    return list(read_events(path, **kw))
+
+
+def _steps(events: list[Event]) -> list[dict[str, Any]]:
+    return [e.fields for e in events if e.kind == "step"]
+
+
+def _start(events: list[Event]) -> dict[str, Any]:
+    return next(e.fields for e in events if e.kind == "run_start")
+
+
+def _nan(x: Any) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _summaries(path: Path) -> list[dict[str, Any]]:
+    storage = Storage("sqlite://")
+    return [summarize(storage, run) for run in import_file(path, storage)]
+
+
+def _csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
+    lines = [",".join(header)] + [",".join("" if v is None else str(v) for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --- which series is the loss ------------------------------------------------------------------
+
+
+def test_total_of_loss_terms_is_the_loss_and_nan_cells_are_nan(tmp_path: Path) -> None:
+    """A PINN's metrics.csv: component losses and their mean, no train_loss; 'nan' cells from row 30."""
+    rows = []
+    for s in range(40):
+        v = "nan" if s >= 30 else 10.0 / (s + 1)
+        rows.append([v, v, s, v, s])
+    path = _csv(tmp_path / "metrics.csv", ["Copper_loss", "Air_loss", "epoch", "mean_loss", "step"], rows)
+    events = _events(path)
+    steps = _steps(events)
+    assert len(steps) == 40 and steps[0]["loss"] == 10.0
+    assert all(_nan(s["loss"]) for s in steps[30:])
+    assert _start(events)["config"]["column_mapping"]["loss"] == "mean_loss"
+    (s,) = _summaries(path)
+    (nan,) = [a for a in s["anomalies"] if a["kind"] == "nan_inf"]
+    assert nan["first_step"] == 30 and nan["severity"] == "critical"
+
+
+def test_terms_without_a_total_are_summed_and_any_nan_makes_the_step_nan(tmp_path: Path) -> None:
+    """A GAN: two players' losses, no total; the generator's is nan from the first row."""
+    rows = [[s, s // 4, 1.6e24 if s == 0 else "nan", "nan"] for s in range(12)]
+    path = _csv(tmp_path / "metrics.csv", ["step", "epoch", "train_disc_loss", "train_gen_loss"], rows)
+    events = _events(path)
+    assert all(_nan(s["loss"]) for s in _steps(events)) and len(_steps(events)) == 12
+    cfg = _start(events)["config"]
+    assert cfg["column_mapping"]["loss"] == "train_disc_loss + train_gen_loss"
+    assert cfg["loss_series"]["how"] == "sum of terms"
+    (s,) = _summaries(path)
+    (nan,) = [a for a in s["anomalies"] if a["kind"] == "nan_inf"]
+    assert nan["first_step"] == 0 and "first logged step" in nan["message"]
+    # one finite value, then the rest blank: no crash, the single point is the loss
+    one = _csv(tmp_path / "one.csv", ["step", "gen_loss", "disc_loss"], [[0, 1.0, 2.0], [1, None, None]])
+    assert [s.get("loss") for s in _steps(_events(one))] == [3.0]
+
+
+def test_signed_objective_is_not_a_loss_curve_but_its_nan_is(tmp_path: Path) -> None:
+    """REINFORCE's loss takes both signs: not fed to the loss rules; a NaN in it still is."""
+    rows = [[s, -20.0 + (s % 7) * 6.0 if s != 30 else "nan", -110.0 + s * 0.01] for s in range(40)]
+    path = _csv(tmp_path / "metrics.csv", ["step", "train/loss", "train/reward"], rows)
+    events = _events(path)
+    steps = _steps(events)
+    assert len(steps) == 40
+    assert [s["step"] for s in steps if "loss" in s] == [30] and _nan(steps[30]["loss"])
+    cfg = _start(events)["config"]
+    assert cfg["loss_series"]["terms"] == [] and "train/loss" in cfg["loss_series"]["not_judged"]
+    assert any("not a loss curve" in n for n in cfg["notes"])
+
+
+def test_rl_terms_and_rewards_are_not_losses_grad_norms_combined(tmp_path: Path) -> None:
+    """A MAPPO W&B export: _step not the first column, per-agent objective/critic/entropy losses, rewards,
+    per-term grad norms, blank eval cells."""
+    header = [
+        "collection/a/reward/episode_reward_mean",
+        "train/a/loss_objective",
+        "train/a/loss_critic",
+        "train/a/loss_entropy",
+        "train/a/grad_norm_loss_objective",
+        "train/a/grad_norm_loss_critic",
+        "eval/a/reward/episode_reward_mean",
+        "_timestamp",
+        "_step",
+    ]
+    rows = [
+        [-7 + s * 0.1, 0.05 * (-1) ** s, 0.01 * (1 + s), -0.05, 0.3, 0.4, -0.5 if s % 10 == 9 else None, 1e9 + s, s]
+        for s in range(30)
+    ]
+    path = _csv(tmp_path / "wandb_export.csv", header, rows)
+    events = _events(path)
+    steps = _steps(events)
+    assert [s["step"] for s in steps] == list(range(30))
+    assert all("loss" not in s for s in steps)  # nothing here is a loss curve
+    assert steps[0]["grad_norm"] == pytest.approx(0.5)  # sqrt(0.3^2 + 0.4^2)
+    cfg = _start(events)["config"]
+    assert set(cfg["loss_series"]["not_judged"]) == {
+        "train/a/loss_objective",
+        "train/a/loss_critic",
+        "train/a/loss_entropy",
+    }
+    assert not any(e.kind == "eval" for e in events)  # a reward is not an eval loss, a blank is not 0
+
+
+def test_lr_param_groups_stay_apart(tmp_path: Path) -> None:
+    """YOLOv5's x/lr0..x/lr2: one LR per param group, in group order, not one series."""
+    rows = [[s, 1.0 / (s + 1), 0.1 - s * 0.01, s * 0.001, s * 0.001] for s in range(5)]
+    path = _csv(tmp_path / "results.csv", ["step", "train/box_loss", "x/lr0", "x/lr1", "x/lr2"], rows)
+    steps = _steps(_events(path))
+    assert steps[2]["lr"] == pytest.approx([0.08, 0.002, 0.002])
+
+
+# --- step base -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "every", "n", "steps"),
+    [(1, 1, 200, 200), (0, 1, 200, 200), (10, 10, 20, 200), (0, 10, 20, 191), (49, 50, 10, 500)],
+)
+def test_steps_count_what_the_log_covers(tmp_path: Path, first: int, every: int, n: int, steps: int) -> None:
+    """Steps 1..N logged are N steps (not N+1); a log with a step 0 counts from 0."""
+    rows = [[first + i * every, 3.0 - i * 0.001] for i in range(n)]
+    path = _csv(tmp_path / "log.csv", ["iteration", "loss"], rows)
+    (s,) = _summaries(path)
+    assert s["steps"] == steps
+
+
+# --- several runs in one W&B panel export --------------------------------------------------------
+
+FIX = Path(__file__).parent / "fixtures" / "importers"
+
+
+def test_wandb_panel_export_of_several_runs_analyses_each() -> None:
+    """Three runs side by side: each is imported as its own run; the diverging one is flagged, not hidden
+    behind the first run."""
+    summaries = _summaries(FIX / "wandb_panel_three_runs.csv")
+    assert [s["run"].rsplit("-", 1)[-1] for s in summaries] == ["a", "b", "c"]
+    assert all(s["steps_logged"] == 60 for s in summaries)
+    flagged = {s["run"].rsplit("-", 1)[-1] for s in summaries if s["anomalies"]}
+    assert "c" in flagged and "a" not in flagged
+    # the user can pick one run by naming its column
+    events = _events(FIX / "wandb_panel_three_runs.csv", mapping="loss=sweep-b - train/loss")
+    assert len([e for e in events if e.kind == "run_start"]) == 1
+
+
+# --- duplicate writers --------------------------------------------------------------------------
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _swift2(step: int, loss: float, speed: float) -> dict[str, Any]:
+    return {
+        "loss": loss,
+        "acc": 0.5,
+        "grad_norm": 2.0,
+        "learning_rate": 1e-5,
+        "train_speed(iter/s)": speed,
+        "epoch": round(step / 100, 2),
+        "global_step": step,
+    }
+
+
+def test_ms_swift_2x_rows_with_two_writers_are_read_once(tmp_path: Path) -> None:
+    """ms-swift 2.x: integer global_step; every line written twice by two processes (only the speed differs),
+    one copy lost; an eval twice with its own runtime. One attempt, one note, each step once."""
+    rows: list[dict[str, Any]] = []
+    steps = [1, *range(5, 101, 5)]
+    for s in steps:
+        loss = 3.0 / s
+        rows.append(_swift2(s, loss, 0.3))
+        if s != 50:
+            rows.append(_swift2(s, loss, 0.5))
+        if s == 50:
+            for rt in (29.7, 29.9):
+                rows.append({"eval_loss": 0.4, "eval_acc": 0.9, "eval_runtime": rt, "epoch": 0.5, "global_step": 50})
+    rows.append({"train_runtime": 100.0, "train_loss": 0.2, "epoch": 1.0, "global_step": 100})
+    path = _write(tmp_path / "logging.jsonl", rows)
+    events = _events(path)
+    assert [s["step"] for s in _steps(events)] == steps
+    assert len([e for e in events if e.kind == "eval"]) == 1
+    assert len([e for e in events if e.kind == "run_start"]) == 1
+    cfg = _start(events)["config"]
+    assert cfg["duplicate_lines"] == {"train": len(steps) - 1, "eval": 1}
+    (s,) = _summaries(path)
+    assert s["attempts"] == 1 and s["status"] == "finished" and s["steps"] == 100
+
+
+def test_llamafactory_two_writers_are_not_attempts_a_real_restart_is(tmp_path: Path) -> None:
+    """LLaMA-Factory: two writers a second or two apart (elapsed differs) are not 672 failed attempts; the
+    step going back with different values is one restart."""
+    rows = []
+    for s in range(10, 201, 10):
+        for lag in (0, 2):
+            rows.append(
+                {
+                    "current_steps": s,
+                    "total_steps": 300,
+                    "loss": 2.0 - s / 1000,
+                    "lr": 1e-4,
+                    "epoch": s / 100,
+                    "elapsed_time": f"0:{(s * 3 + lag) // 60:02d}:{(s * 3 + lag) % 60:02d}",
+                }
+            )
+    # a restart from the checkpoint at 100: the step goes back, the values differ
+    for s in range(110, 301, 10):
+        rows.append(
+            {
+                "current_steps": s,
+                "total_steps": 300,
+                "loss": 1.5 - s / 1000,
+                "lr": 1e-4,
+                "epoch": s / 100,
+                "elapsed_time": f"0:{(s - 100) * 3 // 60:02d}:{(s - 100) * 3 % 60:02d}",
+            }
+        )
+    path = _write(tmp_path / "trainer_log.jsonl", rows)
+    (s,) = _summaries(path)
+    assert s["attempts"] == 2
+    assert math.isclose(s["final_loss"], 1.2)
