@@ -101,7 +101,17 @@ class LossSpikeConfig:
     window: int = 64
     """Accepted (non-spike) losses that form the baseline: their median is the level."""
     min_history: int = 16
-    """Accepted losses needed before the rule can fire (no baseline in the first steps)."""
+    """Accepted losses needed before the robust rule can fire (no baseline in the first steps)."""
+    early_ratio: float = 3.0
+    """Before ``min_history``: a loss at least this many times every earlier one (two at least) is an
+    explosion seen with few points (Megatron logs: 12.4, 12.4 -> 44 at the 3rd entry). A fine-tune's
+    first interval means move 2x (0.27 -> 0.57 -> 0.46) and are not."""
+    early_vocab_ratio: float = 2.0
+    """...or a loss at least this many times ln(vocab) (an untrained model's loss) and above every
+    earlier one (a 10-iteration log interval: 12.1 -> 26.5 at the 2nd entry, ln V = 10.8)."""
+    early_spread: float = 5.0
+    """...and at least this many times the spread of the earlier losses above the highest of them (a
+    signed or near-zero loss is not measured by a ratio)."""
     z: float = 6.5
     """A loss more than this many robust sigma above the baseline median is a spike. sigma comes from
     the MAD of the last ``2 * window`` accepted step-to-step differences, so a trend does not
@@ -703,6 +713,9 @@ class EvalRegressionConfig:
     """Until the metric's noise can be measured (five evals before the ones judged), it must be this fraction worse
     than its best: early evals of a noisy metric move 10-20% by themselves, a real degradation early on is larger
     (53_whisper-tr: +67% at the second eval)."""
+    noise_evals: int = 8
+    """Evals before the rising ones needed to trust their eval-to-eval scatter as the eval loss's noise (before
+    that, a rise must be ``metric_unmeasured_rel`` of the best: a tiny validation set's first evals swing)."""
     critical_rel: float = 0.25
     """A task-metric regression is critical when the metric is this fraction worse than its best ..."""
     critical_evals: int = 3

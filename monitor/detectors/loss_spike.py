@@ -37,6 +37,22 @@ code"; issue 14, "a wrong finding is worse than silence"):
   (BLOOM 0.17 → 960 over ~5 steps) names optimisation instability; otherwise the batch, by its
   fingerprint. Only a log with grad norms can say "the grad norm did not rise first".
 
+Issue 23 ("a finding earns trust" in DESIGN.md):
+
+* **Few points are evidence when the jump is large.** Before the window holds ``min_history`` losses,
+  a loss ``early_ratio`` x every earlier one (two at least), or ``early_vocab_ratio`` x ln(vocab) (the
+  untrained model's loss) and above every earlier one, is an explosion; it must also stand
+  ``early_spread`` x the earlier losses' own spread above the highest (a signed or near-zero loss is not
+  measured by a ratio). Megatron logs explode at their 2nd-4th entry (12.4 -> 44); the rolling rule
+  alone saw nothing there. Such a spike is never admitted to the baseline, so huge early values
+  (1e12-4e14 among losses of 60-100) do not hide the blow-ups after them.
+* **A spike departs from the loss's path.** The last step must carry at least half the excess the
+  threshold asks for: a loss creeping up 0.1-0.5 per entry past a lagging median is a trend
+  (``divergence``), and "skip the batch" would be the wrong advice for it.
+* **Hints match the state.** Every recovery is news (the anomaly keeps the last message and hint, so
+  "if the loss is not back within N steps, roll back" must not outlive it), and "skip the batches"
+  says how (fast-forward the data loader past them).
+
 State is bounded: fixed windows, a fixed tail memory and the last few spikes of an episode.
 """
 
@@ -80,6 +96,7 @@ class LossSpike(Detector):
         )
         self._lrs: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=config.precursor_steps + 1)
         self._n = 0  # entries (steps with a finite loss) seen
+        self._ln_vocab: float | None = None
         self._tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.tail_memory)
         self._excursion: list[Any] | None = None  # [entry, peak size, length] of an accepted excursion
         self._spike: dict[str, Any] | None = None  # the spike whose loss is not back in the band yet
@@ -147,6 +164,32 @@ class LossSpike(Detector):
             if length <= self.config.quick_steps and not self._descending():
                 self._tail.append((entry, size))
 
+    def _early(self, loss: float) -> tuple[float, float, float] | None:
+        """(level, sigma, threshold) when ``loss`` is an explosion seen with too few points for the robust
+        rule: ``early_ratio`` x every earlier loss (two at least), or ``early_vocab_ratio`` x ln(vocab) and
+        above every earlier one; and ``early_spread`` x the earlier losses' own spread above the highest."""
+        cfg = self.config
+        vals = self._level.values()
+        if not vals:
+            return None
+        top, low = max(vals), min(vals)
+        if top <= 0:
+            return None
+        bar = top + max(cfg.early_spread * (top - low), cfg.min_abs, cfg.min_rel * top)
+        vocab_bar = math.inf
+        if self._ln_vocab is not None:
+            vocab_bar = max(cfg.early_vocab_ratio * self._ln_vocab, top * (1 + cfg.min_rel))
+        if len(vals) >= 2 and loss >= cfg.early_ratio * top:
+            threshold = cfg.early_ratio * top
+        elif loss >= vocab_bar:
+            threshold = vocab_bar
+        else:
+            return None
+        if loss < bar:
+            return None
+        level = self._level.median()
+        return level, self._sigma(level), max(bar, threshold)
+
     def _lr_jump(self) -> tuple[int, float, float, int] | None:
         """(group, before, after, step) of the first entry-to-entry LR jump in the precursor steps."""
         entries = list(self._lrs)
@@ -184,6 +227,9 @@ class LossSpike(Detector):
                 if self._ep is not None:
                     out = self._close("the run restarted from scratch")
                 self.__init__(self.config)  # a fresh run (same id, restarted from scratch): a new baseline
+                vocab = event.fields.get("vocab_size")
+                if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 1:
+                    self._ln_vocab = math.log(vocab)
             self._prev = None  # a resume may legitimately move the level a little; keep the window
             return out
         if event.kind == "run_end":
@@ -208,11 +254,19 @@ class LossSpike(Detector):
         self._n += 1
         if self._spike is not None:
             out.extend(self._follow(event, step, loss, norm))
-        elif len(self._level) >= cfg.min_history:
+        elif len(self._level) < cfg.min_history:
+            early = self._early(loss)
+            if early is not None:
+                level, sigma, threshold = early
+                out.extend(self._new_spike(event, step, loss, level, sigma, threshold, self._cause(norm)))
+        else:
             level = self._level.median()
             sigma = self._sigma(level)
             threshold = self._threshold(level, sigma, cfg.z)
-            if loss > threshold:
+            # a spike departs from the loss's path: the last step carries at least half of the excess
+            # the threshold asks for; a creep of small steps past a lagging median is a trend (divergence's)
+            jumped = self._prev is None or loss - self._prev >= 0.5 * (threshold - level)
+            if loss > threshold and jumped:
                 cause = self._cause(norm)
                 if not cause["named"] and level > 0 and self._descending():
                     threshold = max(threshold, cfg.descent_ratio * level)
@@ -401,9 +455,9 @@ class LossSpike(Detector):
             ep["slow"] = ep["slow"] or not quick
             ep["recovered"] = (step, step - sp["step"])
             ep["last_entry"] = self._n
-            # news when the severity changes, or when a spike announced as not back is back
-            changed = self._severity() != ep["severity"] or sp["warned"] or sp["escalated"]
-            return [self._finding(step)] if changed else []
+            # always news: the finding's message and hint must say it is back (the engine keeps the last
+            # ones; "if the loss is not back within N steps, roll back" must not outlive the recovery)
+            return [self._finding(step)]
         out: list[Finding] = []
         above = loss > sp["threshold"]
         if above and not sp["above"]:  # over the threshold again after dipping below it: another spike
@@ -510,6 +564,11 @@ class LossSpike(Detector):
             )
         if med:
             return "the grad norm did not rise first: most likely the data of this batch", True
+        if c["norm"] is not None:
+            return (
+                f"the grad norm ({c['norm']:.3g}) has too little history yet to tell an instability from a bad batch",
+                True,
+            )
         return "no grad norm is logged to tell an instability from a bad batch", True
 
     def _finding(self, step: int, stuck: tuple[dict[str, Any], float, int] | None = None) -> Finding:
@@ -528,7 +587,11 @@ class LossSpike(Detector):
             (f"; inspect batch {fp} (step {x})" if fp else f"; inspect the batch of step {x}") if batch_suspect else ""
         )
         if batch_suspect:
-            rollback = f"roll back to the checkpoint before step {x} and skip the batches in [{lo}, {x}]"
+            rollback = (
+                f"roll back to the checkpoint before step {x} and skip the batches in [{lo}, {x}] (resume with "
+                f"the data loader fast-forwarded past them: advance its sampler or data offset by those "
+                f"{x - lo + 1} steps' batches)"
+            )
         else:  # the LR jumped before the spike: the checkpoint to go back to is before the jump
             rollback = f"roll back to the checkpoint before step {min(x, last['cause']['lr'][3])} with the LR fixed"
 
