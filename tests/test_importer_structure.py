@@ -248,3 +248,83 @@ def test_llamafactory_two_writers_are_not_attempts_a_real_restart_is(tmp_path: P
     (s,) = _summaries(path)
     assert s["attempts"] == 2
     assert math.isclose(s["final_loss"], 1.2)
+
+
+# --- TensorBoard files of other trainers ---------------------------------------------------------
+
+
+def _tb_events(tmp_path: Path, name: str, write: Any) -> list[Event]:
+    tb = pytest.importorskip("torch.utils.tensorboard", reason="tensorboard not installed (SummaryWriter needs it)")
+    w = tb.SummaryWriter(str(tmp_path / name))
+    write(w)
+    w.close()
+    return _events(tmp_path / name)
+
+
+def test_tensorboard_detection_losses_lr_groups_and_images(tmp_path: Path) -> None:
+    """YOLOv5: per-epoch box/obj/cls losses (no total), x/lr0..x/lr2, an image summary and a graph beside them."""
+    np = pytest.importorskip("numpy")
+
+    def write(w: Any) -> None:
+        for e in range(20):
+            for tag, v in (("train/box_loss", 0.1), ("train/obj_loss", 0.04), ("train/cls_loss", 0.02)):
+                w.add_scalar(tag, v / (1 + e / 10), e)
+            w.add_scalar("metrics/mAP_0.5", 0.1 + e * 0.04, e)
+            for g, lr in enumerate((0.07 - e * 0.003, 0.003 + e * 0.001, 0.003 + e * 0.001)):
+                w.add_scalar(f"x/lr{g}", lr, e)
+        w.add_image("results", np.zeros((3, 8, 8), dtype=np.uint8), 19)
+
+    events = _tb_events(tmp_path, "yolo", write)
+    steps = _steps(events)
+    assert [s["step"] for s in steps] == list(range(20))
+    assert steps[0]["loss"] == pytest.approx(0.16, rel=1e-6)
+    assert steps[5]["lr"] == pytest.approx([0.055, 0.008, 0.008], rel=1e-5)
+    cfg = _start(events)["config"]
+    assert cfg["tag_mapping"]["loss"] == "train/box_loss + train/cls_loss + train/obj_loss"
+    assert cfg["step_base"] == 0
+
+
+def test_tensorboard_megatron_tags(tmp_path: Path) -> None:
+    """Megatron-LM's own vocabulary: 'lm loss', 'grad-norm', 'learning-rate', 'iteration-time', 'loss-scale',
+    and the same loss against samples (not a second loss); iterations counted from 1."""
+
+    def write(w: Any) -> None:
+        for it in range(1, 31):
+            w.add_scalar("lm loss", 10.0 - it * 0.1, it)
+            w.add_scalar("lm loss vs samples", 10.0 - it * 0.1, it * 512)
+            w.add_scalar("grad-norm", 1.5, it)
+            w.add_scalar("learning-rate", 1e-4 * min(1, it / 10), it)
+            w.add_scalar("iteration-time", 0.8, it)
+            w.add_scalar("loss-scale", 65536.0, it)
+        w.add_scalar("lm loss validation", 9.0, 30)
+
+    events = _tb_events(tmp_path, "megatron", write)
+    steps = _steps(events)
+    assert [s["step"] for s in steps] == list(range(1, 31))
+    assert steps[0] == {
+        "step": 1,
+        "loss": pytest.approx(9.9),
+        "grad_norm": 1.5,
+        "lr": [pytest.approx(1e-5)],
+        "step_time": pytest.approx(0.8),
+        "loss_scale": 65536.0,
+    }
+    assert [e.fields["loss"] for e in events if e.kind == "eval"] == [9.0]
+    assert _start(events)["config"]["step_base"] == 1  # iteration 1 is the first: 30 iterations, not 31
+
+
+def test_tensorboard_rl_losses_are_not_a_loss_curve(tmp_path: Path) -> None:
+    """Stable-Baselines3 PPO: a signed train/loss, value/policy/entropy terms and an episode reward."""
+
+    def write(w: Any) -> None:
+        for s in range(0, 40960, 2048):
+            w.add_scalar("rollout/ep_rew_mean", -200 + s / 100, s)
+            w.add_scalar("train/loss", 0.5 if s % 4096 else -0.2, s)
+            w.add_scalar("train/value_loss", 20 + s / 1000, s)
+            w.add_scalar("train/policy_gradient_loss", -0.01, s)
+            w.add_scalar("train/entropy_loss", -1.2, s)
+
+    events = _tb_events(tmp_path, "ppo", write)
+    steps = _steps(events)
+    assert len(steps) == 20 and not any("loss" in s for s in steps)
+    assert any("not a loss curve" in n for n in _start(events)["config"]["notes"])

@@ -5,8 +5,27 @@ Columns are mapped to wire fields by name. The default mapping knows the common 
 ``_step``, which counts log calls; ``train/loss``/``train_loss_step``/
 ``loss``; ``train/grad_norm``; ``train/learning_rate``/``lr-AdamW``; ``eval/loss``/``val_loss``;
 ``_timestamp``) and a user mapping (``--map loss=train_loss,step=_step``) overrides it field by
-field. W&B panel exports prefix every column with the run name (``myrun - train/loss``) and add
-``__MIN``/``__MAX`` columns: the prefix is dropped and the min/max columns ignored.
+field. Without a known name the loss, the grad norm and the LR param groups are recognised by
+structure (:mod:`trainmon.monitor.importers.structure`): a total of loss terms (``mean_loss``) or their
+sum, never a signed objective or an RL run's policy/value/entropy terms (said in a note, their NaNs
+still counted), per-part grad norms as a root sum of squares, ``x/lr0``..``x/lr2`` as param groups. The
+series used is named in ``column_mapping`` (and ``loss_series``).
+
+Values are data: a ``nan``/``inf`` cell is a non-finite value (read, not skipped: it is what the
+``nan_inf`` rule needs), ``0`` is zero, a blank cell is missing (never 0), so a row's sum of loss
+terms is there only when every term is (or NaN when one is not finite).
+
+Step base: ``_step`` (W&B's log-call counter), Lightning's ``step`` and ``trainer/global_step`` count
+from 0; HF's ``train/global_step``/``global_step`` are the steps done (base 1). Any other step column
+states nothing, so the base is inferred from the steps (a log with a step 0 counts from 0; one whose
+first step is one logging interval in, or 1 then multiples of the interval, counts from 1: steps
+1..N cover N steps) and the reason is kept in ``step_base_from``. Each row is one logged value
+(W&B and Lightning log the value of that step, or the trainer's own running mean: not re-averaged).
+
+Several runs in one file: a W&B panel export prefixes every column with the run name
+(``myrun - train/loss``) and adds ``__MIN``/``__MAX`` columns (ignored). One run's prefix is dropped;
+the columns of several runs are imported as several runs (one ``RunMark`` each, analysed apart),
+never the first run alone; ``--map loss="RUN - train/loss"`` picks one run by naming its column.
 
 Lightning's ``CSVLogger`` writes sparse rows: the step's loss, the LR monitor, validation and
 epoch aggregates land in separate rows that share a ``step``. A row with any training field is

@@ -107,6 +107,10 @@ class LossChoice:
     """Loss-like series not judged as a loss curve -> why (their non-finite values still count)."""
 
     @property
+    def label(self) -> str:
+        return " + ".join(self.terms)
+
+    @property
     def signed(self) -> list[str]:
         return list(self.left_out)
 

@@ -8,9 +8,22 @@ milliseconds. TensorBoard is only needed to *write* such files (the test fixture
 ``torch.utils.tensorboard.SummaryWriter``).
 
 Scalar tags are mapped to wire fields by name (``train/loss``, ``loss``, ``train/grad_norm``,
-``lr``, ``learning_rate``, ``lr-AdamW``, ``eval/loss``, ``val/loss`` ...); the first tag of each
-kind found wins and the mapping used is recorded in ``run_start.config``. Wall time comes from
-the events, so the time is real. A damaged record is skipped; a damaged length header ends the
+``lr``, ``learning_rate``, ``lr-AdamW``, ``eval/loss``, ``val/loss``; Megatron-LM's ``grad-norm``,
+``learning-rate``, ``iteration-time`` (seconds per iteration), ``loss-scale``, ``lm loss validation``
+...); the first tag of each kind found wins. Other trainers' tags are recognised by structure
+(:mod:`trainmon.monitor.importers.structure`): Megatron's ``lm loss`` (not ``lm loss vs samples``, the
+same loss against another x-axis), a detector's ``train/box_loss`` + ``obj_loss`` + ``cls_loss`` (summed:
+no total is logged), an RL library's policy/value/entropy losses beside an episode reward (not a loss
+curve: left out and said so), ``x/lr0``..``x/lr2`` as one LR per param group. The mapping used is
+recorded in ``run_start.config.tag_mapping``. Only scalars are read: image summaries, histograms,
+``graph_def`` and run-metadata events are skipped.
+
+Semantics: each scalar is the value the trainer passed for that step (no re-averaging). The step is
+whatever the writer passed (HF: ``global_step``, counted from 1; Lightning: 0-based; YOLOv5: the epoch;
+Megatron: the iteration, from 1): the base is inferred from the steps (``step_base_from``, see
+:func:`~trainmon.monitor.importers.structure.infer_step_base`). The LR is the one logged at that step.
+Wall time comes from the events, so the time is real. A folder's files are one run (a restart
+writes a new file: an attempt). A damaged record is skipped; a damaged length header ends the
 file (the rest cannot be framed), with a warning either way.
 """
 
@@ -19,6 +32,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +44,18 @@ from trainmon.monitor.importers.common import (
     TrainPoint,
     eval_metric_names,
 )
+from trainmon.monitor.importers.structure import (
+    LossChoice,
+    choose_grad_norm,
+    choose_loss,
+    combine,
+    infer_step_base,
+    is_eval_name,
+    is_reward_name,
+    loss_like,
+    lr_groups,
+    root_sum_squares,
+)
 
 __all__ = ["TAGS", "is_event_file", "looks_like_tfrecord", "parse_tensorboard", "read_scalars"]
 
@@ -38,10 +64,39 @@ log = logging.getLogger("trainmon.import")
 # Lower-cased tag -> field, most specific first within each field.
 TAGS: dict[str, tuple[str, ...]] = {
     "loss": ("train/loss", "train/loss_step", "train_loss_step", "train_loss", "loss/train", "training_loss", "loss"),
-    "grad_norm": ("train/grad_norm", "grad_norm", "train/gradient_norm", "gradient_norm", "grad_norm/total", "norm"),
-    "lr": ("train/learning_rate", "train/lr", "learning_rate", "lr", "lr-adamw", "lr-adam", "lr-sgd", "lr/group0"),
-    "eval_loss": ("eval/loss", "val/loss", "val_loss", "eval_loss", "validation/loss", "loss/val", "valid/loss"),
+    "grad_norm": (
+        "train/grad_norm",
+        "grad_norm",
+        "train/gradient_norm",
+        "gradient_norm",
+        "grad_norm/total",
+        "grad-norm",  # Megatron-LM
+        "norm",
+    ),
+    "lr": (
+        "train/learning_rate",
+        "train/lr",
+        "learning_rate",
+        "learning-rate",  # Megatron-LM
+        "lr",
+        "lr-adamw",
+        "lr-adam",
+        "lr-sgd",
+        "lr/group0",
+    ),
+    "eval_loss": (
+        "eval/loss",
+        "val/loss",
+        "val_loss",
+        "eval_loss",
+        "validation/loss",
+        "loss/val",
+        "valid/loss",
+        "lm loss validation",  # Megatron-LM
+    ),
     "tokens": ("train/tokens", "tokens"),
+    "step_time": ("iteration-time", "train/step_time", "step_time"),  # Megatron-LM: seconds per iteration
+    "loss_scale": ("loss-scale", "train/loss_scale", "loss_scale"),
 }
 
 # -- CRC32C (Castagnoli), as TFRecord uses it -------------------------------------------------
@@ -225,10 +280,35 @@ def _choose(tags: set[str]) -> dict[str, str]:
                 break
         else:
             if fld == "lr":
-                lrs = [t for low, t in lower.items() if low.startswith("lr-")]
+                lrs = [t for low, t in lower.items() if low.startswith("lr-") and "/" not in low]
                 if lrs:
                     out[fld] = lrs[0]
     return out
+
+
+@dataclass
+class _Series:
+    """Which tags make each field of a step (see :mod:`trainmon.monitor.importers.structure`)."""
+
+    loss: LossChoice
+    grad_norm: list[str]
+    grad_norm_how: str
+    lr: list[str]
+    single: dict[str, str]
+    """Other fields fed by one tag each (tokens, step_time, loss_scale)."""
+
+    def tags(self) -> set[str]:
+        return {*self.loss.terms, *self.loss.left_out, *self.grad_norm, *self.lr, *self.single.values()}
+
+
+def _series(tags: set[str], mapping: dict[str, str], values: dict[str, list[float]]) -> _Series:
+    free = sorted(t for t in tags if t not in mapping.values())
+    rewards = any(is_reward_name(t) and not is_eval_name(t) for t in free)
+    loss = choose_loss(mapping.get("loss"), free, values, rewards=rewards)
+    gn, gn_how = choose_grad_norm(mapping.get("grad_norm"), free)
+    lr = [mapping["lr"]] if "lr" in mapping else lr_groups(free)
+    single = {k: v for k, v in mapping.items() if k in ("tokens", "step_time", "loss_scale")}
+    return _Series(loss, gn, gn_how, lr, single)
 
 
 def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
@@ -243,45 +323,73 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
     if not tags:
         raise ImportFormatError(f"{paths[0]}: no scalar summaries in this TensorBoard event file")
     mapping = _choose(tags)
-    if "loss" not in mapping and "grad_norm" not in mapping:
+    values: dict[str, list[float]] = {}
+    for _, rows in per_file:
+        for _, _, tag, value in rows:
+            if loss_like(tag) or tag == mapping.get("loss"):
+                values.setdefault(tag, []).append(value)
+    series = _series(tags, mapping, values)
+    if not (series.loss.terms or series.loss.left_out or series.grad_norm):
         raise ImportFormatError(
             f"{paths[0]}: no training-loss or grad-norm tag among {sorted(tags)[:20]}; "
-            "expected one of " + ", ".join(TAGS["loss"])
+            "expected one of " + ", ".join(TAGS["loss"]) + ", or a tag with 'loss' in its name"
         )
-    by_tag = {tag: fld for fld, tag in mapping.items()}
     metric_tags = eval_metric_names(tags, mapping.get("eval_loss"))
+    wanted = series.tags()
     items: list[Item] = []
     for _, rows in per_file:
-        train: dict[int, TrainPoint] = {}
+        by_step: dict[int, dict[str, float]] = {}
+        when: dict[int, float] = {}
         evals: dict[int, EvalPoint] = {}
         metrics: dict[int, dict[str, float]] = {}
         for wall, step, tag, value in rows:
             if tag in metric_tags:
                 metrics.setdefault(step, {})[metric_tags[tag]] = value
-                continue
-            fld = by_tag.get(tag)
-            if fld is None:
-                continue
-            if fld == "eval_loss":
+            elif tag == mapping.get("eval_loss"):
                 evals[step] = EvalPoint(step, value, time=wall)
-                continue
-            point = train.setdefault(step, TrainPoint(step=step, time=wall))
-            point.time = min(point.time if point.time is not None else wall, wall)
-            if fld == "lr":
-                point.lr = [value]
-            elif fld == "tokens":
-                point.tokens = round(value)
-            else:
-                setattr(point, fld, value)
+            elif tag in wanted:
+                by_step.setdefault(step, {})[tag] = value  # the last value of a tag at a step wins
+                when[step] = min(when.get(step, wall), wall)
+        train: dict[int, TrainPoint] = {}
+        for step, vals in by_step.items():
+            point = TrainPoint(step=step, time=when[step])
+            point.loss = combine([vals.get(t) for t in series.loss.terms], [vals.get(t) for t in series.loss.left_out])
+            norms = [vals.get(t) for t in series.grad_norm]
+            point.grad_norm = norms[0] if len(norms) == 1 else root_sum_squares(norms)
+            lrs = [vals.get(t) for t in series.lr]
+            point.lr = lrs if lrs and all(x is not None for x in lrs) else None  # type: ignore[assignment]
+            for fld, tag in series.single.items():
+                if (x := vals.get(tag)) is not None:
+                    setattr(point, fld, round(x) if fld == "tokens" else x)
+            train[step] = point
         for step, point in evals.items():
             point.metrics = metrics.get(step, {})
         merged: list[tuple[int, int, Item]] = [(s, 0, p) for s, p in train.items()]
         merged += [(s, 1, e) for s, e in evals.items()]
         merged.sort(key=lambda x: (x[0], x[1]))
         items.extend(it for _, _, it in merged)
-    meta = LogMeta(
-        format="tensorboard",
-        framework="tensorboard",
-        config={"tag_mapping": mapping, "event_files": [p.name for p in sorted(paths)]},
-    )
+    used = dict(mapping)
+    if series.loss.terms:
+        used["loss"] = series.loss.label
+    else:
+        used.pop("loss", None)
+    if series.grad_norm:
+        used["grad_norm"] = (
+            series.grad_norm[0] if len(series.grad_norm) == 1 else "rss(" + ", ".join(series.grad_norm) + ")"
+        )
+    if series.lr:
+        used["lr"] = series.lr[0] if len(series.lr) == 1 else ", ".join(series.lr)
+    config: dict[str, Any] = {"tag_mapping": used, "event_files": [p.name for p in sorted(paths)]}
+    notes = series.loss.notes()
+    if series.loss.how not in ("named", ""):
+        config["loss_series"] = series.loss.facts()
+    if len(series.grad_norm) > 1:
+        config["grad_norm_series"] = {"how": series.grad_norm_how, "terms": series.grad_norm}
+        notes.append(f"the grad norm is the {series.grad_norm_how} ({', '.join(series.grad_norm)})")
+    if len(series.lr) > 1:
+        notes.append(f"{len(series.lr)} learning rates, one per param group ({', '.join(series.lr)})")
+    steps = sorted({it.step for it in items if isinstance(it, TrainPoint)})
+    base, why = infer_step_base(steps)
+    config["step_base_from"] = why
+    meta = LogMeta(format="tensorboard", framework="tensorboard", config=config, notes=notes, step_base=base)
     return items, meta
