@@ -32,7 +32,11 @@ from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.fmt import fmt as _fmt
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
-from trainmon.monitor.analysis.verdict import SEVERITY_ORDER  # the one number format: 31,470, not 3.147e+04
+from trainmon.monitor.analysis.verdict import (  # the one number format: 31,470, not 3.147e+04
+    SEVERITY_ORDER,
+    failed_attempts,
+    health,
+)
 from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
@@ -146,12 +150,20 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
             .order_by(evals.c.attempt.desc(), evals.c.step.desc())
             .limit(1)
         ).first()
+        stored = anomaly_rows(conn, run)
         open_anomalies = [
             {k: a[k] for k in ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")}
             | _stacks_of(a)
-            for a in anomaly_rows(conn, run)
+            for a in stored
             if a["status"] == "open"
         ]
+        # the serious findings that resolved: the post-mortem still reports them (one story)
+        recovered = [
+            {k: a[k] for k in ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")}
+            for a in stored
+            if a["status"] != "open" and a["severity"] in ("critical", "warning")
+        ]
+        stream_ends = newest_streams(conn, run)
     world = row.world_size or len(ranks) or 1
     meta = row.meta or {}
     last = recent[-1] if recent else None
@@ -179,6 +191,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         if tps_now and fpt and meta.get("peak_flops")
         else None
     )
+    run_health = health(stored, failed_attempts(stream_ends), done)
     step_times = [r["step_time"] for r in per_rank if r.get("step_time")]
     mid = statistics.median(step_times) if step_times else None
     for r in per_rank:
@@ -212,11 +225,29 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         "phases": {p: v / total for p, v in phase_sums.items()} if total else None,
         "ranks": per_rank,
         "open_anomalies": open_anomalies,
+        "recovered_anomalies": [a for a in recovered if _heads(a, run_health)],
+        "health": run_health,
     }
 
 
+def newest_streams(conn: Connection, run: str) -> list[dict[str, Any]]:
+    """A run's streams (``attempt``, ``end_status``): what :func:`verdict.failed_attempts` counts."""
+    return [
+        dict(s._mapping)
+        for s in conn.execute(select(streams.c.attempt, streams.c.end_status).where(streams.c.run == run))
+    ]
+
+
+def _heads(a: dict[str, Any], h: dict[str, Any]) -> bool:
+    """``a`` is one of the first-level problems :func:`verdict.health` counted."""
+    return any(
+        (p["kind"], p["rank"], p["first_step"]) == (a["kind"], a["rank"], a["first_step"]) for p in h["problems"]
+    )
+
+
 def run_table(storage: Storage) -> list[dict[str, Any]]:
-    """``GET /v1/runs``'s rows plus the latest tokens/s and the kinds and severities of the open anomalies."""
+    """``GET /v1/runs``'s rows plus the latest tokens/s, the kinds and severities of the open
+    anomalies, and the run's ``health`` (:func:`verdict.health`, the post-mortem's definition)."""
     with storage.connect() as conn:
         rows = run_rows(conn)
         for r in rows:
@@ -224,9 +255,11 @@ def run_table(storage: Storage) -> list[dict[str, Any]]:
             world = r["world_size"] or 1
             recent = [] if last is None else _recent(conn, r["run"], last["rank"], last["attempt"], RECENT_STEPS)
             r["tokens_per_second"] = tokens_per_second(recent, world)
-            opened = [a for a in anomaly_rows(conn, r["run"]) if a["status"] == "open"]
+            stored = anomaly_rows(conn, r["run"])
+            opened = [a for a in stored if a["status"] == "open"]
             r["open_kinds"] = sorted({a["kind"] for a in opened})
             r["open_severities"] = sorted({a["severity"] for a in opened})
+            r["health"] = health(stored, failed_attempts(newest_streams(conn, r["run"])), r.get("steps_done"))
     return rows
 
 
@@ -338,6 +371,9 @@ class HttpSource:
                 continue
             r["tokens_per_second"] = st.get("tokens_per_second")
             r["open_kinds"] = sorted({a["kind"] for a in st.get("open_anomalies", [])})
+            r["open_severities"] = sorted({a["severity"] for a in st.get("open_anomalies", [])})
+            if isinstance(st.get("health"), dict):
+                r["health"] = st["health"]
         return rows
 
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
@@ -494,6 +530,9 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
                 style="bold red" if slow else "",
             )
         parts.append(table)
+    h = st.get("health")
+    if isinstance(h, dict) and h.get("headline"):
+        parts.append(Text(visible_controls(str(h["headline"])), style="bold green" if h.get("healthy") else "bold red"))
     found = st.get("open_anomalies") or []
     if found:
         # One line per finding, then its text across the whole width (a table column squeezed it
@@ -511,6 +550,18 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         parts += _stack_lines(found)
     else:
         parts.append(Text("no open anomalies", style="green"))
+    recovered = st.get("recovered_anomalies") or []
+    if recovered:
+        # what the post-mortem still counts as problems though they resolved (a recovered spike)
+        parts.append(Text("recovered", style="bold"))
+        for a in sorted(recovered, key=lambda a: (SEVERITY_ORDER.get(a["severity"], 3), a["first_step"] or 0)):
+            sev = str(a["severity"])
+            head = Text("  ")
+            head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))
+            rank = "all ranks" if a["rank"] < 0 else f"rank {a['rank']}"
+            head.append(visible_controls(f"  {a['kind']}  {rank}  steps {a['first_step']}-{a['last_step']}  recovered"))
+            parts.append(head)
+            parts.append(Padding(Text(visible_controls(str(a["message"]))), (0, 0, 0, 4)))
     return Panel(Group(*parts), title="trainmon status", subtitle=escape_for_terminal(source) or None, expand=False)
 
 

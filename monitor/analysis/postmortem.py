@@ -64,6 +64,7 @@ from sqlalchemy import Connection, and_, bindparam, case, func, select
 from trainmon.hooks.schedules import Schedule
 from trainmon.monitor.analysis import budget, goodput
 from trainmon.monitor.analysis.fmt import fmt
+from trainmon.monitor.analysis.verdict import attempt_status, clusters
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.queries import anomaly_rows, step_base
 from trainmon.monitor.store.storage import (
@@ -86,25 +87,6 @@ BINS = 200  # step ranges of the lowest rank: plot resolution and the unit of th
 SAMPLE_ROWS = 60_000  # rows of the all-rank sample
 HEALTH_ROWS = 20_000  # health samples read before thinning
 LOCALISED = ("loss_spike", "grad_explosion", "nan_inf", "divergence")  # kinds per-layer norms can localise
-# In a cluster of anomalies at the same steps, the one listed first is the first-level symptom;
-# the others localise or explain it (a grad-norm spike under the loss spike, a hot GPU under a straggler).
-PRIORITY = (
-    "nan_inf",
-    "loss_spike",
-    "divergence",
-    "eval_regression",
-    "degenerate",
-    "bad_resume",
-    "init_loss",
-    "hang",
-    "throughput_collapse",
-    "straggler",
-    "lr_schedule_drift",
-    "loss_scale_collapse",
-    "memory_leak",
-    "grad_explosion",
-    "node_health",
-)
 CONTRACT_KEYS = ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
@@ -718,21 +700,6 @@ def _float(v: Any) -> float | None:
 # -- the timeline --------------------------------------------------------------------------
 
 
-def _rank_ok(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a["rank"] == b["rank"] or a["rank"] < 0 or b["rank"] < 0
-
-
-def _related(a: dict[str, Any], b: dict[str, Any], tol: int = 3) -> bool:
-    """b belongs under a: the same rank (or the run) at the same steps."""
-    if a["first_step"] is None or b["first_step"] is None or not _rank_ok(a, b):
-        return False
-    a_last = a["last_step"] if a["last_step"] is not None else a["first_step"]
-    b_last = b["last_step"] if b["last_step"] is not None else b["first_step"]
-    if {a["kind"], b["kind"]} & {"node_health"} and a["rank"] == b["rank"]:
-        return b["first_step"] <= a_last + tol and a["first_step"] <= b_last + tol  # overlapping at all
-    return abs(a["first_step"] - b["first_step"]) <= tol
-
-
 def _timeline(
     found: list[dict[str, Any]], local: dict[int, list[dict[str, Any]]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -741,22 +708,9 @@ def _timeline(
     Returns the contract's anomaly list (in that order) and the timeline: level-1 entries with,
     under them, the related detections at the same steps and the layers whose grad norm rose.
     """
-    order = {k: i for i, k in enumerate(PRIORITY)}
-    pending = sorted(
-        found,
-        key=lambda a: (a["first_step"] is None, a["first_step"] or 0, order.get(a["kind"], len(order)), a["id"]),
-    )
-    clusters: list[list[dict[str, Any]]] = []
-    for a in pending:
-        home = next((c for c in clusters if any(_related(m, a) for m in c)), None)
-        if home is None:
-            clusters.append([a])
-        else:
-            home.append(a)
     anomalies_out: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
-    for cluster in clusters:
-        cluster.sort(key=lambda a: (order.get(a["kind"], len(order)), a["first_step"] or 0, a["id"]))
+    for cluster in clusters(found):  # the incidents and their first-level symptoms: verdict's one rule
         head = len(timeline)
         for level, a in enumerate(cluster):
             idx = len(anomalies_out)
@@ -864,14 +818,7 @@ def _attempts(stream_rows: list[dict[str, Any]], extents: list[dict[str, Any]]) 
         ss = by[attempt]
         ends = {s["end_status"] for s in ss}
         ext = spans.get(attempt, [])
-        if ends & {"failed", "interrupted"}:
-            status = "failed" if "failed" in ends else "interrupted"
-        elif None in ends:
-            status = "running" if attempt == newest else "lost"
-        elif ends == {"finished"}:
-            status = "finished"
-        else:
-            status = "unknown"  # the producer could not tell (an imported log that just ends): not a failure
+        status = attempt_status(ends, attempt == newest)  # the one rule the live views use too
         errors = [s["end_error"] for s in ss if s.get("end_error")]
         out.append(
             {

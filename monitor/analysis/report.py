@@ -33,7 +33,7 @@ from rich.text import Text
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
-from trainmon.monitor.analysis.verdict import finding_numbers, verdict
+from trainmon.monitor.analysis.verdict import finding_numbers, problems_line, verdict
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = [
@@ -453,10 +453,14 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
             step += f"/{r['planned_steps']}"
         opened = r.get("open_anomalies") or 0
         kinds = r.get("open_kinds") or []
-        if opened:
+        h = r.get("health") if isinstance(r.get("health"), dict) else {}
+        if opened or h.get("problems"):
             line = Text(visible_controls(f"    {r['run']}: "))
-            line.append(f"{opened} open", style="red")
-            line.append(visible_controls(f": {', '.join(map(str, kinds))}" if kinds else ""))
+            if opened:
+                line.append(f"{opened} open", style="red")
+                line.append(visible_controls(f": {', '.join(map(str, kinds))}" if kinds else ""))
+            if h.get("problems"):  # verdict.health, as the post-mortem counts them (a recovered spike too)
+                line.append(visible_controls(("; " if opened else "") + f"{h['headline']}: {problems_line(h)}"))
             below.append(line)
         cells = [_cell(r["run"]), _cell(r["status"]), escape_for_terminal(step), _cell(r.get("loss")),
                  _cell(r.get("tokens_per_second")), *([_cell(r.get("attempts"))] if several else []),

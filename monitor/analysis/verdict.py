@@ -9,6 +9,14 @@ Impact order: severity first (critical, warning, info); then consequence: a find
 the end (unrecovered) before one that resolved; then the steps it covers; then its size (the
 ratio, slowdown or relative error in its evidence). Only first-level findings compete: what
 localises a symptom (a grad-norm spike under its loss spike) is detail.
+
+One story: a run's health has one definition, :func:`health`, and every view uses it (``trainmon
+runs``, ``trainmon status``, the collector's web index and run page, the post-mortem). A run is
+healthy when none of its first-level findings is a warning or critical, *open or recovered*, and
+no attempt failed: a recovered loss spike is still a problem the post-mortem reports, so a list
+that called the run "healthy, 0 open findings" told a different story. Which findings are
+first-level is decided here too (:func:`clusters`), and so is whether an attempt failed
+(:func:`attempt_status`). This module stays free of pandas: the collector imports it.
 """
 
 from __future__ import annotations
@@ -16,11 +24,155 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["TOP", "finding_numbers", "impact_key", "verdict"]
+__all__ = [
+    "PRIORITY",
+    "TOP",
+    "attempt_status",
+    "clusters",
+    "failed_attempts",
+    "finding_numbers",
+    "first_level",
+    "health",
+    "impact_key",
+    "problems_line",
+    "verdict",
+]
 
 TOP = 3  # findings the verdict names; the rest are counted and follow in the details
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 _MAGNITUDE_KEYS = ("ratio", "largest_ratio", "slowdown", "rel_err", "z")
+_FAILED_ENDS = ("failed", "interrupted", "lost")
+
+# In a cluster of anomalies at the same steps, the one listed first is the first-level symptom;
+# the others localise or explain it (a grad-norm spike under the loss spike, a hot GPU under a straggler).
+PRIORITY = (
+    "nan_inf",
+    "loss_spike",
+    "divergence",
+    "eval_regression",
+    "bad_resume",
+    "init_loss",
+    "hang",
+    "throughput_collapse",
+    "straggler",
+    "lr_schedule_drift",
+    "loss_scale_collapse",
+    "memory_leak",
+    "grad_explosion",
+    "node_health",
+)
+
+
+def _rank_ok(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["rank"] == b["rank"] or a["rank"] < 0 or b["rank"] < 0
+
+
+def _related(a: dict[str, Any], b: dict[str, Any], tol: int = 3) -> bool:
+    """b belongs under a: the same rank (or the run) at the same steps."""
+    if a["first_step"] is None or b["first_step"] is None or not _rank_ok(a, b):
+        return False
+    a_last = a["last_step"] if a["last_step"] is not None else a["first_step"]
+    b_last = b["last_step"] if b["last_step"] is not None else b["first_step"]
+    if {a["kind"], b["kind"]} & {"node_health"} and a["rank"] == b["rank"]:
+        return b["first_step"] <= a_last + tol and a["first_step"] <= b_last + tol  # overlapping at all
+    return abs(a["first_step"] - b["first_step"]) <= tol
+
+
+def clusters(found: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Anomalies (``kind, rank, first_step, last_step``, and ``id`` when stored) grouped by incident,
+    in step order; within a cluster the first-level symptom comes first (:data:`PRIORITY`)."""
+    order = {k: i for i, k in enumerate(PRIORITY)}
+    pending = sorted(
+        found,
+        key=lambda a: (a["first_step"] is None, a["first_step"] or 0, order.get(a["kind"], len(order)), a.get("id", 0)),
+    )
+    out: list[list[dict[str, Any]]] = []
+    for a in pending:
+        home = next((c for c in out if any(_related(m, a) for m in c)), None)
+        if home is None:
+            out.append([a])
+        else:
+            home.append(a)
+    for cluster in out:
+        cluster.sort(key=lambda a: (order.get(a["kind"], len(order)), a["first_step"] or 0, a.get("id", 0)))
+    return out
+
+
+def first_level(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The anomalies that head their incident: those a post-mortem's summary marks ``level`` 1, or,
+    for rows straight from storage (the live views), the head of each of :func:`clusters`."""
+    if anomalies and all("level" in a for a in anomalies):
+        return [a for a in anomalies if a["level"] == 1]
+    return [c[0] for c in clusters(list(anomalies))]
+
+
+def attempt_status(ends: set[str | None], newest: bool) -> str:
+    """How an attempt ended, from its ranks' ``run_end`` statuses (None: no run_end): failed or
+    interrupted when any rank said so; without a run_end, running if it is the newest attempt and
+    lost otherwise; finished when every rank finished; else unknown (an imported log that just
+    ends, which is not a failure)."""
+    if ends & {"failed", "interrupted"}:
+        return "failed" if "failed" in ends else "interrupted"
+    if None in ends:
+        return "running" if newest else "lost"
+    if ends == {"finished"}:
+        return "finished"
+    return "unknown"
+
+
+def failed_attempts(stream_rows: list[dict[str, Any]]) -> int:
+    """Attempts that failed, were interrupted or were lost, from ``streams`` rows (``attempt, end_status``)."""
+    ends: dict[int, set[str | None]] = {}
+    for s in stream_rows:
+        ends.setdefault(s["attempt"], set()).add(s.get("end_status"))
+    newest = max(ends, default=-1)
+    return sum(attempt_status(e, a == newest) in _FAILED_ENDS for a, e in ends.items())
+
+
+def health(anomalies: list[dict[str, Any]], failures: int = 0, steps: int | None = None) -> dict[str, Any]:
+    """A run's health, the one definition every view shows (see the module docstring).
+
+    ``{"word", "healthy", "headline", "counts": {"critical", "warning"}, "open", "recovered",
+    "problems": [{kind, severity, rank, status, first_step, last_step}]}``: ``word`` is
+    ``critical``/``warning`` (its worst first-level finding, open or recovered), ``failed`` (an
+    attempt failed and nothing worse was found) or ``healthy``; ``open``/``recovered`` count the
+    serious findings still open and those that resolved."""
+    serious = [a for a in first_level(anomalies) if a.get("severity") in ("critical", "warning")]
+    serious.sort(key=impact_key)
+    counts = {sev: sum(1 for a in serious if a["severity"] == sev) for sev in ("critical", "warning")}
+    healthy = not serious and not failures
+    if healthy:
+        headline = "healthy: no warnings or critical findings" + (f" in {steps:,} steps" if steps else "")
+    else:
+        parts = [f"{k} {sev}" + ("s" if k > 1 and sev == "warning" else "") for sev, k in counts.items() if k]
+        if failures:
+            parts.append(f"{failures} failed attempt" + ("s" if failures > 1 else ""))
+        headline = "problems: " + ", ".join(parts)
+    if counts["critical"]:
+        word = "critical"
+    elif counts["warning"]:
+        word = "warning"
+    else:
+        word = "failed" if failures else "healthy"
+    return {
+        "word": word,
+        "healthy": healthy,
+        "headline": headline,
+        "counts": counts,
+        "open": sum(1 for a in serious if a.get("status") == "open"),
+        "recovered": sum(1 for a in serious if a.get("status") != "open"),
+        "problems": [
+            {k: a.get(k) for k in ("kind", "severity", "rank", "status", "first_step", "last_step")} for a in serious
+        ],
+    }
+
+
+def problems_line(h: dict[str, Any]) -> str:
+    """The serious findings of :func:`health` in one line for a list of runs:
+    ``loss_spike warning (recovered), lr_schedule_drift warning (open)``."""
+    return ", ".join(
+        f"{p['kind']} {p['severity']} ({'open' if p['status'] == 'open' else 'recovered'})" for p in h["problems"]
+    )
 
 
 def finding_numbers(summary: dict[str, Any]) -> dict[int, int]:
@@ -62,12 +214,18 @@ def impact_key(a: dict[str, Any], run_last: int | None = None) -> tuple:
     )
 
 
-def _when(a: dict[str, Any], steps: int) -> str:
+def _when(a: dict[str, Any], steps: int, run_last: int | None = None) -> str:
+    """Where a finding lies, and whether it was still open when the run's last step was logged
+    (a straggler open from step 23 to the end read "steps 23-23", as if it had been one step)."""
     first, last = a.get("first_step"), a.get("last_step")
     if first is None:
         return "no step"
     where = f"step {first}" if last in (None, first) else f"steps {first}-{last}"
-    return where + (f" ({steps:,} steps)" if steps > 1 else "")
+    where += f" ({steps:,} steps)" if steps > 1 else ""
+    end = max(first, last if last is not None else first, first + steps - 1)
+    if a.get("status") == "open" and run_last is not None and run_last > end:
+        where += f", still open at the end (step {run_last})"
+    return where
 
 
 def _cost(summary: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
@@ -132,7 +290,7 @@ def _device_time(seconds: float, world: int) -> str:
 
 
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
-    """``{"healthy", "headline", "findings": [top findings], "more", "cost": [lines]}``.
+    """``{"healthy", "health", "headline", "findings": [top findings], "more", "cost": [lines]}``.
 
     Healthy means no first-level warning or critical finding and no failed attempt; info findings
     are details. Each finding carries its number (as in the timeline), kind, severity, rank, status,
@@ -140,8 +298,8 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     anomalies = summary.get("anomalies") or []
     numbers = finding_numbers(summary)
     run_last = summary.get("last_step")
-    first_level = [(numbers[i], a) for i, a in enumerate(anomalies) if i in numbers]
-    serious = [(n, a) for n, a in first_level if a.get("severity") in ("critical", "warning")]
+    heads = [(numbers[i], a) for i, a in enumerate(anomalies) if i in numbers]
+    serious = [(n, a) for n, a in heads if a.get("severity") in ("critical", "warning")]
     serious.sort(key=lambda na: impact_key(na[1], run_last))
     failures = summary.get("failures") or 0
     findings = []
@@ -158,26 +316,16 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
                 "first_step": a.get("first_step"),
                 "last_step": a.get("last_step"),
                 "steps": steps,
-                "when": _when(a, steps),
+                "when": _when(a, steps, run_last),
                 "what": a.get("message") or "",
                 "todo": a.get("hint") or "",
             }
         )
-    healthy = not serious and not failures
-    if healthy:
-        done = summary.get("steps")
-        headline = "healthy: no warnings or critical findings" + (f" in {done:,} steps" if done else "")
-    else:
-        counts = [
-            f"{k} {sev}" + ("s" if k > 1 and sev == "warning" else "")
-            for sev in ("critical", "warning")
-            if (k := sum(1 for _, a in serious if a["severity"] == sev))
-        ]
-        if failures:
-            counts.append(f"{failures} failed attempt" + ("s" if failures > 1 else ""))
-        headline = "problems: " + ", ".join(counts)
+    h = health(anomalies, failures, summary.get("steps"))
+    healthy, headline = h["healthy"], h["headline"]
     return {
         "healthy": healthy,
+        "health": h["word"],
         "headline": headline,
         "findings": findings,
         "more": max(0, len(serious) - TOP),

@@ -28,6 +28,7 @@ from trainmon.hooks.wire import json_safe
 from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.live_view import RECENT_STEPS, run_table
 from trainmon.monitor.analysis.report import html_text, render_html, run_health, run_link
+from trainmon.monitor.analysis.verdict import problems_line
 from trainmon.monitor.store.storage import Storage
 
 __all__ = ["WebView", "html_response"]
@@ -98,7 +99,8 @@ class WebView:
         rows = run_table(self.storage)
         body = []
         for r in rows:
-            health = run_health(r.get("open_severities") or [], r.get("status"))
+            h = r.get("health")  # verdict.health: the post-mortem's definition (one story)
+            health = h["word"] if isinstance(h, dict) else run_health(r.get("open_severities") or [], r.get("status"))
             done = r.get("steps_done", None if r.get("step") is None else r["step"] + 1)
             progress = fmt(done)
             if r.get("planned_steps"):
@@ -106,7 +108,9 @@ class WebView:
                 if done is not None:
                     progress += f" ({100 * min(1.0, done / r['planned_steps']):.0f}%)"
             kinds = ", ".join(r.get("open_kinds") or [])
-            findings = f"{r.get('open_anomalies') or 0}" + (f" ({kinds})" if kinds else "")
+            findings = f"{r.get('open_anomalies') or 0} open" + (f" ({kinds})" if kinds else "")
+            if isinstance(h, dict) and h.get("problems"):
+                findings += f"; {h['headline']}: {problems_line(h)}"
             updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["updated_at"]))
             cells = [
                 f'<a href="{html_text(run_link(r["run"]))}">{html_text(r["run"])}</a>',
