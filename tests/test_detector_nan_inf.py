@@ -223,3 +223,21 @@ def test_one_noisy_step_before_a_sudden_nan_is_not_a_climb() -> None:
     found = feed(_det(), _run(rows))
     assert found[0].step == 320 and found[0].evidence["cause"] == "sudden"
     assert "numerical instability" not in found[0].hint and "suspect the batch" in found[0].hint
+
+
+def test_a_noisy_loss_at_its_lowest_then_nan_is_sudden_not_a_climb() -> None:
+    """85 (a PINN's metrics.csv): the loss swings 1.3-9x from one epoch to the next while it falls, the last
+    finite value is the lowest of the run, then every column is nan to the end. 1.7x its recent low is
+    its own scatter, not a climb: it was called numerical instability (lower the LR)."""
+    window = [5.93, 8.897, 8.109, 8.407, 9.131, 6.572, 2.102, 1.32, 4.343, 6.323, 5.091, 3.069, 2.564, 2.353]
+    window += [1.962, 2.104, 3.116, 3.492, 2.248, 1.043]
+    rows = [{"loss": 1e6 / (i + 1) ** 2} for i in range(198)] + [{"loss": v} for v in window]
+    rows += [{"loss": math.nan}] * 44
+    config = {"column_mapping": {"step": "step", "loss": "mean_loss"}}
+    found = feed(_det(), _run(rows, config=config))
+    opened = _open_findings(found)
+    assert opened[0].step == 218 and opened[0].evidence["cause"] == "sudden"
+    assert "suspect the batch at step 218" in opened[-1].hint and "numerical instability" not in opened[-1].hint
+    # the message names the column the loss came from, and says how long the run went on after it
+    assert opened[-1].message.startswith("loss (mean_loss: nan) non-finite since step 218: 44 logged steps")
+    assert "still at step 261" in opened[-1].message

@@ -6,7 +6,9 @@ Two conditions share the anomaly kind (one anomaly per run and rank at a time):
   first non-finite step and its message keeps naming that step while it stays current (how many
   steps, still going). What came before decides the reading: nothing finite since the attempt
   started is a setup or initialisation bug (or, after a resume, the checkpoint); a grad norm or loss
-  climbing into it is a numerical blow-up (LR, fp16 overflow); too little history says little, so
+  climbing into it is a numerical blow-up (LR, fp16 overflow) when it climbs out of its own scatter
+  (the last losses above the upper quartile of the ones before, not merely 1.3x the lowest of a noisy
+  series); too little history says little, so
   the setup is checked first; a steady run that suddenly goes NaN points at the batch or the
   hardware. An infinite grad norm on a step the fp16 scaler skipped, with a finite loss, is the
   scaler doing its job and not a finding.
@@ -36,6 +38,19 @@ _NAMES = {"loss": "loss", "grad_norm": "grad norm"}
 _HF_FRAMEWORKS = ("hf", "transformers", "llamafactory", "llama-factory", "ms-swift", "swift", "trl")
 
 
+def _series_name(config: Any) -> str | None:
+    """The column or tag an importer read the loss from (``column_mapping``/``tag_mapping``), when it is
+    not plainly called ``loss``: the message names what the user will find in their own log."""
+    if not isinstance(config, dict):
+        return None
+    for key in ("column_mapping", "tag_mapping"):
+        mapping = config.get(key)
+        name = mapping.get("loss") if isinstance(mapping, dict) else None
+        if isinstance(name, str) and name and name.lower() not in ("loss", "train/loss"):
+            return name[:120]
+    return None
+
+
 class NanInf(Detector):
     """Non-finite loss or grad norm from its first step, with the reading its history supports;
     exact-zero losses that hide non-finite ones."""
@@ -50,6 +65,7 @@ class NanInf(Detector):
         self._attempt_finite = False  # a finite step since the current attempt's run_start
         self._resumed = False  # the current attempt continues from a checkpoint
         self._framework = ""
+        self._loss_series: str | None = None  # the log's own name for the loss, when an importer chose it
         self._open: str | None = None  # "nonfinite", "zero" or None
         self._finite_run = 0  # consecutive finite (nonzero, for the zero note) steps while open
         # the non-finite episode
@@ -66,6 +82,7 @@ class NanInf(Detector):
             self._attempt_finite = False
             self._resumed = bool(event.fields.get("resumed"))
             self._framework = str(event.fields.get("framework") or "").lower()
+            self._loss_series = _series_name(event.fields.get("config"))
             return []
         if event.kind != "step":
             return []
@@ -133,7 +150,7 @@ class NanInf(Detector):
         rise = self._loss_rise()
         cfg = self.config
         norm_climb = z is not None and z > cfg.precursor_z and self._norm_ratio() >= cfg.precursor_norm_ratio
-        loss_climb = rise is not None and rise >= cfg.precursor_loss_rise
+        loss_climb = rise is not None and rise >= cfg.precursor_loss_rise and self._loss_above_range()
         if not self._attempt_finite:
             cause = "resume" if self._resumed else "setup"
         elif norm_climb or loss_climb:
@@ -174,8 +191,22 @@ class NanInf(Detector):
         low = min(hist[:-3])
         return statistics.median(hist[-3:]) / low if low > 0 else None
 
+    def _loss_above_range(self) -> bool:
+        """The last 3 finite losses sit above the upper quartile of the ones before them: the loss is at
+        the top of its recent range, not inside its own scatter. A noisy loss (a PINN's residuals swing
+        2-9x from one epoch to the next) is often 1.3x its recent low; a climb into a NaN is above
+        nearly all of its recent values (nanochat's SFT: 9.5 over 5.5-8.5)."""
+        hist = list(self._losses)
+        base = hist[:-3]
+        top = statistics.quantiles(base, n=4)[2] if len(base) >= 2 else max(base)
+        return statistics.median(hist[-3:]) > top
+
     def _what(self) -> str:
-        what = " and ".join(f"{_NAMES[k]} ({v})" for k, v in self._ep["values"].items())
+        names = {**_NAMES, **({"loss": f"loss ({self._loss_series})"} if self._loss_series else {})}
+        what = " and ".join(
+            f"{names[k]} ({v})" if names[k] == _NAMES[k] else f"{names[k][:-1]}: {v})"
+            for k, v in self._ep["values"].items()
+        )
         return what + (" (the loss logged as exactly 0.0)" if self._ep["hidden_loss"] else "")
 
     def _severity(self) -> str:
@@ -279,7 +310,11 @@ class NanInf(Detector):
                 "too short warmup), too large an init scale, fp16 without loss scaling, inputs not normalised. "
                 "Check those before looking for a single bad batch."
             )
-        steady = "the grad norm and the loss were steady" if ep["has_norms"] else "the loss was steady; no grad norm"
+        steady = (
+            "the grad norm and the loss were not climbing"
+            if ep["has_norms"]
+            else "the loss was not climbing; no grad norm"
+        )
         hint = (
             f"No build-up preceded it ({steady}): suspect the batch at step {ep['first']} (bad data) or the "
             "hardware (silent corruption). Replay the step from the last checkpoint; if it does not reproduce, "
