@@ -716,6 +716,9 @@ class EvalRegressionConfig:
     noise_evals: int = 8
     """Evals before the rising ones needed to trust their eval-to-eval scatter as the eval loss's noise (before
     that, a rise must be ``metric_unmeasured_rel`` of the best: a tiny validation set's first evals swing)."""
+    noise_evals: int = 8
+    """Evals before the rising ones needed to trust their eval-to-eval scatter as the eval loss's noise (before
+    that, a rise must be ``metric_unmeasured_rel`` of the best: a tiny validation set's first evals swing)."""
     critical_rel: float = 0.25
     """A task-metric regression is critical when the metric is this fraction worse than its best ..."""
     critical_evals: int = 3

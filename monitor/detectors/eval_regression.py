@@ -22,10 +22,14 @@ Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5-R7 and 
 * With no task metric in the log the eval loss is the only judge. Overfitting or a train/eval
   mismatch shows as the held-out loss going up for several evals in a row while the train loss
   keeps falling: ``rising_evals`` consecutive increases, a total rise beyond ``min_rise_rel`` /
-  ``min_rise_abs``, the latest eval ``above_best_rel`` above the best one, and the train level
-  (median of the last ``train_window`` train losses) lower now than at the best eval. Leaky labels
-  (C2) produce the same picture, far stronger. A warning whose advice asks for the task metric
-  before going back to the best-loss checkpoint.
+  ``min_rise_abs``, the latest eval ``above_best_rel`` above the best one, every rising eval above
+  the best by the eval's own noise (``metric_noise_k`` times its eval-to-eval scatter measured on the
+  evals before, and two quanta of a quantised loss: a tiny validation set's loss moves in steps of
+  ~0.012 and single epochs swing, and the best is the luckiest of those swings; before ``noise_evals``
+  evals the scatter is not trusted and the latest eval must be ``metric_unmeasured_rel`` above the
+  best), and the train level (median of the last ``train_window`` train losses) lower now than at
+  the best eval. Leaky labels (C2) produce the same picture, far stronger. A warning whose advice
+  asks for the task metric before going back to the best-loss checkpoint.
 * A resume that silently breaks the model (wrong weights, a different tokenizer or topology, R7)
   shows at the first eval after the resume as a jump against the last eval before it.
 * Advice names a step only where the run was healthy: the best step of the task metric, and for an
@@ -120,6 +124,20 @@ def _noise(values: list[float]) -> float | None:
     the way consecutive changes do; scaled so that it estimates sigma for independent noise."""
     off = [abs(b - (a + c) / 2) for a, b, c in zip(values, values[1:], values[2:], strict=False)]
     return statistics.median(off) / 0.826 if len(off) >= 3 else None
+
+
+def _quantum(values: list[float]) -> float:
+    """The resolution of a quantised series (a small eval set's loss moves in steps): the smallest nonzero
+    difference between its distinct values, when the values repeat (half of them or more are repeats) and
+    sit on a lattice of that step; else 0."""
+    distinct = sorted(set(values))
+    if len(distinct) < 4 or len(distinct) > len(values) // 2:
+        return 0.0
+    gaps = [b - a for a, b in itertools.pairwise(distinct)]
+    q = min(gaps)
+    if any(abs(g / q - round(g / q)) > 0.1 for g in gaps):
+        return 0.0  # not on a lattice: repeats of a level, not a resolution
+    return q
 
 
 def metric_direction(name: str) -> tuple[int, bool]:
@@ -465,6 +483,17 @@ class EvalRegression(Detector):
             return None
         best_step, best, best_train, _ = self._best
         if loss < best + self._margin(best, cfg.above_best_rel, cfg.min_rise_abs):
+            return None
+        # Beyond the eval's own noise, and persisting: every one of the rising evals above the best by a multiple of
+        # the eval-to-eval scatter measured before them, and by two quanta of a quantised eval loss.
+        values = [e[1] for e in self._evals]
+        before = values[: -cfg.rising_evals]
+        noise = _noise(before) or 0.0
+        floor = max(cfg.metric_noise_k * noise, 2 * _quantum(values))
+        if len(before) < cfg.noise_evals:  # too few evals to trust their scatter: the rule of an unmeasured metric
+            if loss < best + max(floor, cfg.metric_unmeasured_rel * abs(best)):
+                return None
+        elif any(e[1] < best + floor for e in tail[1:]):
             return None
         if train is None or best_train is None or train >= best_train:
             return None  # train loss did not fall: not the overfitting picture
