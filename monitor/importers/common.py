@@ -476,12 +476,14 @@ def _events(
     prev_step: int | None = None
     last_time = -math.inf
     first_step = train[0].step
+    marked = False
     for it in items:
         if isinstance(it, ResumeMark):
             emitter.new_attempt(resumed=True, reason=it.reason, after_step=it.after_step, time=last_time)
+            marked = True  # the steps it replays are this attempt's, not one more
             continue
         if isinstance(it, TrainPoint):
-            if prev_step is not None and it.step <= prev_step:
+            if prev_step is not None and it.step <= prev_step and not marked:
                 fresh = it.step <= first_step
                 reason = f"step went back from {prev_step} to {it.step}"
                 emitter.new_attempt(resumed=not fresh, reason=reason, after_step=it.step - 1, time=last_time)
@@ -493,6 +495,7 @@ def _events(
             t = max(t, last_time)
             last_time = t
             prev_step = it.step
+            marked = False
             yield from emitter.step(it, t)
         else:
             if it.time is not None and real_time:

@@ -60,6 +60,7 @@ from trainmon.monitor.importers.minimind import looks_like_minimind, parse_minim
 from trainmon.monitor.importers.modded_nanogpt import looks_like_modded_nanogpt, parse_modded_nanogpt
 from trainmon.monitor.importers.nanochat import looks_like_nanochat, parse_nanochat
 from trainmon.monitor.importers.terminal import clean_text, terminal_lines, text_chunks
+from trainmon.monitor.importers.torchtitan import looks_like_torchtitan, parse_torchtitan
 
 __all__ = ["looks_like_textlog", "parse_textlog", "sniff_textlog"]
 
@@ -115,6 +116,7 @@ _DIALECTS = (
     ("nanochat", looks_like_nanochat, parse_nanochat),
     ("minimind", looks_like_minimind, parse_minimind),
     ("deepspeed", looks_like_deepspeed, parse_deepspeed),  # after megatron: Megatron-DeepSpeed prints both
+    ("torchtitan", looks_like_torchtitan, parse_torchtitan),
 )
 _GENERIC = "generic"
 
