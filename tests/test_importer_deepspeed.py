@@ -215,7 +215,7 @@ def test_ppo_two_engines_kept_apart_and_rl_terms_not_a_loss_curve(tmp_path: Path
     assert all("loss_scale" not in s for s in steps)
     # act_loss / cri_loss are RL terms (signed): no loss curve, said; the reward is recorded as the task metric
     assert all("loss" not in s for s in steps)
-    assert cfg["loss_series"]["terms"] == [] and set(cfg["loss_series"]["not_judged"]) >= {"act_loss", "cri_loss"}
+    assert cfg["loss_series"]["terms"] == [] and set(cfg["loss_series"]["not_judged"]) >= {"actor_loss", "critic_loss"}
     assert cfg["reward"]["n"] == 6
     # E2E latency is the step time and the clock
     assert [s["step_time"] for s in steps[:2]] == [8.0, 3.7]
@@ -290,3 +290,111 @@ def test_megatron_deepspeed_stdout_stays_megatron(tmp_path: Path) -> None:
     ]
     events = _events(tmp_path, "\n".join(lines) + "\n")
     assert _start(events)["config"]["format"] == "megatron_stdout"
+
+
+def _rank_losses(epoch: int, step: int, losses: list[float]) -> list[str]:
+    return [
+        f"Epoch: {epoch}, Step: {step}, Rank: {r}, loss = tensor({x}, device='cuda:{r}', grad_fn=<DivBackward0>)"
+        for r, x in enumerate(losses)
+    ]
+
+
+def test_newer_chat_print_loss_lines_are_the_loss_of_each_update(tmp_path: Path) -> None:
+    """Newer DeepSpeed-Chat: ``--print_loss`` lines from every rank, GA=2, the eval loss printed beside the
+    perplexity, the launcher's stamped ``cmd =`` line and a multi-node host prefix."""
+    lines = [
+        f"{_stamp(0.0)} [INFO] [runner.py:607:main] cmd = python -u -m deepspeed.launcher.launch main.py "
+        "--gradient_accumulation_steps 2 --num_train_epochs 1 --print_loss --deepspeed",
+        "worker-0: ***** Running training *****",
+        "worker-0: ***** Evaluating perplexity, Epoch 0/1 *****",
+        "worker-0: ppl: 20.0, loss: 2.995732273553991",
+        "worker-0: Beginning of Epoch 1/1, Total Micro Batches 8",
+    ]
+    for step in range(8):
+        lines += [f"worker-0: {x}" for x in _rank_losses(0, step, [2.0 + step * 0.1, 2.2 + step * 0.1])]
+        if step == 3:  # update 1 ends: FP16_Optimizer halves the scale (every rank says so)
+            lines += [f"worker-0: {line}" for line in _fused(3.0, 2, "Reducing", 65536.0, 32768.0)]
+            lines.append(_dist(3.5, 2, 1, 1e-5))  # after 2 updates (steps_per_print 2)
+        if step == 7:
+            lines.append(_dist(7.5, 4, 1, 2e-5))
+    lines += [
+        "worker-0: ***** Evaluating perplexity, Epoch 1/1 *****",
+        "worker-0: ppl: 12.0, loss: 2.4849066497880004",
+        "worker-0: saving the final model ...",
+    ]
+    events = _events(tmp_path, "\n".join(lines) + "\n")
+    start = _start(events)
+    cfg = start["config"]
+    steps = _steps(events)
+    # one point per optimizer update (2 micro-batches x 2 ranks), step base 0, 4 updates planned
+    assert [s["step"] for s in steps] == [0, 1, 2, 3] and cfg["step_base"] == 0 and start["planned_steps"] == 4
+    assert steps[0]["loss"] == pytest.approx((2.0 + 2.2 + 2.1 + 2.3) / 4)
+    assert cfg["loss_series"]["terms"] == ["loss"] and "loss" not in cfg["missing_signals"]
+    # the LR printed after N updates is the one update N uses
+    assert steps[2]["lr"] == [1e-5, 1e-5] and "lr" not in steps[1]
+    # the scale halved at the end of update 1, stated from there on (FP16_Optimizer prints increases too)
+    assert [s.get("loss_scale") for s in steps] == [None, 32768.0, 32768.0, 32768.0]
+    # skipped: the counter grew by 1 over updates 0-1, not at all over 2-3
+    assert [s.get("skipped") for s in steps] == [None, None, False, False]
+    evals = [e.fields for e in events if e.kind == "eval"]
+    assert [(e["step"], e["loss"]) for e in evals] == [
+        (0, pytest.approx(2.995732273553991)),
+        (3, pytest.approx(2.4849066497880004)),
+    ]
+    assert evals[1]["metrics"]["perplexity"] == 12.0
+    assert cfg["format"] == "deepspeed_chat_stdout" and cfg["gradient_accumulation_steps"] == 2
+    times = [e.time for e in events]
+    assert times == sorted(times) and min(times) > 1.6e9
+
+
+def test_newer_ppo_lines_and_dpo_eval(tmp_path: Path) -> None:
+    """Newer step 3 lines (``Epoch: 0 | Step: 0 | ... | Actor Loss: X``, ``End-to-End => Latency``) and a DPO
+    evaluation (``chosen: X, rejected: Y, loss: Z``)."""
+    lines = ["Beginning of Epoch 1/1, Total Generation Batches 3"]
+    for n in range(3):
+        lines += [
+            f"Epoch: 0 | Step: {n} | PPO Epoch: 1 | Actor Loss: {-0.1 * n} | Critic Loss: 0.2 | Unsupervised Loss: 0.0",
+            f"End-to-End => Latency: 3.{n}0s, TFLOPs: 1.2, Samples/sec: 4.0, Time/seq 0.2s, Batch Size: 16, "
+            "Sequence Length: 512",
+            f"Average reward score: {n}.5 | EMA reward score: {n}.1",
+            "-" * 85,
+        ]
+    lines += [
+        "***** Evaluating rewards, Epoch 1/1 *****",
+        "chosen: -31.9375, rejected: -33.96875, loss: 0.6650807857513428",
+        "Before cleaning, Epoch at 1 with Perplexity: 23.98",
+    ]
+    events = _events(tmp_path, "\n".join(lines) + "\n")
+    cfg = _start(events)["config"]
+    steps = _steps(events)
+    assert [(s["step"], s["step_time"]) for s in steps] == [(0, 3.0), (1, 3.1), (2, 3.2)]
+    assert all("loss" not in s for s in steps) and set(cfg["loss_series"]["not_judged"]) >= {
+        "actor_loss",
+        "critic_loss",
+    }
+    assert cfg["reward"]["n"] == 3
+    evals = [e.fields for e in events if e.kind == "eval"]
+    assert len(evals) == 1 and evals[0]["loss"] == pytest.approx(0.6650807857513428)
+    assert evals[0]["metrics"] == {"chosen": -31.9375, "rejected": -33.96875}
+
+
+def test_reward_model_scores_without_a_loss_are_recorded(tmp_path: Path) -> None:
+    lines = [
+        "***** Evaluating reward, Epoch 0/1 *****",
+        "chosen_last_scores (higher is better) : 2.81, rejected_last_scores (lower is better) : 2.9, "
+        "acc (higher is better) : 0.49",
+        "Beginning of Epoch 1/1, Total Micro Batches 20",
+        _dist(1.0, 10, 0, 5e-5),
+        _dist(2.0, 20, 0, 4e-5),
+        "***** Evaluating reward, Epoch 1/1 *****",
+        "chosen_last_scores (higher is better) : 2.24, rejected_last_scores (lower is better) : 0.9, "
+        "acc (higher is better) : 0.7",
+    ]
+    events = _events(tmp_path, "\n".join(lines) + "\n")
+    cfg = _start(events)["config"]
+    assert [e for e in events if e.kind == "eval"] == []
+    assert [(r["step"], r["acc"], r["rejected_last_scores"]) for r in cfg["reward_evals"]] == [
+        (0, 0.49, 2.9),
+        (20, 0.7, 0.9),
+    ]
+    assert any("acc 0.49 -> 0.7" in n for n in cfg["notes"])

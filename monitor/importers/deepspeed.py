@@ -1,25 +1,35 @@
-"""DeepSpeed stdout: DeepSpeed-Chat's three training steps and scripts that train through a DeepSpeed engine.
+"""DeepSpeed stdout: DeepSpeed-Chat's training steps and scripts that train through a DeepSpeed engine.
 
 A DeepSpeed engine prints, from rank 0, every ``steps_per_print`` optimizer steps, ``[stamp] [INFO]
 [logging.py:96:log_dist] [Rank 0] step=N, skipped=K, lr=[a, b], mom=[...]`` and a throughput line
 (``timer.py ... CurrSamplesPerSec=...``). What the training script prints around it depends on the
-script; three shapes are read:
+script; these shapes are read (a multi-node launcher's ``host: `` prefix is removed first):
 
-* **DeepSpeed-Chat step 1 and 2** (supervised fine-tuning, reward model: ``cmd = deepspeed main.py
-  ...``, ``Beginning of Epoch e/E, Total Micro Batches M``): no training loss at all. One step point
-  per ``log_dist`` line, with its LR and its wall-clock stamp. Evaluations: ``***** Evaluating
-  perplexity, Epoch e/E *****`` then ``ppl: X`` is an eval whose loss is ``ln X`` (perplexity is the
-  exponential of the mean token NLL; kept as the ``perplexity`` metric too); the reward model's
-  ``chosen_last_scores ..., acc ...`` has no loss, so it is recorded in the config
-  (``reward_evals``) and a note, not made into an eval. ``Epoch e/E with loss X`` is a mean over the
-  whole epoch: recorded (``epoch_mean_losses``), not a step's loss.
-* **DeepSpeed-Chat step 3** (PPO, ``epoch: 0|step: N|ppo_ep: 1|act_loss: X|cri_loss: Y|...``): one
-  step point per generation batch, ``step`` being the batch's index counted over the epochs
-  (``Total Generation Batches`` per epoch; step base 0). The loss is the actor's PPO loss (signed:
-  a policy-gradient surrogate is negative as often as not); the critic's loss and the ``average
-  reward score`` of each batch are recorded in the config (first and last tenth), the reward being
-  the run's task metric (higher is better). ``E2E latency`` is the step time and, summed from the
-  first stamp, the clock.
+* **DeepSpeed-Chat step 1 and 2** (supervised fine-tuning, reward model, DPO: ``cmd = ... main.py
+  ...``, ``Beginning of Epoch e/E, Total Micro Batches M``). Without ``--print_loss`` there is no
+  training loss at all: one step point per ``log_dist`` line, with its LR and its wall-clock stamp,
+  and the import says the log has no loss curve (``loss_series`` with no terms). With
+  ``--print_loss`` every rank prints ``Epoch: e, Step: s, Rank: r, loss = X`` for each micro-batch:
+  one step point per optimizer update (step base 0), its loss the mean over the ranks and the
+  update's GA micro-batches (the global batch's loss). Evaluations follow an ``***** Evaluating
+  perplexity|reward(s), Epoch e/E *****`` banner on one line of ``name: value`` pairs: ``ppl: X[,
+  loss: Y]`` is an eval whose loss is Y when printed, else ``ln X`` (perplexity is the exponential
+  of the mean token NLL; kept as the ``perplexity`` metric); DPO's ``chosen: X, rejected: Y, loss:
+  Z`` an eval with its loss; a reward model's ``chosen_last_scores (higher is better) : X, ...
+  acc (higher is better) : Y`` has no loss, so it is recorded in the config (``reward_evals``) and a
+  note, not made into an eval. ``Epoch e/E with loss X`` is a mean over the whole epoch: recorded
+  (``epoch_mean_losses``), not a step's loss.
+* **DeepSpeed-Chat step 3** (PPO, ``epoch: 0|step: N|ppo_ep: 1|act_loss: X|cri_loss: Y|unsuper_loss:
+  Z``, newer ``Epoch: 0 | Step: N | PPO Epoch: 1 | Actor Loss: X | Critic Loss: Y | Unsupervised
+  Loss: Z``): one step point per generation batch, ``step`` being the batch's index counted over the
+  epochs (``Total Generation Batches`` per epoch; step base 0). The actor's and the critic's losses
+  are RL terms, not a loss curve (as :mod:`.structure` states for every importer: the actor's is a
+  signed policy-gradient surrogate, the critic's chases returns that move as the policy improves):
+  left out of the loss and said so, their non-finite values still imported as a NaN loss; the
+  unsupervised LM loss is the loss when the run trains one (0.0 on every line when it is off). The
+  ``average reward score`` of each batch, the run's task metric (higher is better), and the critic's
+  loss are summarised in the config (first and last tenth). ``E2E latency`` / ``End-to-End =>
+  Latency`` is the step time and, summed from the first stamp, the clock.
 * **Scripts with a step counter of their own** (DeepSpeedExamples' fine-tuning scripts:
   ``'step':N, 'ppl':X, 'seq_len':L, ...`` every few batches): one step point and one eval per such
   line, ``N`` being the script's batch index (step base 0), the eval loss ``ln ppl``.
@@ -30,7 +40,9 @@ Semantics, as DeepSpeed defines them:
 * **Step base.** ``log_dist``'s ``step=N`` is the engine's ``global_steps`` after the update, skipped
   ones included: logged after N optimizer steps (step base 1). The script counters above are step
   base 0. With gradient accumulation (``gradient_accumulation_steps`` in the config dump or on the
-  command line) a script counting batches is GA batches per engine step.
+  command line) a script counting batches is GA batches per engine step. The LR printed with
+  ``step=N`` is the scheduler's after N updates: the one update N uses (where points are updates,
+  it goes on point N).
 * **Skipped steps and the LR.** ``skipped=K`` counts the steps the fp16 loss scaler skipped on an
   overflow. DeepSpeed does not step the LR scheduler on a skipped step, so the LR printed at step N
   is the schedule's value at ``N - K``: it lags the step counter by the skipped count (said in
@@ -89,14 +101,24 @@ _FUSED_CHANGE = re.compile(r"(Reducing|Increasing) dynamic loss scale from (" + 
 _FUSED_SKIP = re.compile(
     r"Overflow detected\. Skipping step\. Attempted loss scale: (" + _N + r"), reducing to (" + _N + r")"
 )
-_PPO = re.compile(r"^epoch:\s*(\d+)\s*\|\s*step:\s*(\d+)\s*\|(.*)$")
-_REWARD = re.compile(r"^average reward score:\s*(" + _N + r")")
-_E2E = re.compile(r"E2E latency=(" + _N + r")s")
-_EVAL_HEAD = re.compile(r"Evaluating (perplexity|reward), Epoch (\d+)/(\d+)")
-_PPL = re.compile(r"^ppl:\s*(" + _N + r")\s*$")
-_REWARD_EVAL = re.compile(
-    r"chosen_last_scores \(higher is better\)\s*:\s*(" + _N + r"),\s*acc \(higher is better\)\s*:\s*(" + _N + r")"
+# PPO step lines, older ``epoch: 0|step: 5|ppo_ep: 1|act_loss: X|cri_loss: Y|unsuper_loss: Z`` and newer
+# ``Epoch: 0 | Step: 5 | PPO Epoch: 1 | Actor Loss: X | Critic Loss: Y | Unsupervised Loss: Z``
+_PPO = re.compile(r"^epoch:\s*(\d+)\s*\|\s*step:\s*(\d+)\s*\|(.*)$", re.IGNORECASE)
+_REWARD = re.compile(r"^average reward score:\s*(" + _N + r")", re.IGNORECASE)
+# ``--print_loss``: every rank prints its own micro-batch loss (a tensor, or a number)
+_RANK_LOSS = re.compile(
+    r"^Epoch:\s*(\d+),\s*Step:\s*(\d+),\s*Rank:\s*(\d+),\s*loss\s*=\s*(?:tensor\(\s*)?(" + _N + r")"
 )
+# a launcher's host prefix on multi-node runs (``worker-0: [2023-...] ...``)
+_HOST = re.compile(
+    r"^[\w.\-]+:\s+(?=\[\d{4}-|epoch:|Epoch:|'step'|ppl:|\*{3,}|average reward|Average reward|Beginning of Epoch|"
+    r"chosen|saving|End-to-End|\|E2E)"
+)
+_E2E = re.compile(r"(?:E2E latency=|End-to-End => Latency:\s*)(" + _N + r")s")
+_EVAL_HEAD = re.compile(r"Evaluating (perplexity|rewards?), Epoch (\d+)/(\d+)")
+# an evaluation's result line: ``ppl: X[, loss: Y]``, ``chosen: X, rejected: Y, loss: Z``,
+# ``chosen_last_scores (higher is better) : X, acc (higher is better) : Y``
+_EVAL_KV = re.compile(r"([A-Za-z_][\w ]*?)\s*(?:\(([a-z]+) is better\))?\s*:\s*(" + _N + r")(?=\s*(?:,|$))")
 _DICT = re.compile(r"^'step'\s*:\s*(\d+),\s*'ppl'\s*:\s*(" + _N + r")")
 _EPOCH = re.compile(r"Beginning of Epoch (\d+)/(\d+), Total (Micro|Generation) Batches (\d+)")
 _EPOCH_LOSS = re.compile(r"^Epoch (\d+)/(\d+) with loss (" + _N + r")")
@@ -109,14 +131,24 @@ _TOTAL = re.compile(r"Total optimization steps = (\d+)")
 
 
 def looks_like_deepspeed(head: str) -> bool:
-    """A DeepSpeed engine's ``[Rank 0] step=N, skipped=K, lr=[...]`` line, or a DeepSpeed-Chat PPO step line."""
+    """A DeepSpeed engine's ``[Rank 0] step=N, skipped=K, lr=[...]`` line, a DeepSpeed-Chat PPO step line
+    (with the actor's and critic's losses) or a ``--print_loss`` line."""
     for raw in head.splitlines():
-        line = raw.strip()
+        line = _HOST.sub("", raw.strip(), count=1)
         if "skipped=" in line and _STEP.search(line):
             return True
-        if line.startswith("epoch:") and _PPO.match(line) and "act_loss" in line:
+        if line[:6].lower() == "epoch:" and (_ppo_line(line) or _RANK_LOSS.match(line)):
             return True
     return False
+
+
+def _ppo_line(line: str) -> re.Match[str] | None:
+    """A PPO step line: the step shape with the actor's and the critic's losses on it."""
+    m = _PPO.match(line)
+    if m is None:
+        return None
+    low = m.group(3).lower()
+    return m if ("act_loss" in low or "actor loss" in low) and ("cri_loss" in low or "critic loss" in low) else None
 
 
 def _f(text: str) -> float | None:
@@ -187,6 +219,13 @@ class _State:
     chat: bool = False
     ppo: bool = False
     dict_lines: bool = False
+    rank_losses: bool = False
+    # --print_loss: (epoch, step) -> the ranks' losses; update index -> its micro-batches' losses, stamp, scale
+    micro_index: dict[tuple[int, int], int] = field(default_factory=dict)
+    updates: dict[int, list[float]] = field(default_factory=dict)
+    update_time: dict[int, float | None] = field(default_factory=dict)
+    update_scale: dict[int, float | None] = field(default_factory=dict)
+    open_update: int | None = None
     exits_ok: int = 0
     exits_bad: int = 0
     saved: bool = False  # the script printed that it saves its (final) model
@@ -217,20 +256,27 @@ def parse_deepspeed(path: Path) -> tuple[list[Item], LogMeta]:
     # lines (PPO, 'step':N) makes them; otherwise the engine's log_dist lines do.
     with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
-            if raw.startswith("epoch:") and "act_loss" in raw and _PPO.match(raw.strip()):
+            line = _HOST.sub("", raw.strip(), count=1)
+            if line[:6].lower() == "epoch:" and _ppo_line(line):
                 st.ppo = True
                 break
-            if raw.startswith("'step'") and _DICT.match(raw.strip()):
+            if line.startswith("'step'") and _DICT.match(line):
                 st.dict_lines = True
+                break
+            if line.startswith("Epoch:") and _RANK_LOSS.match(line):
+                st.rank_losses = True
                 break
     with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
-            line = ANSI_ESCAPE.sub("", raw).strip()
+            line = _HOST.sub("", ANSI_ESCAPE.sub("", raw).strip(), count=1)
             if line:
                 _line(line, st)
     if st.ppo:
         _flush_round(st)
         _ppo_loss(st)
+    if st.rank_losses:
+        _close_update(st)
+        _loss_points(st)
     _fill_times(st.items)
     if not any(isinstance(it, TrainPoint) for it in st.items):
         raise ImportFormatError(f"{path}: no DeepSpeed step lines found")
@@ -274,10 +320,14 @@ def _line(line: str, st: _State) -> None:
     if "loss scale" in line:
         _scale_line(line, st)
         return
-    if line.startswith("epoch:"):
-        m = _PPO.match(line)
+    if line[:6].lower() == "epoch:":
+        m = _ppo_line(line)
         if m is not None:
             _ppo_step(int(m.group(1)), int(m.group(2)), m.group(3), st)
+            return
+        m = _RANK_LOSS.match(line)
+        if m is not None:
+            _rank_loss(int(m.group(1)), int(m.group(2)), float(m.group(4)), st)
             return
     if line.startswith("'step'"):
         m = _DICT.match(line)
@@ -331,7 +381,7 @@ def _step_line(step: int, skipped: int, lrs: list[float], text: str, st: _State)
     eng.lr_peak = max([eng.lr_peak, *lrs])
     if k == 0:
         st.dist_lines.append((step, skipped, lrs, st.stamp))
-        if not st.ppo and not st.dict_lines:
+        if not st.ppo and not st.dict_lines and not st.rank_losses:
             _dist_point(step, skipped, lrs, st)
 
 
@@ -369,7 +419,7 @@ def _take_scale(st: _State) -> float | None:
 def _ppo_step(epoch: int, batch: int, rest: str, st: _State) -> None:
     st.ppo = True
     _flush_round(st)
-    parts = dict((k.strip(), v.strip()) for k, _, v in (p.partition(":") for p in rest.split("|")) if k.strip())
+    parts = {_term(k): v.strip() for k, _, v in (p.partition(":") for p in rest.split("|")) if k.strip()}
     terms = {k: x for k, v in parts.items() if k.endswith("loss") and (x := _f(v)) is not None}
     step = epoch * st.per_epoch + batch if st.per_epoch else batch
     lrs: list[float] | None = None
@@ -377,7 +427,7 @@ def _ppo_step(epoch: int, batch: int, rest: str, st: _State) -> None:
         lrs = st.ppo_lrs[-1]
     point = TrainPoint(step=step, lr=lrs)
     st.ppo_terms.append((point, terms))
-    cri = terms.get("cri_loss")
+    cri = terms.get("critic_loss")
     if st.ppo_overflows or st.overflows or st.fp16:
         point.skipped = st.ppo_overflows > 0
     st.ppo_overflows = 0
@@ -394,25 +444,97 @@ _RL_TERM = (
 )
 
 
+_TERMS = {"act_loss": "actor_loss", "cri_loss": "critic_loss", "unsuper_loss": "unsupervised_loss"}
+
+
+def _term(name: str) -> str:
+    """One name per PPO term across DeepSpeed-Chat's versions (``act_loss`` / ``Actor Loss``)."""
+    key = _key(name)
+    return _TERMS.get(key, key)
+
+
 def _ppo_loss(st: _State) -> None:
-    """Which PPO term is the loss curve: none of the RL terms (``act_loss``, ``cri_loss``); the unsupervised
-    LM loss (``unsuper_loss``) when the run trains one (printed as 0.0 when the feature is off). A
-    non-finite value of any term is a NaN loss all the same: a fault whatever the term means."""
-    lm = any(t.get("unsuper_loss", 0.0) != 0.0 for _, t in st.ppo_terms)
+    """Which PPO term is the loss curve: none of the RL terms (the actor's and the critic's); the
+    unsupervised LM loss when the run trains one (printed as 0.0 when the feature is off). A non-finite
+    value of any term is a NaN loss all the same: a fault whatever the term means."""
+    lm_key = "unsupervised_loss"
+    lm = any(t.get(lm_key, 0.0) != 0.0 for _, t in st.ppo_terms)
     for point, terms in st.ppo_terms:
         if any(not math.isfinite(x) for x in terms.values()):
             point.loss = math.nan
         elif lm:
-            point.loss = terms.get("unsuper_loss")
+            point.loss = terms.get(lm_key)
     names = sorted({k for _, t in st.ppo_terms for k in t})
-    left = {k: _RL_TERM for k in names if k != "unsuper_loss" or not lm}
-    if not lm and "unsuper_loss" in left:
-        left["unsuper_loss"] = "0.0 at every step: the unsupervised loss is off in this run"
+    left = {k: _RL_TERM for k in names if k != lm_key or not lm}
+    if not lm and lm_key in left:
+        left[lm_key] = "0.0 at every step: the unsupervised loss is off in this run"
     st.loss_series = {
         "how": "unsupervised LM loss" if lm else "none",
-        "terms": ["unsuper_loss"] if lm else [],
+        "terms": [lm_key] if lm else [],
         "not_judged": left,
     }
+
+
+def _rank_loss(epoch: int, step: int, loss: float, st: _State) -> None:
+    """``Epoch: e, Step: s, Rank: r, loss = X``: one rank's loss of micro-batch ``s`` of epoch ``e``."""
+    key = (epoch, step)
+    m = st.micro_index.get(key)
+    if m is None:
+        m = epoch * st.per_epoch + step if st.per_epoch else len(st.micro_index)
+        st.micro_index[key] = m
+    i = m // (st.ga or 1)
+    if st.open_update is not None and i != st.open_update:
+        _close_update(st)
+    st.open_update = i
+    st.updates.setdefault(i, []).append(loss)
+    st.update_time[i] = st.stamp
+
+
+def _close_update(st: _State) -> None:
+    """The scaler's messages for an update follow its loss lines: its scale is read when the next one starts."""
+    if st.open_update is not None:
+        st.update_scale[st.open_update] = _take_scale(st)
+    st.open_update = None
+
+
+def _loss_points(st: _State) -> None:
+    """One step point per optimizer update: the mean of its micro-batches' losses over every rank (the
+    global batch's loss); the LR DeepSpeed printed after N updates is the one update N used; skipped when
+    the skip counter grew by the whole interval around it, not skipped when it did not grow."""
+    lr_at = {s: lrs for s, _, lrs, _ in st.dist_lines}
+    skips = sorted((s, k) for s, k, _, _ in st.dist_lines)
+    points = []
+    for i in sorted(st.updates):
+        losses = st.updates[i]
+        loss = math.fsum(losses) / len(losses)
+        point = TrainPoint(step=i, loss=loss, lr=lr_at.get(i) or None, time=st.update_time.get(i))
+        point.loss_scale = st.update_scale.get(i)
+        # the log_dist lines around update i (0-based): counters after `lo` and after `hi` updates
+        lo = max(((s, k) for s, k in skips if s <= i), default=None)
+        hi = min(((s, k) for s, k in skips if s > i), default=None)
+        if hi is not None:
+            base = lo if lo is not None else (0, 0)
+            grew = hi[1] - base[1]
+            point.skipped = True if grew >= hi[0] - base[0] else (False if grew == 0 else None)
+        points.append(point)
+    # evals and other items were appended as they came; the points go in step order before each later eval
+    evals = [it for it in st.items if not isinstance(it, TrainPoint)]
+    st.items = _merge(points, evals)
+    st.last_point = points[-1] if points else None
+
+
+def _merge(points: list[TrainPoint], evals: list[Item]) -> list[Item]:
+    """Points and evals in step order (an eval after the points of its step)."""
+    out: list[Item] = []
+    k = 0
+    for ev in evals:
+        step = getattr(ev, "step", None)
+        while k < len(points) and step is not None and points[k].step < step:
+            out.append(points[k])
+            k += 1
+        out.append(ev)
+    out.extend(points[k:])
+    return out
 
 
 def _dict_line(step: int, ppl: float, st: _State) -> None:
@@ -439,7 +561,7 @@ def _ppl_eval(step: int, ppl: float, t: float | None) -> EvalPoint:
 
 
 def _other(line: str, st: _State) -> None:
-    if line.startswith("cmd = "):
+    if "cmd = " in line:
         st.chat = True
         m = _GA_CLI.search(line)
         if m is not None and st.ga is None:
@@ -460,23 +582,13 @@ def _other(line: str, st: _State) -> None:
         st.eval_kind = m.group(1)
         st.eval_epoch = int(m.group(2))
         return
-    m = _PPL.match(line)
-    if m is not None and st.eval_kind == "perplexity":
-        st.items.append(_ppl_eval(_eval_step(st), float(m.group(1)), st.stamp))
-        st.eval_kind = None
-        return
-    m = _REWARD_EVAL.search(line)
-    if m is not None:
-        st.reward_evals.append(
-            {
-                "epoch": st.eval_epoch,
-                "step": _eval_step(st),
-                "chosen_last_scores": float(m.group(1)),
-                "acc": float(m.group(2)),
-            }
-        )
-        st.eval_kind = None
-        return
+    if st.eval_kind is not None and not line.startswith("["):
+        # the result line is nothing but name: value pairs (not a closing remark that quotes a value)
+        values = {_key(k): float(v) for k, _, v in _EVAL_KV.findall(line)}
+        if values and not _EVAL_KV.sub("", line).replace(",", "").strip():
+            _eval_result(values, st)
+            st.eval_kind = None
+            return
     m = _REWARD.match(line)
     if m is not None:
         step = st.last_point.step if st.last_point is not None else 0
@@ -518,11 +630,34 @@ def _other(line: str, st: _State) -> None:
         st.exits_bad += 1
 
 
+def _key(name: str) -> str:
+    return re.sub(r"\W+", "_", name.strip().lower()).strip("_")
+
+
+def _eval_result(values: dict[str, float], st: _State) -> None:
+    """The line after an ``Evaluating ...`` banner: an eval with its loss (printed, else ``ln ppl``), or,
+    without either (a reward model's scores and accuracy), a record in the config."""
+    step = _eval_step(st)
+    ppl = values.pop("ppl", values.pop("perplexity", None))
+    loss = values.pop("loss", None)
+    if loss is None and ppl is not None:
+        loss = math.log(ppl) if ppl > 0 and math.isfinite(ppl) else math.nan
+    if loss is None:
+        st.reward_evals.append({"epoch": st.eval_epoch, "step": step, **values})
+        return
+    metrics = dict(values)
+    if ppl is not None:
+        metrics["perplexity"] = ppl
+    st.items.append(EvalPoint(step, loss, metrics, time=st.stamp))
+
+
 def _eval_step(st: _State) -> int:
     """The engine step an epoch's evaluation ran after: epochs done x batches per epoch / GA when the
     script printed them, else the last logged step (0 before the first)."""
     if st.per_epoch and st.batches_kind == "micro":
-        return st.eval_epoch * st.per_epoch // (st.ga or 1)
+        done = st.eval_epoch * st.per_epoch // (st.ga or 1)
+        # step base 1 (log_dist points) logs it under the updates done, step base 0 under the last one's index
+        return done if not st.rank_losses else max(0, done - 1)
     return st.last_point.step if st.last_point is not None else 0
 
 
@@ -544,6 +679,14 @@ def _meta(st: _State) -> LogMeta:
         fmt, framework = "deepspeed_stdout", "deepspeed"
         step_base = 0
         config["step_counter"] = "the script's batch index ('step':N)"
+    elif st.rank_losses:
+        fmt, framework = (
+            ("deepspeed_chat_stdout" if st.chat else "deepspeed_stdout"),
+            ("deepspeed-chat" if st.chat else "deepspeed"),
+        )
+        step_base = 0
+        config["step_counter"] = "optimizer update index (micro-batch index // gradient_accumulation_steps)"
+        config["loss_reduction"] = "mean of every rank's printed micro-batch losses of the update"
     else:
         fmt, framework = (
             ("deepspeed_chat_stdout" if st.chat else "deepspeed_stdout"),
@@ -643,6 +786,8 @@ def _meta(st: _State) -> LogMeta:
             )
         if not st.loss_series["terms"]:
             notes.append("no loss curve in this log: the loss rules had nothing to judge")
+    elif st.rank_losses:
+        config["loss_series"] = {"how": "printed loss (--print_loss)", "terms": ["loss"], "not_judged": {}}
     else:
         config["loss_series"] = {"how": "none", "terms": [], "not_judged": {}}
         notes.append(
@@ -659,9 +804,11 @@ def _meta(st: _State) -> LogMeta:
     if st.reward_evals:
         config["reward_evals"] = st.reward_evals
         first, last = st.reward_evals[0], st.reward_evals[-1]
+        names = [k for k in first if k not in ("epoch", "step") and k in last]
+        shown = ", ".join(f"{k} {first[k]:.4g} -> {last[k]:.4g}" for k in names)
         notes.append(
-            f"reward-model evaluations (no eval loss, not imported as evals): acc {first['acc']:.4g} "
-            f"(epoch {first['epoch']}) -> {last['acc']:.4g} (epoch {last['epoch']}), higher is better"
+            f"evaluations without an eval loss (a reward model's scores), recorded in reward_evals, not imported "
+            f"as evals: {shown} (epoch {first['epoch']} -> {last['epoch']})"
         )
     if st.ppo:
         t = _tenths([r for _, r in st.rewards])
