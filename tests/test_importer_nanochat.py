@@ -155,7 +155,9 @@ def test_a_pipeline_is_one_run_per_stage_each_with_its_own_step_base(tmp_path: P
     assert [e.fields["loss"] for e in runs["speedrun-mid"] if e.kind == "eval"] == [0.6886, 0.3954]
     sft_evals = [e.fields for e in runs["speedrun-chatsft"] if e.kind == "eval"]
     assert sft_evals[-1]["metrics"] == {"val_loss": 1.011768, "mmlu_acc": 0.310547, "arc_easy_acc": 0.393555}
-    assert _steps(runs["speedrun-chatsft"])[1]["tokens"] == 10_001  # num_tokens: the step's supervised tokens
+    # a step event counts one rank's tokens: the job's batch (524,288) and SFT's num_tokens over 8 ranks
+    assert _steps(runs["speedrun-base"])[0]["tokens"] == 524_288 // 8
+    assert _steps(runs["speedrun-chatsft"])[1]["tokens"] == round(10_001 / 8)
 
 
 def test_the_smoothed_loss_says_how_many_steps_it_averages(tmp_path: Path) -> None:

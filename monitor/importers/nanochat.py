@@ -28,7 +28,9 @@ counter, schedule and line shape, initialised from the previous stage's checkpoi
   step before its update), not a learning rate: no LR is imported (``lrm_first`` / ``lrm_last`` are
   kept). ``dt`` is the step time; summed from the last timestamp logged before a launch's first
   step it is the real clock. ``mfu`` / ``bf16_mfu`` (percent) is kept as the stage's median. Tokens
-  per step are the launch's ``Total batch size N`` when printed, else ``tok/sec x dt``.
+  per step are the launch's ``Total batch size N`` when printed, else ``tok/sec x dt`` (both the
+  whole job's), divided by the ``Distributed world size`` when every launch prints the same one: a
+  step event counts one rank's tokens.
 * Evaluations: ``Step 00250 | Validation bpb: 0.8123`` (bits per byte, kept as the eval loss and as
   ``val_bpb``) or ``Step N | Validation loss: X``; the other ``Step N | name: value`` lines (``CORE
   metric``, ``mmlu_acc: X, arc_easy_acc: Y``, ``ChatCORE: X | ChatCORE_cat: Y``) join that step's
@@ -467,6 +469,11 @@ def _assemble(stages: list[_Stage], time_source: str, bad: int) -> tuple[list[It
     common_notes = [f"{bad} damaged log lines skipped"] if bad else []
     sizes = {st.launch.world_size for st in stages if st.launch.world_size is not None}
     world_size = sizes.pop() if len(sizes) == 1 else None
+    if world_size and world_size > 1:  # the printed batch is the job's; a step event counts one rank's tokens
+        for st in stages:
+            for p in st.items:
+                if isinstance(p, TrainPoint) and p.tokens is not None:
+                    p.tokens = round(p.tokens / world_size)
     if len(stages) == 1:
         (stage,) = stages
         status, config, notes = _stage_meta(stage, last=True)
