@@ -247,6 +247,10 @@ class GradExplosionConfig:
     """The recent clip rate must exceed the baseline rate by this much ..."""
     clip_min_rate: float = 0.6
     """... and be at least this high, to report a rising clip rate."""
+    shift_entries: int = 20
+    """A norm that stays ``min_ratio`` x above its median before a spike episode for this many entries in a
+    row (spikes or not: once the run's tail has caught up, the new level no longer reads as spikes) has
+    shifted level: a warning naming its likely causes, never "back in band"."""
 
 
 @dataclass

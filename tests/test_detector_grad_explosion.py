@@ -277,3 +277,49 @@ def test_a_spike_with_the_loss_at_the_same_step_is_the_loss_spikes_incident() ->
     norms[220] *= 100  # a norm spike with no loss spike: grad_explosion's own
     (a,) = _anomalies(feed(_det(), _steps(norms, clip=1e9, losses=losses, end=True)))
     assert a["first"] == 220 and _spike_steps(a["final"]) == [220]
+
+
+def _shifted(ratio: float, clip: float | None, n: int = 800, at: int = 300) -> list:
+    """A grad norm that steps up ``ratio`` x at ``at`` and stays (accumulation without dividing the loss by the
+    number of micro-batches): clip_coef from max_norm ``clip``; the loss does not move."""
+    import random as _random
+
+    from detector_helpers import curve
+
+    rng = _random.Random(1)
+    losses = curve(n, 1, 0.02)
+    evs = [start()]
+    for t in range(n):
+        g = (1.0 if t < at else ratio) * math.exp(rng.gauss(0, 0.1))
+        f = {"step": t, "loss": losses[t], "grad_norm": g}
+        if clip is not None:
+            f["clip_coef"] = min(1.0, clip / g)
+        evs.append(ev("step", f, float(t)))
+    evs.append(ev("run_end", {"status": "finished", "step": n - 1}, float(n)))
+    return evs
+
+
+def test_a_persistent_level_shift_is_a_warning_not_back_in_band() -> None:
+    """Issue 23: 4x at one step and staying there, clipping 0% -> 100%, read as 'back in band ... nothing to
+    do' (info) because the run's tail caught up with the new level. It is a warning naming its causes, and it
+    stays open at the run's end (a level that stays is not back in band)."""
+    found = feed(_det(), _shifted(4.0, clip=2.0))
+    assert found and found[0].step == 300
+    assert not any(f.resolved for f in found)
+    assert not any("back in band" in f.message or "back to normal" in f.message for f in found)
+    last = found[-1]
+    assert last.severity == "warning" and last.step == 799
+    assert "shifted up at step 300" in last.message and "clipping on 100% of the steps since (was 0% before)" in (
+        last.message
+    )
+    assert "accumulation" in last.hint and "loss-reduction" in last.hint and "LR or weight-decay" in last.hint
+
+
+def test_a_level_shift_that_comes_back_down_says_so() -> None:
+    evs = _shifted(4.0, clip=None, n=900)
+    for e in evs[501:]:  # back to the old level at step 500
+        if e.kind == "step":
+            e.fields["grad_norm"] /= 4.0
+    found = feed(_det(), evs)
+    assert any("back down at step 500" in f.message for f in found)
+    assert found[-1].resolved

@@ -41,6 +41,18 @@ an episode is as findable as one that opens it. While the loss is degenerate (ex
 constant on most recent entries: nothing learned, labels all masked, NaNs logged as 0) the
 gradients are ~0 and their spikes are not judged; the first one raises one plain note instead.
 
+**A level that stays is not back in band** (issue 23; DESIGN.md "onset, extent, persistence"). The
+tail test lets a new level stop reading as spikes after a few entries, which used to end the episode
+as "back in band ... nothing to do" while the norm sat 4x higher with clipping on every step (gradient
+accumulation that stopped dividing the loss by the number of micro-batches). So, from the episode's
+first spike, the norm is also compared with its median *before* the episode: while it stays above
+sqrt(``min_ratio``) x that, the episode is not calm; ``shift_entries`` entries in a row at ``min_ratio`` x
+or more, a new level below ``warn_ratio`` x that the loss did not feel, make it a level shift: a
+warning dated at its onset, naming its likely causes (accumulation scaling, a loss-reduction change,
+an LR or weight-decay change) and the clip rate since against before; it stays open while the level
+holds (also at the run's end) and says when the norm came back down. An episode whose norm came back
+down before that is a spike episode and is judged spike by spike, as before.
+
 Clipping hides explosions from the update but not from the pre-clip norm; a clip rate climbing
 far above its own baseline is the slow version of the same story and is reported separately. When the step carries
 ``layer_grad_norms`` the hint names the parameter whose norm grew most since the last sample.
@@ -107,6 +119,15 @@ class _Episode:
     # first. Unless the norm stays up past that entry, it is loss_spike's incident (which names the
     # norm as evidence), and "the loss did not follow" beside it would contradict it: not reported.
     with_loss: bool = False
+    # A level shift: the norm stays min_ratio x above the median it had before the episode (``first.median``)
+    high: int = 0  # consecutive entries that far above it, spikes or not
+    highs: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=32))
+    shift: bool = False  # high for shift_entries in a row: a new level, not spikes that pass
+    broke: bool = False  # the norm came back down before that: a spike episode, whatever follows in it
+    down_step: int | None = None  # the step the norm came back down after a shift
+    clip_before: float | None = None  # share of clipped steps before the episode
+    clip_n: int = 0  # steps with a clip coefficient since the episode opened
+    clip_hits: int = 0  # ... of which clipped
 
 
 class GradExplosion(Detector):
@@ -214,7 +235,7 @@ class GradExplosion(Detector):
         ep = self._ep
         if ep is not None and changed:
             out.extend(self._report(ep))
-        if ep is not None and ep.said is None and ep.with_loss and ep.watch == 0 and ep.run == 0:
+        if ep is not None and ep.said is None and ep.with_loss and ep.watch == 0 and ep.run == 0 and not ep.high:
             self._ep = None  # the loss spike's incident is over: later spikes start their own episode
         elif ep is not None and ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
             out.extend(self._close(step, f"in band since step {ep.last_step}"))
@@ -223,6 +244,9 @@ class GradExplosion(Detector):
             self._layers = {k: v for k, v in layers.items() if finite(v)}
         coef = f.get("clip_coef")
         if finite(coef):
+            if self._ep is not None:
+                self._ep.clip_n += 1
+                self._ep.clip_hits += coef < 1.0
             self._push_clip(coef < 1.0)
             if self._ep is None:
                 out.extend(self._clip_rate(step))
@@ -252,15 +276,58 @@ class GradExplosion(Detector):
             elif spike:
                 self._spike(_Spike(step, norm, math.exp(x - med), math.exp(med)), sigma, layers, with_loss)
                 changed = True
-            elif ep is not None:
+            elif ep is not None and not self._still_high(ep, x):
                 ep.median = math.exp(med)
                 changed = ep.run > 0  # back in band: the message says so
                 ep.run = 0
                 ep.calm += 1
+            if self._ep is not None:
+                changed |= self._level(self._ep, step, x)
         if not spike:
             self._accept(x)
         self._all.add(x)
         return changed
+
+    def _still_high(self, ep: _Episode, x: float) -> bool:
+        """Not a spike any more (the run's tail caught up with it), yet not back down either: above the
+        square root of ``min_ratio`` x the median before the episode (hysteresis: noise around a new
+        level dips below min_ratio now and then)."""
+        if ep.broke and not ep.shift:
+            return False  # it came down once: a spike episode, judged spike by spike
+        return x - math.log(ep.first.median) >= 0.5 * math.log(self.config.min_ratio)
+
+    def _level(self, ep: _Episode, step: int, x: float) -> bool:
+        """Follow whether the norm stays far above its level before the episode; True when that is news."""
+        cfg = self.config
+        if ep.broke and not ep.shift:
+            return False
+        if self._still_high(ep, x):
+            if x - math.log(ep.first.median) >= math.log(cfg.min_ratio):
+                ep.high += 1
+                ep.highs.append(math.exp(x))
+            ep.calm = 0  # not back: the run's tail caught up with the new level, the norm did not come down
+            ep.down_step = None
+            if ep.shift:
+                ep.last_step = step  # the extent of the condition
+            level = statistics.median(ep.highs) / ep.first.median if ep.highs else 0.0
+            # a new level the loss did not feel; one ``warn_ratio`` x up, or that the loss followed, is an explosion
+            if (
+                not ep.shift
+                and not ep.broke
+                and ep.high >= cfg.shift_entries
+                and level < cfg.warn_ratio
+                and ep.followed is None
+            ):
+                ep.shift = True
+                ep.last_step = step
+                return True
+            return False
+        ep.high = 0
+        ep.broke = ep.broke or not ep.shift
+        if ep.shift and ep.down_step is None:
+            ep.down_step = step
+            return True
+        return False
 
     def _spike(self, s: _Spike, sigma: float, layers: Any, with_loss: bool = False) -> None:
         cfg = self.config
@@ -268,6 +335,8 @@ class GradExplosion(Detector):
         if ep is None:
             self._clip_open = False  # the episode takes over an anomaly the clip rate opened
             ep = self._ep = _Episode(first=s, largest=s, record=self._record, with_loss=with_loss)
+            if self._clips:
+                ep.clip_before = (self._recent_clipped + self._base_clipped) / len(self._clips)
         if ep.watch == 0:  # a new loss watch, against the loss before this spike
             ep.loss_ref = self._loss_ref()
             ep.burst, ep.burst_peak, ep.burst_start = 0, 0.0, s.step
@@ -324,7 +393,7 @@ class GradExplosion(Detector):
         if ep.watch > 0:
             ep.cut, ep.watch = ep.watched, 0
         out = self._report(ep)
-        if ep.run == 0:  # an episode the run ended with the norm still up stays open
+        if ep.run == 0 and (not ep.shift or ep.down_step is not None):  # the norm still up: it stays open
             out.extend(self._close(ep.last_step, "the run ended"))
         return out
 
@@ -355,14 +424,39 @@ class GradExplosion(Detector):
         cfg = self.config
         if ep.followed is not None:
             return "critical" if ep.followed_peak >= cfg.warn_ratio else "warning"
+        if ep.shift:
+            return "warning"
         if (ep.run > 0 or ep.watch > 0) and ep.burst >= cfg.sustain_entries:
             return "critical" if ep.burst_peak >= cfg.warn_ratio else "warning"
         if ep.largest.ratio >= cfg.warn_ratio and ep.largest.ratio > ep.record[0]:
             return "warning"
         return "info"
 
+    def _shift_message(self, ep: _Episode) -> str:
+        before = ep.first.median
+        level = statistics.median(ep.highs) if ep.highs else ep.largest.norm
+        parts = [
+            f"grad norm shifted up at step {ep.first.step} and stayed there: about {level:.3g} since, "
+            f"{_x(level / before)} its median of {before:.3g} before"
+        ]
+        if ep.down_step is not None:
+            parts.append(f"back down at step {ep.down_step}")
+        elif ep.ended:
+            parts.append("the run ended at that level")
+        else:
+            parts.append(f"{ep.high} entries in a row so far")
+        if ep.clip_n:
+            was = f" (was {ep.clip_before:.0%} before)" if ep.clip_before is not None else ""
+            parts.append(f"clipping on {ep.clip_hits / ep.clip_n:.0%} of the steps since{was}")
+        fo = ep.followed
+        if fo is not None and fo["loss"] is not None:
+            parts.append(f"the loss rose with it: {fo['loss']:.4g} at step {fo['step']} against {fo['median']:.4g}")
+        return "; ".join(parts)
+
     def _message(self, ep: _Episode) -> str:
         cfg = self.config
+        if ep.shift:
+            return self._shift_message(ep)
         big = ep.largest
         if ep.count == 1:
             parts = [
@@ -411,6 +505,20 @@ class GradExplosion(Detector):
         where = ""
         if ep.layer is not None:
             where = " " + ep.layer["text"]
+        if ep.shift:
+            clip = ""
+            if ep.clip_n and ep.clip_hits >= 0.5 * ep.clip_n:
+                clip = (
+                    " With clipping on most steps, each update is now scaled down to max_norm: the run trains "
+                    "with a different effective LR than the one set."
+                )
+            return (
+                f"A step change of the gradient norm that persists is a change of scale at step {ep.first.step}, "
+                "not an instability that passes. Likely causes: gradient accumulation that does not divide the "
+                "loss by the number of micro-batches, a loss-reduction change (sum instead of mean, longer "
+                "sequences or a bigger batch summed), or an LR or weight-decay change there." + clip + " Check what "
+                "changed at that step; if it was meant, re-tune max_norm." + where
+            )
         if ep.followed is not None:
             at = ep.followed["after_spike"]
             return (
@@ -465,7 +573,7 @@ class GradExplosion(Detector):
 
     def _report(self, ep: _Episode) -> list[Finding]:
         """The episode's current state, if what it says changed (the step is its last spike: its extent)."""
-        if ep.with_loss and ep.count == 1 and ep.burst < 2:
+        if ep.with_loss and ep.count == 1 and ep.burst < 2 and not ep.shift:
             return []  # the loss spike's incident, unless the norm stays up
         severity, message = self._severity(ep), self._message(ep)
         if ep.said == (severity, message):
