@@ -168,8 +168,9 @@ def test_the_smoothed_loss_says_how_many_steps_it_averages(tmp_path: Path) -> No
 
 
 def test_step_lines_behind_echoed_keystrokes_are_read(tmp_path: Path) -> None:
-    """``^[[B^[[B...step 04354/21400``: cursor keys a ``screen`` session echoed in caret notation (101)."""
-    events = list(read_events(_write(tmp_path, _base(prefix="^[[B^[[B^[[A^[[A"))))
+    """``^[[B^[[B...step 04354/21400``: cursor keys a ``screen`` session echoed in caret notation (101),
+    behind a real escape sequence that is not a colour (``ESC[?25l``, hide the cursor)."""
+    events = list(read_events(_write(tmp_path, _base(prefix="\x1b[?25l^[[B^[[B^[[A^[[A"))))
     assert [s["step"] for s in _steps(events)] == [0, 1, 2, 3]
 
 

@@ -77,7 +77,6 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.monitor.importers.common import (
-    ANSI_ESCAPE,
     EvalPoint,
     ImportFormatError,
     Item,
@@ -86,6 +85,7 @@ from trainmon.monitor.importers.common import (
     RunMark,
     TrainPoint,
 )
+from trainmon.monitor.importers.terminal import clean_text
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
 
 __all__ = ["EMA_BETA", "looks_like_nanochat", "parse_nanochat"]
@@ -135,7 +135,7 @@ def looks_like_nanochat(head: str) -> bool:
 
 def _clean(raw: str) -> str:
     """The text of a line as a step line would read: escapes removed, echoed keystrokes in front dropped."""
-    line = ANSI_ESCAPE.sub("", raw).strip()
+    line = clean_text(raw).strip()
     if line.startswith("^"):
         line = _ECHOED.sub("", line).strip()
     return line

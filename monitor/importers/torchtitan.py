@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.monitor.importers.common import (
-    ANSI_ESCAPE,
     EvalPoint,
     ImportFormatError,
     Item,
@@ -66,6 +65,7 @@ from trainmon.monitor.importers.common import (
     RunMark,
     TrainPoint,
 )
+from trainmon.monitor.importers.terminal import clean_text
 from trainmon.monitor.importers.textclock import ISO_STAMP, iso_to_epoch
 
 __all__ = ["looks_like_torchtitan", "parse_torchtitan"]
@@ -100,7 +100,7 @@ _PLACEHOLDER_LOSS = -1.0  # pipeline parallelism: ranks without the last stage p
 
 
 def _message(raw: str) -> tuple[int | None, float | None, str]:
-    line = ANSI_ESCAPE.sub("", raw).strip()
+    line = clean_text(raw).strip()
     m = _PREFIX.match(line)
     if m is None:  # pragma: no cover - the pattern matches any line
         return None, None, line
