@@ -205,3 +205,13 @@ def test_only_torchtitan_lines_are_recognised() -> None:
     assert looks_like_torchtitan(_metrics(10, 9.5, color=False))
     assert not looks_like_torchtitan("step 00042/21400 (0.20%) | loss: 5.47 | lrm: 1.00 | dt: 1142.98ms\n")
     assert not looks_like_torchtitan(_line(T0, "validate step: 10  loss:  8.1234  memory: 45.67GiB(57.71%)"))
+
+
+def test_every_step_is_read_once_when_torchrun_tees_several_ranks(tmp_path: Path) -> None:
+    """``torchrun --tee 3`` without ``--role`` prefixes ``[default0]:``, ``[default1]:``: the same step twice."""
+    head, t = _launch(T0)
+    one = head + _train(t, 1, 40)
+    both = "".join(ln.replace("[rank0]:", f"[default{r}]:") for ln in one.splitlines(keepends=True) for r in (0, 1))
+    items, meta = parse_torchtitan(_write(tmp_path, both))
+    assert [it.step for it in items if type(it).__name__ == "TrainPoint"] == [1, 10, 20, 30, 40]
+    assert any("ranks [0, 1]" in n for n in meta.notes)

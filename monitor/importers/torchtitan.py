@@ -73,7 +73,7 @@ __all__ = ["looks_like_torchtitan", "parse_torchtitan"]
 log = logging.getLogger("trainmon.import")
 
 _PREFIX = re.compile(
-    r"^(?:\[(?:default)?rank(?P<rank>\d+)\]:\s*)?(?:\[titan\]\s*)?"
+    r"^(?:\[(?:rank|default)(?P<rank>\d+)\]:\s*)?(?:\[titan\]\s*)?"
     r"(?:(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?)\s+-\s+\S+\s+-\s+[A-Z]+\s+-\s+)?(?P<msg>.*)$"
 )
 _STEP = re.compile(r"^step:\s*(\d+)\s+(.*\bloss:.*)$")
