@@ -18,6 +18,7 @@ import pytest
 
 from trainmon.hooks.wire import Event
 from trainmon.monitor.importers import detect_format, read_events
+from trainmon.monitor.importers.deepspeed import parse_deepspeed
 
 T0 = "2023-04-18 01:46:"  # stamps below are T0 + seconds
 
@@ -398,3 +399,34 @@ def test_reward_model_scores_without_a_loss_are_recorded(tmp_path: Path) -> None
         (20, 0.7, 0.9),
     ]
     assert any("acc 0.49 -> 0.7" in n for n in cfg["notes"])
+
+
+def test_pipeline_engine_lines_carry_the_loss(tmp_path: Path) -> None:
+    """DeepSpeed's pipeline engine prints ``steps: N loss: X iter time (s): T samples/sec: S`` after its
+    log_dist line of the same step: the loss, the interval's mean step time, the LR and skips of that N."""
+    lines = []
+    for k, n in enumerate((10, 20, 30)):
+        lines.append(_dist(float(k * 5), n, 0 if n < 30 else 10, 1e-4 * n / 30))
+        lines.append(f"steps: {n} loss: {3.0 - 0.1 * k:.4f} iter time (s): 0.500 samples/sec: 64.000")
+    events = _events(tmp_path, "\n".join(lines) + "\n")
+    cfg = _start(events)["config"]
+    steps = _steps(events)
+    assert [(s["step"], s["loss"], s["step_time"]) for s in steps] == [(10, 3.0, 0.5), (20, 2.9, 0.5), (30, 2.8, 0.5)]
+    assert cfg["step_base"] == 1 and cfg["loss_series"]["terms"] == ["loss"]
+    assert steps[1]["lr"] == [pytest.approx(1e-4 * 20 / 30)] * 2
+    assert [s.get("skipped") for s in steps] == [None, False, True]
+
+
+def test_megatron_iteration_lines_past_the_engine_lines_go_to_megatron(tmp_path: Path) -> None:
+    """A file whose first recognised lines are DeepSpeed's but that holds Megatron iteration lines further on."""
+    head = [_dist(float(k), k, 0, 1e-4) for k in range(1, 3)]
+    tail = [
+        f" iteration        {n}/     100 | consumed samples:           {32 * n} | elapsed time per iteration (ms): "
+        f"900.1 | learning rate: 1.000E-04 | global batch size:    32 | lm loss: {11.0 - n / 10:.6E} | "
+        "loss scale: 4096.0 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+        for n in (3, 4)
+    ]
+    path = tmp_path / "mds.log"
+    path.write_text("\n".join(head + tail) + "\n")
+    items, meta = parse_deepspeed(path)
+    assert meta.format == "megatron_stdout" and [it.step for it in items] == [3, 4]

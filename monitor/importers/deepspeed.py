@@ -33,7 +33,14 @@ script; these shapes are read (a multi-node launcher's ``host: `` prefix is remo
 * **Scripts with a step counter of their own** (DeepSpeedExamples' fine-tuning scripts:
   ``'step':N, 'ppl':X, 'seq_len':L, ...`` every few batches): one step point and one eval per such
   line, ``N`` being the script's batch index (step base 0), the eval loss ``ln ppl``.
+* **DeepSpeed's pipeline engine** (``steps: N loss: X [name: Y ...] iter time (s): T samples/sec: S``,
+  every ``steps_per_print`` steps, after the ``log_dist`` line of the same N): one step point per
+  line, step base 1, the loss of that step (its micro-batches aggregated), ``T`` the mean step time
+  since the previous line.
 * Otherwise (any script): the ``log_dist`` lines alone, as in step 1.
+
+A Megatron-DeepSpeed stdout holds the engine's lines too: a file with Megatron iteration lines is
+Megatron's (:mod:`.megatron`), wherever they start.
 
 Semantics, as DeepSpeed defines them:
 
@@ -84,6 +91,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.monitor.importers.common import ANSI_ESCAPE, EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
 from trainmon.monitor.importers.textclock import ISO_STAMP, iso_to_epoch
 
 __all__ = ["looks_like_deepspeed", "parse_deepspeed"]
@@ -108,6 +116,10 @@ _REWARD = re.compile(r"^average reward score:\s*(" + _N + r")", re.IGNORECASE)
 # ``--print_loss``: every rank prints its own micro-batch loss (a tensor, or a number)
 _RANK_LOSS = re.compile(
     r"^Epoch:\s*(\d+),\s*Step:\s*(\d+),\s*Rank:\s*(\d+),\s*loss\s*=\s*(?:tensor\(\s*)?(" + _N + r")"
+)
+# DeepSpeed's pipeline engine: ``steps: N loss: X [name: Y ...] iter time (s): T samples/sec: S``
+_PIPE = re.compile(
+    r"^steps:\s*(\d+)\s+loss:\s*(" + _N + r")\s+(.*?)iter time \(s\):\s*(" + _N + r")\s+samples/sec:\s*(" + _N + r")"
 )
 # a launcher's host prefix on multi-node runs (``worker-0: [2023-...] ...``)
 _HOST = re.compile(
@@ -138,6 +150,8 @@ def looks_like_deepspeed(head: str) -> bool:
         if "skipped=" in line and _STEP.search(line):
             return True
         if line[:6].lower() == "epoch:" and (_ppo_line(line) or _RANK_LOSS.match(line)):
+            return True
+        if line.startswith("steps:") and _PIPE.match(line):
             return True
     return False
 
@@ -220,6 +234,8 @@ class _State:
     ppo: bool = False
     dict_lines: bool = False
     rank_losses: bool = False
+    pipe: bool = False
+    extra_losses: dict[str, float] = field(default_factory=dict)  # the pipeline engine's additional losses (last)
     # --print_loss: (epoch, step) -> the ranks' losses; update index -> its micro-batches' losses, stamp, scale
     micro_index: dict[tuple[int, int], int] = field(default_factory=dict)
     updates: dict[int, list[float]] = field(default_factory=dict)
@@ -266,9 +282,15 @@ def parse_deepspeed(path: Path) -> tuple[list[Item], LogMeta]:
             if line.startswith("Epoch:") and _RANK_LOSS.match(line):
                 st.rank_losses = True
                 break
+            if line.startswith("steps:") and _PIPE.match(line):
+                st.pipe = True
+                break
     with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
             line = _HOST.sub("", ANSI_ESCAPE.sub("", raw).strip(), count=1)
+            if "iteration" in line and "|" in line and looks_like_megatron(line):
+                # Megatron-DeepSpeed prints the engine's lines beside its own iteration lines: its reader's file
+                return parse_megatron(path)
             if line:
                 _line(line, st)
     if st.ppo:
@@ -329,6 +351,11 @@ def _line(line: str, st: _State) -> None:
         if m is not None:
             _rank_loss(int(m.group(1)), int(m.group(2)), float(m.group(4)), st)
             return
+    if line.startswith("steps:"):
+        m = _PIPE.match(line)
+        if m is not None:
+            _pipe_line(m, st)
+            return
     if line.startswith("'step'"):
         m = _DICT.match(line)
         if m is not None:
@@ -381,7 +408,7 @@ def _step_line(step: int, skipped: int, lrs: list[float], text: str, st: _State)
     eng.lr_peak = max([eng.lr_peak, *lrs])
     if k == 0:
         st.dist_lines.append((step, skipped, lrs, st.stamp))
-        if not st.ppo and not st.dict_lines and not st.rank_losses:
+        if not st.ppo and not st.dict_lines and not st.rank_losses and not st.pipe:
             _dist_point(step, skipped, lrs, st)
 
 
@@ -473,6 +500,31 @@ def _ppo_loss(st: _State) -> None:
         "terms": [lm_key] if lm else [],
         "not_judged": left,
     }
+
+
+def _pipe_line(m: re.Match[str], st: _State) -> None:
+    """``steps: N loss: X ... iter time (s): T``: the pipeline engine's own line, printed after its
+    ``log_dist`` line of the same N (whose LR, skip counter and scale it takes)."""
+    step = int(m.group(1))
+    lrs: list[float] | None = None
+    skipped: int | None = None
+    if st.dist_lines and st.dist_lines[-1][0] == step:
+        _, skipped, lrs, _ = st.dist_lines[-1]
+    point = TrainPoint(step=step, loss=float(m.group(2)), lr=lrs or None, time=st.stamp)
+    dt = _f(m.group(4))
+    if dt is not None and dt >= 0:
+        point.step_time = dt  # the mean over the steps since the previous line
+    prev = st.last_logged
+    if skipped is not None:
+        if prev is not None and step > prev[0]:
+            done = skipped - prev[1]
+            point.skipped = True if done >= step - prev[0] else (False if done == 0 else None)
+        st.last_logged = (step, skipped)
+    point.loss_scale = _take_scale(st)
+    extra = {_key(k): float(v) for k, v in re.findall(r"([A-Za-z_][\w.]*):\s*(" + _N + r")", m.group(3))}
+    st.extra_losses.update(extra)
+    st.items.append(point)
+    st.last_point = point
 
 
 def _rank_loss(epoch: int, step: int, loss: float, st: _State) -> None:
@@ -679,6 +731,16 @@ def _meta(st: _State) -> LogMeta:
         fmt, framework = "deepspeed_stdout", "deepspeed"
         step_base = 0
         config["step_counter"] = "the script's batch index ('step':N)"
+    elif st.pipe:
+        fmt, framework = "deepspeed_stdout", "deepspeed"
+        step_base = 1
+        config["step_counter"] = "DeepSpeed's global_steps (pipeline engine 'steps: N', skipped steps included)"
+        notes.append(
+            "the pipeline engine prints, every steps_per_print steps, the loss of that step (its micro-batches "
+            "aggregated) and the mean iteration time since its previous line"
+        )
+        if st.extra_losses:
+            config["additional_losses_last"] = st.extra_losses
     elif st.rank_losses:
         fmt, framework = (
             ("deepspeed_chat_stdout" if st.chat else "deepspeed_stdout"),
@@ -788,6 +850,8 @@ def _meta(st: _State) -> LogMeta:
             notes.append("no loss curve in this log: the loss rules had nothing to judge")
     elif st.rank_losses:
         config["loss_series"] = {"how": "printed loss (--print_loss)", "terms": ["loss"], "not_judged": {}}
+    elif st.pipe:
+        config["loss_series"] = {"how": "the pipeline engine's loss", "terms": ["loss"], "not_judged": {}}
     else:
         config["loss_series"] = {"how": "none", "terms": [], "not_judged": {}}
         notes.append(
