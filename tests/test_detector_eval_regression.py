@@ -393,3 +393,32 @@ def test_a_tiny_validation_sets_noise_is_not_a_regression(seed: int) -> None:
 def test_a_rise_beyond_the_tiny_validation_sets_noise_is_still_flagged() -> None:
     found = [f for f in _feed_attempts(_det(), _tiny_val_set(0, 0.03)) if f.severity == "warning"]
     assert found and all(f.step > 160 for f in found)
+
+
+def _evals_only(losses: list[float], every: int = 10) -> list[Event]:
+    """A log that prints only its evals (a DeepSpeed script's eval perplexity, as ln ppl), the first at step 0."""
+    return [
+        start(),
+        *(
+            ev("eval", {"step": every * i, "loss": v, "metrics": {"perplexity": math.exp(v)}})
+            for i, v in enumerate(losses)
+        ),
+    ]
+
+
+def test_an_eval_loss_rising_in_a_log_with_no_train_loss_is_a_regression_until_it_comes_back() -> None:
+    # 109: ln perplexity 4.12 (step 0, the pretrained model) -> 4.88 at step 220 -> back below the start by 350
+    rise = [4.124, 4.1235, 4.1224, 4.1234, 4.1312, 4.1512, 4.1859, 4.2354, 4.2996, 4.3686, 4.4151, 4.4572, 4.5085]
+    peak = [4.5582, 4.5812, 4.563, 4.5633, 4.6107, 4.7101, 4.8411, 4.7848, 4.7143, 4.8796]
+    back = [4.5853, 4.5034, 4.5566, 4.5077, 4.4011, 4.338, 4.2838, 4.2692, 4.2694, 4.187, 4.1365, 4.04, 4.01]
+    found = _feed_attempts(_det(), _evals_only(rise + peak + back))
+    opened = [f for f in found if not f.resolved]
+    assert opened[0].step == 90 and opened[0].severity == "warning" and "no training loss" in opened[0].message
+    assert max(f.step for f in opened) == 220  # extended to its worst eval
+    assert found[-1].resolved and found[-1].step == 320
+
+
+def test_noisy_evals_in_a_log_with_no_train_loss_are_silent() -> None:
+    rng = random.Random(5)
+    losses = [3.0 * math.exp(-i / 30) + 1.0 + rng.gauss(0, 0.02) for i in range(60)]
+    assert [f for f in _feed_attempts(_det(), _evals_only(losses)) if f.severity != "info"] == []

@@ -29,7 +29,10 @@ Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5-R7 and 
   evals the scatter is not trusted and the latest eval must be ``metric_unmeasured_rel`` above the
   best), and the train level (median of the last ``train_window`` train losses) lower now than at
   the best eval. Leaky labels (C2) produce the same picture, far stronger. A warning whose advice
-  asks for the task metric before going back to the best-loss checkpoint.
+  asks for the task metric before going back to the best-loss checkpoint. A log with no training
+  loss at all (a DeepSpeed script that prints only eval perplexity) has only its evals: the same
+  rise beyond the eval's noise is a warning that says overfitting cannot be told from damage (109:
+  ln perplexity 4.12 at step 0 -> 4.88 at 220, back at 320), resolved when the eval loss comes back.
 * A resume that silently breaks the model (wrong weights, a different tokenizer or topology, R7)
   shows at the first eval after the resume as a jump against the last eval before it.
 * Advice names a step only where the run was healthy: the best step of the task metric, and for an
@@ -45,7 +48,8 @@ Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5-R7 and 
 
 Notes (the broken metric, the trainer's wrong best) are findings opened and closed at once; they
 wait while another finding of this kind is open, since the run has one anomaly of a kind at a time.
-Regressions resolve when the metric (or eval loss) comes back within half its margin of the best.
+Regressions resolve when the metric (or eval loss) comes back within half its margin of the best; an
+eval-loss regression that gets worse while open is restated at its worst eval (its extent).
 """
 
 from __future__ import annotations
@@ -495,6 +499,17 @@ class EvalRegression(Detector):
                 return None
         elif any(e[1] < best + floor for e in tail[1:]):
             return None
+        blind = len(self._train) == 0  # the log carries no training loss at all: the evals are all there is
+        if blind:
+            return {
+                "eval_losses": [round(e[1], 5) for e in tail],
+                "eval_steps": [e[0] for e in tail],
+                "best_eval": best,
+                "best_step": best_step,
+                "train_at_best": None,
+                "train_now": None,
+                "no_train_loss": True,
+            }
         if train is None or best_train is None or train >= best_train:
             return None  # train loss did not fall: not the overfitting picture
         return {
@@ -511,7 +526,31 @@ class EvalRegression(Detector):
         cfg = self.config
         best, best_step = rise["best_eval"], rise["best_step"]
         self._open = {"ref": best, "why": "rising"}
-        return [
+        if rise.get("no_train_loss"):
+            return self._opened(
+                Finding(
+                    kind=self.kind,
+                    severity="warning",
+                    step=step,
+                    message=(
+                        f"eval loss rose {cfg.rising_evals} evals in a row to {loss:.4g} at step {step}, "
+                        f"{loss - best:+.3g} above its best ({best:.4g} at step {best_step}), beyond its own noise; "
+                        "this log has no training loss to compare with"
+                    ),
+                    hint=(
+                        "The model is getting worse on held-out data. Without a training loss, overfitting cannot be "
+                        "told from updates that damage the model; early in a fine-tune the usual causes are an LR "
+                        "too high for the pretrained weights (check the warmup and the peak), a data or sequence-"
+                        "length schedule that changes what the model sees, or a mismatch between the training and "
+                        f"evaluation data. The eval loss was best at step {best_step}"
+                        f"{self._trainer_agrees(None, best_step)}: keep that checkpoint until the eval loss is "
+                        "back below it."
+                    ),
+                    evidence=rise,
+                ),
+                loss,
+            )
+        return self._opened(
             Finding(
                 kind=self.kind,
                 severity="warning",
@@ -531,8 +570,16 @@ class EvalRegression(Detector):
                     "better model. Log it with the evals (compute_metrics) and this finding judges by it."
                 ),
                 evidence=rise,
-            )
-        ]
+            ),
+            loss,
+        )
+
+    def _opened(self, finding: Finding, loss: float) -> list[Finding]:
+        """An eval-loss regression just opened: remembered, so that a worse eval while it lasts extends it."""
+        assert self._open is not None
+        self._open["finding"] = finding
+        self._open["peak"] = loss
+        return [finding]
 
     def _calibration(self, m: _Metric, step: int, loss: float, rise: dict[str, Any]) -> Finding:
         """Eval loss up, task metric up or holding: over-confidence, not a regression."""
@@ -663,7 +710,7 @@ class EvalRegression(Detector):
         if jump <= self._margin(prev[1], cfg.resume_jump_rel, cfg.resume_jump_abs):
             return []
         self._open = {"ref": prev[1], "why": "resume"}
-        return [
+        return self._opened(
             Finding(
                 kind=self.kind,
                 severity="warning",
@@ -678,8 +725,9 @@ class EvalRegression(Detector):
                     "tokenizer, world size and batch are unchanged (see bad_resume findings around the resume)."
                 ),
                 evidence={"eval_loss": loss, "before_resume": prev[1], "before_step": prev[0], "attempt": attempt},
-            )
-        ]
+            ),
+            loss,
+        )
 
     # -- an open finding -----------------------------------------------------------------------------
 
@@ -707,6 +755,20 @@ class EvalRegression(Detector):
                     hint="The eval regression has cleared.",
                     evidence={"eval_loss": loss, "reference": ref},
                     resolved=True,
+                )
+            ]
+        first = self._open.get("finding")
+        if first is not None and loss > self._open["peak"]:
+            # worse than at any eval since it opened: the regression goes on, and its extent with it
+            self._open["peak"] = loss
+            return [
+                Finding(
+                    self.kind,
+                    first.severity,
+                    step,
+                    f"{first.message}; worse since: {loss:.4g} at step {step}",
+                    first.hint,
+                    {**first.evidence, "worst_eval": loss, "worst_step": step},
                 )
             ]
         if why == "calibration":
