@@ -328,3 +328,77 @@ def test_tensorboard_rl_losses_are_not_a_loss_curve(tmp_path: Path) -> None:
     steps = _steps(events)
     assert len(steps) == 20 and not any("loss" in s for s in steps)
     assert any("not a loss curve" in n for n in _start(events)["config"]["notes"])
+
+
+# --- several evaluation sets ---------------------------------------------------------------------
+
+
+def _evals(events: list[Event]) -> list[dict[str, Any]]:
+    return [e.fields for e in events if e.kind == "eval"]
+
+
+def test_csv_eval_sets_each_with_its_own_loss_and_accuracy_and_an_eval_at_step_0(tmp_path: Path) -> None:
+    """Two eval sets named by the set (eval/wiki/*, eval/books/*), evaluated at step 0 before training and
+    every 50 steps; blank cells elsewhere. Before: neither set was recognised, no eval at all."""
+    header = ["_step", "train/loss", "eval/wiki/loss", "eval/wiki/accuracy", "eval/books/loss", "eval/books/accuracy"]
+    rows = []
+    for s in range(0, 201, 10):
+        ev = s % 50 == 0
+        wiki = [3.1 - s / 200, 0.3 + s / 1000] if ev else [None, None]
+        books = [4.0 + s / 100, 0.5 - s / 1000] if ev else [None, None]
+        rows.append([s, 3.0 - s / 100, *wiki, *books])
+    events = _events(_csv(tmp_path / "wandb_export.csv", header, rows))
+    evals = _evals(events)
+    assert [e["step"] for e in evals] == [0, 50, 100, 150, 200]
+    assert evals[2]["loss"] == pytest.approx(2.6)  # wiki's, the first set
+    assert evals[2]["metrics"] == {
+        "accuracy": pytest.approx(0.4),
+        "books/loss": pytest.approx(5.0),
+        "books/accuracy": pytest.approx(0.4),
+    }
+    cfg = _start(events)["config"]
+    assert set(cfg["eval_sets"]) == {"wiki", "books"} and cfg["eval_sets"]["wiki"]["primary"]
+
+
+def test_tensorboard_lightning_eval_dataloaders_are_sets(tmp_path: Path) -> None:
+    def write(w: Any) -> None:
+        for s in range(0, 100, 10):
+            w.add_scalar("train_loss_step", 2.0 - s / 100, s)
+        for s in (0, 49, 99):
+            for k in (0, 1):
+                w.add_scalar(f"val_loss/dataloader_idx_{k}", 2.0 + k - s / 100, s)
+                w.add_scalar(f"val_acc/dataloader_idx_{k}", 0.5 + s / 1000, s)
+
+    evals = _evals(_tb_events(tmp_path, "lightning", write))
+    assert [e["step"] for e in evals] == [0, 49, 99]
+    assert evals[1]["loss"] == pytest.approx(1.51, rel=1e-5)
+    assert evals[1]["metrics"]["dataloader_idx_1/loss"] == pytest.approx(2.51, rel=1e-5)
+    assert set(evals[1]["metrics"]) == {"acc", "dataloader_idx_1/loss", "dataloader_idx_1/acc"}
+
+
+def test_ms_swift_eval_lines_of_named_sets_are_one_eval_per_step(tmp_path: Path) -> None:
+    """HF's Trainer with a dict of eval datasets logs one line per set (eval_squad_loss, eval_wiki_loss ...),
+    at step 0 before training too; ms-swift copies them. Before: no eval_loss key, so no eval was read."""
+    rows: list[dict[str, Any]] = []
+    for s in range(0, 101, 10):
+        if s:
+            rows.append({"loss": 2.0 - s / 100, "global_step/max_steps": f"{s}/100", "elapsed_time": f"{s}s"})
+        if s % 50 == 0:
+            for name, base in (("squad", 1.5), ("wiki", 2.5)):
+                rows.append(
+                    {
+                        f"eval_{name}_loss": base + s / 100,
+                        f"eval_{name}_accuracy": 0.6 - s / 1000,
+                        f"eval_{name}_runtime": 3.0,
+                        "global_step/max_steps": f"{s}/100",
+                    }
+                )
+    events = _events(_write(tmp_path / "logging.jsonl", rows))
+    evals = _evals(events)
+    assert [e["step"] for e in evals] == [0, 50, 100]
+    assert evals[1]["loss"] == pytest.approx(2.0)
+    assert evals[1]["metrics"] == {
+        "accuracy": pytest.approx(0.55),
+        "wiki/loss": pytest.approx(3.0),
+        "wiki/accuracy": pytest.approx(0.55),
+    }

@@ -62,6 +62,10 @@ from trainmon.monitor.importers.structure import (
     choose_grad_norm,
     choose_loss,
     combine,
+    eval_point_values,
+    eval_sets,
+    eval_sets_facts,
+    eval_sets_notes,
     infer_step_base,
     is_eval_name,
     is_reward_name,
@@ -332,6 +336,9 @@ def _parse_table(
             f"(known: {', '.join(DEFAULT_COLUMNS['loss'])}, or any column with 'loss' in its name)"
         )
     metric_cols = _eval_metric_columns(header, cols)
+    sets = [] if "eval_loss" in user else eval_sets(names.values())
+    if not (len(sets) > 1 or ("eval_loss" not in cols and sets)):
+        sets = []  # one named eval: read by name, with the metrics beside it
     lightning = "epoch" in {h.strip() for h in header} and any(h.strip().endswith(("_step", "_epoch")) for h in header)
     items: list[Item] = []
     last: TrainPoint | None = None
@@ -346,7 +353,11 @@ def _parse_table(
             continue
         step = int(step_v)
         t = vals.get("time")
-        if vals.get("eval_loss") is not None:
+        if sets:
+            eval_loss, metrics = eval_point_values(sets, lambda name, row=row: to_float(row[by_name[name]]))
+            if eval_loss is not None:
+                items.append(EvalPoint(step, eval_loss, metrics, time=t))
+        elif vals.get("eval_loss") is not None:
             metrics = {name: x for j, name in metric_cols.items() if (x := to_float(row[j])) is not None}
             items.append(EvalPoint(step, vals["eval_loss"], metrics, time=t))  # type: ignore[arg-type]
         terms = [to_float(row[j]) for j in loss_idx]
@@ -395,6 +406,11 @@ def _parse_table(
         notes.append(f"the grad norm is the {gn_how} ({len(gn_idx)} columns; no total grad norm is logged)")
     if len(lr_idx) > 1:
         notes.append(f"{len(lr_idx)} learning rates, one per param group ({', '.join(header[j] for j in lr_idx)})")
+    if sets:
+        mapping.pop("eval_loss", None)
+        mapping["eval_loss"] = " + ".join(sets[0].loss)
+        config["eval_sets"] = eval_sets_facts(sets)
+        notes += eval_sets_notes(sets)
     base, why = _step_base(names[cols["step"]], lightning, [it.step for it in items if isinstance(it, TrainPoint)])
     config["step_base_from"] = why
     return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes)

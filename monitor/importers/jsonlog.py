@@ -90,6 +90,7 @@ from trainmon.monitor.importers.common import (
     to_count,
     to_float,
 )
+from trainmon.monitor.importers.structure import eval_point_values, eval_sets
 
 __all__ = [
     "looks_like_llamafactory",
@@ -312,6 +313,8 @@ class _Row:
     metrics: dict[str, float] = field(default_factory=dict)
     eval_runtime: float | None = None
     runtime: float | None = None
+    eval_set: str | None = None
+    """The named evaluation set of an eval line (HF's ``eval_{name}_loss`` for a dict of eval datasets)."""
 
 
 def _eval_metrics(entry: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, float]:
@@ -325,6 +328,23 @@ def _eval_metrics(entry: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[st
         elif k in extra:
             out[k] = x
     return out
+
+
+def _named_eval(row: _Row, obj: dict[str, Any]) -> bool:
+    """An evaluation of a named set (``eval_squad_loss``, ``eval_squad_accuracy``: HF's Trainer with a dict
+    of eval datasets logs one line per set): read into ``row``, the set named; False when there is none."""
+    keys = [k for k in obj if k.startswith("eval_") and to_float(obj[k]) is not None]
+    sets = [st for st in eval_sets(keys) if st.name]
+    if not sets:
+        return False
+    loss, metrics = eval_point_values(sets, lambda k: to_float(obj.get(k)))
+    if loss is None:
+        return False
+    row.kind, row.loss, row.metrics, row.eval_set = "eval", loss, metrics, sets[0].name
+    row.eval_runtime = next(
+        (x for k in keys if k.endswith("_runtime") and (x := to_float(obj.get(k))) is not None), None
+    )
+    return True
 
 
 def _objects(path: Path, damage: _Damage, summaries: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict]]:
@@ -377,6 +397,8 @@ def _lf_rows(path: Path, damage: _Damage, ignored: set[str]) -> Iterator[_Row]:
             row.lr = lr_values(obj, ("lr", "learning_rate"))
             row.tokens_seen = to_float(obj.get("total_tokens"))
             ignored.update(k for k in obj if k not in _LF_KNOWN and obj[k] is not None)
+        elif _named_eval(row, obj):
+            pass
         elif all(to_float(obj.get(k)) is None for k in ("predict_loss", "reward")):
             row.kind = "end"  # the line written when train() returns: no numbers of its own
         yield row
@@ -427,6 +449,8 @@ def _swift_rows(path: Path, damage: _Damage, ignored: set[str], header: dict[str
             row.kind, row.loss = "eval", eval_loss
             row.metrics = _eval_metrics(obj)
             row.eval_runtime = to_float(obj.get("eval_runtime"))
+        elif loss is None and norm is None and _named_eval(row, obj):
+            pass
         elif loss is not None or norm is not None:
             row.kind, row.loss, row.grad_norm = "train", loss, norm
             row.lr = lr_values(obj, ("learning_rate", "lr"))
@@ -450,7 +474,7 @@ def _signature(r: _Row) -> tuple[Any, ...] | None:
     if r.kind == "train":
         return ("train", r.step, r.loss, r.grad_norm, tuple(r.lr or ()), r.epoch, r.tokens_seen)
     if r.kind == "eval":
-        return ("eval", r.step, r.loss, tuple(sorted(r.metrics.items())))
+        return ("eval", r.step, r.eval_set, r.loss, tuple(sorted(r.metrics.items())))
     return None
 
 
@@ -483,14 +507,14 @@ def _drop_copies(rows: list[_Row]) -> tuple[list[_Row], _Copies]:
     values, one of the last ``_COPY_LAG`` steps read (two writers a line or two apart). A step read
     again with *different* values, or after the log went further on (a replay from the start), is kept:
     a restart."""
-    seen: dict[tuple[str, int], tuple[Any, ...]] = {}
+    seen: dict[tuple[str, int, str | None], tuple[Any, ...]] = {}
     recent: list[int] = []  # the last distinct training steps read, newest last
     copies = _Copies()
     out: list[_Row] = []
     for r in rows:
         sig = _signature(r)
         if sig is not None:
-            key = (r.kind, r.step)
+            key = (r.kind, r.step, r.eval_set)
             near = r.step in recent or (r.kind == "eval" and (not recent or r.step >= recent[0]))
             if near and seen.get(key) == sig:
                 copies.train += r.kind == "train"
@@ -567,6 +591,9 @@ def _assemble(rows: list[_Row], *, two_writers: bool = False) -> tuple[list[Item
     prev_tokens: tuple[int, float] | None = None
     derived = False
     prev_any_exact = False
+    primary_set: str | None = None  # the first named eval set: the run's eval loss
+    sets_seen: dict[str, None] = {}
+    pending_sets: dict[int, dict[str, float]] = {}  # other sets' numbers waiting for their step's primary eval
     for r, t, t_exact in zip(rows, clock, exact, strict=True):
         if r.kind == "train":
             if prev_train is not None and r.step <= prev_train.step:
@@ -618,7 +645,22 @@ def _assemble(rows: list[_Row], *, two_writers: bool = False) -> tuple[list[Item
                 and t - prev_any_t >= _MIN_TICKS * tick
             ):
                 duration = t - prev_any_t
-            items.append(EvalPoint(r.step, r.loss, dict(r.metrics), duration=duration))
+            if r.eval_set is not None:
+                primary_set = primary_set or r.eval_set
+                sets_seen.setdefault(r.eval_set, None)
+            if r.eval_set is not None and r.eval_set != primary_set:
+                # another set of the same evaluation: into the metrics of its step's eval, as SET/...
+                extra = {f"{r.eval_set}/loss": r.loss, **{f"{r.eval_set}/{k}": v for k, v in r.metrics.items()}}
+                at = next((it for it in reversed(items) if isinstance(it, EvalPoint) and it.step == r.step), None)
+                if at is not None:
+                    at.metrics.update(extra)
+                else:
+                    pending_sets.setdefault(r.step, {}).update(extra)
+            else:
+                point = EvalPoint(
+                    r.step, r.loss, {**dict(r.metrics), **pending_sets.pop(r.step, {})}, duration=duration
+                )
+                items.append(point)
         if t is not None:
             prev_any, prev_any_t, prev_any_exact = r, t, t_exact
             latest_t = t if latest_t is None else max(latest_t, t)
@@ -626,6 +668,12 @@ def _assemble(rows: list[_Row], *, two_writers: bool = False) -> tuple[list[Item
     train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
     config: dict[str, Any] = {}
     notes: list[str] = []
+    if len(sets_seen) > 1:
+        config["eval_sets"] = {name: {"primary": name == primary_set} for name in sets_seen}
+        notes.append(
+            f"{len(sets_seen)} evaluation sets ({', '.join(sets_seen)}), each with its own loss and metrics: the "
+            f"eval loss is {primary_set}'s; the others are in each eval's metrics as SET/loss and SET/METRIC"
+        )
     gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
     interval = gaps[len(gaps) // 2] if gaps else None
     if interval:

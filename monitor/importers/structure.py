@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -256,3 +256,104 @@ def infer_step_base(steps: list[int]) -> tuple[int, str]:
     if first == 1 and len(steps) > 1 and steps[1] % interval == 0:
         return 1, f"the first logged step is 1, then every {interval}: steps done, counted from 1"
     return 0, f"the first logged step is {first} with a logging interval of {interval}: counted from 0"
+
+
+@dataclass
+class EvalSet:
+    """One evaluation set: its loss series (several: terms of one loss, summed) and its task metrics."""
+
+    name: str | None
+    """The set's name (``squad``, ``wiki``, ``dataloader_idx_1``); None for a run's one unnamed eval."""
+    loss: list[str]
+    metrics: dict[str, str] = field(default_factory=dict)
+    """Series -> metric name (``eval_squad_accuracy`` -> ``accuracy``)."""
+
+
+_EVAL_TIMING_WORDS = frozenset({"runtime", "samples", "steps", "second", "per", "epoch"})
+
+
+def _template(name: str) -> tuple[str, str] | None:
+    """``eval_squad_loss`` -> (``eval_squad_``, ````): the text around the name's loss word."""
+    m = re.search(r"(?i)(?<![a-z])loss(?![a-z])", name)
+    return (name[: m.start()], name[m.end() :]) if m else None
+
+
+def _set_name(prefix: str, suffix: str) -> str | None:
+    words = [w for w in _words(prefix + " " + suffix) if w not in _EVAL_WORDS]
+    return "_".join(words) or None
+
+
+def eval_sets(names: Iterable[str]) -> list[EvalSet]:
+    """The evaluation sets of a log, by structure: each eval-side loss series (``eval_squad_loss``,
+    ``eval/wiki/loss``, ``val_loss/dataloader_idx_1``) with the task metrics written the same way
+    (``eval_squad_accuracy``, ``eval/wiki/accuracy``, ``val_acc/dataloader_idx_1``).
+
+    Several eval losses are several *sets* when at least two of them have their own metric (each set
+    scored on its own); eval losses without metrics of their own are *terms* of one evaluation (a
+    detector's val box/obj/cls losses), one set whose loss is their sum."""
+    names = [n for n in names if is_eval_name(n)]
+    losses = [n for n in names if _template(n) is not None and not grad_norm_like(n)]
+    if not losses:
+        return []
+    templates = {n: _template(n) for n in losses}
+    sets: dict[str, EvalSet] = {n: EvalSet(_set_name(*templates[n]), [n]) for n in losses}  # type: ignore[misc]
+    for other in names:
+        if other in templates:
+            continue
+        best: tuple[int, str, str] | None = None
+        for n, (pre, suf) in templates.items():  # type: ignore[misc]
+            if other.startswith(pre) and other.endswith(suf) and len(other) > len(pre) + len(suf):
+                word = other[len(pre) : len(other) - len(suf)]
+                if "/" in word or set(_words(word)) & (_EVAL_TIMING_WORDS | {"loss"}):
+                    continue
+                if best is None or len(pre) + len(suf) > best[0]:
+                    best = (len(pre) + len(suf), n, word)
+        if best is not None:
+            sets[best[1]].metrics[other] = best[2]
+    with_metrics = [s for s in sets.values() if s.metrics]
+    if len(sets) > 1 and len(with_metrics) < 2:
+        return [EvalSet(None, losses, {k: v for s in sets.values() for k, v in s.metrics.items()})]
+    return list(sets.values())
+
+
+def eval_point_values(sets: list[EvalSet], get: Callable[[str], float | None]) -> tuple[float | None, dict[str, float]]:
+    """One evaluation's (loss, metrics) from its series values (``get(name)``: a float or None).
+
+    The first set is the run's eval (its loss is the eval loss, its metrics by their own names); every
+    other set goes into the metrics as ``SET/loss`` and ``SET/METRIC``, so one eval event carries them
+    all and a detector that reads sets can judge each on its own."""
+    loss: float | None = None
+    metrics: dict[str, float] = {}
+    for k, s in enumerate(sets):
+        terms = [get(n) for n in s.loss]
+        value = combine(terms, []) if all(x is not None for x in terms) else None
+        own = {m: x for n, m in s.metrics.items() if (x := get(n)) is not None}
+        if k == 0:
+            loss = value
+            metrics.update(own)
+        else:
+            label = s.name or f"set{k}"
+            if value is not None:
+                metrics[f"{label}/loss"] = value
+            metrics.update({f"{label}/{m}": x for m, x in own.items()})
+    return loss, metrics
+
+
+def eval_sets_facts(sets: list[EvalSet]) -> dict[str, object]:
+    """``run_start.config.eval_sets``: each set's loss series and metrics, the first being the eval loss."""
+    return {
+        (s.name or "eval"): {"loss": list(s.loss), "metrics": dict(s.metrics), "primary": k == 0}
+        for k, s in enumerate(sets)
+    }
+
+
+def eval_sets_notes(sets: list[EvalSet]) -> list[str]:
+    if len(sets) > 1:
+        names = ", ".join(s.name or f"set{k}" for k, s in enumerate(sets))
+        return [
+            f"{len(sets)} evaluation sets ({names}), each with its own loss and metrics: the eval loss is "
+            f"{sets[0].name}'s; the others are in each eval's metrics as SET/loss and SET/METRIC"
+        ]
+    if len(sets[0].loss) > 1:
+        return [f"the eval loss is the sum of the eval loss terms {', '.join(sets[0].loss)} (no total is logged)"]
+    return []

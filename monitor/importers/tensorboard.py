@@ -30,6 +30,7 @@ file (the rest cannot be framed), with a warning either way.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ from trainmon.monitor.importers.structure import (
     choose_grad_norm,
     choose_loss,
     combine,
+    eval_point_values,
+    eval_sets,
+    eval_sets_facts,
+    eval_sets_notes,
     infer_step_base,
     is_eval_name,
     is_reward_name,
@@ -335,6 +340,10 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
             "expected one of " + ", ".join(TAGS["loss"]) + ", or a tag with 'loss' in its name"
         )
     metric_tags = eval_metric_names(tags, mapping.get("eval_loss"))
+    sets = eval_sets(sorted(tags))
+    if not (len(sets) > 1 or ("eval_loss" not in mapping and sets)):
+        sets = []  # one named eval: read by name, with the metrics beside it
+    set_tags = {n for st in sets for n in (*st.loss, *st.metrics)}
     wanted = series.tags()
     items: list[Item] = []
     for _, rows in per_file:
@@ -342,8 +351,17 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
         when: dict[int, float] = {}
         evals: dict[int, EvalPoint] = {}
         metrics: dict[int, dict[str, float]] = {}
+        set_values: dict[int, dict[str, float]] = {}
         for wall, step, tag, value in rows:
-            if tag in metric_tags:
+            if tag in set_tags:
+                set_values.setdefault(step, {})[tag] = value
+                when_eval = evals.get(step)
+                evals[step] = EvalPoint(step, math.nan, time=min(wall, when_eval.time or wall) if when_eval else wall)
+            elif sets:
+                if tag in wanted:
+                    by_step.setdefault(step, {})[tag] = value
+                    when[step] = min(when.get(step, wall), wall)
+            elif tag in metric_tags:
                 metrics.setdefault(step, {})[metric_tags[tag]] = value
             elif tag == mapping.get("eval_loss"):
                 evals[step] = EvalPoint(step, value, time=wall)
@@ -362,8 +380,15 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
                 if (x := vals.get(tag)) is not None:
                     setattr(point, fld, round(x) if fld == "tokens" else x)
             train[step] = point
-        for step, point in evals.items():
-            point.metrics = metrics.get(step, {})
+        for step, point in list(evals.items()):
+            if sets:
+                loss, point.metrics = eval_point_values(sets, set_values.get(step, {}).get)
+                if loss is None:
+                    del evals[step]
+                else:
+                    point.loss = loss
+            else:
+                point.metrics = metrics.get(step, {})
         merged: list[tuple[int, int, Item]] = [(s, 0, p) for s, p in train.items()]
         merged += [(s, 1, e) for s, e in evals.items()]
         merged.sort(key=lambda x: (x[0], x[1]))
@@ -388,6 +413,10 @@ def parse_tensorboard(paths: list[Path]) -> tuple[list[Item], LogMeta]:
         notes.append(f"the grad norm is the {series.grad_norm_how} ({', '.join(series.grad_norm)})")
     if len(series.lr) > 1:
         notes.append(f"{len(series.lr)} learning rates, one per param group ({', '.join(series.lr)})")
+    if sets:
+        used["eval_loss"] = " + ".join(sets[0].loss)
+        config["eval_sets"] = eval_sets_facts(sets)
+        notes += eval_sets_notes(sets)
     steps = sorted({it.step for it in items if isinstance(it, TrainPoint)})
     base, why = infer_step_base(steps)
     config["step_base_from"] = why
