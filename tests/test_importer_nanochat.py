@@ -290,3 +290,17 @@ def test_real_104_reads_bf16_mfu_and_splits_base_from_sft() -> None:
     items, _ = parse_nanochat(LOGS / "104_nanochat-4x3090-73h-bf16mfu-key.log")
     marks = [it for it in items if type(it).__name__ == "RunMark"]
     assert [mk.config["mfu_key"] for mk in marks] == [m["mfu_key_base"], m["mfu_key_mid"]]
+
+
+def test_a_log_that_starts_at_a_resume_says_so(tmp_path: Path) -> None:
+    text = _LOG.format(t="18:00:00,000", who="common", what="Distributed world size: 8")
+    text += "Resuming optimization from step 2\n"
+    text += "".join(
+        f"step {s:05d}/00004 ({100 * s / 4:.2f}%) | loss: {9.0 - s:.6f} | lrm: 1.00 | dt: 500.00ms "
+        f"| tok/sec: 1,048,576 | mfu: 48.00 | total time: 0.00m\n"
+        for s in range(2, 4)
+    )
+    events = list(read_events(_write(tmp_path, text)))
+    (start,) = [e.fields for e in events if e.kind == "run_start"]
+    assert start["resumed"] is True and start["config"]["resumed_after_step"] == 1
+    assert start["config"]["step_base"] == 0 and events[-1].fields["status"] == "finished"

@@ -215,3 +215,14 @@ def test_every_step_is_read_once_when_torchrun_tees_several_ranks(tmp_path: Path
     items, meta = parse_torchtitan(_write(tmp_path, both))
     assert [it.step for it in items if type(it).__name__ == "TrainPoint"] == [1, 10, 20, 30, 40]
     assert any("ranks [0, 1]" in n for n in meta.notes)
+
+
+def test_a_2024_build_states_its_sizes_on_the_start_line(tmp_path: Path) -> None:
+    start = _line(
+        T0,
+        "Training starts at step 1, with local batch size 8, global batch size 64, sequence length 2048, "
+        "total steps 40 (warmup 10)",
+    )
+    items, meta = parse_torchtitan(_write(tmp_path, start + _train(T0, 1, 40)))
+    assert meta.planned_steps == 40 and meta.config["tokens_per_step"] == 64 * 2048 and meta.status == "finished"
+    assert all(it.tokens == 64 * 2048 for it in items if type(it).__name__ == "TrainPoint")

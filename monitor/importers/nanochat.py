@@ -233,6 +233,10 @@ def parse_nanochat(path: Path) -> tuple[list[Item], LogMeta]:
                 elif stage is None or shape != stage.shape or step < stage.last_step or launch.started:
                     stage = _Stage(shape, _LOSS_STEP if shape == "sft" else _LOSS_EMA, step, launch)
                     stage.segments.append(Segment(anchor=launch.stamp))
+                    if launch.resume_from is not None:  # the log starts at a resume of this stage
+                        stage.resumes.append(launch.resume_from)
+                        reason = f"nanochat printed 'Resuming optimization from step {launch.resume_from}'"
+                        stage.items.append(ResumeMark(after_step=step - 1, reason=reason))
                     for at, text in launch.evals:
                         _eval(stage, at, text)
                     stages.append(stage)

@@ -156,6 +156,9 @@ def _read(path: Path) -> list[_Record]:
             elif (m := _VALIDATE.match(msg)) is not None:
                 rec = _Record("validate", rank, stamp, int(m.group(1)), _pairs(m.group(2)))
             elif (m := _STARTS.search(msg)) is not None:
+                init = _init(msg)  # older builds: "Training starts at step 1, with local batch size 8, ..."
+                if init:
+                    records.append(_Record("init", rank, stamp, values=init))
                 rec = _Record("starts", rank, stamp, int(m.group(1)), text=msg)
             elif _JOB.match(msg):
                 rec = _Record("job", rank, stamp, text=msg)
@@ -172,17 +175,21 @@ def _read(path: Path) -> list[_Record]:
             elif (m := _FAILED.match(msg)) is not None:
                 rec = _Record("failed", rank, stamp, text=m.group(1))
             else:
-                init = {k: int(m.group(1)) for k, rx in _INIT.items() if (m := rx.search(msg)) is not None}
-                if len(init) >= 3:
-                    rec = _Record("init", rank, stamp, values={k: float(v) for k, v in init.items()})
-                    if m2 := _STARTS.search(msg):  # older builds: "Training starts at step 1, with local batch size"
-                        records.append(_Record("starts", rank, stamp, int(m2.group(1)), text=msg))
+                init = _init(msg)
+                if init:
+                    rec = _Record("init", rank, stamp, values=init)
                 elif (m := _PARAMS.search(msg)) is not None:
                     rec = _Record("params", rank, stamp, values={"n_params": float(m.group(1).replace(",", ""))})
                 else:
                     continue
             records.append(rec)
     return records
+
+
+def _init(msg: str) -> dict[str, float]:
+    """The batch, sequence and schedule sizes of a ``Trainer is initialized with ...`` line (at least three)."""
+    init = {k: float(m.group(1)) for k, rx in _INIT.items() if (m := rx.search(msg)) is not None}
+    return init if len(init) >= 3 else {}
 
 
 def _pick_rank(records: list[_Record]) -> tuple[list[_Record], str | None]:
