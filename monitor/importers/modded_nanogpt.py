@@ -24,6 +24,11 @@ The script is skipped as a block (everything up to the ``====`` line that closes
 ``Hyperparameters`` (``num_iterations``, ``warmup_iters``, ``warmdown_iters``, ``learning_rate``,
 batch size, sequence length) are kept in the config (evaluated when plain arithmetic); tokens per step are
 ``batch_size x sequence_length`` when both are plain arithmetic. No LR or gradient norm is logged.
+Tokens are the whole job's (the world size is not printed, so the run counts as one rank).
+
+A record is one launch of one run, written by rank 0 alone: no resume, duplicate writer or second
+run is expected in it (a step counter going back would still start a new attempt in
+:func:`~trainmon.monitor.importers.common.build_events`).
 """
 
 from __future__ import annotations

@@ -50,8 +50,10 @@ Several launches in one file:
   saves to (``base_checkpoints`` -> ``base``, ``mid_checkpoints`` -> ``mid``, ``chatsft_checkpoints``
   -> ``chatsft``), else ``stageN``; a file with one stage keeps the file's run name.
 * A relaunch of the same stage is an *attempt* (a :class:`ResumeMark`) only with evidence of a
-  restart: nanochat's ``Resuming optimization from step N``. A relaunch that starts its counter
-  over without it is a new run (``base-2``), not a resume.
+  restart: nanochat's ``Resuming optimization from step N`` (also before the file's first step: the
+  log starts at a resume). A relaunch that starts its counter over without it is a new run
+  (``base-2``, or ``stageN`` when it saved no checkpoint), not a resume. The same step line printed
+  twice in a row (a terminal redraw) is read once, and said in the notes.
 * A launch that fails before logging a step (``torchrun``'s ``scripts.base_train FAILED`` with the
   error its ranks raised) has no run of its own: it is named in the notes and in
   ``config.failed_launches_before`` of the run launched after it (it did not crash that run), or
