@@ -430,3 +430,24 @@ def test_megatron_iteration_lines_past_the_engine_lines_go_to_megatron(tmp_path:
     path.write_text("\n".join(head + tail) + "\n")
     items, meta = parse_deepspeed(path)
     assert meta.format == "megatron_stdout" and [it.step for it in items] == [3, 4]
+
+
+def test_wrapped_lrs_overflowed_perplexity_and_world_size(tmp_path: Path) -> None:
+    """Values as newer stacks print them: ``lr=[np.float64(1e-05)]``, ``ppl: inf`` (the script's exp
+    overflowed: an infinite eval loss, not a missing one), the launcher's ``dist_world_size``."""
+    lines = [
+        f"{_stamp(0.0)} [INFO] [launch.py:164:main] dist_world_size=8",
+        f"{_stamp(1.0)} [INFO] [logging.py:128:log_dist] [Rank 0] step=10, skipped=0, "
+        "lr=[np.float64(1e-05), np.float64(2e-05)], mom=[[0.9, 0.999], [0.9, 0.999]]",
+        "***** Evaluating perplexity, Epoch 1/1 *****",
+        "ppl: inf, loss: nan",
+        f"{_stamp(2.0)} [INFO] [logging.py:128:log_dist] [Rank 0] step=20, skipped=0, "
+        "lr=[tensor(3e-05, device='cuda:0'), tensor(3e-05, device='cuda:0')], mom=[[0.9, 0.999], [0.9, 0.999]]",
+        "***** Evaluating perplexity, Epoch 1/1 *****",
+        "ppl: inf",
+    ]
+    events = _events(tmp_path, "\n".join(lines) + "\n")
+    assert _start(events)["world_size"] == 8
+    assert [s["lr"] for s in _steps(events)] == [[1e-05, 2e-05], [3e-05, 3e-05]]
+    losses = [e.fields["loss"] for e in events if e.kind == "eval"]
+    assert math.isnan(losses[0]) and losses[1] == math.inf

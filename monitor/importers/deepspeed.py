@@ -121,6 +121,7 @@ _RANK_LOSS = re.compile(
 _PIPE = re.compile(
     r"^steps:\s*(\d+)\s+loss:\s*(" + _N + r")\s+(.*?)iter time \(s\):\s*(" + _N + r")\s+samples/sec:\s*(" + _N + r")"
 )
+_WRAPPER = re.compile(r"[A-Za-z_][\w.]*\(")
 # a launcher's host prefix on multi-node runs (``worker-0: [2023-...] ...``)
 _HOST = re.compile(
     r"^[\w.\-]+:\s+(?=\[\d{4}-|epoch:|Epoch:|'step'|ppl:|\*{3,}|average reward|Average reward|Beginning of Epoch|"
@@ -140,6 +141,7 @@ _PRECISION_DUMP = re.compile(r"\b(fp16|bfloat16)_enabled \.+\s*(True|False)")
 _EXIT_OK = re.compile(r"launch\.py:\d+:main\] Process \d+ exits successfully")
 _EXIT_BAD = re.compile(r"launch\.py:\d+:\w+\] .*(?:exits with return code|Killing subprocess)")
 _TOTAL = re.compile(r"Total optimization steps = (\d+)")
+_WORLD = re.compile(r"\bdist_world_size=(\d+)")
 
 
 def looks_like_deepspeed(head: str) -> bool:
@@ -163,6 +165,17 @@ def _ppo_line(line: str) -> re.Match[str] | None:
         return None
     low = m.group(3).lower()
     return m if ("act_loss" in low or "actor loss" in low) and ("cri_loss" in low or "critic loss" in low) else None
+
+
+def _lrs(text: str) -> list[float]:
+    """The learning rates of a ``lr=[...]`` list: plain floats, or wrapped (``np.float64(1e-05)``,
+    ``tensor(1e-05, device='cuda:0')``: the wrapper and any keyword after the value dropped)."""
+    out = []
+    for item in text.split(","):
+        x = _f(_WRAPPER.sub("", item).replace(")", "").strip())
+        if x is not None:
+            out.append(x)
+    return out
 
 
 def _f(text: str) -> float | None:
@@ -244,6 +257,7 @@ class _State:
     open_update: int | None = None
     exits_ok: int = 0
     exits_bad: int = 0
+    world_size: int | None = None  # the launcher's dist_world_size
     saved: bool = False  # the script printed that it saves its (final) model
     overflows: int = 0
     eval_kind: str | None = None
@@ -336,7 +350,7 @@ def _line(line: str, st: _State) -> None:
     if "skipped=" in line:
         m = _STEP.search(line)
         if m is not None:
-            lrs = [x for x in (_f(v) for v in m.group(3).split(",") if v.strip()) if x is not None]
+            lrs = _lrs(m.group(3))
             _step_line(int(m.group(1)), int(m.group(2)), lrs, line[m.start() :], st)
             return
     if "loss scale" in line:
@@ -608,8 +622,12 @@ def _dict_line(step: int, ppl: float, st: _State) -> None:
 
 
 def _ppl_eval(step: int, ppl: float, t: float | None) -> EvalPoint:
-    loss = math.log(ppl) if ppl > 0 and math.isfinite(ppl) else math.nan
-    return EvalPoint(step, loss, {"perplexity": ppl}, time=t)
+    return EvalPoint(step, _ppl_loss(ppl), {"perplexity": ppl}, time=t)
+
+
+def _ppl_loss(ppl: float) -> float:
+    """The mean NLL a perplexity is the exponential of; ``inf`` stays infinite (the script's exp overflowed)."""
+    return math.log(ppl) if ppl > 0 and not math.isnan(ppl) else math.nan
 
 
 def _other(line: str, st: _State) -> None:
@@ -674,6 +692,10 @@ def _other(line: str, st: _State) -> None:
     if m is not None:
         st.total_steps = int(m.group(1))
         return
+    m = _WORLD.search(line)
+    if m is not None:
+        st.world_size = int(m.group(1))
+        return
     if line.lower().startswith("saving") and "model" in line.lower():
         st.saved = True
     elif _EXIT_OK.search(line):
@@ -693,7 +715,7 @@ def _eval_result(values: dict[str, float], st: _State) -> None:
     ppl = values.pop("ppl", values.pop("perplexity", None))
     loss = values.pop("loss", None)
     if loss is None and ppl is not None:
-        loss = math.log(ppl) if ppl > 0 and math.isfinite(ppl) else math.nan
+        loss = _ppl_loss(ppl)
     if loss is None:
         st.reward_evals.append({"epoch": st.eval_epoch, "step": step, **values})
         return
@@ -783,7 +805,10 @@ def _meta(st: _State) -> LogMeta:
     elif st.dict_lines:
         time_source = "the last timestamp DeepSpeed printed before each line (read as UTC)"
     config["time_source"] = time_source
-    names = ["actor", "critic"] if st.ppo and len(st.engines) == 2 else [f"engine{k}" for k in range(len(st.engines))]
+    if st.ppo and len(st.engines) == 2:
+        names = ["actor", "critic"]
+    else:
+        names = [f"engine{k}" for k in range(len(st.engines))] if len(st.engines) > 1 else ["engine"]
     if st.engines:
         config["engines"] = [
             {
@@ -795,7 +820,12 @@ def _meta(st: _State) -> LogMeta:
             }
             for name, e in zip(names, st.engines, strict=True)
         ]
-        skipped = ", ".join(f"{name} {e.skipped}" for name, e in zip(names, st.engines, strict=True))
+        last = max((it.step for it in st.items if isinstance(it, TrainPoint)), default=0)
+        done = last + 1 - step_base
+        skipped = ", ".join(
+            (f"{name} " if len(names) > 1 else "") + f"{e.skipped} of {done:,} steps ({e.skipped / max(1, done):.1%})"
+            for name, e in zip(names, st.engines, strict=True)
+        )
         config["lr_relation"] = (
             "DeepSpeed does not step the LR scheduler on an overflow-skipped step: the LR printed at step N "
             "is the schedule's value at N minus the skipped steps so far"
@@ -897,4 +927,5 @@ def _meta(st: _State) -> LogMeta:
         config=config,
         notes=notes,
         step_base=step_base,
+        world_size=st.world_size,
     )
