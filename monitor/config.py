@@ -736,6 +736,8 @@ class EvalRegressionConfig:
     unsegmented CJK text makes word error rates of working models look poor (01_whisper-large-v2-ja: 0.74)."""
     max_metrics: int = 32
     """Distinct eval metrics tracked per run (bounded state; the rest are ignored)."""
+    max_sets: int = 8
+    """Eval sets besides the run's own eval (``SET/loss`` in its metrics) judged each on its own (bounded state)."""
 
 
 @dataclass

@@ -422,3 +422,57 @@ def test_noisy_evals_in_a_log_with_no_train_loss_are_silent() -> None:
     rng = random.Random(5)
     losses = [3.0 * math.exp(-i / 30) + 1.0 + rng.gauss(0, 0.02) for i in range(60)]
     assert [f for f in _feed_attempts(_det(), _evals_only(losses)) if f.severity != "info"] == []
+
+
+def _two_sets(wiki_loss, wiki_acc, own_loss, own_acc, every: int = 100) -> list[Event]:
+    """A run with its own eval (loss, accuracy) and a second eval set written as the importers write it
+    (``wiki/loss``, ``wiki/accuracy`` in the eval's metrics); an eval at step 0 before training."""
+    evs = [start()]
+    n = len(own_loss)
+    for i in range(n):
+        s = i * every
+        if s:
+            evs += [ev("step", {"step": s - k, "loss": 2.0 - 0.5 * s / (n * every)}) for k in range(5, 0, -1)]
+        metrics = {"accuracy": own_acc[i], "wiki/loss": wiki_loss[i], "wiki/accuracy": wiki_acc[i]}
+        evs.append(ev("eval", {"step": s, "loss": own_loss[i], "metrics": metrics}))
+    return evs
+
+
+def test_each_eval_set_is_judged_on_its_own() -> None:
+    # the run's own eval improves; the second set's loss doubles and its accuracy drops (forgetting)
+    own_loss = [2.0 - 0.05 * i for i in range(12)]
+    own_acc = [0.5 + 0.02 * i for i in range(12)]
+    wiki_loss = [1.5] * 4 + [1.6, 2.0, 2.6, 3.0, 3.1, 3.1, 3.2, 3.2]
+    wiki_acc = [0.7] * 4 + [0.68, 0.6, 0.5, 0.45, 0.44, 0.44, 0.43, 0.43]
+    found = _feed_attempts(_det(), _two_sets(wiki_loss, wiki_acc, own_loss, own_acc))
+    bad = [f for f in found if f.severity != "info"]
+    assert bad and all(f.evidence.get("eval_set") == "wiki" and "eval set wiki" in f.message for f in bad)
+    assert bad[0].step in (600, 700) and bad[-1].severity == "critical"
+
+
+def test_eval_sets_whose_losses_all_double_and_accuracies_drop_are_flagged() -> None:
+    own_loss = [1.2] * 4 + [1.3, 1.8, 2.3, 2.4, 2.5, 2.5]
+    own_acc = [0.8] * 4 + [0.78, 0.7, 0.6, 0.58, 0.55, 0.55]
+    found = _feed_attempts(_det(), _two_sets([x + 0.3 for x in own_loss], own_acc, own_loss, own_acc))
+    bad = [f for f in found if f.severity != "info"]
+    assert {f.evidence.get("eval_set") for f in bad} == {None, "wiki"}
+
+
+def test_a_set_clearing_does_not_resolve_another_sets_open_regression() -> None:
+    own_loss = [1.2] * 4 + [1.3, 1.8, 2.3, 2.4, 1.2, 1.2, 1.2]
+    own_acc = [0.8] * 4 + [0.78, 0.7, 0.6, 0.58, 0.8, 0.8, 0.8]
+    wiki_loss = [1.5] * 4 + [1.6, 2.1, 2.6, 2.7, 2.8, 2.8, 2.8]
+    wiki_acc = [0.7] * 4 + [0.68, 0.6, 0.5, 0.45, 0.44, 0.44, 0.44]
+    found = _feed_attempts(_det(), _two_sets(wiki_loss, wiki_acc, own_loss, own_acc))
+    assert not any(f.resolved for f in found)
+
+
+def test_a_second_eval_set_that_holds_is_silent() -> None:
+    rng = random.Random(6)
+    own_loss = [2.0 - 0.05 * i for i in range(14)]
+    own_acc = [0.5 + 0.02 * i for i in range(14)]
+    wiki_loss = [1.5 + rng.gauss(0, 0.01) for _ in range(14)]
+    wiki_acc = [0.7 + rng.gauss(0, 0.01) for _ in range(14)]
+    assert [
+        f for f in _feed_attempts(_det(), _two_sets(wiki_loss, wiki_acc, own_loss, own_acc)) if f.severity != "info"
+    ] == []

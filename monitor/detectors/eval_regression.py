@@ -33,6 +33,11 @@ Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5-R7 and 
   loss at all (a DeepSpeed script that prints only eval perplexity) has only its evals: the same
   rise beyond the eval's noise is a warning that says overfitting cannot be told from damage (109:
   ln perplexity 4.12 at step 0 -> 4.88 at 220, back at 320), resolved when the eval loss comes back.
+* Several eval sets (the importers put the first set's loss and metrics in the eval itself, each
+  other set's as ``SET/loss`` and ``SET/METRIC`` in its metrics): each set is judged on its own, by
+  the same rules and its own noise, with the run's one train loss. A run whose held-out general set
+  regresses while its own eval improves (forgetting) is flagged, naming the set; a set's regression
+  clearing resolves the anomaly only when no other set's is still open.
 * A resume that silently breaks the model (wrong weights, a different tokenizer or topology, R7)
   shows at the first eval after the resume as a jump against the last eval before it.
 * Advice names a step only where the run was healthy: the best step of the task metric, and for an
@@ -55,6 +60,7 @@ eval-loss regression that gets worse while open is restated at its worst eval (i
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import re
 import statistics
@@ -207,14 +213,82 @@ class EvalRegression(Detector):
         self._metrics: dict[str, _Metric] = {}
         self._trainer = _Trainer()
         self._pending: list[list[Finding]] = []  # notes waiting for the open finding to close
+        self._sets: dict[str, EvalRegression] = {}  # further eval sets, each judged by its own instance
+        self._set_open: set[str] = set()  # sets ("" the run's own eval) whose finding is open
 
     # -- events ----------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
+        """The run's own eval, and each further eval set (``SET/loss`` and ``SET/METRIC`` in the eval's metrics,
+        as the importers write them) judged on its own by an instance of this detector per set."""
+        if event.kind == "run_start" and not event.fields.get("resumed", False):
+            self._sets = {}
+            self._set_open = set()
+        if event.kind != "eval":
+            for child in self._sets.values():
+                child.observe(event, attempt)
+            return self._observe_one(event, attempt)
+        metrics = event.fields.get("metrics")
+        if not isinstance(metrics, dict):
+            return self._merge("", self._observe_one(event, attempt))
+        by_set: dict[str, dict[str, Any]] = {}
+        own: dict[str, Any] = {}
+        for name, value in metrics.items():
+            head, sep, tail = name.rpartition("/") if isinstance(name, str) else ("", "", "")
+            if sep and head and f"{head}/loss" in metrics:
+                by_set.setdefault(head, {})[tail] = value
+            else:
+                own[name] = value
+        primary = dataclasses.replace(event, fields={**event.fields, "metrics": own})
+        out = self._merge("", self._observe_one(primary, attempt))
+        for name, values in by_set.items():
+            loss = values.pop("loss")
+            if name not in self._sets:
+                if len(self._sets) >= self.config.max_sets:
+                    continue
+                child = self._sets[name] = EvalRegression(self.config)
+                child._train = self._train  # one run, one train loss
+                child._trainer = _Trainer()  # the trainer's best is about the run's own eval
+            fields = {"step": event.fields["step"], "loss": loss, "metrics": values}
+            found = self._sets[name].observe(dataclasses.replace(event, fields=fields), attempt)
+            out += self._merge(name, found)
+        return out
+
+    def _merge(self, label: str, found: list[Finding]) -> list[Finding]:
+        """One anomaly per run and kind: a set's findings say which set; a set's regression clearing resolves the
+        anomaly only when no other set's is open, and a set's notes wait while another set's finding is open."""
+        out: list[Finding] = []
+        for f in found:
+            if label:
+                f = Finding(
+                    f.kind,
+                    f.severity,
+                    f.step,
+                    f"eval set {label}: {f.message}",
+                    f.hint,
+                    {**f.evidence, "eval_set": label},
+                    f.resolved,
+                    f.rank,
+                )
+            others = self._set_open - {label}
+            if f.resolved:
+                self._set_open.discard(label)
+                if others:
+                    continue
+            elif f.severity == "info" and others and label:
+                continue
+            else:
+                self._set_open.add(label)
+            out.append(f)
+        return out
+
+    def _observe_one(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
         if event.kind == "run_start":
             if not f.get("resumed", False):
+                sets, set_open = self._sets, self._set_open
                 self.__init__(self.config)  # a fresh run: its evals are not comparable with the previous one's
+                self._sets, self._set_open = sets, set_open
             self._read_config(f.get("config"))
             return []
         if event.kind == "step":
