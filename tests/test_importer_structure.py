@@ -212,6 +212,7 @@ def test_ms_swift_2x_rows_with_two_writers_are_read_once(tmp_path: Path) -> None
     assert len([e for e in events if e.kind == "run_start"]) == 1
     cfg = _start(events)["config"]
     assert cfg["duplicate_lines"] == {"train": len(steps) - 1, "eval": 1}
+    assert cfg["loss_mean_over_steps"] == 5  # HF logs the mean over the logging interval
     (s,) = _summaries(path)
     assert s["attempts"] == 1 and s["status"] == "finished" and s["steps"] == 100
 

@@ -85,6 +85,11 @@ BOOKKEEPING_KEYS = frozenset(
         "last_progress_percent",
         "elapsed_resolution_seconds",
         "loss_mean_over_steps",
+        "loss_series",
+        "grad_norm_series",
+        "eval_sets",
+        "step_base_from",
+        "duplicate_lines",
     }
 )
 """``run_start.config`` keys an importer writes about how it read the log, not about the training run:

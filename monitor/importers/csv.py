@@ -20,7 +20,8 @@ from 0; HF's ``train/global_step``/``global_step`` are the steps done (base 1). 
 states nothing, so the base is inferred from the steps (a log with a step 0 counts from 0; one whose
 first step is one logging interval in, or 1 then multiples of the interval, counts from 1: steps
 1..N cover N steps) and the reason is kept in ``step_base_from``. Each row is one logged value
-(W&B and Lightning log the value of that step, or the trainer's own running mean: not re-averaged).
+(W&B and Lightning log the value of that step, or the trainer's own running mean: not re-averaged;
+HF's W&B callback logs the mean over its logging interval, stated as ``loss_mean_over``).
 
 Several runs in one file: a W&B panel export prefixes every column with the run name
 (``myrun - train/loss``) and adds ``__MIN``/``__MAX`` columns (ignored). One run's prefix is dropped;
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -112,6 +114,9 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 _WANDB_PREFIX = re.compile(r"^.+? - (.+)$")
+_HF_STEPS = ("train/global_step", "global_step")
+"""HF's global_step (its W&B callback logs it as train/global_step): the steps done, and the loss logged at
+it is the mean over the logging interval."""
 _WANDB_RUN = re.compile(r"^(?P<run>.+?) - (?P<col>.+)$")
 
 
@@ -279,6 +284,7 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
         config=config,
         notes=notes,
         step_base=table.step_base,
+        loss_mean_over=table.loss_mean_over,
     )
     return items, meta
 
@@ -290,6 +296,7 @@ class _Table:
     step_base: int
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    loss_mean_over: float | None = None
 
 
 def _parse_table(
@@ -411,9 +418,14 @@ def _parse_table(
         mapping["eval_loss"] = " + ".join(sets[0].loss)
         config["eval_sets"] = eval_sets_facts(sets)
         notes += eval_sets_notes(sets)
-    base, why = _step_base(names[cols["step"]], lightning, [it.step for it in items if isinstance(it, TrainPoint)])
+    train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
+    base, why = _step_base(names[cols["step"]], lightning, train_steps)
     config["step_base_from"] = why
-    return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes)
+    mean_over = None
+    if names[cols["step"]].lower() in _HF_STEPS and len(train_steps) > 1:
+        gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
+        mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
+    return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
 
 
 def _step_base(step_col: str, lightning: bool, steps: list[int]) -> tuple[int, str]:
@@ -421,6 +433,6 @@ def _step_base(step_col: str, lightning: bool, steps: list[int]) -> tuple[int, s
     low = step_col.lower()
     if lightning or low in ("_step", "trainer/global_step"):
         return 0, f"{step_col} counts from 0 (W&B's log-call counter, Lightning's global step)"
-    if low in ("train/global_step", "global_step"):
+    if low in _HF_STEPS:
         return 1, f"{step_col} is HF's global_step: the steps done, counted from 1"
     return infer_step_base(steps)

@@ -51,7 +51,13 @@ windows are under ten clock ticks; ms-swift's ``train_speed`` (elapsed / steps d
 gives the elapsed time to milliseconds when it agrees with the printed one, and is used then.
 
 Step base: the step printed is the number of optimizer steps done (HF's ``global_step``), 1 after
-the first step: ``step_base`` 1, so a log of steps 1..N covers N steps.
+the first step: ``step_base`` 1, so a log of steps 1..N covers N steps. A logged loss is the mean over
+the logging interval (``LogMeta.loss_mean_over``).
+
+Several eval sets: HF's Trainer given a dict of eval datasets logs one line per set (``eval_squad_loss``,
+``eval_squad_accuracy``); the lines of one step are one evaluation: the first set's loss is the eval
+loss, the other sets ride in its metrics as ``SET/loss`` and ``SET/METRIC`` (see
+:func:`~trainmon.monitor.importers.structure.eval_sets`).
 
 Duplicate writers: two processes that both think they are the logging process (the local rank 0 of
 two nodes sharing an output folder) append every line twice, a second or two apart, with the same
@@ -759,6 +765,8 @@ def _finish(
         status=status,
         config=config,
         notes=notes,
+        # HF logs the mean of the losses since its last log: a mean over the logging interval
+        loss_mean_over=float(config["logging_steps"]) if config.get("logging_steps", 1) > 1 else None,
     )
 
 
