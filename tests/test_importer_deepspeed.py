@@ -156,6 +156,7 @@ def test_fp16_optimizer_messages_of_every_rank_are_one_change(tmp_path: Path) ->
     assert scale["changes"] == 4 and scale["lowest"] == 16384.0 and scale["increases_printed"] is True
     assert scale["messages"] - scale["copies_dropped"] == 4  # 17 lines, 4 distinct changes
     assert any("4 copies of each change" in n for n in cfg["notes"])
+    assert any("lowest value was 16384 (after step 20)" in n for n in cfg["notes"])
     # the reward evaluations carry no eval loss: recorded, not made into evals; the epoch mean is no step's loss
     assert [e for e in events if e.kind == "eval"] == []
     assert [r["acc"] for r in cfg["reward_evals"]] == pytest.approx([0.4924241304397583, 0.6994950175285339])

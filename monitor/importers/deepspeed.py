@@ -850,6 +850,9 @@ def _meta(st: _State) -> LogMeta:
             "lowest_after_step": sc.lowest_at,
             "increases_printed": sc.prints_increases,
         }
+        if sc.lowest is not None and not (st.ppo and len(st.engines) > 1):
+            where = f"after step {sc.lowest_at}" if sc.lowest_at is not None else "before the first logged step"
+            notes.append(f"the fp16 loss scale's lowest value was {sc.lowest:g} ({where})")
         if sc.copies and sc.changes:
             ranks = round(sc.rank_lines / sc.changes) if sc.rank_lines else None
             copies = f"{ranks} copies of each change" if ranks and ranks > 1 else "repeated"
