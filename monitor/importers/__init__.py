@@ -79,7 +79,7 @@ _TRIED = (
     "ms-swift logging.jsonl",
     "TensorBoard event file",
     "CSV with a step column",
-    "text log (llm.c, nanoGPT, Megatron-LM, nanochat, modded-nanogpt, MiniMind)",
+    "text log (llm.c, nanoGPT, Megatron-LM, nanochat, modded-nanogpt, MiniMind, DeepSpeed)",
 )
 
 _HEAD = 64 * 1024
