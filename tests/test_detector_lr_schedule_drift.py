@@ -334,3 +334,20 @@ def test_a_schedule_read_off_the_scheduler_learns_its_cadence_from_the_first_cou
     for s in range(1, 200):
         feed.step(s, [sched.lr(min(s, 120))], scheduler_steps=1 if s <= 120 else 0)
     assert [f.step for f in feed.opened] in ([121], [122]), [f.message for f in feed.findings]
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "words"),
+    [
+        (0.000302, 3.38e-08, "8,935x the expected"),
+        (3.38e-08, 0.000302, "1/8,935 of the expected"),
+        (0.00101, 0.001, "+1.0% off"),
+        (0.0009, 0.001, "-10.0% off"),
+    ],
+)
+def test_the_size_of_a_drift_is_recomputed_from_the_numbers_printed(actual: float, expected: float, words: str) -> None:
+    """'is 0.000302 at step 299, the declared cosine schedule expects 3.38e-08 (30192.6% off)': the
+    percentage came from an error floored for the tolerance; the ratio of the printed numbers is ~8,900x."""
+    from trainmon.monitor.detectors.lr_schedule_drift import _off
+
+    assert _off(actual, expected) == words

@@ -57,6 +57,7 @@ from typing import Any
 
 from trainmon.hooks.schedules import Schedule
 from trainmon.hooks.wire import Event
+from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.config import LrScheduleDriftConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 
@@ -680,7 +681,7 @@ class LrScheduleDrift(Detector):
         elif sched is not None:
             what = (
                 f"LR of param group {group} is {_fmt(actual)} at step {step}, the declared {sched.name} schedule "
-                f"expects {_fmt(worst.get('expected', float('nan')))} ({_pct(worst.get('rel_err'))} off); "
+                f"expects {_fmt(worst.get('expected', float('nan')))} ({_off(actual, worst.get('expected'))}); "
                 f"off schedule for {off} steps {since}"
             )
         elif diag == "too_fast":
@@ -714,8 +715,24 @@ class LrScheduleDrift(Detector):
         return Finding(kind=self.kind, severity=severity, step=at, message=what, hint=hint, evidence=evidence)
 
 
-def _pct(err: float | None) -> str:
-    return "?" if err is None else f"{100 * err:.1f}%"
+def _off(actual: float | None, expected: float | None) -> str:
+    """How far ``actual`` is from ``expected``, recomputed from the two numbers the message prints
+    (as printed, 3 significant digits): a percentage while they are within 2x of each other, a
+    ratio beyond ("8,935x the expected", not "30192.6% off", which came from an error floored for
+    the tolerance and matched neither number)."""
+    if actual is None or expected is None or not (math.isfinite(actual) and math.isfinite(expected)):
+        return "? off"
+    a, e = float(_fmt(actual)), float(_fmt(expected))
+    if e == 0:
+        return "expected 0" if a == 0 else "where 0 is expected"
+    ratio = a / e
+    if ratio <= 0:
+        return "the opposite sign"
+    if ratio >= 2:
+        return f"{fmt(ratio, 3)}x the expected"
+    if ratio <= 0.5:
+        return f"1/{fmt(1 / ratio, 3)} of the expected"
+    return f"{100 * (ratio - 1):+.1f}% off"
 
 
 def _hint_group(det: LrScheduleDrift, extra: dict[str, Any], group: int) -> str:
