@@ -405,7 +405,9 @@ def test_reward_model_scores_without_a_loss_are_recorded(tmp_path: Path) -> None
 def test_pipeline_engine_lines_carry_the_loss(tmp_path: Path) -> None:
     """DeepSpeed's pipeline engine prints ``steps: N loss: X iter time (s): T samples/sec: S`` after its
     log_dist line of the same step: the loss, the interval's mean step time, the LR and skips of that N."""
-    lines = []
+    lines = [
+        f"{_stamp(0.0)} [INFO] [runner.py:607:main] cmd = python -u -m deepspeed.launcher.launch train.py --deepspeed"
+    ]
     for k, n in enumerate((10, 20, 30)):
         lines.append(_dist(float(k * 5), n, 0 if n < 30 else 10, 1e-4 * n / 30))
         lines.append(f"steps: {n} loss: {3.0 - 0.1 * k:.4f} iter time (s): 0.500 samples/sec: 64.000")
@@ -414,6 +416,7 @@ def test_pipeline_engine_lines_carry_the_loss(tmp_path: Path) -> None:
     steps = _steps(events)
     assert [(s["step"], s["loss"], s["step_time"]) for s in steps] == [(10, 3.0, 0.5), (20, 2.9, 0.5), (30, 2.8, 0.5)]
     assert cfg["step_base"] == 1 and cfg["loss_series"]["terms"] == ["loss"]
+    assert cfg["format"] == "deepspeed_stdout"  # the launcher's cmd line alone is not DeepSpeed-Chat
     assert steps[1]["lr"] == [pytest.approx(1e-4 * 20 / 30)] * 2
     assert [s.get("skipped") for s in steps] == [None, False, True]
 

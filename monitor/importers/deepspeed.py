@@ -631,8 +631,7 @@ def _ppl_loss(ppl: float) -> float:
 
 
 def _other(line: str, st: _State) -> None:
-    if "cmd = " in line:
-        st.chat = True
+    if "cmd = " in line:  # the launcher's command line (any DeepSpeed script): its flags
         m = _GA_CLI.search(line)
         if m is not None and st.ga is None:
             st.ga = int(m.group(1))
@@ -649,6 +648,7 @@ def _other(line: str, st: _State) -> None:
         return
     m = _EVAL_HEAD.search(line)
     if m is not None:
+        st.chat = True
         st.eval_kind = m.group(1)
         st.eval_epoch = int(m.group(2))
         return
@@ -838,7 +838,12 @@ def _meta(st: _State) -> LogMeta:
         if len(st.engines) > 1:
             notes.append(
                 f"{len(st.engines)} DeepSpeed engines ({', '.join(names)}) print their step lines under the same step: "
-                "kept apart by print order; each step's lr lists every engine's param groups, engine by engine"
+                "kept apart by print order; "
+                + (
+                    "each step's lr lists every engine's param groups, engine by engine"
+                    if st.ppo
+                    else f"the step points carry {names[0]}'s LR and skips, each engine's skip total is in engines"
+                )
             )
     sc = st.scale
     if sc.messages:
