@@ -59,6 +59,25 @@ What a person can trust (issue 14, "a wrong finding is worse than silence"):
   there are enough to measure it): the run spent that many logging windows far above its best
   without coming back.
 
+Issue 23 (DESIGN.md, "How a finding earns trust"):
+
+* **The task metric outranks the loss.** Eval events carry the metric the run is for (a task metric
+  such as WER or accuracy, read in its own direction by ``eval_regression.metric_direction``; else
+  the eval loss). While its latest value is at least as good as its best up to the step at which the
+  training loss was last at its best, there is no divergence claim: none opens, and an open one
+  closes (info) on such an eval. A memorised fine-tune whose 100-step-mean loss swings 0.003-0.16 at
+  epoch boundaries while the WER improved at every eval got a critical "roll back ... lower the LR"
+  that would have thrown the best model away.
+* **Units of the log's own noise.** Noise is measured on the logged series itself, so a log of
+  interval means (N times less variance than one step) is judged in its own units; a rise is never
+  only relative: opening, staying open and turning critical each need ``min_rise_abs`` nats as well
+  (67 % of 0.006 is noise).
+* **Onset, not readiness.** A finding is dated where the rise started, found by looking back past the
+  gates and windows: the step after the last one at which the median-filtered loss was still within
+  its noise (``healthy_rel``, one raw sigma) of its lowest (sparse logs: the first of the points that
+  stayed far above the best); the step it was found at is ``detected_step`` in the evidence. Real log
+  97's rise starts at iteration 32 and was opened at 55.
+
 Windows count logged entries, not steps: the noise being averaged is per entry, so a log
 written every N steps gets windows N times longer in steps, and the detection delay in steps
 grows with N, bounded by the long window. What a finding *says* (extent, healthy step) is in
@@ -76,6 +95,7 @@ from typing import Any
 from trainmon.hooks.wire import Event
 from trainmon.monitor.config import DivergenceConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.eval_regression import metric_direction
 from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["Divergence"]
@@ -171,6 +191,11 @@ class Divergence(Detector):
         self._warmup_end = 0
         self._ep: _Episode | None = None
         self._grad_norms: collections.deque[float] = collections.deque(maxlen=hist)
+        self._centers: collections.deque[int] = collections.deque(maxlen=hist)  # middle step of each filtered one
+        # the task metric (eval events): the metric the run optimises for outranks the training loss
+        self._evals: dict[str, collections.deque[tuple[int, float]]] = {}
+        self._eval_sign: dict[str, int] = {}
+        self._metric: str | None = None  # the one judged: a task metric (WER, accuracy), else the eval loss
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -191,6 +216,8 @@ class Divergence(Detector):
                 self._health.checkpoint(ckpt)
                 self._pt_health.checkpoint(ckpt)
             return []
+        if event.kind == "eval":
+            return self._on_eval(event.fields)
         if event.kind != "step":
             return []
         f = event.fields
@@ -198,6 +225,77 @@ class Divergence(Detector):
         if not finite(loss):
             return []
         return self._on_loss(f["step"], float(loss), f.get("grad_norm"))
+
+    # -- the task metric -------------------------------------------------------------------------
+
+    def _on_eval(self, f: dict[str, Any]) -> list[Finding]:
+        step = f.get("step")
+        if not isinstance(step, int):
+            return []
+        values: dict[str, float] = {}
+        if finite(f.get("loss")):
+            values["eval loss"] = float(f["loss"])
+            self._eval_sign.setdefault("eval loss", -1)
+        metrics = f.get("metrics")
+        if isinstance(metrics, dict):
+            for name, v in list(metrics.items())[:32]:
+                if not finite(v) or not isinstance(name, str):
+                    continue
+                if name not in self._eval_sign:
+                    sign, task = metric_direction(name)
+                    if sign == 0 or not task:
+                        continue
+                    self._eval_sign[name] = sign
+                    if self._metric in (None, "eval loss"):
+                        self._metric = name  # the first task metric the run logs
+                values[name] = float(v)
+        if self._metric is None and "eval loss" in values:
+            self._metric = "eval loss"
+        for name, v in values.items():
+            self._evals.setdefault(name, collections.deque(maxlen=64)).append((step, v))
+        ep = self._ep
+        if ep is None or self._metric not in values:
+            return []
+        since = ep.view.get("best_step", ep.opened)
+        better = self._metric_improved(since)
+        if better is None:
+            return []
+        self._ep = None
+        name, was, was_step, now, now_step = better
+        return [
+            Finding(
+                kind=self.kind,
+                severity="info",
+                step=now_step,
+                message=(
+                    f"the {name} improved to {now:.4g} at step {now_step} (from {was:.4g} at step {was_step}) "
+                    f"while the training loss was up: not a divergence (open since step {ep.opened}, it peaked "
+                    f"{ep.peak_above:.0%} above its best)"
+                ),
+                hint="The task metric outranks the training loss: the model is getting better on what the run is for.",
+                evidence={"metric": name, "metric_before": was, "metric_before_step": was_step, "metric_now": now},
+                resolved=True,
+            )
+        ]
+
+    def _metric_improved(self, since: int) -> tuple[str, float, int, float, int] | None:
+        """(metric, best value at or before ``since``, its step, latest value, its step) when the latest eval
+        after ``since`` is at least as good as every eval up to it; None otherwise or when it cannot tell."""
+        name = self._metric
+        if name is None:
+            return None
+        evals = self._evals.get(name)
+        sign = self._eval_sign.get(name, -1)
+        if not evals:
+            return None
+        before = [(v, s) for s, v in evals if s <= since]
+        now_step, now = evals[-1]
+        if not before or now_step <= since:
+            return None
+        was, was_step = max(before, key=lambda vs: sign * vs[0])
+        if sign * now < sign * was:
+            return None
+        return name, was, was_step, now, now_step
 
     def _on_loss(self, step: int, loss: float, gn: Any) -> list[Finding]:
         cfg = self.config
@@ -221,6 +319,7 @@ class Divergence(Detector):
             return out
         m = self._raw.median()
         center = self._recent_steps[len(self._recent_steps) // 2]
+        self._centers.append(center)
         if self._first_center is None:
             self._first_center = center
         self._health.add(center, m, self._ckpts)
@@ -236,7 +335,8 @@ class Divergence(Detector):
         if self._min is None or s < self._min:
             self._min, self._min_step = s, step
         above = (s - self._min) / abs(self._min) if self._min else 0.0
-        self._critical_run = self._critical_run + 1 if above >= cfg.critical_rel else 0
+        big = above >= cfg.critical_rel and s - self._min >= cfg.min_rise_abs  # 67% of 0.006 is noise
+        self._critical_run = self._critical_run + 1 if big else 0
         self._envelope = max(above, self._envelope * self._decay)
         self._envelopes.append(self._envelope)
         if self._ep is not None:
@@ -288,8 +388,23 @@ class Divergence(Detector):
         if len(gns) > w and gns[-w - 1] > 0:
             view["grad_norm_ratio"] = round(gns[-1] / gns[-w - 1], 3)
         assert self._min is not None
-        self._ep = _Episode("trend", step, band, view=view)
-        return [self._finding(step, s, self._min, self._min_step, above, opening=True)]
+        view["best_step"] = self._health.best_step
+        if self._metric_improved(self._health.best_step) is not None:
+            return []  # the task metric improved since the loss was at its best: no divergence claim
+        onset = self._onset(sigma)
+        view["detected_step"] = step
+        self._ep = _Episode("trend", onset, band, view=view)
+        return [self._finding(onset, s, self._min, self._min_step, above, opening=True)]
+
+    def _onset(self, sigma: float) -> int:
+        """Where the rise started, looking back past the detector's gates: the step after the last one at which
+        the median-filtered loss was still within its noise (``healthy_rel``, and one raw sigma) of its lowest."""
+        fl, cs = list(self._filtered), list(self._centers)
+        i_min = min(range(len(fl)), key=fl.__getitem__)
+        lo = fl[i_min]
+        band = max(sigma, self.config.healthy_rel * abs(lo))
+        last_in = max(i for i in range(i_min, len(fl)) if fl[i] <= lo + band)
+        return cs[min(last_in + 1, len(cs) - 1)]
 
     def _trend(self, w: int, min_rel: float, sigma: float) -> tuple[int, float, float, float] | None:
         """The rise over the last ``w`` entries if it is a trend: (w, start, rise, up share), else None.
@@ -339,7 +454,8 @@ class Divergence(Detector):
         best = (health.best_step, health.best)
         self._points.append((step, loss))
         above = (loss - best[1]) / abs(best[1]) if best[1] else 0.0
-        self._pt_critical_run = self._pt_critical_run + 1 if above >= cfg.critical_rel else 0
+        big = above >= cfg.critical_rel and loss - best[1] >= cfg.min_rise_abs  # 67% of 0.006 is noise
+        self._pt_critical_run = self._pt_critical_run + 1 if big else 0
         if following:
             return self._follow(step, loss, best[1], best[0], above, self._pt_critical_run)
         if self._ep is not None or best[1] <= 0 or len(self._points) < cfg.sparse_points:
@@ -349,12 +465,17 @@ class Divergence(Detector):
             bar = max(bar, best[1] + cfg.sparse_rise_sigma * 1.4826 * self._noise.median() / math.sqrt(2.0))
         if any(p[0] <= best[0] or p[1] < bar for p in self._points):
             return []
+        if self._metric_improved(best[0]) is not None:
+            return []  # the task metric improved since the loss was at its best: no divergence claim
         view = {
             "points": [[p[0], round(p[1], 6)] for p in self._points],
             "log_interval_steps": round(statistics.median(self._gaps)),
+            "best_step": best[0],
+            "detected_step": step,
         }
-        self._ep = _Episode("sparse", step, 0.0, view=view)
-        return [self._finding(step, loss, best[1], best[0], above, opening=True)]
+        onset = self._points[0][0]  # the first of the points that stayed far above the best
+        self._ep = _Episode("sparse", onset, 0.0, view=view)
+        return [self._finding(onset, loss, best[1], best[0], above, opening=True)]
 
     # -- the open episode -------------------------------------------------------------------------
 
@@ -364,7 +485,7 @@ class Divergence(Detector):
         cfg = self.config
         ep = self._ep
         assert ep is not None
-        if above < max(cfg.above_min_rel / 2, ep.band):
+        if above < max(cfg.above_min_rel / 2, ep.band) or level - best < cfg.min_rise_abs / 2:
             self._ep = None
             what = "logged loss" if ep.source == "sparse" else "smoothed loss"
             return [
@@ -390,7 +511,12 @@ class Divergence(Detector):
             ]
         severity = ep.severity
         need = cfg.sparse_points if ep.source == "sparse" else cfg.critical_entries
-        if severity == "warning" and above >= cfg.critical_rel and critical_run >= need:
+        if (
+            severity == "warning"
+            and above >= cfg.critical_rel
+            and critical_run >= need
+            and level - best >= cfg.min_rise_abs
+        ):
             severity = "critical"
         elif severity == "critical" and above < cfg.critical_release * cfg.critical_rel:
             severity = "warning"
