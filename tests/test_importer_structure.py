@@ -274,6 +274,9 @@ def test_tensorboard_detection_losses_lr_groups_and_images(tmp_path: Path) -> No
             for g, lr in enumerate((0.07 - e * 0.003, 0.003 + e * 0.001, 0.003 + e * 0.001)):
                 w.add_scalar(f"x/lr{g}", lr, e)
         w.add_image("results", np.zeros((3, 8, 8), dtype=np.uint8), 19)
+        w.add_text("hyp", "lr0: 0.01", 0)
+        torch = pytest.importorskip("torch")
+        w.add_graph(torch.nn.Linear(2, 2), torch.zeros(1, 2))  # a graph_def event (and its run metadata)
 
     events = _tb_events(tmp_path, "yolo", write)
     steps = _steps(events)
