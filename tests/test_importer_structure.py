@@ -406,3 +406,26 @@ def test_ms_swift_eval_lines_of_named_sets_are_one_eval_per_step(tmp_path: Path)
         "wiki/loss": pytest.approx(3.0),
         "wiki/accuracy": pytest.approx(0.55),
     }
+
+
+def test_llamafactory_two_writers_keep_a_resume_shown_by_the_clock(tmp_path: Path) -> None:
+    """Two writers a few seconds apart, and a relaunch from the checkpoint at step 100 that goes on at 110:
+    the step does not go back, the elapsed time (both writers') starts again. One resume, not 20 attempts
+    and not none."""
+
+    def line(s: int, elapsed: int) -> dict[str, Any]:
+        return {
+            "current_steps": s,
+            "total_steps": 200,
+            "loss": 2.0 - s / 1000,
+            "lr": 1e-4,
+            "epoch": s / 100,
+            "elapsed_time": f"0:{elapsed // 60:02d}:{elapsed % 60:02d}",
+        }
+
+    rows = []
+    for s in range(10, 201, 10):
+        t = s * 3 if s <= 100 else (s - 100) * 3
+        rows += [line(s, t), line(s, t + 3)]
+    (s,) = _summaries(_write(tmp_path / "trainer_log.jsonl", rows))
+    assert s["attempts"] == 2

@@ -65,7 +65,8 @@ training values and their own timings (``train_speed``, ``elapsed_time``, ``eval
 whose step was already read with the same values (loss, grad norm, LR, epoch; an evaluation's loss
 and metrics) is such a copy: read once, and said in one note, not taken for a restart. A restart
 needs evidence of a restart: the step going back *and* different values at the steps logged again.
-With two writers the elapsed time interleaves two clocks, so it is not read as a sign of a resume.
+With two writers the elapsed time interleaves two clocks a second or two apart, so it must go back by
+more than their offset (measured on the copies) to be a sign of a resume.
 
 Resumes: the step going back with new values is a restart (handled by ``build_events``); the step
 going on while ``elapsed_time`` (reset by a new ``train()`` call) or ``epoch`` goes back is a resume
@@ -494,6 +495,8 @@ class _Copies:
     """Distinct training steps read (after dropping copies)."""
     first: int | None = None
     """Line number of the first copy."""
+    clock_offset: float = 0.0
+    """The largest difference between a line's elapsed time and its copy's: the two writers' clocks."""
 
     def note(self) -> str | None:
         if not self.train and not self.eval:
@@ -514,6 +517,7 @@ def _drop_copies(rows: list[_Row]) -> tuple[list[_Row], _Copies]:
     again with *different* values, or after the log went further on (a replay from the start), is kept:
     a restart."""
     seen: dict[tuple[str, int, str | None], tuple[Any, ...]] = {}
+    clock: dict[tuple[str, int, str | None], float | None] = {}
     recent: list[int] = []  # the last distinct training steps read, newest last
     copies = _Copies()
     out: list[_Row] = []
@@ -526,8 +530,11 @@ def _drop_copies(rows: list[_Row]) -> tuple[list[_Row], _Copies]:
                 copies.train += r.kind == "train"
                 copies.eval += r.kind == "eval"
                 copies.first = r.n if copies.first is None else copies.first
+                if r.elapsed is not None and (t0 := clock.get(key)) is not None:
+                    copies.clock_offset = max(copies.clock_offset, abs(r.elapsed - t0))
                 continue
             seen[key] = sig
+            clock[key] = r.elapsed
             copies.train_steps += r.kind == "train"
             if r.kind == "train" and (not recent or recent[-1] != r.step):
                 recent = [*recent, r.step][-_COPY_LAG:]
@@ -560,9 +567,10 @@ def _precise_elapsed(rows: list[_Row]) -> list[float | None] | None:
     return out if agreed else None
 
 
-def _assemble(rows: list[_Row], *, two_writers: bool = False) -> tuple[list[Item], dict[str, Any], list[str]]:
-    """Items, config facts and notes shared by both formats (see the module docstring). With
-    ``two_writers`` the elapsed time interleaves two processes' clocks: not a sign of a resume."""
+def _assemble(rows: list[_Row], *, clock_offset: float = 0.0) -> tuple[list[Item], dict[str, Any], list[str]]:
+    """Items, config facts and notes shared by both formats (see the module docstring). ``clock_offset``:
+    how far apart two writers' elapsed times are (the rows interleave both clocks), so the elapsed time
+    must go back by more than that to be a sign of a resume."""
     precise = _precise_elapsed(rows)
     # Rows without train_speed (ms-swift's eval lines) keep their printed whole seconds; a window
     # is only timed between two readings of the same resolution (a 0.5 s rounding is a 30% error
@@ -607,7 +615,8 @@ def _assemble(rows: list[_Row], *, two_writers: bool = False) -> tuple[list[Item
                 prev_any = prev_any_t = latest_t = prev_epoch = prev_tokens = None
             elif prev_train is not None:
                 why = None
-                if not two_writers and t is not None and latest_t is not None and t < latest_t - _BACK_TOLERANCE:
+                back = _BACK_TOLERANCE + 2 * clock_offset
+                if t is not None and latest_t is not None and t < latest_t - back:
                     why = f"elapsed time went back from {latest_t:.0f} s to {t:.0f} s after step {prev_train.step}"
                 elif r.epoch is not None and prev_epoch is not None and r.epoch < prev_epoch - 1e-9:
                     why = f"epoch went back from {prev_epoch:g} to {r.epoch:g} after step {prev_train.step}"
@@ -738,7 +747,7 @@ def _finish(
     if not rows and damage.count:
         raise ImportFormatError(f"{path}: no readable {fmt} line ({damage.count} damaged lines)")
     rows, copies = _drop_copies(rows)
-    items, config, notes = _assemble(rows, two_writers=bool(copies.train or copies.eval))
+    items, config, notes = _assemble(rows, clock_offset=copies.clock_offset)
     if (note := copies.note()) is not None:
         notes.append(note)
         config["duplicate_lines"] = {"train": copies.train, "eval": copies.eval}
