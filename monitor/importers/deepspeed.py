@@ -2,7 +2,8 @@
 
 A DeepSpeed engine prints, from rank 0, every ``steps_per_print`` optimizer steps, ``[stamp] [INFO]
 [logging.py:96:log_dist] [Rank 0] step=N, skipped=K, lr=[a, b], mom=[...]`` and a throughput line
-(``timer.py ... CurrSamplesPerSec=...``). What the training script prints around it depends on the
+(``timer.py ... CurrSamplesPerSec=...``); the engine's and the launcher's own lines are described and
+matched in :mod:`.deepspeed_engine`. What the training script prints around them depends on the
 script; these shapes are read (a multi-node launcher's ``host: `` prefix is removed first):
 
 * **DeepSpeed-Chat step 1 and 2** (supervised fine-tuning, reward model, DPO: ``cmd = ... main.py
@@ -83,7 +84,6 @@ Semantics, as DeepSpeed defines them:
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -91,57 +91,55 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.monitor.importers.common import ANSI_ESCAPE, EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.deepspeed_engine import (
+    EXIT_BAD,
+    EXIT_OK,
+    FUSED_CHANGE,
+    FUSED_SKIP,
+    GA_CLI,
+    GA_DUMP,
+    NUM,
+    PRECISION_DUMP,
+    STAMP,
+    STEP_LINE,
+    WORLD,
+    ZERO_SCALE,
+    Engine,
+    Scale,
+    num,
+    read_lrs,
+)
 from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
 from trainmon.monitor.importers.textclock import ISO_STAMP, iso_to_epoch
 
 __all__ = ["looks_like_deepspeed", "parse_deepspeed"]
 
-log = logging.getLogger("trainmon.import")
-
-_N = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
-_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
-_STEP = re.compile(r"\[Rank\s+\d+\]\s+step=(\d+),\s*skipped=(\d+),\s*lr=\[([^\]]*)\]")
-_ZERO_SCALE = re.compile(
-    r"OVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: (" + _N + r")"
-    r"(?:, reducing to (" + _N + r")|, but hysteresis is \d+)"
-)
-_FUSED_CHANGE = re.compile(r"(Reducing|Increasing) dynamic loss scale from (" + _N + r") to (" + _N + r")")
-_FUSED_SKIP = re.compile(
-    r"Overflow detected\. Skipping step\. Attempted loss scale: (" + _N + r"), reducing to (" + _N + r")"
-)
 # PPO step lines, older ``epoch: 0|step: 5|ppo_ep: 1|act_loss: X|cri_loss: Y|unsuper_loss: Z`` and newer
 # ``Epoch: 0 | Step: 5 | PPO Epoch: 1 | Actor Loss: X | Critic Loss: Y | Unsupervised Loss: Z``
 _PPO = re.compile(r"^epoch:\s*(\d+)\s*\|\s*step:\s*(\d+)\s*\|(.*)$", re.IGNORECASE)
-_REWARD = re.compile(r"^average reward score:\s*(" + _N + r")", re.IGNORECASE)
+_REWARD = re.compile(r"^average reward score:\s*(" + NUM + r")", re.IGNORECASE)
 # ``--print_loss``: every rank prints its own micro-batch loss (a tensor, or a number)
 _RANK_LOSS = re.compile(
-    r"^Epoch:\s*(\d+),\s*Step:\s*(\d+),\s*Rank:\s*(\d+),\s*loss\s*=\s*(?:tensor\(\s*)?(" + _N + r")"
+    r"^Epoch:\s*(\d+),\s*Step:\s*(\d+),\s*Rank:\s*(\d+),\s*loss\s*=\s*(?:tensor\(\s*)?(" + NUM + r")"
 )
 # DeepSpeed's pipeline engine: ``steps: N loss: X [name: Y ...] iter time (s): T samples/sec: S``
 _PIPE = re.compile(
-    r"^steps:\s*(\d+)\s+loss:\s*(" + _N + r")\s+(.*?)iter time \(s\):\s*(" + _N + r")\s+samples/sec:\s*(" + _N + r")"
+    r"^steps:\s*(\d+)\s+loss:\s*(" + NUM + r")\s+(.*?)iter time \(s\):\s*(" + NUM + r")\s+samples/sec:\s*(" + NUM + r")"
 )
-_WRAPPER = re.compile(r"[A-Za-z_][\w.]*\(")
 # a launcher's host prefix on multi-node runs (``worker-0: [2023-...] ...``)
 _HOST = re.compile(
     r"^[\w.\-]+:\s+(?=\[\d{4}-|epoch:|Epoch:|'step'|ppl:|\*{3,}|average reward|Average reward|Beginning of Epoch|"
     r"chosen|saving|End-to-End|\|E2E)"
 )
-_E2E = re.compile(r"(?:E2E latency=|End-to-End => Latency:\s*)(" + _N + r")s")
+_E2E = re.compile(r"(?:E2E latency=|End-to-End => Latency:\s*)(" + NUM + r")s")
 _EVAL_HEAD = re.compile(r"Evaluating (perplexity|rewards?), Epoch (\d+)/(\d+)")
 # an evaluation's result line: ``ppl: X[, loss: Y]``, ``chosen: X, rejected: Y, loss: Z``,
 # ``chosen_last_scores (higher is better) : X, acc (higher is better) : Y``
-_EVAL_KV = re.compile(r"([A-Za-z_][\w ]*?)\s*(?:\(([a-z]+) is better\))?\s*:\s*(" + _N + r")(?=\s*(?:,|$))")
-_DICT = re.compile(r"^'step'\s*:\s*(\d+),\s*'ppl'\s*:\s*(" + _N + r")")
+_EVAL_KV = re.compile(r"([A-Za-z_][\w ]*?)\s*(?:\(([a-z]+) is better\))?\s*:\s*(" + NUM + r")(?=\s*(?:,|$))")
+_DICT = re.compile(r"^'step'\s*:\s*(\d+),\s*'ppl'\s*:\s*(" + NUM + r")")
 _EPOCH = re.compile(r"Beginning of Epoch (\d+)/(\d+), Total (Micro|Generation) Batches (\d+)")
-_EPOCH_LOSS = re.compile(r"^Epoch (\d+)/(\d+) with loss (" + _N + r")")
-_GA_DUMP = re.compile(r"\bgradient_accumulation_steps \.+\s*(\d+)")
-_GA_CLI = re.compile(r"--gradient_accumulation_steps[ =](\d+)")
-_PRECISION_DUMP = re.compile(r"\b(fp16|bfloat16)_enabled \.+\s*(True|False)")
-_EXIT_OK = re.compile(r"launch\.py:\d+:main\] Process \d+ exits successfully")
-_EXIT_BAD = re.compile(r"launch\.py:\d+:\w+\] .*(?:exits with return code|Killing subprocess)")
+_EPOCH_LOSS = re.compile(r"^Epoch (\d+)/(\d+) with loss (" + NUM + r")")
 _TOTAL = re.compile(r"Total optimization steps = (\d+)")
-_WORLD = re.compile(r"\bdist_world_size=(\d+)")
 
 
 def looks_like_deepspeed(head: str) -> bool:
@@ -149,7 +147,7 @@ def looks_like_deepspeed(head: str) -> bool:
     (with the actor's and critic's losses) or a ``--print_loss`` line."""
     for raw in head.splitlines():
         line = _HOST.sub("", raw.strip(), count=1)
-        if "skipped=" in line and _STEP.search(line):
+        if "skipped=" in line and STEP_LINE.search(line):
             return True
         if line[:6].lower() == "epoch:" and (_ppo_line(line) or _RANK_LOSS.match(line)):
             return True
@@ -167,72 +165,11 @@ def _ppo_line(line: str) -> re.Match[str] | None:
     return m if ("act_loss" in low or "actor loss" in low) and ("cri_loss" in low or "critic loss" in low) else None
 
 
-def _lrs(text: str) -> list[float]:
-    """The learning rates of a ``lr=[...]`` list: plain floats, or wrapped (``np.float64(1e-05)``,
-    ``tensor(1e-05, device='cuda:0')``: the wrapper and any keyword after the value dropped)."""
-    out = []
-    for item in text.split(","):
-        x = _f(_WRAPPER.sub("", item).replace(")", "").strip())
-        if x is not None:
-            out.append(x)
-    return out
-
-
-def _f(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-@dataclass
-class _Engine:
-    """One DeepSpeed engine's ``step=N, skipped=K, lr=[...]`` lines."""
-
-    skipped: int = 0
-    lr_first: list[float] | None = None
-    lr_peak: float = 0.0
-    lines: int = 0
-
-
-@dataclass
-class _Scale:
-    """The fp16 loss scale as the scaler's messages state it; copies from other ranks are dropped."""
-
-    value: float | None = None
-    fresh: bool = False  # a message stated it since the last step point
-    messages: int = 0
-    copies: int = 0
-    changes: int = 0
-    lowest: float | None = None
-    lowest_at: int | None = None
-    prints_increases: bool = False
-    rank_lines: int = 0  # FP16_Optimizer's change messages, printed by every rank
-
-    def change(self, old: float, new: float, at: int | None, *, per_rank: bool) -> None:
-        """A change from ``old`` to ``new``; ``per_rank``: a message every rank prints, so one that
-        repeats the change just applied is another rank's copy (a rank-0 line never is)."""
-        self.messages += 1
-        if per_rank and self.value is not None and self.value == new and old != new:
-            self.copies += 1  # another rank's copy of a change already applied
-            return
-        self.value = new
-        self.fresh = True
-        self.changes += 1
-        if self.lowest is None or new < self.lowest:
-            self.lowest, self.lowest_at = new, at
-
-    def state(self, value: float) -> None:
-        self.messages += 1
-        self.value = value
-        self.fresh = True
-
-
 @dataclass
 class _State:
     items: list[Item] = field(default_factory=list)
-    engines: list[_Engine] = field(default_factory=list)
-    scale: _Scale = field(default_factory=_Scale)
+    engines: list[Engine] = field(default_factory=list)
+    scale: Scale = field(default_factory=Scale)
     stamp: float | None = None
     first_stamp: float | None = None
     ga: int | None = None
@@ -241,7 +178,6 @@ class _State:
     epochs: int | None = None
     per_epoch: int | None = None
     batches_kind: str | None = None
-    epochs_begun: int = 0
     total_steps: int | None = None
     chat: bool = False
     ppo: bool = False
@@ -339,7 +275,7 @@ def _fill_times(items: list[Item]) -> None:
 
 
 def _line(line: str, st: _State) -> None:
-    sm = _STAMP.match(line)
+    sm = STAMP.match(line)
     if sm is not None:
         im = ISO_STAMP.match(sm.group(1))
         t = iso_to_epoch(im) if im is not None else None
@@ -348,9 +284,9 @@ def _line(line: str, st: _State) -> None:
             if st.first_stamp is None:
                 st.first_stamp = t
     if "skipped=" in line:
-        m = _STEP.search(line)
+        m = STEP_LINE.search(line)
         if m is not None:
-            lrs = _lrs(m.group(3))
+            lrs = read_lrs(m.group(3))
             _step_line(int(m.group(1)), int(m.group(2)), lrs, line[m.start() :], st)
             return
     if "loss scale" in line:
@@ -380,7 +316,7 @@ def _line(line: str, st: _State) -> None:
 
 def _scale_line(line: str, st: _State) -> None:
     at = st.last_point.step if st.last_point is not None else None
-    m = _ZERO_SCALE.search(line)
+    m = ZERO_SCALE.search(line)
     if m is not None:
         st.overflows += 1
         st.ppo_overflows += 1
@@ -390,13 +326,13 @@ def _scale_line(line: str, st: _State) -> None:
         else:
             st.scale.state(old)  # hysteresis: skipped, the scale kept
         return
-    m = _FUSED_SKIP.search(line)
+    m = FUSED_SKIP.search(line)
     if m is not None:  # rank 0's summary of the change its FP16_Optimizer also prints (on every rank)
         st.overflows += 1
         st.ppo_overflows += 1
         st.scale.change(float(m.group(1)), float(m.group(2)), at, per_rank=True)
         return
-    m = _FUSED_CHANGE.search(line)
+    m = FUSED_CHANGE.search(line)
     if m is not None:
         st.scale.prints_increases = True
         st.scale.rank_lines += 1
@@ -413,7 +349,7 @@ def _step_line(step: int, skipped: int, lrs: list[float], text: str, st: _State)
     st.round.append((step, skipped, lrs, text))
     k = len(st.round) - 1
     while len(st.engines) <= k:
-        st.engines.append(_Engine())
+        st.engines.append(Engine())
     eng = st.engines[k]
     eng.skipped = skipped
     eng.lines += 1
@@ -443,25 +379,17 @@ def _dist_point(step: int, skipped: int, lrs: list[float], st: _State) -> None:
     elif prev is None:
         skip = True if skipped >= step > 0 else (False if skipped == 0 else None)
     point = TrainPoint(step=step, lr=lrs or None, time=st.stamp, skipped=skip)
-    point.loss_scale = _take_scale(st)
+    point.loss_scale = st.scale.take()
     st.items.append(point)
     st.last_point = point
     st.last_logged = (step, skipped)
-
-
-def _take_scale(st: _State) -> float | None:
-    """The scale to emit on the point being made (see the module docstring), or None."""
-    sc = st.scale
-    out = sc.value if (sc.fresh or sc.prints_increases) else None
-    sc.fresh = False
-    return out
 
 
 def _ppo_step(epoch: int, batch: int, rest: str, st: _State) -> None:
     st.ppo = True
     _flush_round(st)
     parts = {_term(k): v.strip() for k, _, v in (p.partition(":") for p in rest.split("|")) if k.strip()}
-    terms = {k: x for k, v in parts.items() if k.endswith("loss") and (x := _f(v)) is not None}
+    terms = {k: x for k, v in parts.items() if k.endswith("loss") and (x := num(v)) is not None}
     step = epoch * st.per_epoch + batch if st.per_epoch else batch
     lrs: list[float] | None = None
     if st.ppo_lrs:
@@ -525,7 +453,7 @@ def _pipe_line(m: re.Match[str], st: _State) -> None:
     if st.dist_lines and st.dist_lines[-1][0] == step:
         _, skipped, lrs, _ = st.dist_lines[-1]
     point = TrainPoint(step=step, loss=float(m.group(2)), lr=lrs or None, time=st.stamp)
-    dt = _f(m.group(4))
+    dt = num(m.group(4))
     if dt is not None and dt >= 0:
         point.step_time = dt  # the mean over the steps since the previous line
     prev = st.last_logged
@@ -534,8 +462,8 @@ def _pipe_line(m: re.Match[str], st: _State) -> None:
             done = skipped - prev[1]
             point.skipped = True if done >= step - prev[0] else (False if done == 0 else None)
         st.last_logged = (step, skipped)
-    point.loss_scale = _take_scale(st)
-    extra = {_key(k): float(v) for k, v in re.findall(r"([A-Za-z_][\w.]*):\s*(" + _N + r")", m.group(3))}
+    point.loss_scale = st.scale.take()
+    extra = {_key(k): float(v) for k, v in re.findall(r"([A-Za-z_][\w.]*):\s*(" + NUM + r")", m.group(3))}
     st.extra_losses.update(extra)
     st.items.append(point)
     st.last_point = point
@@ -559,7 +487,7 @@ def _rank_loss(epoch: int, step: int, loss: float, st: _State) -> None:
 def _close_update(st: _State) -> None:
     """The scaler's messages for an update follow its loss lines: its scale is read when the next one starts."""
     if st.open_update is not None:
-        st.update_scale[st.open_update] = _take_scale(st)
+        st.update_scale[st.open_update] = st.scale.take()
     st.open_update = None
 
 
@@ -632,7 +560,7 @@ def _ppl_loss(ppl: float) -> float:
 
 def _other(line: str, st: _State) -> None:
     if "cmd = " in line:  # the launcher's command line (any DeepSpeed script): its flags
-        m = _GA_CLI.search(line)
+        m = GA_CLI.search(line)
         if m is not None and st.ga is None:
             st.ga = int(m.group(1))
         if "--fp16" in line:
@@ -644,7 +572,6 @@ def _other(line: str, st: _State) -> None:
         st.epochs = int(m.group(2))
         st.per_epoch = int(m.group(4))
         st.batches_kind = m.group(3).lower()
-        st.epochs_begun = int(m.group(1))
         return
     m = _EVAL_HEAD.search(line)
     if m is not None:
@@ -666,7 +593,7 @@ def _other(line: str, st: _State) -> None:
         return
     m = _E2E.search(line)
     if m is not None and st.ppo and st.last_point is not None:
-        dt = _f(m.group(1))
+        dt = num(m.group(1))
         if dt is not None and dt >= 0:
             st.last_point.step_time = dt
             st.ppo_clock += dt
@@ -677,11 +604,11 @@ def _other(line: str, st: _State) -> None:
     if m is not None:
         st.epoch_losses.append(float(m.group(3)))
         return
-    m = _GA_DUMP.search(line)
+    m = GA_DUMP.search(line)
     if m is not None:
         st.ga = int(m.group(1))
         return
-    m = _PRECISION_DUMP.search(line)
+    m = PRECISION_DUMP.search(line)
     if m is not None:
         if m.group(1) == "fp16":
             st.fp16 = m.group(2) == "True"
@@ -692,15 +619,15 @@ def _other(line: str, st: _State) -> None:
     if m is not None:
         st.total_steps = int(m.group(1))
         return
-    m = _WORLD.search(line)
+    m = WORLD.search(line)
     if m is not None:
         st.world_size = int(m.group(1))
         return
     if line.lower().startswith("saving") and "model" in line.lower():
         st.saved = True
-    elif _EXIT_OK.search(line):
+    elif EXIT_OK.search(line):
         st.exits_ok += 1
-    elif _EXIT_BAD.search(line):
+    elif EXIT_BAD.search(line):
         st.exits_bad += 1
 
 
