@@ -429,3 +429,16 @@ def test_llamafactory_two_writers_keep_a_resume_shown_by_the_clock(tmp_path: Pat
         rows += [line(s, t), line(s, t + 3)]
     (s,) = _summaries(_write(tmp_path / "trainer_log.jsonl", rows))
     assert s["attempts"] == 2
+
+
+def test_auxiliary_terms_beside_the_main_loss_are_not_summed_in(tmp_path: Path) -> None:
+    """An MoE run's lm loss beside its load-balancing and z losses: the lm loss is the loss; a spike of the
+    balancing loss is not the model's loss spiking, but its NaN still is a NaN."""
+    rows = [[s, 3.0 - s / 100, 0.01 if s != 7 else 5.0, 1e-4 if s != 9 else "nan"] for s in range(1, 11)]
+    path = _csv(tmp_path / "moe.csv", ["iteration", "lm loss", "load_balancing_loss", "z_loss"], rows)
+    events = _events(path)
+    losses = [s["loss"] for s in _steps(events)]
+    assert losses[6] == pytest.approx(2.93) and _nan(losses[8])
+    cfg = _start(events)["config"]
+    assert cfg["column_mapping"]["loss"] == "lm loss"
+    assert set(cfg["loss_series"]["not_judged"]) == {"load_balancing_loss", "z_loss"}

@@ -13,6 +13,10 @@ Principles (the importers that use this state them in their docstrings too):
   objectness + class losses, a PINN's residuals, a GAN's two players, one critic per agent): its level is not
   the trainer's (weights unknown) but its shape and its finiteness are. The series used is named in the
   import (``column_mapping`` / ``tag_mapping`` and ``loss_series``).
+* **Auxiliary terms are not the loss** when a main term is there: Megatron's ``lm loss`` beside an MoE
+  ``load_balancing_loss``, a router ``z_loss`` or an ``mtp_1 loss`` is the loss; the auxiliaries are named
+  and left out (a spike in a regulariser is not the model's loss spiking). Smoothed views of the loss
+  (``loss_ema``) count as totals, the unsmoothed one first.
 * **A signed series is not a loss curve.** A series that takes negative values is an objective (a policy
   gradient surrogate, REINFORCE's advantage-weighted log-probabilities, an entropy bonus, a WGAN critic), not
   a loss that falls towards a floor: the spike, divergence and initial-loss rules measure it against its own
@@ -57,6 +61,11 @@ _NOT_LOSS_WORDS = frozenset(
 )
 _TOTAL_WORDS = frozenset({"total", "mean", "avg", "average", "overall", "sum", "all", "full", "combined"})
 _TRAIN_WORDS = frozenset({"train", "training", "trn", "step"})
+_VIEW_WORDS = frozenset({"ema", "smooth", "smoothed", "running", "rolling", "raw"})
+"""Words of another view of the same loss: a total in another form, preferred unsmoothed."""
+_AUX_WORDS = frozenset(
+    {"aux", "auxiliary", "balance", "balancing", "lb", "z", "zloss", "router", "mtp", "reg", "penalty", "l1", "l2"}
+)
 _REWARD_WORDS = frozenset({"reward", "rewards", "return", "returns", "rew"})
 _RL_WORDS = frozenset({"policy", "actor", "critic", "value", "entropy", "objective", "surrogate", "pg", "vf", "kl"})
 _NOT_NORM_WORDS = frozenset({"clipped", "clip", "after", "post", "vs"})
@@ -87,8 +96,14 @@ def loss_like(name: str) -> bool:
 
 
 def _is_total(name: str) -> bool:
+    """``total_loss``, ``mean_loss``, ``loss_ema``: the whole loss (or a smoothed view of it), not a term."""
     rest = [w for w in _words(name) if w != "loss" and w not in _TRAIN_WORDS]
-    return bool(rest) and all(w in _TOTAL_WORDS for w in rest)
+    return bool(rest) and all(w in _TOTAL_WORDS or w in _VIEW_WORDS for w in rest)
+
+
+def _is_auxiliary(name: str) -> bool:
+    """A regulariser beside the main loss (MoE load balancing, router z-loss, MTP, weight penalty)."""
+    return bool(set(_words(name)) & _AUX_WORDS)
 
 
 def is_signed(values: Iterable[float]) -> bool:
@@ -140,6 +155,7 @@ class LossChoice:
 
 
 _SIGNED = "takes negative values: a signed objective such as a policy-gradient surrogate or an entropy bonus"
+_AUX = "an auxiliary term beside the main loss (load balancing, router z-loss, MTP, a penalty)"
 _RL_TERM = (
     "a reinforcement-learning term in a run judged by its reward: value losses chase returns that move as the "
     "policy improves, policy and entropy terms are signed"
@@ -170,9 +186,13 @@ def choose_loss(
     if rewards:
         left_out.update({c: _RL_TERM for c in cands if c not in left_out and _rl_term(c)})
     kept = [c for c in cands if c not in left_out]
-    totals = [c for c in kept if _is_total(c)]
+    totals = sorted((c for c in kept if _is_total(c)), key=lambda c: bool(set(_words(c)) & (_VIEW_WORDS - {"raw"})))
     if totals:
         return LossChoice(terms=[totals[0]], how="total", left_out=left_out)
+    main = [c for c in kept if not _is_auxiliary(c)]
+    if main and len(main) < len(kept):
+        left_out.update({c: _AUX for c in kept if c not in main})
+        kept = main
     if not kept:
         return LossChoice(how="not a loss curve" if left_out else "", left_out=left_out)
     return LossChoice(terms=kept, how="sum of terms" if len(kept) > 1 else "structure", left_out=left_out)
