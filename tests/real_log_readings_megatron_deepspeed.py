@@ -9,6 +9,108 @@ from __future__ import annotations
 from tests.real_log_types import _ANY, Allow, Expect, Known, Need  # noqa: F401  (the shapes every reading uses)
 
 READINGS_MEGATRON_DEEPSPEED: dict[str, Expect] = {
+    "96_megatron-lm-fp16-skipped-iters-early-spike-scancel.out": Expect(
+        allowed=(
+            Allow(
+                "loss_spike",
+                20,
+                60,
+                "manifest: at iteration 30, when the delayed warmup reaches the 1.5e-4 peak, lm loss jumps 12.11 -> "
+                "26.48 (2.2x, far above ln V) with grad norm 67-81, recovered by iteration 50-60",
+                ("info", "warning", "critical"),
+            ),
+            Allow("grad_explosion", 30, 60, "manifest: grad norm 67.0 (30), 81.0 (40) vs 3-5 later, recovered"),
+        ),
+        required=(
+            Need(
+                "loss_spike",
+                30,
+                10,
+                "manifest: a recovered early loss explosion 12.11 -> 26.48 at 30 (2 finite entries before it: "
+                "spike detection must not depend on a full window)",
+            ),
+        ),
+        known=(
+            Known(
+                "loss_spike",
+                30,
+                30,
+                "loss_spike needs more finite points than the file has before iteration 30 (10-line intervals, "
+                "the first one skipped): the early explosion is not flagged",
+                missed=True,
+            ),
+        ),
+    ),
+    "97_megatron-ds-3d-static-scale-explode-rediverge.out": Expect(
+        allowed=(
+            Allow(
+                "loss_spike",
+                3,
+                31,
+                "manifest: the loss explosion at iterations 3-4 (12.45 -> 44.24 -> 48.14, 3.9x, far above ln V) "
+                "during the 8-iteration warmup, decaying slowly back to 11.65 by iteration 31",
+                ("info", "warning", "critical"),
+            ),
+            Allow("grad_explosion", 1, 31, "manifest: grad norm 62-77 through the explosion, falling to 6.2 by 31"),
+            Allow(
+                "divergence",
+                31,
+                62,
+                "manifest: from iteration 31 the loss rises monotonically for 31 iterations to 20.44 (+75%) at the "
+                "peak LR, the file ends still rising",
+                ("warning", "critical"),
+            ),
+        ),
+        required=(
+            Need("loss_spike", 3, 1, "manifest: 12.45 -> 44.24 -> 48.14 at iterations 3-4 (3.9x)"),
+            Need(
+                "divergence",
+                32,
+                6,
+                "manifest: the rise starts at 32 (trainmon opened it at 55: right but late)",
+                recovered=False,
+            ),
+        ),
+    ),
+    "98_megatron-ds-3d-lm-loss-hyphen-spike-recovered.out": Expect(
+        allowed=(
+            Allow(
+                "loss_spike",
+                3,
+                27,
+                "manifest: the early explosion 12.45 -> 41.03 -> 43.06 (iterations 3-4, 3.5x), back to 10.83 by 16; "
+                "small bumps 16 -> 17 and 24 -> 26, each gone within 2-3 entries",
+                ("info", "warning", "critical"),
+            ),
+        ),
+        required=(
+            Need("loss_spike", 3, 1, "manifest: report the early explosion as a recovered spike (read from 'lm-loss')"),
+        ),
+    ),
+    "99_megatron-lm-all-iters-skipped-time-limit.out": Expect(
+        allowed=(
+            Allow(
+                "loss_scale_collapse",
+                1,
+                4,
+                "manifest: a loss-scale-collapse detector may say 'every step skipped so far' but must not call a "
+                "scale of 5e8 collapsed",
+                ("warning",),
+            ),
+        ),
+        required=(
+            Need(
+                "loss_scale_collapse",
+                4,
+                3,
+                "manifest: report a run that never trained: all 4 iterations skipped by the fp16 scaler",
+                recovered=False,
+            ),
+        ),
+    ),
+    # manifest: silent on loss and LR; the scaler doubling every 500 clean iterations, the slow interval after
+    # every evaluation and the token-dropping drift are not incidents; Ctrl-C is an interruption
+    "100_megatron-ds-gpt125m-fp16-eval-slow-intervals-ctrlc.log": Expect(),
     # manifest: no training loss printed (say so, do not call it healthy by default); the fp16 overflows are the
     # routine sawtooth (6 skips at start-up, then a 2-skip cycle each time the scale regrows to 65536: 139 of 7,360,
     # the scale never below 2048); the LR lags the step counter by the skipped count; no throughput incident

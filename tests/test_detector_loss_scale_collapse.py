@@ -61,6 +61,29 @@ def test_startup_calibration_is_not_a_collapse() -> None:
     assert feed(_det(), _steps(scales, skips)) == []
 
 
+def test_a_non_positive_scale_is_a_placeholder_not_a_collapse() -> None:
+    """Megatron-DeepSpeed under the DeepSpeed engine prints 'loss scale: -1.0' on every line: no scaler of
+    its own (was critical 'scale -1 < 1' at the first step)."""
+    assert feed(_det(), [*_steps([-1.0] * 50, [False] * 50), ev("run_end", {"status": "finished"}, 50.0)]) == []
+
+
+def test_a_run_ending_before_any_applied_step_never_trained() -> None:
+    """Every step skipped while the scale searched down from 2^32 (5e8 is not collapsed): one warning at
+    the end, from the first skipped step to the last, saying every step was skipped."""
+    scales = [2.0**32 / 2**k for k in range(4)]
+    found = feed(_det(), [*_steps(scales, [True] * 4, first=1), ev("run_end", {"status": "interrupted"}, 5.0)])
+    assert [(f.step, f.severity) for f in found] == [(1, "warning"), (4, "warning")]
+    assert "every step skipped" in found[0].message and "collaps" not in found[0].message
+
+
+def test_a_search_below_the_minimum_scale_is_not_calibration() -> None:
+    """The start-up search halves once per skipped step; one that goes under min_scale before any step
+    was applied is an underflow, flagged where it happens."""
+    scales = [2.0**4 / 2**k for k in range(8)]
+    found = feed(_det(), _steps(scales, [True] * 8))
+    assert found and (found[0].step, found[0].severity) == (5, "critical")
+
+
 def test_occasional_overflow_is_silent() -> None:
     scales, skips = _halving_run([100, 400, 700], n=1000)
     assert feed(_det(), _steps(scales, skips)) == []
