@@ -420,3 +420,15 @@ def test_a_log_that_starts_at_a_clean_resume_is_silent() -> None:
         (s, 3.0 - 0.001 * (s - 5001) + 0.03 * rng.random(), 1.0 + 0.2 * rng.random(), 6e-4) for s in range(5001, 5060)
     ]
     assert _log_run([], after) == []
+
+
+def test_a_resume_from_an_older_checkpoint_that_replays_its_lrs_is_not_a_shock() -> None:
+    # the log went to step 200 (LR decayed 50x), then a restart from checkpoint 100 re-logs steps 101...
+    rng = random.Random(5)
+
+    def lr(s: int) -> float:
+        return 1e-3 * (1 - s / 204)
+
+    before = [(s, 2.0 + 0.02 * rng.random(), 1.0 + 0.1 * rng.random(), lr(s)) for s in range(1, 201)]
+    after = [(s, 2.0 + 0.02 * rng.random(), 1.0 + 0.1 * rng.random(), lr(s)) for s in range(101, 130)]
+    assert _log_run(before, after) == []

@@ -28,7 +28,8 @@ check is on state, at load time, not on the loss:
 
 * A resume seen only in a log (an imported file: no fingerprint, no checkpoint event; the importer
   marks the attempt ``resumed``) is still an event with its own checks, on what the log carries:
-  the **LR across the resume** (the first LR after it against the last one before: ``lr_jump`` times
+  the **LR across the resume** (the first LR after it against the one the log showed at the step
+  before it, which for a resume from an older checkpoint is a step logged earlier: ``lr_jump`` times
   higher, or a schedule that had decayed to under ``lr_floor`` of its peak starting again at
   ``lr_restart`` of it or more, means the scheduler did not continue: restarted, or a new plan such as
   another ``max_steps``; 82: 0.0 -> 1.38e-3 at step 1501, then divergence), the **first updates' grad
@@ -144,7 +145,7 @@ class BadResume(Detector):
         self._tail: collections.deque[str] = collections.deque()
         self._tail_steps: dict[str, int] = {}
         self._data_repeats = False  # batches repeat by design (epochs): the replay check is off
-        self._last_lr: float | None = None
+        self._lrs: collections.OrderedDict[int, float] = collections.OrderedDict()  # step -> LR, recent steps
         self._peak_lr: float | None = None
         self._gns: collections.deque[float] = collections.deque(maxlen=config.loss_window)
 
@@ -168,7 +169,7 @@ class BadResume(Detector):
             out = self._finish_check()
             if f.get("resumed"):
                 self._check = _Check(
-                    lr_before=self._last_lr,
+                    lr_before=None,  # the LR logged at the step before the first one resumed (known at that step)
                     lr_peak=self._peak_lr,
                     gn_before=list(self._gns) if self._gns else None,
                     starts_here=self._last_step is None,
@@ -216,6 +217,9 @@ class BadResume(Detector):
             if chk.steps_seen == 1:
                 chk.first_step = step
                 self._first_step_checks(step, f)
+                earlier = [s for s in self._lrs if s < step]
+                # a resume from an older checkpoint replays its steps: the LR it had there is the reference
+                chk.lr_before = self._lrs[max(earlier)] if earlier else None
                 self._lr_shock(lr)
             if isinstance(fp, str) and not self._data_repeats:
                 seen = self._head.get(fp, self._tail_steps.get(fp))
@@ -241,7 +245,10 @@ class BadResume(Detector):
         if gn is not None:
             self._gns.append(gn)
         if lr is not None:
-            self._last_lr = lr
+            self._lrs[step] = lr
+            self._lrs.move_to_end(step)
+            while len(self._lrs) > self.config.batch_memory:
+                self._lrs.popitem(last=False)
             self._peak_lr = lr if self._peak_lr is None else max(self._peak_lr, lr)
         self._last_step = step
         return out

@@ -219,7 +219,7 @@ class Degenerate(Detector):
             return None
         parts = [f"{k} {v:.4g}" for k, v in got.items()]
         first = {k: v[0][1] for k, v in self._preference.items() if isinstance(v, list) and v and finite(v[0][1])}
-        return ", ".join(parts) + " at that step", {"now": got, "first": first}
+        return ", ".join(parts) + f" at step {step}", {"now": got, "first": first}
 
     def _noop(self, step: int) -> list[Finding]:
         cfg = self.config

@@ -11,7 +11,13 @@ all write the same shape):
   ``max_steps`` 5000 is 5000 steps, not 5001). With ``logging_steps`` > 1 the loss is the
   mean over the logging window, not one step's loss: said in the notes.
 * Entries with ``eval_loss`` become ``eval`` events (other ``eval_*`` numbers as metrics,
-  ``eval_runtime`` as duration). The closing ``train_runtime`` entry marks a finished run.
+  ``eval_runtime`` as duration). With several eval sets (``Trainer(eval_dataset={"squad": ...,
+  "wiki": ...})``) each set is its own entry at the same step (``eval_squad_loss``,
+  ``eval_squad_accuracy``): the entries of one step are one evaluation, the first set seen is the
+  run's eval loss and metrics, each other set goes into its metrics as ``SET/loss`` and
+  ``SET/METRIC`` (as every importer writes sets), and ``config.eval_sets`` names them. An eval at
+  step 0 (``eval_on_start``, before any training) is an eval like the others. The closing
+  ``train_runtime`` entry marks a finished run.
 * ``max_steps`` is the planned length. The file has no clock, no schedule declaration, no
   phase times: the LR schedule is left for the detector to infer, the time is synthetic.
 * The Trainer writes the file with every checkpoint (``checkpoint-N/trainer_state.json``) and,
@@ -23,6 +29,14 @@ all write the same shape):
   goes on; the step going back shows a restart. Either starts a new attempt.
 * ``num_input_tokens_seen`` (Trainer) or ``num_tokens`` (TRL) are cumulative: tokens per step
   are their difference over the steps between two entries.
+* A row that logs a policy's reward (TRL's GRPO, PPO, RLOO: ``reward``, ``rewards/<func>/mean``,
+  ``objective/rlhf_reward``) is a reinforcement-learning run, judged by its reward: its ``loss`` is the
+  policy objective plus beta*KL (GRPO's is about beta*KL, 3e-4 printed to 4 digits, signed in general),
+  not a loss curve whose level or ratios mean anything. It is left out of the loss, and the import says
+  so (``loss_series`` with no terms); its non-finite values still reach the loss, a NaN is a fault
+  whatever the series means (``importers.structure``: rewards and RL terms are not a loss curve).
+  The preference trainers' ``rewards/chosen|rejected|margins|accuracies`` are not such a reward: they
+  are the implicit reward the DPO loss is computed from, and that loss is a loss curve.
 * TRL's preference trainers (DPO, ORPO, CPO, KTO) log ``rewards/accuracies``, ``rewards/margins``,
   ``logps/chosen`` and ``logps/rejected`` beside the loss: the run's own measure of how far the policy
   has moved from its reference. They are kept (step, value; the last ``_PREFERENCE_KEEP`` entries of
@@ -35,10 +49,12 @@ damage, with a warning; anything after ``log_history`` (``max_steps`` ...) is th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +69,7 @@ from trainmon.monitor.importers.common import (
     to_count,
     to_float,
 )
+from trainmon.monitor.importers.structure import is_reward_name
 
 __all__ = ["looks_like_hf", "parse_hf"]
 
@@ -63,6 +80,47 @@ _TOKEN_KEYS = ("num_input_tokens_seen", "num_tokens")
 _META_KEYS = ("global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "num_train_epochs", "epoch")
 _KNOWN_TRAIN_KEYS = {"loss", "grad_norm", "epoch", "step", *_LR_KEYS, *_TOKEN_KEYS}
 _PREFERENCE_KEYS = ("rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
+_IMPLICIT_REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+
+
+_EVAL_SET_LOSS = re.compile(r"^eval_(.+)_loss$")
+_EVAL_TIMING = ("runtime", "samples_per_second", "steps_per_second")
+
+
+def _eval_set_of(entry: dict[str, Any]) -> tuple[str, float, dict[str, float]] | None:
+    """An evaluation of one named set (``Trainer(eval_dataset={"squad": ..., "wiki": ...})`` logs each as its
+    own entry: ``eval_squad_loss``, ``eval_squad_accuracy``, ``eval_squad_runtime``): (set, loss, metrics)."""
+    for key in entry:
+        m = _EVAL_SET_LOSS.match(key)
+        if m is None:
+            continue
+        loss = to_float(entry[key])
+        if loss is None:
+            return None
+        name = m.group(1)
+        prefix = f"eval_{name}_"
+        metrics = {
+            k[len(prefix) :]: x
+            for k, v in entry.items()
+            if k.startswith(prefix)
+            and k != key
+            and k[len(prefix) :] not in _EVAL_TIMING
+            and (x := to_float(v)) is not None
+        }
+        return name, loss, metrics
+    return None
+
+
+def _policy_reward(entry: dict[str, Any]) -> str | None:
+    """The key of a policy's reward in a training row (an RL run), None for a supervised or preference row."""
+    for key, value in entry.items():
+        if key in _IMPLICIT_REWARDS or to_float(value) is None or "zero_std" in key or key.endswith("_std"):
+            continue
+        if is_reward_name(key):
+            return key
+    return None
+
+
 _PREFERENCE_KEEP = 256
 
 
@@ -163,6 +221,10 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     runtime: float | None = None
     skipped = 0
     preference: dict[str, list[list[float]]] = {}
+    reward_key: str | None = None
+    primary_set: str | None = None  # the first named eval set (Trainer(eval_dataset={...})): the run's eval loss
+    sets_seen: dict[str, None] = {}
+    set_group_step: int | None = None
     for n, entry in enumerate(history):
         if not isinstance(entry, dict):
             skipped += 1
@@ -175,6 +237,36 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         if "train_runtime" in entry:
             finished = True  # the Trainer writes this closing entry when train() returns
             runtime = to_float(entry.get("train_runtime"))
+            continue
+        named = _eval_set_of(entry) if "eval_loss" not in entry else None
+        if named is not None:
+            name, loss, metrics = named
+            primary_set = primary_set or name
+            last = items[-1] if items else None
+            # another set of the same evaluation: one entry per set, all at one step
+            same = isinstance(last, EvalPoint) and last.step == step and set_group_step == step
+            group = last if same else None
+            runtime_s = to_float(entry.get(f"eval_{name}_runtime"))
+            if name == primary_set:
+                if group is not None and not math.isnan(group.loss):
+                    skipped += 1  # the same set twice at one step: keep the first
+                    continue
+                if group is None:
+                    items.append(EvalPoint(step, loss, metrics, duration=runtime_s))
+                    set_group_step = step
+                else:
+                    group.loss = loss
+                    group.metrics.update(metrics)
+                    group.duration = (group.duration or 0.0) + (runtime_s or 0.0)
+            else:
+                extra = {f"{name}/loss": loss, **{f"{name}/{k}": v for k, v in metrics.items()}}
+                if group is None:
+                    items.append(EvalPoint(step, math.nan, extra, duration=runtime_s))  # its own set comes next
+                    set_group_step = step
+                else:
+                    group.metrics.update(extra)
+                    group.duration = (group.duration or 0.0) + (runtime_s or 0.0)
+            sets_seen.setdefault(name, None)
             continue
         if "eval_loss" in entry:
             loss = to_float(entry.get("eval_loss"))
@@ -193,6 +285,7 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         norm = to_float(entry.get("grad_norm"))
         if loss is None and lr is None and norm is None:
             continue  # another callback's numbers (e.g. only eval metrics without a loss)
+        reward_key = reward_key or _policy_reward(entry)
         epoch = to_float(entry.get("epoch"))
         if (
             epoch is not None
@@ -224,6 +317,12 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         if epoch is not None:
             prev_epoch = epoch
 
+    # an evaluation whose run's own set was missing at that step has no eval loss: its other sets go too
+    items = [it for it in items if not (isinstance(it, EvalPoint) and math.isnan(it.loss))]
+    if reward_key is not None:  # an RL run: its "loss" is not a loss curve (module docstring); NaNs still count
+        for k, it in enumerate(items):
+            if isinstance(it, TrainPoint) and it.loss is not None and math.isfinite(it.loss):
+                items[k] = dataclasses.replace(it, loss=None)
     max_steps = to_count(state.get("max_steps"))
     global_step = to_count(state.get("global_step"))
     logging_steps = to_float(state.get("logging_steps"))
@@ -245,9 +344,28 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     if runtime is not None:
         config["train_runtime_seconds"] = runtime
     config.update(_trainer_best(state))
+    if len(sets_seen) > 1:
+        config["eval_sets"] = {name: {"primary": name == primary_set} for name in sets_seen}
+    if reward_key is not None:
+        config["loss_series"] = {
+            "how": f"none: a reinforcement-learning run judged by its reward ({reward_key})",
+            "terms": [],
+            "not_judged": {"loss": "the policy objective plus beta*KL of an RL run, not a loss curve"},
+        }
     if preference:
         config["preference"] = preference
     notes: list[str] = []
+    if len(sets_seen) > 1:
+        notes.append(
+            f"{len(sets_seen)} evaluation sets ({', '.join(sets_seen)}), each with its own loss and metrics: the eval "
+            f"loss is {primary_set}'s; the others are in each eval's metrics as SET/loss and SET/METRIC"
+        )
+    if reward_key is not None:
+        notes.append(
+            f"an RL run (it logs the policy's reward, {reward_key}): its 'loss' is the policy objective plus "
+            "beta*KL, not a loss curve; it is not judged (spikes, divergence, initial loss), only its non-finite "
+            "values are; judge the run by its reward"
+        )
     if logging_steps and logging_steps > 1:
         notes.append(
             f"each logged loss is the mean over {logging_steps:g} optimizer steps (logging_steps), not one step's loss"
