@@ -9,7 +9,7 @@
 # (pyproject.toml's package-dir) comes first on it, behind stubs that make the daemon's packages unimportable
 # even where they are installed, so the dry run proves the device machine needs nothing more.
 # Steps (each one's full output in $OUT/<step>.log):
-#   1 tests     tests/test_hooks_gpu.py and every test that skips with "needs a CUDA GPU" (no host sync in
+#   1 tests     tests/test_hooks_gpu.py and every test that skips with reason="needs a CUDA GPU..." (no host sync in
 #               an instrumented step, bf16 autocast, GradScaler fp16 with its one documented sync)
 #   2 trainer   the reference trainer, bf16 on CUDA, with a data stall, a loss spike and a NaN injected; its
 #               JSONL checked on the spot (phases, read-back losses, checksums, GPU health), and the post-mortem
@@ -98,7 +98,7 @@ DEV=cpu
 [ $MODE = gpu ] && DEV=cuda
 
 # -- 1. tests that need CUDA -------------------------------------------------------------------------------
-mapfile -t TESTS < <(grep -l "needs a CUDA GPU" "$ROOT"/tests/test_*.py)
+mapfile -t TESTS < <(grep -l 'reason="needs a CUDA GPU' "$ROOT"/tests/test_*.py)
 TAIL=6 step tests 150 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" -m pytest -q -rs -p no:cacheprovider --noconftest \
     --rootdir "$ROOT" --junitxml "$DEST/tests.xml" "${TESTS[@]}"
 read -r PASSED FAILURES SKIPPED < <("$PYTHON" -c "
@@ -108,7 +108,7 @@ s = s if s.tag == 'testsuite' else s.find('testsuite')
 n, f, e, k = (int(s.get(a, 0)) for a in ('tests', 'failures', 'errors', 'skipped'))
 print(n - f - e - k, f + e, k)" "$DEST/tests.xml" 2>/dev/null || echo "0 1 0")
 HEAD+=("tests_passed=$PASSED" "tests_failed=$FAILURES" "tests_skipped=$SKIPPED")
-if [ "$CUDA" != 1 ] && [ "$PASSED" = 0 ]; then echo "   (all $SKIPPED skipped: no CUDA device, see the reasons above)"; fi
+if [ "$CUDA" != 1 ] && [ "$PASSED" = 0 ] && [ "$SKIPPED" -gt 0 ]; then echo "   (all $SKIPPED skipped: no CUDA device, see the reasons above)"; fi
 
 # -- 2. the reference trainer, then its findings -----------------------------------------------------------
 if [ $MODE = gpu ]; then
