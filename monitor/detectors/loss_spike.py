@@ -49,6 +49,11 @@ Issue 23 ("a finding earns trust" in DESIGN.md):
 * **A spike departs from the loss's path.** The last step must carry at least half the excess the
   threshold asks for: a loss creeping up 0.1-0.5 per entry past a lagging median is a trend
   (``divergence``), and "skip the batch" would be the wrong advice for it.
+* **Noise in the log's own units.** A logged loss that averages N steps (``run_start.config``'s
+  ``loss_mean_over_steps``, stated by the importer: a logging window's mean, an EMA) carries one hard
+  batch for about N / (steps between entries) entries: "back at once" is back within ``quick_steps``
+  plus those entries. nanochat's EMA (beta 0.9, ~19 steps) decays a 1.2x bump over 7-9 steps, which
+  read as "not back in the band" and made its wiggles a WARNING 'loss spikes recurring'.
 * **Hints match the state.** Every recovery is news (the anomaly keeps the last message and hint, so
   "if the loss is not back within N steps, roll back" must not outlive it), and "skip the batches"
   says how (fast-forward the data loader past them).
@@ -97,6 +102,9 @@ class LossSpike(Detector):
         self._lrs: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=config.precursor_steps + 1)
         self._n = 0  # entries (steps with a finite loss) seen
         self._ln_vocab: float | None = None
+        self._mean_over = 1.0  # steps each logged loss averages (the importer says so in run_start.config)
+        self._gaps: collections.deque[int] = collections.deque(maxlen=16)  # steps between logged entries
+        self._last_step: int | None = None
         self._tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.tail_memory)
         self._excursion: list[Any] | None = None  # [entry, peak size, length] of an accepted excursion
         self._spike: dict[str, Any] | None = None  # the spike whose loss is not back in the band yet
@@ -161,7 +169,7 @@ class LossSpike(Detector):
         elif self._excursion is not None:
             entry, size, length = self._excursion
             self._excursion = None
-            if length <= self.config.quick_steps and not self._descending():
+            if length <= self._quick() and not self._descending():
                 self._tail.append((entry, size))
 
     def _early(self, loss: float) -> tuple[float, float, float] | None:
@@ -189,6 +197,15 @@ class LossSpike(Detector):
             return None
         level = self._level.median()
         return level, self._sigma(level), max(bar, threshold)
+
+    def _quick(self) -> int:
+        """Entries within which a spike that came back counts as 'back at once': ``quick_steps``, plus the
+        entries one batch stays in a logged value that averages ``loss_mean_over_steps`` steps (an EMA of
+        beta 0.9 carries a bad batch for ~19 logged steps; a logging window's mean is one entry)."""
+        if self._mean_over <= 1 or not self._gaps:
+            return self.config.quick_steps
+        gap = max(1.0, statistics.median(self._gaps))
+        return self.config.quick_steps + max(0, math.ceil(self._mean_over / gap) - 1)
 
     def _lr_jump(self) -> tuple[int, float, float, int] | None:
         """(group, before, after, step) of the first entry-to-entry LR jump in the precursor steps."""
@@ -230,6 +247,10 @@ class LossSpike(Detector):
                 vocab = event.fields.get("vocab_size")
                 if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 1:
                     self._ln_vocab = math.log(vocab)
+            config = event.fields.get("config")
+            mean_over = config.get("loss_mean_over_steps") if isinstance(config, dict) else None
+            if finite(mean_over) and mean_over >= 1:
+                self._mean_over = float(mean_over)
             self._prev = None  # a resume may legitimately move the level a little; keep the window
             return out
         if event.kind == "run_end":
@@ -252,6 +273,9 @@ class LossSpike(Detector):
             self._recent.append((step, None, norm))
             return out  # non-finite values are nan_inf's business
         self._n += 1
+        if self._last_step is not None and step > self._last_step:
+            self._gaps.append(step - self._last_step)
+        self._last_step = step
         if self._spike is not None:
             out.extend(self._follow(event, step, loss, norm))
         elif len(self._level) < cfg.min_history:
@@ -431,7 +455,7 @@ class LossSpike(Detector):
         assert ep is not None
         if ep["stuck"] or ep["growth"] is not None:
             return "critical"
-        if sp is not None and (sp["significant"] or self._n - sp["entry"] > self.config.quick_steps):
+        if sp is not None and (sp["significant"] or self._n - sp["entry"] > self._quick()):
             return "warning"
         if ep["slow"] or ep["caused"] >= 2:
             return "warning"
@@ -449,7 +473,7 @@ class LossSpike(Detector):
         since = self._n - sp["entry"]
         if loss <= sp["band"]:
             self._spike = None
-            quick = since <= cfg.quick_steps
+            quick = since <= self._quick()
             if quick and not sp["caused"] and not self._descending():  # a hard batch: part of the run's tail
                 self._tail.append((sp["entry"], self._size(sp["peak"], sp["level"], sp["sigma"])))
             ep["slow"] = ep["slow"] or not quick
@@ -471,11 +495,11 @@ class LossSpike(Detector):
             ep["recovered"] = None
             out.append(self._finding(step))
         sp["above"] = above
-        if not sp["escalated"] and step - sp["step"] >= cfg.recover_steps and since > cfg.quick_steps:
+        if not sp["escalated"] and step - sp["step"] >= cfg.recover_steps and since > self._quick():
             sp["escalated"] = True
             ep["stuck"] = True
             out.append(self._finding(step, stuck=(sp, loss, step - sp["step"])))
-        elif not sp["warned"] and since > cfg.quick_steps:
+        elif not sp["warned"] and since > self._quick():
             sp["warned"] = True
             if self._severity() != ep["severity"]:
                 out.append(self._finding(step))
@@ -611,7 +635,7 @@ class LossSpike(Detector):
         else:
             message = head
             if sp is not None:
-                if self._n - sp["entry"] > cfg.quick_steps:
+                if self._n - sp["entry"] > self._quick():
                     message += f"; not back in the band after {step - sp['step']} steps"
             elif ep["recovered"] is not None:
                 at, took = ep["recovered"]
@@ -662,7 +686,7 @@ class LossSpike(Detector):
                 return self._tail_text(last) + " Escalates if the loss stays up."
             return (
                 f"A spike below {1 + cfg.warn_rel:.1f}x with no cause in evidence is most often one hard batch: "
-                f"it escalates if the loss is not back within {cfg.quick_steps} steps."
+                f"it escalates if the loss is not back within {self._quick()} entries."
             )
         if ep["stuck"]:
             return (
