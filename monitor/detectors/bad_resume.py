@@ -145,7 +145,8 @@ class BadResume(Detector):
         self._tail: collections.deque[str] = collections.deque()
         self._tail_steps: dict[str, int] = {}
         self._data_repeats = False  # batches repeat by design (epochs): the replay check is off
-        self._lrs: collections.OrderedDict[int, float] = collections.OrderedDict()  # step -> LR, recent steps
+        # (step, LR) of recent steps: a resume's reference LR is the one logged at the step before its first one
+        self._lrs: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.batch_memory)
         self._peak_lr: float | None = None
         self._gns: collections.deque[float] = collections.deque(maxlen=config.loss_window)
 
@@ -217,9 +218,9 @@ class BadResume(Detector):
             if chk.steps_seen == 1:
                 chk.first_step = step
                 self._first_step_checks(step, f)
-                earlier = [s for s in self._lrs if s < step]
                 # a resume from an older checkpoint replays its steps: the LR it had there is the reference
-                chk.lr_before = self._lrs[max(earlier)] if earlier else None
+                earlier = [(s, v) for s, v in self._lrs if s < step]
+                chk.lr_before = max(earlier)[1] if earlier else None
                 self._lr_shock(lr)
             if isinstance(fp, str) and not self._data_repeats:
                 seen = self._head.get(fp, self._tail_steps.get(fp))
@@ -245,10 +246,7 @@ class BadResume(Detector):
         if gn is not None:
             self._gns.append(gn)
         if lr is not None:
-            self._lrs[step] = lr
-            self._lrs.move_to_end(step)
-            while len(self._lrs) > self.config.batch_memory:
-                self._lrs.popitem(last=False)
+            self._lrs.append((step, lr))
             self._peak_lr = lr if self._peak_lr is None else max(self._peak_lr, lr)
         self._last_step = step
         return out
