@@ -442,3 +442,21 @@ def test_auxiliary_terms_beside_the_main_loss_are_not_summed_in(tmp_path: Path) 
     cfg = _start(events)["config"]
     assert cfg["column_mapping"]["loss"] == "lm loss"
     assert set(cfg["loss_series"]["not_judged"]) == {"load_balancing_loss", "z_loss"}
+
+
+def test_tensorboard_cleanrl_tags(tmp_path: Path) -> None:
+    """CleanRL's PPO: losses/* beside charts/episodic_return, the LR under charts/."""
+
+    def write(w: Any) -> None:
+        for s in range(0, 20480, 512):
+            w.add_scalar("charts/episodic_return", 20 + s / 100, s)
+            w.add_scalar("charts/learning_rate", 2.5e-4 * (1 - s / 20480), s)
+            w.add_scalar("losses/value_loss", 10 + s / 1000, s)
+            w.add_scalar("losses/policy_loss", -0.01, s)
+            w.add_scalar("losses/entropy", 0.69, s)
+
+    events = _tb_events(tmp_path, "cleanrl", write)
+    steps = _steps(events)
+    assert len(steps) == 40 and not any("loss" in s for s in steps)
+    assert steps[1]["lr"] == [pytest.approx(2.5e-4 * (1 - 512 / 20480))]
+    assert set(_start(events)["config"]["loss_series"]["not_judged"]) == {"losses/value_loss", "losses/policy_loss"}

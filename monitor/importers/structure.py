@@ -242,14 +242,20 @@ def root_sum_squares(values: list[float | None]) -> float | None:
 
 def lr_groups(names: Iterable[str]) -> list[str]:
     """LR series numbered by param group (``x/lr0``, ``x/lr1``; ``lr-AdamW/pg1``), in group order: the
-    largest family sharing one stem; empty when there is none."""
+    largest family sharing one stem; else one series whose last part is ``lr``/``learning_rate`` under a
+    namespace (``charts/learning_rate``); empty when there is none."""
+    names = list(names)
     fams: dict[str, list[tuple[int, str]]] = {}
     for name in names:
         m = next((m for rx in _LR_GROUP if (m := rx.match(name.lower()))), None)
         if m is not None and not is_eval_name(name):
             fams.setdefault(m["stem"] + m["sep"], []).append((int(m["n"]), name))
     if not fams:
-        return []
+        # one LR under a namespace of its own (CleanRL's charts/learning_rate, optim/lr)
+        single = [
+            n for n in names if not is_eval_name(n) and _words(n.rsplit("/", 1)[-1]) in (["lr"], ["learning", "rate"])
+        ]
+        return single[:1]
     best = max(fams.values(), key=len)
     return [name for _, name in sorted(best)]
 
