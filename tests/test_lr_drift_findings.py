@@ -8,6 +8,7 @@ back by the post-mortem, or a synthetic llm.c stdout imported as a user would im
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.hooks.schedules import Schedule
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.store.storage import Storage
 
@@ -40,8 +40,8 @@ def _drift(summary: dict) -> list[dict]:
 def _llmc_stdout(
     path: Path, *, total: int = 3000, warmup: int = 300, freeze_at: int | None = None, header: bool = True
 ) -> Path:
-    """llm.c's train_gpt2.cu output: its parameter table, then ``step N/M | ... | lr %.2e |`` with N = step + 1."""
-    sched = Schedule("cosine", 6e-4, total, warmup, 0.0)
+    """llm.c's train_gpt2.cu output: its parameter table, then ``step N/M | ... | lr %.2e |`` with N = step + 1,
+    the LR from llm.c's own ``get_learning_rate`` (llmc/schedulers.h): warmup ``lr * (step + 1) / warmup``."""
     lines = []
     if header:
         rule = "+-----------------------+----------------------------------------------------+"
@@ -56,13 +56,44 @@ def _llmc_stdout(
             lines.append(f"| {key:<21} | {value:<50} |")
         lines.append(rule)
     for step in range(total):
-        lr = sched.lr(step if freeze_at is None else min(step, freeze_at))
+        lr = _llmc_lr(step if freeze_at is None else min(step, freeze_at), total=total, warmup=warmup)
         lines.append(
             f"step {step + 1:4d}/{total} | loss {4.0 - step / total:7.6f} (+0.00z)| norm 0.3000 (+0.00z)| "
             f"lr {lr:.2e} | 100.00 ms | 40.0% bf16 MFU | 400000 tok/s"
         )
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _llmc_lr(step: int, *, total: int, warmup: int, peak: float = 6e-4, final_frac: float = 0.0) -> float:
+    """llm.c's ``get_learning_rate`` (llmc/schedulers.h), line for line."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    decay_ratio = (step - warmup) / (total - warmup)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    min_lr = peak * final_frac
+    return min_lr + coeff * (peak - min_lr)
+
+
+@pytest.mark.parametrize(("total", "warmup"), [(3000, 300), (19560, 700), (400, 40)])
+def test_llmc_warmup_counting_the_step_taken_is_not_an_off_by_one(tmp_path, total: int, warmup: int):
+    """Issue 22: llm.c prints step + 1 and warms up as lr * (step + 1) / warmup; every llm.c run got "LR 1.0%
+    off the declared cosine, an off-by-one in the scheduler position (resume using lr(step+1)...)" though it
+    never resumed. The importer states the convention (lr_warmup_offset) and the expected LR follows it."""
+    summary = _postmortem(_llmc_stdout(tmp_path / "clean.log", total=total, warmup=warmup), tmp_path)
+    assert _drift(summary) == [], _drift(summary)
+    # a real off-by-one in that same log still fires: from step 10 on it prints the next step's LR
+    lines = (tmp_path / "clean.log").read_text().splitlines()
+    shifted = []
+    for line in lines:
+        m = re.match(r"step +(\d+)/", line)
+        if m and int(m[1]) - 1 >= 10:
+            ahead = _llmc_lr(min(int(m[1]), total - 1), total=total, warmup=warmup)
+            line = re.sub(r"lr [0-9.e+-]+", f"lr {ahead:.2e}", line)
+        shifted.append(line)
+    (tmp_path / "ahead.log").write_text("\n".join(shifted) + "\n")
+    found = _drift(_postmortem(tmp_path / "ahead.log", tmp_path / "ahead"))
+    assert found and 11 <= found[0]["first_step"] <= 14, found
 
 
 def test_llmc_header_schedule_is_read_and_a_rounded_cosine_is_silent(tmp_path):

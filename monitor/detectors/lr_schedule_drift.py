@@ -33,6 +33,10 @@ restarted warmup), but they are exact in the LR trace. So the check is on the LR
   compared. ``scheduler_steps`` counts the steps between two logged steps, so a loop that logs
   every k-th step is not L1.
 
+* Format semantics belong to the importer: a logged step N is optimizer step ``N - step_base``,
+  and a trainer whose warmup counts the step being taken (llm.c: ``max_lr * (step + 1) / warmup``)
+  says so in ``config.lr_warmup_offset``; the expected LR follows both, so an llm.c run that
+  never resumed is not "1% off, an off-by-one in the scheduler position".
 * Printed LRs are rounded (llm.c: ``lr 5.97e-04``): the printing quantum is learnt from the
   values' digits and half of it is tolerated; a flat LR is frozen only when it lasts
   ``frozen_level_ratio`` times the previous level too. A frozen LR that is the floor of a complete
@@ -132,6 +136,7 @@ class LrScheduleDrift(Detector):
         self._counted = False  # a step of this attempt reported its scheduler steps
         self._accum = 1
         self._step_base = 0
+        self._warmup_offset = 0
         self._world = 1
         self._planned: int | None = None
         self._ratios: list[float] | None = None
@@ -282,6 +287,9 @@ class LrScheduleDrift(Detector):
         config = f.get("config") if isinstance(f.get("config"), dict) else {}
         # a log that counts its steps from 1 (llm.c's stdout prints step + 1) logs lr(N - 1) at step N
         self._step_base = int(config.get("step_base") or 0)
+        # how a printed LR relates to its step in warmup (the importer says: llm.c's warmup counts the step
+        # being taken, max_lr * (step + 1) / warmup); without it every llm.c run was "1.0% off, an off-by-one"
+        self._warmup_offset = int(config.get("lr_warmup_offset") or 0)
         self._accum = int(f.get("accum_steps") or self._accum or 1)
         self._world = int(f.get("world_size") or self._world or 1)
         self._planned = f.get("planned_steps") or self._planned
@@ -327,7 +335,7 @@ class LrScheduleDrift(Detector):
 
     def _expected(self, step: int) -> float:
         assert self._schedule is not None
-        return self._schedule.lr(step - self._step_base)
+        return _lr_at(self._schedule, step - self._step_base, self._warmup_offset)
 
     def _check_declared(self, step: int, lrs: tuple[float, ...]) -> tuple[bool, dict[str, Any]]:
         sched = self._schedule
@@ -630,7 +638,7 @@ class LrScheduleDrift(Detector):
             built = Schedule(
                 sched.name, sched.peak_lr, t, min(sched.warmup_steps, t), sched.min_ratio, sched.decay_fraction
             )
-            return lambda s: built.lr(s - self._step_base)
+            return lambda s: _lr_at(built, s - self._step_base, self._warmup_offset)
 
         scored = []
         for t in cands:
@@ -713,6 +721,15 @@ class LrScheduleDrift(Detector):
         # cyclic schedules do by design: a note, unless the user tells trainmon the schedule.
         severity = "info" if diag == "rise" else "warning"
         return Finding(kind=self.kind, severity=severity, step=at, message=what, hint=hint, evidence=evidence)
+
+
+def _lr_at(schedule: Schedule, s: int, warmup_offset: int) -> float:
+    """The LR optimizer step ``s`` (0-based) ran at, in the trainer's own warmup convention: the
+    warmup of a trainer that counts the step being taken is ``warmup_offset`` steps ahead of the
+    torch convention (``step / warmup``); its decay is not."""
+    if warmup_offset and 0 <= s < schedule.warmup_steps:
+        return schedule.lr(min(s + warmup_offset, schedule.warmup_steps))
+    return schedule.lr(s)
 
 
 def _off(actual: float | None, expected: float | None) -> str:

@@ -85,6 +85,7 @@ BOOKKEEPING_KEYS = frozenset(
         "last_progress_percent",
         "elapsed_resolution_seconds",
         "loss_mean_over_steps",
+        "lr_warmup_offset",
         "loss_series",
         "grad_norm_series",
         "eval_sets",
@@ -201,6 +202,12 @@ class LogMeta:
     """Each logged loss averages about this many steps' losses (a logging window's mean, an EMA's
     variance-equivalent window): its noise is about sqrt(N) times smaller than one step's, and its
     excursions are spread over that many steps. None: one step's loss. ``run_start.config.loss_mean_over_steps``."""
+    lr_warmup_offset: int = 0
+    """How a printed LR relates to its printed step during warmup. A logged step N is optimizer step
+    ``s = N - step_base`` (0-based); after warmup it ran at the schedule's ``lr(s)``, and in warmup at
+    ``lr(s + lr_warmup_offset)``: 0 for torch/transformers (``step / warmup``, 0 at the first step), 1
+    for a trainer whose warmup counts the step being taken (llm.c: ``max_lr * (step + 1) / warmup``).
+    ``run_start.config.lr_warmup_offset``; the LR-schedule detector reads it."""
 
 
 # SLURM's own line when it kills a job or step: ``slurmstepd: error: *** JOB 123 ON node CANCELLED AT
@@ -399,6 +406,7 @@ def split_runs(items: list[Item], meta: LogMeta, run: str) -> list[tuple[str, li
             # one file, one trainer: the same numbering in every run, unless the mark says otherwise
             step_base=mark.step_base if mark is not None and mark.step_base is not None else meta.step_base,
             loss_mean_over=mark.loss_mean_over if mark is not None and mark.loss_mean_over else meta.loss_mean_over,
+            lr_warmup_offset=meta.lr_warmup_offset,
         )
         out.append((name, its, sub))
     return out
@@ -469,6 +477,7 @@ def _events(
         **({"steps_done": meta.steps_done} if meta.steps_done is not None else {}),
         **({"ends_at_checkpoint": meta.ends_at_checkpoint} if meta.ends_at_checkpoint is not None else {}),
         **({"loss_mean_over_steps": meta.loss_mean_over} if meta.loss_mean_over else {}),
+        **({"lr_warmup_offset": meta.lr_warmup_offset} if meta.lr_warmup_offset else {}),
         **meta.config,
     }
     if not real_time:

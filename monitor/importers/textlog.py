@@ -10,6 +10,8 @@ Line shapes recognised (anything else is ignored, so interleaved prints do not b
   starts with a parameter table (``| LR scheduler | cosine |``, ``| learning rate (LR) | 6e-04 |``,
   ``| warmup iterations | 700 |``, ``| final LR fraction | 0 |``): its schedule is declared
   (``run_start.config.declared_schedule``), and its step lines print step + 1 (``step_base`` 1).
+  The LR printed beside a step is the one that step ran at; llm.c's warmup counts the step being
+  taken (``max_lr * (step + 1) / warmup``, ``lr_warmup_offset`` 1, in ``main.log`` too), its decay does not.
 * build-nanogpt ``log.txt``: ``N train X``, ``N val X``, ``N hella X``.
 * nanoGPT ``train.py``: ``iter N: loss X, time Tms, mfu P%`` and ``step N: train loss X, val loss Y``.
 
@@ -212,6 +214,7 @@ def _parse_generic(path: Path) -> tuple[list[Item], LogMeta]:
         planned_steps=planned,
         notes=notes,
         step_base=1 if llmc_stdout and fmt == "step_pipe_log" else 0,  # llm.c prints step + 1
+        lr_warmup_offset=1 if framework == "llm.c" or llmc_stdout else 0,  # llm.c: max_lr * (step + 1) / warmup
     )
     meta.config["line_shapes"] = kinds
     if llmc_stdout:
