@@ -433,3 +433,37 @@ def test_torchrun_hang_names_the_rank_and_frame_where_it_waits(tmp_path) -> None
     assert post.returncode == 0, post.stderr[-2000:]
     assert "where the ranks waited (hang at step 20)" in post.stdout
     assert "rank 1 is in before_step (faults.py:" in post.stdout and "in before_step: time.sleep(" in post.stdout
+
+
+def _after_the_fact(intervals: list[float], *, end: bool = True) -> list:
+    """One rank's steps seen only after the fact (an import: no tick between them), ``intervals`` apart."""
+    det = Hang(HangConfig())
+    t = T0
+    found = det.observe(Event("run_start", "r", 0, "n0", "s0", 0, t, {"world_size": 1}), 0)
+    found += det.observe(Event("step", "r", 0, "n0", "s0", 1, t, {"step": 0}), 0)
+    for i, gap in enumerate(intervals, 1):
+        t += gap
+        found += det.observe(Event("step", "r", 0, "n0", "s0", i + 1, t, {"step": i}), 0)
+    if end:
+        found += det.observe(Event("run_end", "r", 0, "n0", "s0", 10**6, t, {"status": "unknown"}), 0)
+    return found
+
+
+@pytest.mark.parametrize("end", [True, False])
+def test_a_log_whose_entries_are_minutes_apart_is_not_a_stall_at_every_entry(end: bool) -> None:
+    """Real log 90 (a W&B history of an RL run, one row per 13-minute iteration): 'no step for 780 s
+    (timeout 300 s)' at all 255 entries. The first interval is learnt however long, and judged after the
+    fact against the intervals that follow it."""
+    assert _after_the_fact([780.0 + i % 7 for i in range(255)], end=end) == []
+
+
+def test_a_stall_before_the_second_step_is_still_found_and_not_learnt() -> None:
+    found = _after_the_fact([7200.0] + [1.0] * 60 + [400.0] + [1.0] * 20)
+    opened = [f for f in found if not f.resolved]
+    assert [f.step for f in opened] == [1, 62], [f.message for f in opened]
+    assert "7200.0 s" in opened[0].message and "before step 1" in opened[0].message
+    # the 2-hour stall did not become the timeout: a 400 s stall at 1 s per step is found
+    assert "400.0 s" in opened[1].message
+    # a short log ends before five intervals: the first one is judged at its run_end
+    (first, _) = _after_the_fact([3600.0, 2.0, 2.0])
+    assert first.step == 1 and not first.resolved

@@ -9,10 +9,13 @@ checkpoint/eval pause, min_timeout)``, plus, at the steps where a long pause rec
 steps (a save or an eval not wrapped in ``phase()``), ``pause_factor`` times that pause; until
 an interval is known (before the first step, and
 between the first and the second) the timeout is ``first_step_timeout``. Every interval shorter
-than the timeout in force is learnt, the first one included: a stall must not teach the timeout
-(hence the gate), but a gate at ``min_timeout`` before anything is learnt would mean a log whose
-steps are naturally more than ``min_timeout`` apart (a real-time TensorBoard or W&B import, a
-large model at a minute per step) never learns its interval and reads as a stall at every entry.
+than the timeout in force is learnt, and the first one however long: a stall must not teach the
+timeout (hence the gate), but a gate before anything is learnt would mean a log whose steps are
+naturally more than ``first_step_timeout`` apart (a real-time TensorBoard or W&B import, an RL
+iteration of 13 minutes) never learns its interval and reads as a stall at every entry (255 of
+them on a W&B history). Seen after the fact, the first interval is judged in units of the log's
+own intervals: once the next ``_EARLY`` are known (or the rank ends) it is a stall only beyond
+``first_step_timeout`` and ``timeout_factor`` times their median, and a stall is then unlearnt.
 It says "alive but stuck" when the rank's events still arrive, "dead" when nothing has arrived
 for ``dead_factor`` heartbeat intervals too.
 
@@ -52,6 +55,7 @@ from trainmon.monitor.detectors.rolling import RollingWindow
 __all__ = ["Hang"]
 
 _GROWTH = 1.25  # an open finding is sent again when its silence has grown by this factor
+_EARLY = 4  # intervals after a log's first one that say what a normal interval is, to judge the first
 
 
 @dataclass
@@ -73,6 +77,10 @@ class _Rank:
     open: str | None = None  # "stuck" or "dead" while an anomaly is open
     reported: tuple[str, float, int] = ("", 0.0, -1)  # severity, silence, stacks version last sent
     stack: tuple[int | None, list, dict | None] | None = None  # (step, frames, nccl) of the latest capture
+    # the first step interval, seen after the fact (an import): (unexplained seconds, step before, step after),
+    # judged once the intervals after it say what a normal one is; and those intervals
+    first_gap: tuple[float, int | None, int] | None = None
+    early: list = field(default_factory=list)
 
 
 class Hang(Detector):
@@ -116,6 +124,8 @@ class Hang(Detector):
         out: list[Finding] = []
         t = event.time
         if event.kind == "run_end":
+            if st.first_gap is not None:
+                out += self._judge_first_gap(event.rank, st)
             st.ended = True
             if event.fields.get("status") == "finished":
                 last = event.fields.get("step", st.last_step)
@@ -139,6 +149,7 @@ class Hang(Detector):
         if event.kind == "step":
             self._steps_seen += 1
             step = event.fields["step"]
+            first_interval = st.last_step_time is not None and not len(st.intervals)
             if st.last_step_time is not None and t >= st.last_step_time:
                 gap = t - st.last_step_time
                 phases = event.fields.get("phases") or {}
@@ -148,8 +159,12 @@ class Hang(Detector):
                 else:
                     if len(st.intervals) and gap >= self.config.recurring_factor * st.intervals.median():
                         st.long_gaps.append((step, gap))
-                    if not st.open and (gap < self._least_timeout or gap < self.timeout(st, step)):
-                        st.intervals.add(gap)
+                    if not len(st.intervals) or (
+                        not st.open and (gap < self._least_timeout or gap < self.timeout(st, step))
+                    ):
+                        st.intervals.add(gap)  # the first interval is learnt however long (see the docstring)
+                    if st.first_gap is not None and len(st.early) < _EARLY:
+                        st.early.append(gap)
             gap = t - (st.last_step_time if st.last_step_time is not None else st.started)
             if st.open:
                 out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
@@ -157,7 +172,10 @@ class Hang(Detector):
                 # Seen only now (an import, or the collector was down): report the stall after the fact.
                 phases = event.fields.get("phases") or {}
                 unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0)
-                if unexplained >= self._least_timeout:
+                if unexplained >= self._least_timeout and first_interval and len(st.intervals):
+                    # the first interval, just learnt: judged against the intervals that follow it
+                    st.first_gap = (unexplained, st.last_step, step)
+                elif unexplained >= self._least_timeout:
                     limit = self.timeout(st, step)
                     if st.last_step is not None and step > st.last_step and len(st.strides):
                         limit *= max(1.0, (step - st.last_step) / st.strides.median())  # a gap over more steps
@@ -169,11 +187,37 @@ class Hang(Detector):
                 st.strides.add(step - st.last_step)
             st.last_step, st.last_step_time = step, t
             st.ended = False
+            if st.first_gap is not None and len(st.early) >= _EARLY:
+                out += self._judge_first_gap(event.rank, st)
         st.last_event_time = max(st.last_event_time, t)
         if event.kind != "step":
             # The rank's own clock: an event at t while its last step is older than the timeout.
             out += self._check(event.rank, st, t, own_event=True)
         return out
+
+    def _judge_first_gap(self, rank: int, st: _Rank) -> list[Finding]:
+        """The first step interval of a log read after the fact: a stall when it exceeds the start-up
+        allowance and ``timeout_factor`` times the typical interval after it. A log whose every entry is
+        13 minutes apart (a W&B history of an RL run) has a first interval of 13 minutes too: not a stall
+        (it read as one at all 255 entries). A stall is unlearnt: the timeout comes from the others."""
+        gap, before, after = st.first_gap  # type: ignore[misc]
+        early, st.first_gap = st.early, None
+        cfg = self.config
+        limit = max(cfg.first_step_timeout, cfg.min_timeout)
+        if early:
+            limit = max(limit, cfg.timeout_factor * sorted(early)[len(early) // 2])
+        if gap < limit:
+            return []
+        st.intervals = RollingWindow(cfg.history)
+        for g in early:
+            st.intervals.add(g)
+        last, last_time, opened = st.last_step, st.last_step_time, st.open
+        st.last_step = before
+        try:
+            found = self._finding(rank, st, gap, limit, 0.0, "stalled", ended_by=after)
+        finally:
+            st.last_step, st.last_step_time, st.open = last, last_time, opened
+        return [found, self._resolved(rank, st, after, f"steps resumed after {gap:.1f} s")]
 
     def tick(self, now: float) -> list[Finding]:
         out: list[Finding] = []
