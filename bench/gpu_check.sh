@@ -72,9 +72,20 @@ HEAD=()   # the headline's key=value pairs
 FAILED=() # steps that failed
 last() { tail -n 1 "$DEST/$1.log"; }                                # a step's key=value line
 val() { last "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; } # one value from it
-# step NAME LIMIT_S CMD...: run CMD, its output to $DEST/NAME.log, a short tail to the terminal
+num() { val "$1" "$2" | grep -x '[0-9][0-9]*' || echo "$3"; }      # an integer value, else $3
+# step NAME LIMIT_S CMD...: run CMD, its output to $DEST/NAME.log, a short tail to the terminal; at most LIMIT_S
+# seconds, and no more than what is left of the run's budget (GPU_CHECK_BUDGET_S: 450 s on a device, whose call is at
+# most 8 minutes; 900 s for the dry run on a slow shared machine)
+BUDGET_S=${GPU_CHECK_BUDGET_S:-$([ $MODE = gpu ] && echo 450 || echo 900)}
 step() {
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit=$2 left; shift 2
+    left=$((T0 + BUDGET_S - $(date +%s)))
+    if [ $left -lt 10 ]; then
+        echo "== $name: not run, the ${BUDGET_S} s budget is spent" | tee "$DEST/$name.log"
+        FAILED+=("$name")
+        return 1
+    fi
+    [ $left -lt "$limit" ] && limit=$left
     echo "== $name: $*" | sed "s#$SHIM#\$SHIM#g; s#$ROOT/##g"
     timeout "$limit" "$@" >"$DEST/$name.log" 2>&1
     local rc=$?
@@ -87,7 +98,10 @@ step() {
 }
 
 echo "gpu_check $MODE: $(date -u +%FT%TZ) python $PYTHON, out $DEST"
-step env 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" env --shim "$SHIM" || { echo "gpu_check: the trainer side does not import from the source tree" >&2; exit 1; }
+if ! step env 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" env --shim "$SHIM"; then
+    echo "gpu_check: the trainer side does not import from the source tree (env.log)" >&2
+    exit 1
+fi
 CUDA=$(val env cuda)
 if [ $MODE = gpu ] && [ "$CUDA" != 1 ]; then
     echo "gpu_check: torch sees no CUDA device here; run with --cpu for the dry run" >&2
@@ -99,7 +113,7 @@ DEV=cpu
 
 # -- 1. tests that need CUDA -------------------------------------------------------------------------------
 mapfile -t TESTS < <(grep -l 'reason="needs a CUDA GPU' "$ROOT"/tests/test_*.py)
-TAIL=6 step tests 150 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" -m pytest -q -rs -p no:cacheprovider --noconftest \
+TAIL=6 step tests 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" -m pytest -q -rs -p no:cacheprovider --noconftest \
     --rootdir "$ROOT" --junitxml "$DEST/tests.xml" "${TESTS[@]}"
 read -r PASSED FAILURES SKIPPED < <("$PYTHON" -c "
 import sys, xml.etree.ElementTree as ET
@@ -108,7 +122,9 @@ s = s if s.tag == 'testsuite' else s.find('testsuite')
 n, f, e, k = (int(s.get(a, 0)) for a in ('tests', 'failures', 'errors', 'skipped'))
 print(n - f - e - k, f + e, k)" "$DEST/tests.xml" 2>/dev/null || echo "0 1 0")
 HEAD+=("tests_passed=$PASSED" "tests_failed=$FAILURES" "tests_skipped=$SKIPPED")
-if [ "$CUDA" != 1 ] && [ "$PASSED" = 0 ] && [ "$SKIPPED" -gt 0 ]; then echo "   (all $SKIPPED skipped: no CUDA device, see the reasons above)"; fi
+if [ "$CUDA" != 1 ] && [ "$PASSED" = 0 ] && [ "$SKIPPED" -gt 0 ]; then
+    echo "   (all $SKIPPED skipped: no CUDA device, see the reasons above)"
+fi
 
 # -- 2. the reference trainer, then its findings -----------------------------------------------------------
 if [ $MODE = gpu ]; then
@@ -119,9 +135,10 @@ else
         --inject loss_spike@100:scale=50 --inject nan@140)
 fi
 rm -rf "$DEST/trainer"
-step trainer 180 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" -m trainmon.reference_trainer --run gpu-check \
+step trainer 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" -m trainmon.reference_trainer --run gpu-check \
     --out "$DEST/trainer" --health-interval 1 --heartbeat-interval 1 --checksum-every 10 "${TRAIN[@]}"
-step nvml 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" nvml  # step 4, early: needed below
+# step 4 before the JSONL check, which needs to know whether NVML answers here
+step nvml 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" nvml
 NVML=$(val nvml nvml_ok)
 if [ -f "$DEST/trainer/events.jsonl" ]; then
     step events 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" events \
@@ -150,18 +167,19 @@ fi
 OVERHEAD=(--no-serve --skip wandb --skip tensorboard --skip mlflow --device $DEV)
 if [ $MODE = gpu ]; then
     SIZE=(--layers 12 --d-model 768 --heads 12 --seq 256 --vocab 8192)
-    step calibrate 90 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" calibrate "${SIZE[@]}"
-    OVERHEAD+=("${SIZE[@]}" --batch "$(val calibrate batch)" --rounds 8 --block 5 --warmup 5)
+    step calibrate 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" calibrate --device $DEV "${SIZE[@]}"
+    OVERHEAD+=("${SIZE[@]}" --batch "$(num calibrate batch 8)" --rounds 8 --block 5 --warmup 5)
 else
     OVERHEAD+=(--rounds 2 --block 4 --warmup 2)
 fi
-TAIL=3 step overhead 180 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" "${OVERHEAD[@]}"
-TAIL=8 step overhead_sync 180 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" \
+TAIL=3 step overhead 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" "${OVERHEAD[@]}"
+TAIL=8 step overhead_sync 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" \
     "${OVERHEAD[@]}" --sync-debug
 STEP_MS=$(val overhead baseline_step_ms)
 HEAD+=("overhead_pct=$(val overhead overhead_pct)" "overhead_step_ms=$STEP_MS"
     "instep_us=$(val overhead trainmon_instep_us)" "overhead_sync_debug_pct=$(val overhead_sync overhead_pct)")
-LOST=$(($(val overhead lost_events | grep -x '[0-9]*' || echo 1) + $(val overhead_sync lost_events | grep -x '[0-9]*' || echo 1)))
+LOST=0  # events trainmon lost, collector down (spooled) or up (the file collector), in either run
+for run in overhead overhead_sync; do LOST=$((LOST + $(num $run lost_events 1) + $(num $run lost_events_up 1))); done
 HEAD+=("lost_events=$LOST")
 [ "$LOST" = 0 ] || FAILED+=("lost_events")
 SYNCS=$(val overhead_sync sync_warnings_trainmon)
@@ -179,7 +197,7 @@ fi
 # -- 4. NVML (sampled above), 5. weight checksums ----------------------------------------------------------
 if last nvml | grep -q '^nvml_ok='; then read -ra NV < <(last nvml); HEAD+=("${NV[@]}"); else HEAD+=("nvml_ok=0"); fi
 if [ $MODE = gpu ] && [ "$NVML" != 1 ]; then FAILED+=("nvml"); fi
-step checksum 90 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" checksum --device $DEV
+step checksum 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" checksum --device $DEV
 HEAD+=("checksum_device=$(val checksum checksum_device)" "checksum_bitwise=$(val checksum checksum_bitwise)"
     "replicas_agree=$(val checksum checksum_replicas_agree)")
 

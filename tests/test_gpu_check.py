@@ -14,6 +14,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -229,3 +230,17 @@ def test_sync_watch_counts_torchs_sync_warnings_by_call_site() -> None:
     warnings.warn("something else", UserWarning, stacklevel=1)
     watch.stop()
     assert list(watch.sites.values()) == [1] and next(iter(watch.sites)).startswith("test_gpu_check.py:")
+
+
+def test_syncs_torch_makes_in_the_baseline_too_are_not_trainmons() -> None:
+    hook_overhead = _load("bench_hook_overhead", ROOT / "bench" / "hook_overhead.py")
+
+    def variant(steps: int, **sites: int) -> Any:
+        v = SimpleNamespace(steps_run=steps, syncs=hook_overhead.SyncWatch())
+        v.syncs.sites.update({k.replace("_", ".") + ":1": n for k, n in sites.items()})
+        return v
+
+    base = variant(10, hook_overhead_py=10)  # an op of torch's syncs once per step, in every variant
+    assert hook_overhead.trainmon_syncs(variant(20, hook_overhead_py=20), base) == 0
+    assert hook_overhead.trainmon_syncs(variant(20, hook_overhead_py=23), base) == 3  # 3 more at the same site
+    assert hook_overhead.trainmon_syncs(variant(20, hook_overhead_py=20, train_monitor_py=2), base) == 2
