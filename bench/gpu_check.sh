@@ -147,8 +147,8 @@ if [ -f "$DEST/trainer/events.jsonl" ]; then
 else
     HEAD+=("trainer_ok=0")
 fi
-POSTMORTEM="trainmon postmortem trainer/events.jsonl --json > postmortem.json && python \
-bench/gpu_check_probe.py findings postmortem.json trainer/labels.json"
+POSTMORTEM='.venv/bin/trainmon postmortem "$FILES/trainer/events.jsonl" --json >/tmp/gpu_check_postmortem.json && \
+.venv/bin/python bench/gpu_check_probe.py findings /tmp/gpu_check_postmortem.json "$FILES/trainer/labels.json"'
 if PYTHONPATH=$DAEMON_PATH "$PYTHON" -c "import trainmon.monitor.analysis.postmortem" 2>/dev/null; then
     step postmortem 120 env PYTHONPATH="$DAEMON_PATH" bash -c '"$0" -m trainmon postmortem "$1" --json >"$2"' \
         "$PYTHON" "$DEST/trainer/events.jsonl" "$DEST/postmortem.json"
@@ -156,8 +156,8 @@ if PYTHONPATH=$DAEMON_PATH "$PYTHON" -c "import trainmon.monitor.analysis.postmo
         "$DEST/trainer/labels.json"
     HEAD+=("findings_ok=$(val findings findings_ok)")
 else
-    echo "== findings: the daemon side does not import here; back on the CPU machine, in the folder the files"
-    echo "   of \$OUT came back to (trainmon, python: the repository's .venv; bench/: the repository's):"
+    echo "== findings: the daemon side does not import here; on the CPU machine, from the repository root, with"
+    echo "   FILES the folder the files of \$OUT came back to:"
     echo "   $POSTMORTEM"
     echo "$POSTMORTEM" >"$DEST/findings_command.txt"
     HEAD+=("findings_ok=on_cpu")
@@ -167,7 +167,8 @@ fi
 OVERHEAD=(--no-serve --skip wandb --skip tensorboard --skip mlflow --device $DEV)
 if [ $MODE = gpu ]; then
     SIZE=(--layers 12 --d-model 768 --heads 12 --seq 256 --vocab 8192)
-    step calibrate 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" calibrate --device $DEV "${SIZE[@]}"
+    step calibrate 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" calibrate \
+        --device $DEV "${SIZE[@]}"
     OVERHEAD+=("${SIZE[@]}" --batch "$(num calibrate batch 8)" --rounds 8 --block 5 --warmup 5)
 else
     OVERHEAD+=(--rounds 2 --block 4 --warmup 2)
