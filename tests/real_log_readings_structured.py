@@ -78,18 +78,7 @@ READINGS_STRUCTURED: dict[str, Expect] = {
             ),
         ),
     ),
-    "90_wandb-history-marl-mappo.csv": Expect(
-        known=(
-            Known(
-                "hang",
-                0,
-                255,
-                "hang: the export's rows are ~780 s apart (one MAPPO iteration), every one longer than the "
-                "start-up timeout (300 s), so the interval is never learnt and each step reads as a stall seen "
-                "after the fact; the manifest reads _runtime as monotone, 56 h, no stop",
-            ),
-        ),
-    ),
+    "90_wandb-history-marl-mappo.csv": Expect(),
     "92_ms-swift-init-loss-20.jsonl": Expect(
         allowed=(
             Allow(
