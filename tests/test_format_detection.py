@@ -111,6 +111,18 @@ def test_binary_only_on_binary_evidence(tmp_path: Path) -> None:
         detect_format(blob)
 
 
+def test_a_hole_of_nuls_is_a_gap_in_the_text_not_binary(tmp_path: Path) -> None:
+    """A node that crashed while its log grew leaves a block of NULs where the file was extended;
+    the job requeued appends after it. Scattered NULs (a real binary file) stay binary."""
+    path = tmp_path / "requeued.out"
+    before = _shell_trace(2000).encode() + _meg_line(1, 9.0).encode() + _meg_line(2, 8.5).encode()
+    path.write_bytes(b"\0" * 8192 + before + b"\0" * 70_000 + _meg_line(3, 8.0).encode() + _meg_line(4, 7.5).encode())
+    assert not binary_evidence(path.read_bytes()[: 64 * 1024])
+    assert detect_format(path) == "textlog"
+    assert [e.fields["loss"] for e in read_events(path) if e.kind == "step"] == [9.0, 8.5, 8.0, 7.5]
+    assert binary_evidence(b"step 1 | loss 2.0\n" * 100 + bytes([0, 7, 0, 0, 3, 0]) * 50)
+
+
 def test_lines_past_the_contiguous_scan_are_found_by_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the contiguous scan, pieces spread over the file (its last piece included) still find the
     training lines, and what is read stays bounded whatever the file's size."""

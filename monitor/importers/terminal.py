@@ -9,9 +9,12 @@ with carriage returns, and backspaces. Every text importer judges and parses a l
 into the states it showed (a trainer that prints ``\\rstep N loss X`` keeps every step; a progress
 bar's states are lines no parser reads).
 
-A file is *binary* only on binary evidence (:func:`binary_evidence`): NUL bytes, or many bytes that
-are neither UTF-8 nor text controls once the escapes are gone. Megabytes of progress bars and escape
-codes at the start of a log are text.
+A file is *binary* only on binary evidence (:func:`binary_evidence`): NUL bytes scattered through it,
+or many bytes that are neither UTF-8 nor text controls once the escapes are gone. Megabytes of
+progress bars and escape codes at the start of a log are text, and so is a log with a *hole*: a run
+of NULs a block long or more (a node that crashed while the file grew, a preallocated or truncated
+file written again) is a gap in the text, not binary content. A terminal ignores NUL, and so does
+:func:`clean_text`.
 
 :func:`text_chunks` gives a file's text in bounded pieces so a format can be recognised by its lines
 wherever they are (a Megatron job's first ``iteration`` line after 900 KB of shell trace, a nanochat
@@ -54,6 +57,8 @@ _BACKSPACED = re.compile(r"[^\x08\n]\x08")
 # What no text holds once escapes are gone: C0 controls other than tab, line breaks, form feed and
 # backspace, DEL, and the replacement character of undecodable bytes.
 _NOT_TEXT = re.compile(r"[\x00-\x07\x0e-\x1f\x7f\ufffd]")
+# A hole: NULs a disk block long or more, or at a piece's edges (a hole cut by the piece boundary).
+_HOLE = re.compile(rb"\x00{512,}|^\x00+|\x00+$")
 
 HEAD = 64 * 1024
 """The first piece: what every reader judged before scanning further (a file recognised in it is
@@ -66,7 +71,9 @@ SCAN_PROBES = 8
 
 
 def clean_text(text: str) -> str:
-    """``text`` without escape sequences and with backspaces applied (line breaks kept)."""
+    """``text`` without escape sequences and NULs, with backspaces applied (line breaks kept)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
     if "\x1b" in text:
         text = CONTROL_SEQUENCE.sub("", text)
     if "\x08" in text:
@@ -85,7 +92,7 @@ def clean_line(raw: str) -> list[str]:
     Usually one string; a line redrawn with carriage returns gives each state it showed, in order.
     """
     raw = raw.rstrip("\r\n")
-    if "\x1b" in raw or "\x08" in raw:
+    if "\x1b" in raw or "\x08" in raw or "\x00" in raw:
         raw = clean_text(raw)
     if "\r" not in raw:
         line = raw.strip()
@@ -106,9 +113,16 @@ def terminal_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def binary_evidence(raw: bytes) -> bool:
-    """Bytes that no text log holds: a NUL, or over 10 % of the characters undecodable as UTF-8 or
-    control characters once escape sequences are removed (a Latin-1 log has a few percent at most)."""
-    return b"\0" in raw or _mostly_not_text(clean_text(raw.decode("utf-8", errors="replace")))
+    """Bytes that no text log holds: NULs outside a hole, nothing but NULs, or over 10 % of the
+    characters undecodable as UTF-8 or control characters once escape sequences are removed (a
+    Latin-1 log has a few percent at most)."""
+    if _scattered_nuls(raw) or (raw and not raw.strip(b"\0")):
+        return True
+    return _mostly_not_text(clean_text(raw.decode("utf-8", errors="replace")))
+
+
+def _scattered_nuls(raw: bytes) -> bool:
+    return b"\0" in raw and b"\0" in _HOLE.sub(b"", raw)
 
 
 def _mostly_not_text(text: str) -> bool:
@@ -144,7 +158,9 @@ def text_chunks(path: Path) -> Iterator[str]:
             if not data:
                 return
             pos += len(data)
-            if b"\0" in data:
+            if not data.strip(b"\0"):
+                continue  # a hole: the text goes on after it
+            if _scattered_nuls(data):
                 return
             data = carry + data
             piece = data if pos >= size else _whole_lines(data, cut_start=False, cut_end=True)
@@ -161,7 +177,11 @@ def text_chunks(path: Path) -> Iterator[str]:
             start = pos + (rest - CHUNK) * k // probes if rest > CHUNK else pos
             f.seek(max(pos, start))
             data = f.read(CHUNK)
-            if not data or b"\0" in data:
+            if not data:
+                return
+            if not data.strip(b"\0"):
+                continue
+            if _scattered_nuls(data):
                 return
             piece = _whole_lines(data, cut_start=True, cut_end=f.tell() < size)
             text = clean_text(piece.decode("utf-8", errors="replace"))
