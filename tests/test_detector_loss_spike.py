@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -458,3 +459,23 @@ def test_an_averaged_loss_that_carries_a_batch_for_its_window_comes_back_at_once
     assert any(f.severity == "warning" for f in feed(_det(), _ema_run(None)))  # read as single-step losses
     found = feed(_det(), _ema_run(19.0))
     assert _spike_steps(found) and all(f.severity == "info" for f in found)
+
+
+def test_recurring_bursts_are_one_pattern_with_a_period_not_a_bad_batch() -> None:
+    """Issue 23: loss and grad norm 10-64x every 4-5 steps from step 175 on got 'a bad batch, skip the batches
+    in [175, 177]'. A pattern is one finding with its period and trend, and its cause recurs with it."""
+    rng = random.Random(5)
+    losses = curve(300, 3, 0.02)
+    norms = [math.exp(0.1 * rng.gauss(0, 1)) for _ in range(300)]
+    t = 175
+    while t < 300:
+        r = rng.uniform(10, 64)
+        losses[t] *= r
+        norms[t] *= 1.5 * r
+        t += rng.choice([4, 5])
+    found = feed(_det(), _steps(losses, norms=norms, end=True))
+    (a,) = _lifecycle(found)
+    assert a["first_step"] == 175 and a["severity"] == "critical"
+    assert re.search(r"every ~[45] steps", a["message"])
+    assert "A pattern, not one bad batch" in a["hint"] and "since step 175" in a["hint"]
+    assert "skip the batches" not in a["hint"] and "inspect batch" not in a["hint"]

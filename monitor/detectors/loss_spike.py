@@ -54,6 +54,11 @@ Issue 23 ("a finding earns trust" in DESIGN.md):
   batch for about N / (steps between entries) entries: "back at once" is back within ``quick_steps``
   plus those entries. nanochat's EMA (beta 0.9, ~19 steps) decays a 1.2x bump over 7-9 steps, which
   read as "not back in the band" and made its wiggles a WARNING 'loss spikes recurring'.
+* **A pattern is one finding with its period and trend.** Spikes at regular intervals (three or more,
+  each gap within half a period of the median) are one cause that recurs with that period: the hint
+  says so and names what recurs that way (a loader worker or shard, an accumulation or logging
+  boundary, a periodic hook), never "skip this batch". The trend is what the spikes do now (the
+  longest run of significant spikes each larger than the last); an episode that grew stays critical.
 * **Hints match the state.** Every recovery is news (the anomaly keeps the last message and hint, so
   "if the loss is not back within N steps, roll back" must not outlive it), and "skip the batches"
   says how (fast-forward the data loader past them).
@@ -337,6 +342,7 @@ class LossSpike(Detector):
                 "slow": False,
                 "stuck": False,
                 "growth": None,
+                "grew": False,
                 "recovered": None,
                 "severity": None,
                 "last_entry": self._n,
@@ -405,8 +411,8 @@ class LossSpike(Detector):
             "fingerprint": event.fields.get("batch_fingerprint"),
         }
         ep["quiet"] = self._quiet()
-        if ep["growth"] is None:
-            ep["growth"] = self._growth(ep)
+        ep["growth"] = self._growth(ep)  # the trend now: a message says what the spikes do, not what they did
+        ep["grew"] = ep["grew"] or ep["growth"] is not None
 
     def _growth(self, ep: dict[str, Any]) -> str | None:
         """'growing' / 'more frequent' once the last significant spikes grow; None otherwise."""
@@ -414,8 +420,11 @@ class LossSpike(Detector):
         m = cfg.growth_min
         if len(ep["sizes"]) < m or not all(list(ep["significant"])[-m:]):
             return None
-        sizes = list(ep["sizes"])[-m:]
-        if all(b > a for a, b in itertools.pairwise(sizes)) and sizes[-1] >= cfg.growth_ratio * sizes[0]:
+        sizes, sig = list(ep["sizes"]), list(ep["significant"])
+        k = len(sizes) - 1  # the start of the run of significant spikes each larger than the one before
+        while k > 0 and sig[k - 1] and sizes[k - 1] < sizes[k]:
+            k -= 1
+        if len(sizes) - k >= m and sizes[-1] >= cfg.growth_ratio * sizes[k]:
             return "growing"
         gaps = _gaps(ep["entries"])
         if len(gaps) >= 3:
@@ -423,6 +432,18 @@ class LossSpike(Detector):
             if all(g * cfg.growth_ratio <= med for g in gaps[-2:]):
                 return "more frequent"
         return None
+
+    def _periodic(self, ep: dict[str, Any]) -> int | None:
+        """The period of an episode whose spikes come at regular intervals (three or more, every gap within
+        half a period of the median gap): a pattern with one cause, not one bad batch each time."""
+        steps = list(ep["steps"])
+        if len(steps) < 3:
+            return None
+        gaps = _gaps(steps)
+        med = statistics.median(gaps)
+        if med <= 0 or any(abs(g - med) > 0.5 * med for g in gaps):
+            return None
+        return round(med)
 
     def _trend(self, ep: dict[str, Any]) -> str | None:
         if ep["growth"] is not None:
@@ -453,7 +474,7 @@ class LossSpike(Detector):
     def _severity(self) -> str:
         ep, sp = self._ep, self._spike
         assert ep is not None
-        if ep["stuck"] or ep["growth"] is not None:
+        if ep["stuck"] or ep["grew"]:
             return "critical"
         if sp is not None and (sp["significant"] or self._n - sp["entry"] > self._quick()):
             return "warning"
@@ -641,7 +662,17 @@ class LossSpike(Detector):
                 at, took = ep["recovered"]
                 message += f"; back in the band at step {at} ({took} step{'s' if took != 1 else ''} after the spike)"
             advice = self._advice(ep, sp, severity, rollback)
-            hint = cause[0].upper() + cause[1:] + batch + ". " + advice
+            period = self._periodic(ep)
+            if period is not None:  # a pattern: its cause recurs with it, skipping one batch does not help
+                norm = "; the grad norm jumped with them" if ep["caused"] >= 2 else ""
+                hint = (
+                    f"A pattern, not one bad batch: {ep['count']} spikes about every {period} steps since step "
+                    f"{ep['first_step']}{norm}. Look for what recurs every ~{period} steps: a data-loader worker or "
+                    "shard that yields bad batches in turn, a gradient-accumulation or logging boundary, a "
+                    "periodic hook (eval, checkpoint, EMA swap) that changes the model's state. " + advice
+                )
+            else:
+                hint = cause[0].upper() + cause[1:] + batch + ". " + advice
         evidence: dict[str, Any] = {
             "spike_step": last["step"],
             "loss": last["loss"],
@@ -668,9 +699,10 @@ class LossSpike(Detector):
     def _advice(self, ep: dict[str, Any], sp: dict[str, Any] | None, severity: str, rollback: str) -> str:
         cfg = self.config
         last = ep["latest"]
-        if ep["growth"] is not None:
+        if ep["grew"]:
+            how = ep["growth"] or "that grew earlier"
             return (
-                f"Recurring spikes, {ep['growth']}: an instability building up; lower the LR (or lengthen warmup, "
+                f"Recurring spikes, {how}: an instability building up; lower the LR (or lengthen warmup, "
                 f"tighten clipping) and, if they keep growing, roll back to the checkpoint before step "
                 f"{ep['first_step']}."
             )
