@@ -197,3 +197,27 @@ def test_ctrl_c_after_the_last_planned_iteration_leaves_a_finished_run_finished(
     path.write_text(_args(train_iters=3) + lines + "KeyboardInterrupt\n")
     assert "ended_by" not in _config(path)
     assert next(e for e in read_events(path) if e.kind == "run_end").fields["status"] == "finished"
+
+
+def _crash(tail: str) -> str:
+    text = _args() + "".join(_line(it, **{"lm loss": f"{10 - it / 10:.6E}"}) for it in range(1, 6))
+    text += '[rank3]: Traceback (most recent call last):\n[rank3]:   File "pretrain_gpt.py", line 9, in <module>\n'
+    text += "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    return text + "[rank5]: RuntimeError: NCCL communicator was aborted on rank 5.\n" + tail
+
+
+def test_a_traceback_after_the_last_iteration_is_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "oom.log"
+    path.write_text(_crash("[INFO] [launch.py:319:sigkill_handler] ... exits with return code = 1\n"))
+    cfg = _config(path)
+    assert cfg["end_error"] == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert next(e for e in read_events(path) if e.kind == "run_end").fields["status"] == "failed"
+    # a scheduler's kill explains the tracebacks: interrupted, not a crash
+    path.write_text(
+        _crash("slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2021-05-27T21:52:36 DUE TO TIME LIMIT ***\n")
+    )
+    assert next(e for e in read_events(path) if e.kind == "run_end").fields["status"] == "interrupted"
+    # a traceback followed by more iterations did not end the run
+    path.write_text(_crash("") + _line(6, **{"lm loss": "9.0"}))
+    assert next(e for e in read_events(path) if e.kind == "run_end").fields["status"] == "interrupted"
+    assert "end_error" not in _config(path)

@@ -45,8 +45,12 @@ nan iterations`` covering the interval makes a NaN loss. A run whose every logge
 skipped never applied an update: said in a note and in the config (``never_trained``).
 
 How a run ended, read after its last iteration line: ``KeyboardInterrupt`` (Ctrl-C; the tracebacks
-of every rank follow it) is a stop by hand, ``interrupted``, not a crash; a SLURM cancellation is read
-by :func:`~trainmon.monitor.importers.common.read_scheduler_end` for every text log. Keys are read
+of every rank follow it, and whatever the unwinding raises) is a stop by hand, ``interrupted``, not a
+crash; otherwise a Python traceback ending in an exception (``torch.OutOfMemoryError: ...``,
+``RuntimeError: NCCL ...``) before the planned end is a crash, ``failed``, with the exception in the
+config (``end_error``); C++ frames and teardown noise after ``[after training is done]`` are not. A
+SLURM cancellation is read by :func:`~trainmon.monitor.importers.common.read_scheduler_end` for every
+text log, and wins (a killed job's ranks print tracebacks too). Keys are read
 with ``-`` and ``_`` as spaces (``lm-loss``, ``grad-norm``, ``learning-rate``: the TensorBoard tag
 spellings some forks print), and ``iteration-time`` (seconds) when the millisecond field is absent.
 
@@ -101,7 +105,10 @@ _BANNER = re.compile(r"^={3,}\s*(\S.*?)\s*={3,}$")
 _PART = re.compile(r"^\s*(.+?)\s*:\s*(\S+)")
 _KEY_SEP = re.compile(r"[-_\s]+")
 # After the last iteration line: a stop by hand (every rank prints the interrupt's traceback)
-_CTRL_C = re.compile(r"^KeyboardInterrupt\b")
+_RANK_PREFIX = r"(?:\[?rank\d+\]?:\s*|\d+:\s*)?"  # torchrun --tee / srun -l line prefixes
+_CTRL_C = re.compile(rf"^{_RANK_PREFIX}KeyboardInterrupt\b")
+_TRACEBACK = re.compile(rf"^{_RANK_PREFIX}Traceback \(most recent call last\):")
+_EXCEPTION = re.compile(rf"^{_RANK_PREFIX}(?P<err>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$")
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|-inf|-nan)$", re.IGNORECASE)
 
 # Arguments worth keeping in the run's config (the dump has a few hundred).
@@ -227,6 +234,8 @@ class _Run:
     last_rest: str = ""
     scale_placeholders: dict[float, int] = field(default_factory=dict)  # printed value -> lines
     ctrl_c_after: int | None = None  # the last iteration logged before a KeyboardInterrupt
+    traceback: bool = False  # a Python traceback since the last iteration line
+    end_error: str | None = None  # the first exception it ended in
 
     @property
     def log_interval(self) -> int:
@@ -258,6 +267,8 @@ def parse_megatron(path: Path) -> tuple[list[Item], LogMeta]:
                 bad += 1
                 log.warning("%s: line %d: %s; skipped", path, n, exc)
             pre = _Preamble()
+            if runs:  # what came before this line did not end the run
+                runs[-1].traceback, runs[-1].end_error = False, None
             continue
         m = _VAL.search(line)
         if m is not None:
@@ -274,6 +285,10 @@ def parse_megatron(path: Path) -> tuple[list[Item], LogMeta]:
             runs[-1].done = True
         if runs and _CTRL_C.match(line):
             runs[-1].ctrl_c_after = runs[-1].last_iter
+        elif runs and _TRACEBACK.match(line):
+            runs[-1].traceback = True
+        elif runs and runs[-1].traceback and runs[-1].end_error is None and (em := _EXCEPTION.match(line)):
+            runs[-1].end_error = em.group("err")[:200]
         m = _BANNER.match(line)
         if m is not None and "argument" not in m.group(1).lower():
             pre.banner = m.group(1)
@@ -575,6 +590,10 @@ def _meta(run: _Run, variant: str, bad: int, time_source: str) -> LogMeta:
             f"stopped by hand after iteration {run.last_iter} (KeyboardInterrupt: Ctrl-C or SIGINT); the tracebacks "
             "that follow are the ranks unwinding, not a crash"
         )
+    elif run.end_error is not None and status != "finished" and not run.done:
+        status = "failed"
+        config["end_error"] = run.end_error
+        notes.append(f"the run crashed after iteration {run.last_iter}: {run.end_error}")
     if run.skipped_total or run.nan_total:
         skipped_lines = sum(1 for it in run.items if isinstance(it, TrainPoint) and it.skipped and it.loss is None)
         notes.append(
