@@ -66,7 +66,6 @@ for mod in ("sqlalchemy", "fastapi", "uvicorn", "orjson", "alembic"):
 EOF
 TRAINER_PATH=$SHIM/block:$SHIM/pkg  # the trainer side: what the device machine has
 DAEMON_PATH=$SHIM/pkg               # the CPU side, where the daemon's packages are installed
-tp() { PYTHONPATH=$TRAINER_PATH "$PYTHON" "$@"; }
 
 HEAD=()   # the headline's key=value pairs
 FAILED=() # steps that failed
@@ -100,11 +99,13 @@ step() {
 echo "gpu_check $MODE: $(date -u +%FT%TZ) python $PYTHON, out $DEST"
 if ! step env 60 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/gpu_check_probe.py" env --shim "$SHIM"; then
     echo "gpu_check: the trainer side does not import from the source tree (env.log)" >&2
+    echo "gpu_check ok=0 mode=$MODE failed=env" | tee "$DEST/headline.txt"
     exit 1
 fi
 CUDA=$(val env cuda)
 if [ $MODE = gpu ] && [ "$CUDA" != 1 ]; then
     echo "gpu_check: torch sees no CUDA device here; run with --cpu for the dry run" >&2
+    echo "gpu_check ok=0 mode=$MODE failed=no_cuda" | tee "$DEST/headline.txt"
     exit 1
 fi
 HEAD+=("mode=$MODE" "gpu=$(val env gpu)")

@@ -72,6 +72,7 @@ def test_device_mode_without_cuda_fails_and_points_to_the_dry_run(tmp_path: Path
         ["bash", str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 1 and "--cpu" in proc.stderr
+    assert _headline(proc.stdout) == {"ok": "0", "mode": "gpu", "failed": "no_cuda"}
     env.pop("OUT", None)
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "--out" in proc.stderr
