@@ -41,7 +41,7 @@ MAX_DELAY = 10  # steps after a fault's last step within which its finding must 
 PLAUSIBLE = {
     "temperature_c": (5, 110),
     "power_w": (5, 2000),
-    "sm_clock_hz": (1e8, 5e9),
+    "sm_clock_hz": (5e7, 5e9),  # an idle GPU clocks down to a few hundred MHz
     "mem_total_bytes": (4 << 30, 1 << 40),
     "utilization_ratio": (0, 1),
 }
