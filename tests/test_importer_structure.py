@@ -460,3 +460,33 @@ def test_tensorboard_cleanrl_tags(tmp_path: Path) -> None:
     assert len(steps) == 40 and not any("loss" in s for s in steps)
     assert steps[1]["lr"] == [pytest.approx(2.5e-4 * (1 - 512 / 20480))]
     assert set(_start(events)["config"]["loss_series"]["not_judged"]) == {"losses/value_loss", "losses/policy_loss"}
+
+
+def test_one_row_per_epoch_tables(tmp_path: Path) -> None:
+    """Ultralytics' results.csv (padded headers, epochs from 1, three detection losses, lr/pg0..2) and
+    Keras' CSVLogger (epochs from 0): the epoch is the step when the table has no other."""
+    header = ["                  epoch", "      train/box_loss", "      train/cls_loss", "      train/dfl_loss"]
+    header += ["   metrics/mAP50(B)", "        val/box_loss", "        val/cls_loss", "        val/dfl_loss"]
+    header += ["               lr/pg0", "               lr/pg1", "               lr/pg2"]
+    rows = [
+        [e, 1.5 / e, 2.0 / e, 1.2 / e, 0.1 * e, 1.4 / e, 1.9 / e, 1.1 / e, 0.07 - e * 0.001, 0.001 * e, 0.001 * e]
+        for e in range(1, 11)
+    ]
+    path = _csv(tmp_path / "results.csv", header, rows)
+    events = _events(path)
+    steps = _steps(events)
+    assert [s["step"] for s in steps] == list(range(1, 11))
+    assert steps[0]["loss"] == pytest.approx(4.7) and steps[0]["lr"] == pytest.approx([0.069, 0.001, 0.001])
+    assert [e.fields["step"] for e in events if e.kind == "eval"] == list(range(1, 11))
+    (s,) = _summaries(path)
+    assert s["steps"] == 10  # epochs 1..10 are 10 epochs
+    keras = _csv(
+        tmp_path / "training.log.csv",
+        ["epoch", "accuracy", "loss", "val_accuracy", "val_loss"],
+        [[e, 0.5 + e / 100, 1.0 - e / 100, 0.5, 1.1 - e / 200] for e in range(20)],
+    )
+    events = _events(keras)
+    assert len(_steps(events)) == 20
+    assert next(e.fields["metrics"] for e in events if e.kind == "eval") == {"accuracy": 0.5}
+    (s,) = _summaries(keras)
+    assert s["steps"] == 20

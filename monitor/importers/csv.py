@@ -85,7 +85,8 @@ FIELDS = ("step", "loss", "grad_norm", "lr", "eval_loss", "time", "tokens", "ste
 # Candidates per field, lower-cased, most specific first.
 DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
     # HF's W&B callback logs its global step as train/global_step; _step only counts wandb.log calls
-    "step": ("trainer/global_step", "train/global_step", "global_step", "_step", "step", "iter", "iteration"),
+    # the epoch last: a table of one row per epoch (Keras' CSVLogger, Ultralytics' results.csv) has no other
+    "step": ("trainer/global_step", "train/global_step", "global_step", "_step", "step", "iter", "iteration", "epoch"),
     "loss": (
         "train/loss",
         "train/loss_step",
