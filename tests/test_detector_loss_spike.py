@@ -479,3 +479,18 @@ def test_recurring_bursts_are_one_pattern_with_a_period_not_a_bad_batch() -> Non
     assert re.search(r"every ~[45] steps", a["message"])
     assert "A pattern, not one bad batch" in a["hint"] and "since step 175" in a["hint"]
     assert "skip the batches" not in a["hint"] and "inspect batch" not in a["hint"]
+
+
+def test_a_level_shift_inside_the_warm_up_is_found_at_its_onset() -> None:
+    """Issue 23: total loss 0.2 -> 5.3 at steps 549-599 and staying there (a log every 50 steps, the shift at
+    its 12th entry) was reported at step 849 with 'skip the batches in [847, 849]'. Measured against the
+    recent losses (a fast first descent leaves its start far above the level the jump leaves), it is a
+    spike at 599, not recovered, and the batches to skip are the ones since the last good entry."""
+    rng = random.Random(1)
+    steps = list(range(49, 3000, 50))
+    losses = [(9 * math.exp(-s / 100) + 0.2 if s < 599 else 5.3) * math.exp(0.03 * rng.gauss(0, 1)) for s in steps]
+    evs = [start()] + [ev("step", {"step": s, "loss": v}, float(s)) for s, v in zip(steps, losses, strict=True)]
+    found = feed(_det(), evs)
+    assert _spike_steps(found) == [599]
+    crit = next(f for f in found if f.severity == "critical")
+    assert "skip the batches in [550, 599]" in crit.hint

@@ -44,7 +44,11 @@ Issue 23 ("a finding earns trust" in DESIGN.md):
   untrained model's loss) and above every earlier one, is an explosion; it must also stand
   ``early_spread`` x the earlier losses' own spread above the highest (a signed or near-zero loss is not
   measured by a ratio). Megatron logs explode at their 2nd-4th entry (12.4 -> 44); the rolling rule
-  alone saw nothing there. Such a spike is never admitted to the baseline, so huge early values
+  alone saw nothing there. "Earlier" means the last few accepted losses: a level shift inside the
+  warm-up (0.2 -> 5.3 at a log's 12th entry, after a fast descent from 9) is far above them though not
+  above the descent's start, and is found at its onset instead of hundreds of steps later with "skip the
+  batches" named after the detection step. On a log every N steps the batches to skip run from the
+  entry after the last good one. Such a spike is never admitted to the baseline, so huge early values
   (1e12-4e14 among losses of 60-100) do not hide the blow-ups after them.
 * **A spike departs from the loss's path.** The last step must carry at least half the excess the
   threshold asks for: a loss creeping up 0.1-0.5 per entry past a lagging median is a trend
@@ -86,6 +90,10 @@ _KEEP = 16
 """Spikes an episode keeps (steps, entries, sizes) for its period, trend and evidence."""
 
 
+_EARLY_RECENT = 4
+"""Recent accepted losses an explosion is measured against while the window is short."""
+
+
 def _gaps(xs: Any) -> list[Any]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
@@ -110,6 +118,7 @@ class LossSpike(Detector):
         self._mean_over = 1.0  # steps each logged loss averages (the importer says so in run_start.config)
         self._gaps: collections.deque[int] = collections.deque(maxlen=16)  # steps between logged entries
         self._last_step: int | None = None
+        self._prev_step: int | None = None  # the logged step before the current one
         self._tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.tail_memory)
         self._excursion: list[Any] | None = None  # [entry, peak size, length] of an accepted excursion
         self._spike: dict[str, Any] | None = None  # the spike whose loss is not back in the band yet
@@ -179,10 +188,11 @@ class LossSpike(Detector):
 
     def _early(self, loss: float) -> tuple[float, float, float] | None:
         """(level, sigma, threshold) when ``loss`` is an explosion seen with too few points for the robust
-        rule: ``early_ratio`` x every earlier loss (two at least), or ``early_vocab_ratio`` x ln(vocab) and
-        above every earlier one; and ``early_spread`` x the earlier losses' own spread above the highest."""
+        rule: ``early_ratio`` x every recent loss (the last ``_EARLY_RECENT``, two at least: a fast first
+        descent leaves its start far above the level the jump leaves), or ``early_vocab_ratio`` x ln(vocab)
+        and above them; and ``early_spread`` x their own spread above the highest. The level is theirs."""
         cfg = self.config
-        vals = self._level.values()
+        vals = self._level.values()[-_EARLY_RECENT:]
         if not vals:
             return None
         top, low = max(vals), min(vals)
@@ -200,7 +210,7 @@ class LossSpike(Detector):
             return None
         if loss < bar:
             return None
-        level = self._level.median()
+        level = statistics.median(vals)
         return level, self._sigma(level), max(bar, threshold)
 
     def _quick(self) -> int:
@@ -278,6 +288,7 @@ class LossSpike(Detector):
             self._recent.append((step, None, norm))
             return out  # non-finite values are nan_inf's business
         self._n += 1
+        self._prev_step = self._last_step
         if self._last_step is not None and step > self._last_step:
             self._gaps.append(step - self._last_step)
         self._last_step = step
@@ -362,6 +373,7 @@ class LossSpike(Detector):
             "caused": cause["named"],
             "significant": significant,
             "fingerprint": event.fields.get("batch_fingerprint"),
+            "prev_step": self._prev_step,
         }
         self._record(step, loss, level, sigma, size, in_tail, tail_n, cause, significant, event)
         out.append(self._finding(step))
@@ -409,6 +421,7 @@ class LossSpike(Detector):
             "cause": cause,
             "significant": significant,
             "fingerprint": event.fields.get("batch_fingerprint"),
+            "prev_step": self._prev_step,
         }
         ep["quiet"] = self._quiet()
         ep["growth"] = self._growth(ep)  # the trend now: a message says what the spikes do, not what they did
@@ -627,6 +640,9 @@ class LossSpike(Detector):
         cause, batch_suspect = self._cause_text(last)
         x = last["step"] if stuck is None else stuck[0]["step"]  # the spike to roll back before
         lo = max(0, x - cfg.skip_back)
+        prev = (stuck[0] if stuck is not None else last).get("prev_step")
+        if prev is not None and prev < x:  # a log every N steps: the batch is somewhere after the last good entry
+            lo = max(0, min(lo, prev + 1))
         fp = last["fingerprint"]
         batch = (
             (f"; inspect batch {fp} (step {x})" if fp else f"; inspect the batch of step {x}") if batch_suspect else ""
