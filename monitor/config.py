@@ -614,6 +614,9 @@ class DegenerateConfig:
 
     saturated_entries: int = 2
     """Logged losses of exactly 0.0 in a row (with a vanishing, nonzero gradient) before the objective is saturated."""
+    saturated_margin: float = 10.0
+    """Without a logged grad norm: a preference margin (rewards/margins) at least this large, with accuracies 1.0,
+    makes the zeros real (a sigmoid loss of log(1 + e^-10) = 4.5e-5 prints as 0.0)."""
     vanished_ratio: float = 1e-4
     """The grad norm at those entries, against its median before them, below which no gradient is left."""
     noop_share: float = 0.2

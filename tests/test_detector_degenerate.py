@@ -122,3 +122,20 @@ def test_a_perfect_or_a_working_classifier_is_not_collapsed() -> None:
         ev("eval", {"step": 20, "loss": 0.3, "metrics": {"accuracy": 0.88, "precision": 0.86, "recall": 1.0}}),
     ]
     assert feed(_det(), [start(), *evs]) == []
+
+
+def test_without_a_grad_norm_the_preference_margins_show_the_zeros_are_a_saturated_loss() -> None:
+    # an older transformers logs no grad_norm: accuracies 1.0 and margins of 120 say the 0.0 was computed, not NaN
+    pref = {"rewards/accuracies": [[1, 0.0], [10, 0.89], [20, 1.0], [30, 1.0]],
+            "rewards/margins": [[1, 0.0], [10, 26.7], [20, 119.6], [30, 141.7]]}  # fmt: skip
+    rows = [(1, 0.6931, None), (10, 0.1628, None), (20, 0.0, None), (30, 0.0, None)]
+    found = feed(_det(), [start(config={"preference": pref}), *_steps(rows)])
+    assert [(f.step, f.severity) for f in found] == [(20, "warning")] and "margins of 141.7" in found[0].message
+
+
+def test_steps_the_scaler_skipped_are_not_no_op_steps() -> None:
+    evs = [start()]
+    for i in range(1, 101):
+        skipped = i % 2 == 0
+        evs.append(ev("step", {"step": i, "loss": 2.0, "grad_norm": 0.0 if skipped else 1.0, "skipped": skipped}))
+    assert feed(_det(), evs) == []

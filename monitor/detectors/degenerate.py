@@ -14,12 +14,15 @@ a fact of the objective, not on a threshold fitted to a log:
   A loss that reaches 0.0 by rounding after converging through small values (38: 0.0001 then 0.0, grad norm
   still 5e-4) keeps its gradient, so it is not saturated. Preference metrics the importer found beside the
   loss (``run_start.config.preference``: rewards/accuracies, margins, log-probs of the rejected answers) are
-  named as evidence.
+  named as evidence, and stand in for a gradient norm the log does not carry: accuracies 1.0 with finite
+  margins of ``saturated_margin`` or more say the loss was computed and is below the printed resolution
+  (log(1 + e^-10) = 4.5e-5), not a NaN.
 * **No-op steps**: an exactly zero gradient norm on a step with a finite loss means the step produced no
   gradient at all: every label of its batch was ignored (an answer truncated away), so the loss was NaN and a
   filter hid it. When at least ``noop_share`` of the logged grad norms (and ``noop_min`` of them) are exactly
   0.0 while at least ``noop_share`` are not (a norm that is always 0.0 is a placeholder printed while the
-  feature is off), that share of the steps trained on nothing. A warning with its cause left open: the file
+  feature is off), that share of the steps trained on nothing. Steps the fp16 scaler skipped
+  (``skipped``) are no evidence either way. A warning with its cause left open: the file
   cannot show which samples were empty.
 * **Stuck at chance**: the eval loss equals ln K for an integer K >= 2 (the loss of a uniform guess over K
   choices) within ``chance_tol`` (relative) at every eval from the first, for ``chance_evals`` evals or more,
@@ -111,7 +114,7 @@ class Degenerate(Detector):
                 self._read_config(cfg)
             return []
         if event.kind == "step":
-            return self._on_step(int(f["step"]), f.get("loss"), f.get("grad_norm"))
+            return self._on_step(int(f["step"]), f.get("loss"), f.get("grad_norm"), f.get("skipped") is True)
         if event.kind == "eval":
             return self._on_eval(int(f["step"]), f.get("loss"), f.get("metrics"))
         return []
@@ -131,9 +134,9 @@ class Degenerate(Detector):
 
     # -- training steps --------------------------------------------------------------------------
 
-    def _on_step(self, step: int, loss: Any, gn: Any) -> list[Finding]:
+    def _on_step(self, step: int, loss: Any, gn: Any, skipped: bool = False) -> list[Finding]:
         out: list[Finding] = []
-        if finite(gn) and finite(loss):
+        if finite(gn) and finite(loss) and not skipped:  # a step the fp16 scaler skipped is no evidence
             self._gn_seen += 1
             if gn == 0.0:
                 self._gn_zero += 1
@@ -174,27 +177,33 @@ class Degenerate(Detector):
             self._zero_gn.append(gn)
         if self._open not in (None, "saturated") or len(self._zero_steps) < cfg.saturated_entries:
             return []
-        if len(self._zero_gn) < cfg.saturated_entries or len(self._gn_before) == 0:
-            return []  # without the gradient, a 0.0 may be a hidden NaN: nan_inf's to judge
-        ref = self._gn_before.median()
-        now = statistics.median(self._zero_gn)
-        if not (0.0 < now <= cfg.vanished_ratio * ref):
-            return []
         first = self._zero_steps[0]
         prev = self._last_nonzero
         was = f" after {prev[1]:.4g} at step {prev[0]}" if prev is not None else ""
-        evidence: dict[str, Any] = {
-            "zero_loss_steps": self._zero_steps[:50],
-            "grad_norm_at_zeros": [float(f"{g:.3g}") for g in self._zero_gn[:50]],
-            "grad_norm_median_before": float(f"{ref:.4g}"),
-        }
+        evidence: dict[str, Any] = {"zero_loss_steps": self._zero_steps[:50]}
         pref = self._preference_note(step)
         if pref:
             evidence["preference"] = pref[1]
+        margins = self._preference_at("rewards/margins", step)
+        accuracy = self._preference_at("rewards/accuracies", step)
+        if len(self._zero_gn) >= cfg.saturated_entries and len(self._gn_before):
+            ref = self._gn_before.median()
+            now = statistics.median(self._zero_gn)
+            if not (0.0 < now <= cfg.vanished_ratio * ref):
+                return []
+            evidence["grad_norm_at_zeros"] = [float(f"{g:.3g}") for g in self._zero_gn[:50]]
+            evidence["grad_norm_median_before"] = float(f"{ref:.4g}")
+            why = f"with a finite gradient norm of {now:.2g} ({now / ref:.1e} of its median {ref:.3g} before)"
+        elif margins is not None and margins >= cfg.saturated_margin and accuracy is not None and accuracy >= 0.99:
+            # no gradient logged: the preference metrics show the loss was computed (finite margins), and a
+            # sigmoid loss at a margin of 10 or more prints as 0.0000 (log(1 + e^-10) = 4.5e-5)
+            floor = math.log1p(math.exp(-margins))
+            why = f"with finite preference margins of {margins:.4g} (a sigmoid loss of {floor:.1e})"
+        else:
+            return []  # without the gradient or the margins, a 0.0 may be a hidden NaN: nan_inf's to judge
         message = (
-            f"loss exactly 0.0 at {len(self._zero_steps)} logged entries since step {first}{was}, with a finite "
-            f"gradient norm of {now:.2g} ({now / ref:.1e} of its median {ref:.3g} before): the objective saturated, "
-            "no gradient is left" + (f"; {pref[0]}" if pref else "")
+            f"loss exactly 0.0 at {len(self._zero_steps)} logged entries since step {first}{was}, {why}: the "
+            "objective saturated, no gradient is left" + (f"; {pref[0]}" if pref else "")
         )
         hint = (
             "The loss is at its floor and the updates have stopped changing the model: the run is over-optimised "
@@ -205,6 +214,14 @@ class Degenerate(Detector):
         )
         self._open = "saturated"
         return [Finding(self.kind, "warning", first, message, hint, evidence)]
+
+    def _preference_at(self, name: str, step: int) -> float | None:
+        """A preference metric's value at the latest logged step up to ``step``."""
+        series = self._preference.get(name)
+        if not isinstance(series, list):
+            return None
+        vals = [v for s, v in series if isinstance(s, (int, float)) and s <= step and finite(v)]
+        return float(vals[-1]) if vals else None
 
     def _preference_note(self, step: int) -> tuple[str, dict[str, Any]] | None:
         """The preference metrics the importer found, at the latest logged step up to ``step``."""
