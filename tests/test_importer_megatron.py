@@ -221,3 +221,16 @@ def test_a_traceback_after_the_last_iteration_is_a_crash(tmp_path: Path) -> None
     path.write_text(_crash("") + _line(6, **{"lm loss": "9.0"}))
     assert next(e for e in read_events(path) if e.kind == "run_end").fields["status"] == "interrupted"
     assert "end_error" not in _config(path)
+
+
+def test_world_size_from_the_argument_dump_keeps_the_jobs_token_totals(tmp_path: Path) -> None:
+    """97-99 ran on 64 GPUs ('world size 1' in the report before): the dump's world_size is the job's,
+    and each iteration's global tokens are stored as one rank's share, so totals stay the job's."""
+    path = tmp_path / "n16.out"
+    lines = "".join(_line(it, **{"lm loss": f"{10 - it / 10:.6E}"}) for it in range(1, 5))
+    path.write_text(_args(world_size=64) + lines)
+    start = next(e for e in read_events(path) if e.kind == "run_start")
+    assert start.fields["world_size"] == 64
+    assert {s["tokens"] for s in _steps(path)} == {1024 * 1024 // 64}
+    s = _analyse(path)
+    assert s["world_size"] == 64 and s["tokens"] == 4 * 1024 * 1024

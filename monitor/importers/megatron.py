@@ -333,7 +333,9 @@ def parse_megatron(path: Path) -> tuple[list[Item], LogMeta]:
         )
         items.extend(r.items)
     notes = [f"{bad} damaged log lines skipped"] if bad else []
+    worlds = {_world_size(r) for r in runs}
     meta = LogMeta(
+        world_size=worlds.pop() if len(worlds) == 1 else None,
         format="megatron_stdout",
         framework=variant,
         config={"time_source": time_source},
@@ -556,6 +558,15 @@ def _placeholders(run: _Run, config: dict[str, Any]) -> list[str]:
             notes.append(
                 f"loss scale {float(static):g} is static (--loss-scale): configuration, not a dynamic scaler's state"
             )
+    world = _world_size(run)
+    if world is not None and world > 1:  # the wire's tokens are one rank's: the job's total is tokens x world
+        for p in points:
+            if p.tokens is not None:
+                p.tokens = round(p.tokens / world)
+        notes.append(
+            f"tokens per iteration are the global batch's (consumed tokens, or samples x seq_length), stored as "
+            f"each of the {world} ranks' share (world_size from the argument dump) so the run's totals are the job's"
+        )
     if points and all(p.skipped is True for p in points):
         config["never_trained"] = True
         start = next((p.loss_scale for p in points if p.loss_scale is not None), None)
@@ -632,4 +643,11 @@ def _meta(run: _Run, variant: str, bad: int, time_source: str) -> LogMeta:
         status=status,
         config=config,
         notes=notes,
+        world_size=_world_size(run),
     )
+
+
+def _world_size(run: _Run) -> int | None:
+    """The job's GPU count from the argument dump (the log holds one rank's view of it)."""
+    world = run.args.get("world_size")
+    return world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None
