@@ -105,3 +105,15 @@ def test_a_preference_runs_loss_is_kept_with_its_preference_metrics(tmp_path: Pa
     config = next(e for e in events if e.kind == "run_start").fields["config"]
     assert config["preference"]["rewards/margins"] == [[1, 0.0], [10, 141.7]]
     assert "loss_series" not in config
+
+
+def test_evaluations_without_an_eval_loss_are_said_not_judged(tmp_path: Path) -> None:
+    # 91: a Seq2SeqTrainer's generation metrics only (rouge-l 71.8 -> 33.1 -> 68.9 on ~50 examples)
+    rows: list[dict] = []
+    for i, rl in enumerate((71.8, 33.1, 68.9), start=1):
+        rows.append({"step": 500 * i, "loss": 0.3, "grad_norm": 1.0, "learning_rate": 5e-5})
+        rows.append({"step": 500 * i, "eval_rouge-l": rl, "eval_bleu-4": 0.4, "eval_runtime": 20.0})
+    events = _events(_state(tmp_path, rows))
+    assert not [e for e in events if e.kind == "eval"]
+    notes = next(e for e in events if e.kind == "run_start").fields["config"]["notes"]
+    assert any("3 evaluations log no eval loss, only rouge-l, bleu-4: they are not judged" in n for n in notes)

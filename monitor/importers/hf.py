@@ -16,7 +16,9 @@ all write the same shape):
   ``eval_squad_accuracy``): the entries of one step are one evaluation, the first set seen is the
   run's eval loss and metrics, each other set goes into its metrics as ``SET/loss`` and
   ``SET/METRIC`` (as every importer writes sets), and ``config.eval_sets`` names them. An eval at
-  step 0 (``eval_on_start``, before any training) is an eval like the others. The closing
+  step 0 (``eval_on_start``, before any training) is an eval like the others. An evaluation that
+  logs no eval loss (a Seq2SeqTrainer's generation metrics only: ``eval_rouge-l``, ``eval_bleu-4``) is
+  not an eval event; a note names its metrics and says they were not judged. The closing
   ``train_runtime`` entry marks a finished run.
 * ``max_steps`` is the planned length. The file has no clock, no schedule declaration, no
   phase times: the LR schedule is left for the detector to infer, the time is synthetic.
@@ -225,6 +227,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     primary_set: str | None = None  # the first named eval set (Trainer(eval_dataset={...})): the run's eval loss
     sets_seen: dict[str, None] = {}
     set_group_step: int | None = None
+    eval_without_loss = 0
+    eval_metrics_without_loss: dict[str, None] = {}
     for n, entry in enumerate(history):
         if not isinstance(entry, dict):
             skipped += 1
@@ -284,6 +288,14 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         lr = lr_values(entry, _LR_KEYS)
         norm = to_float(entry.get("grad_norm"))
         if loss is None and lr is None and norm is None:
+            unjudged = [
+                k.removeprefix("eval_") for k in entry if k.startswith("eval_") and to_float(entry[k]) is not None
+            ]
+            if unjudged:  # an evaluation with no eval loss (generation metrics only): said, not judged
+                eval_without_loss += 1
+                for k in unjudged:
+                    if k not in _EVAL_TIMING:
+                        eval_metrics_without_loss.setdefault(k, None)
             continue  # another callback's numbers (e.g. only eval metrics without a loss)
         reward_key = reward_key or _policy_reward(entry)
         epoch = to_float(entry.get("epoch"))
@@ -355,6 +367,13 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     if preference:
         config["preference"] = preference
     notes: list[str] = []
+    if eval_without_loss:
+        names = ", ".join(list(eval_metrics_without_loss)[:8])
+        notes.append(
+            f"{eval_without_loss} evaluations log no eval loss, only {names}: they are not judged (a generation "
+            "metric on a small eval set moves a lot between evals; without the eval loss to move with it, a drop "
+            "is not evidence of a regression)"
+        )
     if len(sets_seen) > 1:
         notes.append(
             f"{len(sets_seen)} evaluation sets ({', '.join(sets_seen)}), each with its own loss and metrics: the eval "
