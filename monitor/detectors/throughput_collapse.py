@@ -65,6 +65,8 @@ from typing import Any
 from trainmon.hooks.wire import Event
 from trainmon.monitor.config import ThroughputCollapseConfig
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.intermittent import _WINDOW as _INTER_WINDOW
+from trainmon.monitor.detectors.intermittent import Intermittent
 from trainmon.monitor.detectors.rolling import RollingWindow
 
 __all__ = ["ThroughputCollapse"]
@@ -249,6 +251,8 @@ class ThroughputCollapse(Detector):
         self._last_save_time: float | None = None
         self._first_step_time: float | None = None
         self._save_seen_since_step = False
+        self._intermittent = Intermittent(config.spread_margin, config.spread_quantile, config.slow_step, config.window)
+        self._inter_reported: tuple[int, str] = (-1, "")  # step and severity of the last intermittent report
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
@@ -298,11 +302,25 @@ class ThroughputCollapse(Detector):
             self._base_steps.clear()
             self._recent.clear()
             self._short_spt.clear()
+            self._intermittent.clear()
+            if self._open == "intermittent":
+                self._open = None
         spt = seconds / tokens
         self._since_start += 1
         if self._since_start <= self.config.warmup_steps:
             return out
         cfg = self.config
+        inter = self._intermittent.observe(
+            step, spt, seconds, tokens, admit=self._open in (None, "intermittent"), since=self._clean_from
+        )
+        if self._open == "intermittent":
+            out += self._on_intermittent(inter, step)
+        elif inter == "opened":
+            if self._open is None:
+                self._open = "intermittent"
+                out += self._on_intermittent(inter, step)
+            else:
+                self._intermittent.end()  # another finding holds the anomaly
         split: tuple[float, ...] | None = None
         if any(phases.get(p, 0.0) > 0 for p in _TIMED):
             timed = [max(0.0, phases.get(p, 0.0)) for p in _TIMED]
@@ -334,6 +352,12 @@ class ThroughputCollapse(Detector):
             level_bar = max(cfg.slowdown * self._base_long.median(), self._base_long.quantile(cfg.spread_quantile))
         mean = sum(self._short_spt) / len(self._short_spt)
         slow_now = spt > step_bar
+        if self._open == "intermittent":
+            # Intermittent slow steps hold the anomaly: only a level shift (the typical step slower) is
+            # news beyond them, and it supersedes them.
+            if not (mean >= level_bar and self._level_rule(level_bar)):
+                return out
+            out += self._close_intermittent(step)
         if self._open != "steps" and mean < min(bar, level_bar):
             # Neither rule can hold: the window mean is under the window rule's bar, and a level
             # shift (a median of the longer window over its bar) shows in the window mean first.
@@ -377,6 +401,103 @@ class ThroughputCollapse(Detector):
             self._assess(step, short, window_rule, step_bar, level_bar, force=True)
             out.append(self._finding(step, ep.steps, ep.seconds, ep.tokens))
         return out
+
+    # -- intermittent slow steps (monitor/detectors/intermittent.py) ----------------------------
+
+    def _on_intermittent(self, what: str | None, step: int) -> list[Finding]:
+        ep = self._intermittent.episode
+        if ep is None:
+            return []
+        if what == "ended":
+            return self._close_intermittent(step)
+        severity = self._intermittent_severity()
+        last_step, last_severity = self._inter_reported
+        if what == "opened":
+            self._inter_reported = (-1, "")
+            return [self._intermittent_finding(ep.onset)]  # the anomaly starts where the condition started
+        if what == "grew" and (severity != last_severity or step - last_step >= self.config.update_every):
+            return [self._intermittent_finding(ep.last_slow)]
+        return []
+
+    def _intermittent_severity(self) -> str:
+        """Info; a warning once the episode cost ``warning_seconds`` and a tenth of its time. Never critical:
+        the typical step is not slower."""
+        ep = self._intermittent.episode
+        assert ep is not None
+        cfg = self.config
+        if ep.lost >= cfg.warning_seconds and ep.lost >= 0.1 * ep.seconds:
+            return "warning"
+        return "info"
+
+    def _close_intermittent(self, step: int) -> list[Finding]:
+        ep = self._intermittent.episode
+        out = []
+        if ep is not None and self._inter_reported[0] != ep.last_slow:
+            out.append(self._intermittent_finding(ep.last_slow))  # its extent and totals
+        self._intermittent.end()
+        self._open = None
+        unit = self._unit or "tokens/s"
+        out.append(
+            Finding(
+                kind=self.kind,
+                severity="info",
+                step=step,
+                message=f"intermittent slow steps over at step {step}: the steps are back at the baseline's pace",
+                hint="No action needed; if the episodes recur, compare their times with the host's load.",
+                evidence={"pattern": "intermittent", "unit": unit},
+                resolved=True,
+            )
+        )
+        return out
+
+    def _intermittent_finding(self, step: int) -> Finding:
+        ep = self._intermittent.episode
+        assert ep is not None
+        severity = self._intermittent_severity()
+        if _SEVERITY_RANK[severity] < _SEVERITY_RANK[self._inter_reported[1] or "info"]:
+            severity = self._inter_reported[1]
+        self._inter_reported = (step, severity)
+        unit = self._unit or "tokens/s"
+        share = ep.lost / ep.seconds if ep.seconds > 0 else 0.0
+        median = self._intermittent.median_ratio()
+        msg = (
+            f"intermittent slow steps since step {ep.onset}: {ep.slow} of {ep.steps} steps slower than "
+            f"{ep.bar / ep.base:.2g}x the baseline (the worst {ep.worst:.2g}x), {ep.lost:.3g} s lost "
+            f"({share:.0%} of those steps' {ep.seconds:.3g} s); the median of the last {_INTER_WINDOW} steps is "
+            f"{median:.2g}x the baseline ({_rate(1 / ep.base)} {unit}): slow steps among normal ones, not a collapse"
+        )
+        device = _device_class(self._device)
+        where = (
+            "the node's other processes and load at those times (top, the job scheduler), Python GC pauses, "
+            "a shared filesystem or network storage that is sometimes slow, an input pipeline that is "
+            "sometimes late, collective retries"
+        )
+        if device == "cuda":
+            where += ", GPU clock dips (node_health)"
+        return Finding(
+            kind=self.kind,
+            severity=severity,
+            step=step,
+            message=msg,
+            hint=(
+                f"Isolated slow steps, not a slower run: something intermittent holds some steps. Check {where}. "
+                "Trainmon's phase timing names the part of the step that stalls."
+            ),
+            evidence={
+                "pattern": "intermittent",
+                "since_step": ep.onset,
+                "steps": ep.steps,
+                "slow_steps": ep.slow,
+                "slow_bar_ratio": round(ep.bar / ep.base, 3),
+                "worst_ratio": round(ep.worst, 3),
+                "median_ratio": round(median, 3),
+                "duration_s": round(ep.seconds, 3),
+                "lost_s": round(ep.lost, 3),
+                "unit": unit,
+                "baseline_rate": round(1 / ep.base, 6),
+                "device": self._device,
+            },
+        )
 
     def _checkpoint_recovery(self, latest_slow: bool, step: int, ratio: float, base: float) -> list[Finding]:
         if self._open != "checkpoint":
