@@ -494,3 +494,17 @@ def test_a_level_shift_inside_the_warm_up_is_found_at_its_onset() -> None:
     assert _spike_steps(found) == [599]
     crit = next(f for f in found if f.severity == "critical")
     assert "skip the batches in [550, 599]" in crit.hint
+
+
+def test_a_ratio_to_a_level_near_zero_is_not_evidence() -> None:
+    """A memorised fine-tune (real log 87: loss ~0.005, grad norm ~0.02): one batch at 0.13 is '27x' and
+    0.13 nats, its grad norm 10x+ a median of ~0; back at once it is a note, not a warning."""
+    rng = random.Random(8)
+    losses = [0.005 * math.exp(0.3 * rng.gauss(0, 1)) for _ in range(400)]
+    norms = [0.02 * math.exp(0.3 * rng.gauss(0, 1)) for _ in range(400)]
+    for t in (200, 320):
+        losses[t], norms[t] = 0.13, 0.4
+    found = feed(_det(), _steps(losses, norms=norms, end=True))
+    assert _spike_steps(found) == [200, 320]
+    assert all(f.severity == "info" for f in found)
+    assert "close to zero" in found[0].message

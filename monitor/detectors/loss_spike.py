@@ -58,6 +58,10 @@ Issue 23 ("a finding earns trust" in DESIGN.md):
   batch for about N / (steps between entries) entries: "back at once" is back within ``quick_steps``
   plus those entries. nanochat's EMA (beta 0.9, ~19 steps) decays a 1.2x bump over 7-9 steps, which
   read as "not back in the band" and made its wiggles a WARNING 'loss spikes recurring'.
+* **A ratio to a level near zero is not evidence.** When the level is within its own noise (or
+  ``min_abs``) of zero, a spike's size is read in sigma, it has no "Nx" and opens as a warning only on
+  an LR jump or a loss that stays up: a memorised run's 0.005 -> 0.13 is "27x" and 0.13 nats, and its
+  grad norm, ~0 as well, jumps 10x with the same batch (told in the hint, not a cause for a warning).
 * **A pattern is one finding with its period and trend.** Spikes at regular intervals (three or more,
   each gap within half a period of the median) are one cause that recurs with that period: the hint
   says so and names what recurs that way (a loader worker or shard, an accumulation or logging
@@ -137,6 +141,12 @@ class LossSpike(Detector):
 
     def _threshold(self, level: float, sigma: float, z: float) -> float:
         return level + max(z * sigma, self.config.min_rel * abs(level), self.config.min_abs)
+
+    def _near_zero(self, level: float, sigma: float) -> bool:
+        """The level is within its own noise (or ``min_abs``) of zero: a ratio to it is not evidence (a memorised
+        fine-tune's 0.005 -> 0.13 is '27x' and 0.13 nats), so its size is read in sigma and only a cause in
+        evidence, or a loss that stays up, makes it a warning."""
+        return level <= max(sigma, self.config.min_abs)
 
     @staticmethod
     def _size(loss: float, level: float, sigma: float) -> float:
@@ -233,8 +243,10 @@ class LossSpike(Detector):
                     return g, float(was), float(now), s
         return None
 
-    def _cause(self, norm: float | None) -> dict[str, Any]:
-        """What the evidence says about the spike at the current step (before it is recorded)."""
+    def _cause(self, norm: float | None, near_zero: bool = False) -> dict[str, Any]:
+        """What the evidence says about the spike at the current step (before it is recorded). On a loss
+        level near zero (a memorised run: gradients ~0 too) the grad norm's ratios are ratios to ~0 as well:
+        they are told, but name no cause that makes the spike a warning."""
         cfg = self.config
         norm_med = self._norms.median() if len(self._norms) >= 4 else None
         c: dict[str, Any] = {"norm": norm, "norm_med": norm_med, "precursor": None, "jump": False, "lr": None}
@@ -247,7 +259,7 @@ class LossSpike(Detector):
                 c["jump"] = True
         c["lr"] = self._lr_jump()
         big_jump = norm is not None and norm_med is not None and norm >= cfg.norm_jump_ratio * norm_med
-        c["named"] = c["lr"] is not None or c["precursor"] is not None or big_jump
+        c["named"] = c["lr"] is not None or (not near_zero and (c["precursor"] is not None or big_jump))
         return c
 
     # -- events ------------------------------------------------------------------------------
@@ -298,7 +310,8 @@ class LossSpike(Detector):
             early = self._early(loss)
             if early is not None:
                 level, sigma, threshold = early
-                out.extend(self._new_spike(event, step, loss, level, sigma, threshold, self._cause(norm)))
+                cause = self._cause(norm, self._near_zero(level, sigma))
+                out.extend(self._new_spike(event, step, loss, level, sigma, threshold, cause))
         else:
             level = self._level.median()
             sigma = self._sigma(level)
@@ -307,7 +320,7 @@ class LossSpike(Detector):
             # the threshold asks for; a creep of small steps past a lagging median is a trend (divergence's)
             jumped = self._prev is None or loss - self._prev >= 0.5 * (threshold - level)
             if loss > threshold and jumped:
-                cause = self._cause(norm)
+                cause = self._cause(norm, self._near_zero(level, sigma))
                 if not cause["named"] and level > 0 and self._descending():
                     threshold = max(threshold, cfg.descent_ratio * level)
                 if loss > threshold:
@@ -332,7 +345,7 @@ class LossSpike(Detector):
         size = self._size(loss, level, sigma)
         tail_n = self._in_tail(size)
         in_tail = tail_n >= cfg.tail_count
-        significant = cause["named"] or (size >= cfg.warn_rel and not in_tail)
+        significant = cause["named"] or (size >= cfg.warn_rel and not in_tail and not self._near_zero(level, sigma))
         out: list[Finding] = []
         ep = self._ep
         if ep is not None and not (ep["real"] or ep["slow"]) and significant:
@@ -405,7 +418,7 @@ class LossSpike(Detector):
         ep["real"] = ep["real"] or significant
         ep["last_entry"] = self._n
         ep["recovered"] = None
-        ratio = loss / level if level > 0 else None
+        ratio = None if self._near_zero(level, sigma) else loss / level
         if ep["largest"] is None or size > ep["largest"][0]:
             ep["largest"] = (size, step, ratio)
         ep["latest"] = {
@@ -519,10 +532,12 @@ class LossSpike(Detector):
         out: list[Finding] = []
         above = loss > sp["threshold"]
         if above and not sp["above"]:  # over the threshold again after dipping below it: another spike
-            cause = self._cause(norm)
             level, sigma = sp["level"], sp["sigma"]
+            cause = self._cause(norm, self._near_zero(level, sigma))
             size = self._size(loss, level, sigma)
-            significant = cause["named"] or (size >= cfg.warn_rel and self._in_tail(size) < cfg.tail_count)
+            significant = cause["named"] or (
+                size >= cfg.warn_rel and self._in_tail(size) < cfg.tail_count and not self._near_zero(level, sigma)
+            )
             sp["caused"] = sp["caused"] or cause["named"]
             sp["significant"] = sp["significant"] or significant
             self._record(step, loss, level, sigma, size, False, 0, cause, significant, event)
@@ -568,9 +583,13 @@ class LossSpike(Detector):
                     f"loss spike at step {last['step']}: {last['loss']:.4g} vs a median of {level:.4g} "
                     f"({fmt(last['ratio'], 3)}x, {fmt(last['z'], 3)} robust sigma)"
                 )
-            return f"loss spike at step {last['step']}: {last['loss']:.4g} ({fmt(last['z'], 3)} robust sigma)"
+            return (
+                f"loss spike at step {last['step']}: {last['loss']:.4g} vs a median of {level:.4g} "
+                f"({fmt(last['z'], 3)} robust sigma; a level this close to zero makes a ratio meaningless)"
+            )
         _, big_step, big_ratio = ep["largest"]
-        big = f"{fmt(big_ratio, 3)}x" if big_ratio is not None else "the largest"
+        big_size = ep["largest"][0]
+        big = f"{fmt(big_ratio, 3)}x" if big_ratio is not None else f"{fmt(big_size, 3)} sigma"
         now = f"{fmt(last['ratio'], 3)}x" if last["ratio"] is not None else f"{fmt(last['z'], 3)} sigma"
         trend = self._trend(ep)
         return (
