@@ -125,17 +125,6 @@ READINGS_MEGATRON_DEEPSPEED: dict[str, Expect] = {
                 ("info",),
             ),
         ),
-        known=(
-            Known(
-                "loss_scale_collapse",
-                0,
-                7360,
-                "manifest: routine fp16 sawtooth, not a collapse. loss_scale_collapse counts halvings per logged "
-                "point (DeepSpeed logs every 10 steps: its 100-step window spans 1,000 steps) and counts the halving "
-                "that follows each regrowth to 65536 (ZeRO's scaler doubles silently) as a fall: 3 such cycles in "
-                "1,000 steps read as 'collapsing' though the scale returns to the same top each time",
-            ),
-        ),
     ),
     # manifest: flag the mid-run loss-scale trouble (512 -> 8 at steps 480-560), a warning, recovered (doubling
     # back to 4096 by 1460, then oscillating 1024-4096), not critical: 20 of 1,840 steps skipped, accuracy improved
@@ -156,17 +145,6 @@ READINGS_MEGATRON_DEEPSPEED: dict[str, Expect] = {
                 40,
                 "manifest: scale 512 -> 256 -> 128 -> 64 (480) -> 32 -> 16 (550) -> 8 (560), then back to 4096 by "
                 "1460: a warning, recovered",
-            ),
-        ),
-        known=(
-            Known(
-                "loss_scale_collapse",
-                480,
-                560,
-                "opened at 560 but never resolved: resolve_after counts logged points (100 points = 1,000 steps "
-                "here), and the benign 1024-4096 oscillation after the recovery (halvings at 1540, 1610, 1720) "
-                "keeps it open to the end",
-                missed=True,
             ),
         ),
     ),

@@ -95,3 +95,42 @@ def test_reference_trainer(tmp_path: Path) -> None:
     assert hits and 40 <= hits[0]["first_step"] <= 50, anomalies  # within a few overflow-skip windows
     anomalies, _ = run_reference(tmp_path, "clean16", "--precision", "fp16", "--init-scale", "1e9", steps=60)
     assert [a for a in anomalies if a["kind"] == "loss_scale_collapse"] == []
+
+
+def _logged(points: list[tuple[int, float, bool]]) -> list[Event]:
+    """Steps logged every few steps: (step, scale, the whole interval skipped)."""
+    evs = [start()]
+    for i, (step, scale, skip) in enumerate(points):
+        evs.append(ev("step", {"step": step, "loss": 2.0, "loss_scale": scale, "skipped": skip}, float(i)))
+    return evs
+
+
+def test_a_regrow_and_halve_sawtooth_logged_every_ten_steps_is_routine() -> None:
+    """DeepSpeed-Chat (real log 106): the scale regrows to 65536 and the next overflow halves it back, again and
+    again; logged every 10 steps, three halvings fell within 100 *logged lines* (1,000 steps) and warned."""
+    points, scale = [], 65536.0
+    for step in range(10, 8000, 10):
+        cycle = step % 300
+        halve = cycle == 0
+        scale = 32768.0 if halve else (65536.0 if cycle == 150 else scale)
+        points.append((step, scale, halve))
+    assert feed(_det(), _logged(points)) == []
+
+
+def test_a_fall_to_a_low_scale_warns_then_resolves_while_the_sawtooth_goes_on() -> None:
+    """DeepSpeed-Chat reward model (real log 107): 512 -> 8 over steps 480-560, then doubling back and a
+    1024-4096 oscillation: one warning at the third power of two down, resolved once it stopped falling."""
+    points, scale = [], 512.0
+    falls = {480: 64.0, 490: 32.0, 550: 16.0, 560: 8.0}
+    for step in range(10, 2000, 10):
+        if step in (460, 470):
+            scale /= 2
+        scale = falls.get(step, scale)
+        if step > 560 and step % 100 == 0 and scale < 4096:
+            scale *= 2
+        if step > 1500 and step % 50 == 0:
+            scale = 1024.0 if scale == 4096.0 else 4096.0
+        points.append((step, scale, step in falls or step in (460, 470)))
+    found = feed(_det(), _logged(points))
+    assert [(f.step, f.severity, f.resolved) for f in found][:1] == [(480, "warning", False)]
+    assert found[-1].resolved and 560 < found[-1].step <= 700, [(f.step, f.resolved) for f in found]

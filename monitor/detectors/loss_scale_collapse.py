@@ -15,6 +15,14 @@ underflow whether or not a step was ever applied, and an attempt that *ends* wit
 step never trained: one warning saying every step was skipped (not a collapse: the scale of 5e8
 it stopped at is not collapsed, the run just never got past its search).
 
+A collapse is a fall, not a count of halvings: a dynamic scaler regrows after N clean steps and
+halves on the next overflow, a sawtooth that repeats for the whole run (DeepSpeed-Chat: 65536 ->
+32768 each time the scale regrows, 139 skips in 7,360 steps). What says gradients overflow at any
+scale is the scale ending ``halvings`` powers of two below the highest it held within the window,
+and the window is counted in steps, not logged lines (a log printed every 10 steps would otherwise
+stretch "100 steps" to 1,000). It resolves once no step has been that far down for
+``resolve_after`` steps; a later oscillation within fewer powers of two is the sawtooth again.
+
 A scale is a positive multiplier: a value <= 0 is what a trainer prints when its own scaler is off
 (Megatron-DeepSpeed's ``loss scale: -1.0`` under the DeepSpeed engine), ignored like a missing one.
 Importers drop such placeholders already; this keeps the rule true for any producer.
@@ -23,6 +31,7 @@ Importers drop such placeholders already; this keeps the rule true for any produ
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 from trainmon.hooks.wire import Event
@@ -41,12 +50,12 @@ class LossScaleCollapse(Detector):
         self.config = config
         self._scale: float | None = None
         self._calibrated = False
-        self._events: collections.deque[tuple[bool, bool]] = collections.deque(maxlen=config.window)  # (halved, skip)
-        self._halvings = 0
+        # (step, scale or None, skip) of the logged steps within the last ``window`` steps
+        self._events: collections.deque[tuple[int, float | None, bool]] = collections.deque()
         self._skips = 0
         self._consecutive = 0
         self._open: str | None = None  # the severity of the open anomaly
-        self._quiet = 0  # steps since the last skip or halving
+        self._last_bad: int | None = None  # the last step that was overflowing, or that far down
         self._searching: list[tuple[int, float | None]] = []  # (step, scale) skipped before the first applied step
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
@@ -55,6 +64,8 @@ class LossScaleCollapse(Detector):
             self._scale = None
             self._consecutive = 0
             self._searching = []
+            self._events.clear()
+            self._skips = 0
             return []
         if event.kind == "run_end":
             return self._never_applied()
@@ -81,9 +92,8 @@ class LossScaleCollapse(Detector):
                 return []
             self._calibrated = True
             self._searching = []
-        self._push(halved, skip)
+        self._push(step, scale if finite(scale) else None, skip)
         self._consecutive = self._consecutive + 1 if skip else 0
-        self._quiet = 0 if (skip or halved) else self._quiet + 1
         return self._judge(step, scale if finite(scale) else None, skip or halved)
 
     def _never_applied(self) -> list[Finding]:
@@ -108,36 +118,50 @@ class LossScaleCollapse(Detector):
             )
         return out
 
-    def _push(self, halved: bool, skip: bool) -> None:
+    def _push(self, step: int, scale: float | None, skip: bool) -> None:
         d = self._events
-        if len(d) == d.maxlen:
-            h, s = d[0]
-            self._halvings -= h
-            self._skips -= s
-        d.append((halved, skip))
-        self._halvings += halved
+        d.append((step, scale, skip))
         self._skips += skip
+        while d and d[0][0] <= step - self.config.window:
+            self._skips -= d.popleft()[2]
+
+    def _fall(self, scale: float | None) -> int:
+        """Powers of two between the highest scale held within the window and ``scale``."""
+        high = max((s for _, s, _ in self._events if s is not None), default=None)
+        if scale is None or high is None or scale >= high:
+            return 0
+        return math.floor(math.log2(high / scale) + 1e-9)
 
     def _judge(self, step: int, scale: float | None, bad: bool) -> list[Finding]:
         cfg = self.config
+        fall = self._fall(scale)
         evidence = {
             "loss_scale": scale,
-            "halvings_in_window": self._halvings,
+            "halvings_in_window": fall,
             "skips_in_window": self._skips,
             "consecutive_skips": self._consecutive,
-            "window": len(self._events),
+            "window_steps": cfg.window,
+            "logged_steps_in_window": len(self._events),
         }
         tiny = scale is not None and scale < cfg.min_scale
+        if tiny or (bad and fall >= cfg.halvings):
+            self._last_bad = step  # still overflowing that far down: the storm goes on
         if bad or tiny:
-            return self._fire(step, scale, tiny, evidence)
-        if self._open is not None and self._quiet >= cfg.resolve_after:
+            found = self._fire(step, scale, tiny, evidence)
+            if found:
+                self._last_bad = step
+            return found
+        quiet = step - self._last_bad if self._last_bad is not None else 0
+        if self._open is not None and quiet >= cfg.resolve_after:
             self._open = None
             return [
                 Finding(
                     kind=self.kind,
                     severity="info",
                     step=step,
-                    message=f"no overflow for {self._quiet} steps, loss scale {scale} (step {step})",
+                    message=f"no overflow storm for {quiet} steps, loss scale {scale:g} (step {step})"
+                    if scale is not None
+                    else f"no overflow storm for {quiet} steps (step {step})",
                     hint="The overflow storm has passed.",
                     evidence=evidence,
                     resolved=True,
@@ -156,13 +180,15 @@ class LossScaleCollapse(Detector):
         if self._consecutive >= cfg.consecutive_skips:
             reasons.append(f"{self._consecutive} consecutive skipped steps")
             severity = "critical"
-        if self._halvings >= cfg.halvings:
-            reasons.append(f"{self._halvings} scale halvings in the last {len(self._events)} steps")
+        fall = evidence.get("halvings_in_window", 0)
+        if fall >= cfg.halvings:
+            reasons.append(f"scale {2**fall}x below its high within the last {cfg.window} steps")
             severity = severity or "warning"
         n = len(self._events)
         rate = self._skips / n if n else 0.0
-        if n == cfg.window and rate > cfg.max_skip_rate:
-            reasons.append(f"skip rate {rate:.1%} over {n} steps")
+        covered = n > 1 and self._events[-1][0] - self._events[0][0] >= cfg.window - 1
+        if covered and rate > cfg.max_skip_rate:
+            reasons.append(f"skip rate {rate:.1%} of the logged steps over {cfg.window} steps")
             severity = severity or "warning"
         if severity is None or self._open == severity or self._open == "critical":
             return []
