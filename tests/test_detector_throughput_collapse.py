@@ -443,3 +443,23 @@ def test_a_slow_interval_after_every_eval_is_not_an_episode(seed: int) -> None:
     found = run(steady_trace(2000, seed=seed, slow=lambda s, rng: 1.8 if s % 10 == 0 else 1.0))
     assert found == []
     assert run(steady_trace(3000, seed=seed)) == []
+
+
+def test_a_data_stall_inside_a_busy_host_slowdown_is_an_incident_of_its_own() -> None:
+    """On a busy machine a slowdown of every phase (the host) opened at step 55 and the data stall injected at
+    80 was read as more of it: the stall was never reported. One phase stalling inside a host-wide
+    slowdown is a second incident, with its own onset and cause."""
+
+    def busy_then_stall(s, ph):
+        if 50 <= s < 140:
+            for p in ph:
+                ph[p] *= 2.5
+        if 100 <= s < 105:
+            ph["data"] += 1.0
+
+    found = run(trace(200, eval_every=0, ckpt_every=0, device="cpu", edit=busy_then_stall))
+    causes = [(f.evidence["since_step"], f.evidence["cause"]) for f in opened(found)]
+    assert causes[0][1] == "host" and 50 <= causes[0][0] <= 58, causes
+    data = [since for since, cause in causes if cause == "data"]
+    assert data and 100 <= data[0] <= 102, causes
+    assert "input pipeline" in next(f for f in opened(found) if f.evidence["cause"] == "data").hint

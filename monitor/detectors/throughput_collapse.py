@@ -76,6 +76,8 @@ _EXCLUDED = ("checkpoint", "eval")
 _HOST_SIDE = ("data", "other")  # phases the host runs whatever the device
 _COMPUTE = ("forward", "backward")
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+_DIFFUSE = ("host", "unexplained", "compute")  # causes of a slowdown of the whole step
+_SPECIFIC = ("data", "comm", "optimizer")  # one stage of the step
 
 # A recent step: (step, seconds per token, step seconds, tokens, per-phase seconds in _TIMED order
 # (the untimed rest of the step counted as "other", as the hooks do) or None without a phase split)
@@ -382,6 +384,15 @@ class ThroughputCollapse(Detector):
                 self._clean_from = ep.last_slow + 1
                 self._open, self._episode = None, None
                 out.append(self._resolved(step, mean / base, base))
+            elif window_rule and slow_now and self._new_incident(short, step_bar):
+                # One phase stalls inside a slowdown of the whole host: a second incident with its own
+                # cause and onset, not an update of the first (a data stall swallowed by a busy host)
+                if ep.last_slow > ep.reported_step:
+                    out.append(self._finding(ep.last_slow, *ep.at_last_slow))
+                self._clean_from = ep.last_slow + 1
+                self._open, self._episode = None, None
+                out.append(self._resolved(max(ep.last_slow, step - 1), mean / base, base))
+                return out + self._open_episode(step, short, window_rule, False, step_bar, level_bar, base)
             elif (
                 (window_rule or level_rule) and slow_now and self._assess(step, short, window_rule, step_bar, level_bar)
             ):
@@ -389,18 +400,43 @@ class ThroughputCollapse(Detector):
             return out
         out += self._checkpoint_recovery(slow_now, step, mean / base, base)
         if window_rule or level_rule:
-            self._open, self._normal_run = "steps", 0
-            if window_rule:
-                ep = _Episode(onset=self._onset(short, step_bar), level=False, base=base)
-            else:
-                ep = _Episode(onset=self._level_onset(level_bar), level=True, base=self._base_long.median())
-            self._episode = ep
-            for r in self._recent:
-                if r[0] >= ep.onset:
-                    ep.add(r[0], r[2], r[3], r[1] > (level_bar if ep.level else step_bar))
-            self._assess(step, short, window_rule, step_bar, level_bar, force=True)
-            out.append(self._finding(step, ep.steps, ep.seconds, ep.tokens))
+            out += self._open_episode(step, short, window_rule, level_rule, step_bar, level_bar, base)
         return out
+
+    def _open_episode(
+        self,
+        step: int,
+        short: list[_Rec],
+        window_rule: bool,
+        level_rule: bool,
+        step_bar: float,
+        level_bar: float,
+        base: float,
+    ) -> list[Finding]:
+        self._open, self._normal_run = "steps", 0
+        if window_rule:
+            # the first slow step of the window that no earlier finding covered
+            onset = next((r[0] for r in short if r[1] > step_bar and r[0] >= self._clean_from), short[-1][0])
+            ep = _Episode(onset=onset, level=False, base=base)
+        else:
+            ep = _Episode(onset=self._level_onset(level_bar), level=True, base=self._base_long.median())
+        self._episode = ep
+        for r in self._recent:
+            if r[0] >= ep.onset:
+                ep.add(r[0], r[2], r[3], r[1] > (level_bar if ep.level else step_bar))
+        self._assess(step, short, window_rule, step_bar, level_bar, force=True)
+        return [self._finding(step, ep.steps, ep.seconds, ep.tokens)]
+
+    def _new_incident(self, short: list[_Rec], step_bar: float) -> bool:
+        """The open episode blames the whole host (or nothing in particular) and the window's slow steps
+        now name one phase: a stall of its own inside the slowdown."""
+        ep = self._episode
+        if ep is None or ep.cause not in _DIFFUSE:
+            return False
+        slow = [r for r in short if r[1] > step_bar and r[0] > ep.onset]
+        if len(slow) < self.config.min_slow_steps:
+            return False
+        return self._diagnose(slow)[0] in _SPECIFIC
 
     # -- intermittent slow steps (monitor/detectors/intermittent.py) ----------------------------
 
@@ -529,11 +565,6 @@ class ThroughputCollapse(Detector):
             return False
         base = self._base_long.median()
         return sum(r[2] - base * r[3] for r in window) >= cfg.min_excess_seconds
-
-    @staticmethod
-    def _onset(short: list[_Rec], step_bar: float) -> int:
-        """The window rule's onset: the first slow step of the window."""
-        return next(r[0] for r in short if r[1] > step_bar)
 
     def _level_onset(self, level_bar: float) -> int:
         """The level rule's onset: the earliest slow step from which the steps' median is over the bar
