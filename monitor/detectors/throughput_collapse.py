@@ -48,6 +48,12 @@ What the finding says (issue 14, findings a person can trust):
   a drop that has not lasted, ``warning`` once it lasted ``warning_steps`` and ``warning_seconds``,
   ``critical`` only when throughput stayed under 1/``critical_slowdown`` of the baseline for
   ``critical_steps`` and ``critical_seconds``. An anomaly keeps the highest severity it reached.
+- **Intermittent slow steps are not a collapse** (:mod:`.intermittent`): on a steady run, slow steps
+  among normal ones at several times the run's own rate are one finding of their own ("intermittent
+  slow steps", never critical), from the first slow step to the last; a level shift supersedes it.
+- **One incident, one cause**: a stall of one phase (data, comm, optimizer) inside a slowdown of the
+  whole step (the host) closes that finding and opens its own, with its own onset: a busy machine
+  must not swallow the data stall that happens during it.
 - **The finding follows the condition** until it resolves: a new finding (message, evidence,
   last step) whenever the severity, the cause or the magnitude (by ``update_ratio``) changes, at
   least every ``update_every`` steps while it lasts, and once more at its last slow step (its
