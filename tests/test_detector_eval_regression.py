@@ -476,3 +476,24 @@ def test_a_second_eval_set_that_holds_is_silent() -> None:
     assert [
         f for f in _feed_attempts(_det(), _two_sets(wiki_loss, wiki_acc, own_loss, own_acc)) if f.severity != "info"
     ] == []
+
+
+def test_an_eval_before_training_that_stays_the_best_is_the_reference_for_overfitting() -> None:
+    # an eval at step 0 (the pretrained model) is the best; the fine-tune's train loss falls, its eval loss rises
+    evs = [start(), ev("eval", {"step": 0, "loss": 1.0})]
+    for i in range(1, 9):
+        evs += [ev("step", {"step": 100 * i - k, "loss": 1.2 - 0.1 * i}) for k in range(5, 0, -1)]
+        evs.append(ev("eval", {"step": 100 * i, "loss": 1.0 + 0.05 * i * i}))
+    found = [f for f in _feed_attempts(_det(), evs) if f.severity == "warning"]
+    assert found and found[0].step == 200 and "since training began" in found[0].message
+
+
+def test_an_early_eval_before_the_first_logged_train_loss_is_not_before_training() -> None:
+    # 59: evals every 132 steps, the train loss logged every 500: the eval at 132 saw a trained model
+    evs = [start()]
+    for i, (loss, wer) in enumerate([(2.55, 96.4), (3.6, 89.9), (3.5, 94.1), (3.2, 92.3), (3.96, 90.7), (3.98, 92.9)]):
+        s = 132 * (i + 1)
+        if s > 500 and not any(e.kind == "step" for e in evs):
+            evs.append(ev("step", {"step": 500, "loss": 1.24}))
+        evs.append(ev("eval", {"step": s, "loss": loss, "metrics": {"wer": wer}}))
+    assert _feed_attempts(_det(), evs) == []

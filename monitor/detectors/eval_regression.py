@@ -247,7 +247,8 @@ class EvalRegression(Detector):
                 if len(self._sets) >= self.config.max_sets:
                     continue
                 child = self._sets[name] = EvalRegression(self.config)
-                child._train = self._train  # one run, one train loss
+                for v in self._train._order:  # the run's train loss so far (the steps reach it from now on)
+                    child._train.add(v)
                 child._trainer = _Trainer()  # the trainer's best is about the run's own eval
             fields = {"step": event.fields["step"], "loss": loss, "metrics": values}
             found = self._sets[name].observe(dataclasses.replace(event, fields=fields), attempt)
@@ -584,14 +585,21 @@ class EvalRegression(Detector):
                 "train_now": None,
                 "no_train_loss": True,
             }
-        if train is None or best_train is None or train >= best_train:
-            return None  # train loss did not fall: not the overfitting picture
+        # an eval at step 0 with no train loss before it saw the model before training (HF's eval_on_start,
+        # nanoGPT/llm.c's first val); a sparse train log's first logged step says nothing about earlier evals
+        before_training = best_train is None and best_step == 0
+        if (
+            train is None
+            or (best_train is None and not before_training)
+            or (best_train is not None and train >= best_train)
+        ):
+            return None  # train loss did not fall: not the overfitting picture (an eval before training: the start)
         return {
             "eval_losses": [round(e[1], 5) for e in tail],
             "eval_steps": [e[0] for e in tail],
             "best_eval": best,
             "best_step": best_step,
-            "train_at_best": round(best_train, 5),
+            "train_at_best": round(best_train, 5) if best_train is not None else None,
             "train_now": round(train, 5),
         }
 
@@ -632,7 +640,11 @@ class EvalRegression(Detector):
                 message=(
                     f"eval loss rose {cfg.rising_evals} evals in a row to {loss:.4g} at step {step} "
                     f"(best {best:.4g} at step {best_step}) while the train loss fell "
-                    f"{rise['train_at_best']:.4g} -> {rise['train_now']:.4g}"
+                    + (
+                        f"{rise['train_at_best']:.4g} -> {rise['train_now']:.4g}"
+                        if rise["train_at_best"] is not None
+                        else f"to {rise['train_now']:.4g} since training began (the best eval is the model before it)"
+                    )
                 ),
                 hint=(
                     "Train and eval disagree: overfitting (too many epochs over a small dataset, data repeated), "
