@@ -641,6 +641,11 @@ class DegenerateConfig:
     """Recall 1.0 and accuracy = precision to within this: one class predicted for every example."""
     collapse_margin: float = 0.05
     """The collapse clears when accuracy rises this far above the base rate it collapsed to."""
+    collapse_evals: int = 3
+    """Without precision/recall: evals from the first with the very same accuracy (and the eval loss at the entropy
+    of that split) before the classifier has collapsed to its majority class ..."""
+    collapse_entropy_tol: float = 0.05
+    """... the eval loss within this fraction of that entropy."""
 
 
 @dataclass

@@ -139,3 +139,17 @@ def test_steps_the_scaler_skipped_are_not_no_op_steps() -> None:
         skipped = i % 2 == 0
         evs.append(ev("step", {"step": i, "loss": 2.0, "grad_norm": 0.0 if skipped else 1.0, "skipped": skipped}))
     assert feed(_det(), evs) == []
+
+
+def test_an_accuracy_stuck_at_the_majority_rate_with_the_loss_at_its_entropy_is_a_collapse() -> None:
+    # a Lightning classifier logging val_loss and val_acc only: 0.6056 at every eval, loss at H(0.6056) = 0.6708
+    evs = [ev("eval", {"step": 43 * i, "loss": 0.671 - 0.002 * i, "metrics": {"val_acc": 0.6056}}) for i in range(1, 6)]
+    found = feed(_det(), [start(), *evs])
+    assert found and found[0].step == 129 and "majority class" in found[0].message
+    assert found[0].evidence["eval_step"] == 43
+
+
+def test_a_constant_accuracy_with_a_loss_far_from_that_entropy_is_not_a_collapse() -> None:
+    # a coarse accuracy (few eval examples) that repeats while the loss falls well below the base-rate entropy
+    evs = [ev("eval", {"step": 10 * i, "loss": 0.4 - 0.02 * i, "metrics": {"val_acc": 0.75}}) for i in range(1, 6)]
+    assert feed(_det(), [start(), *evs]) == []

@@ -38,6 +38,9 @@ a fact of the objective, not on a threshold fitted to a log:
   of the eval set (84: 0.6056 at step 43). Not a perfect classifier (accuracy 1.0 is excluded). The eval loss
   at the entropy of that label split, and a trainer whose best checkpoint is that eval, are named as evidence.
   The finding stays open while later evals' accuracy stays within ``collapse_margin`` of that base rate.
+  Without precision and recall: an accuracy identical at the first ``collapse_evals`` evals (a model that
+  learns moves it) while the eval loss is the entropy of a two-class split with that majority rate (within
+  ``collapse_entropy_tol``) is the same collapse, read from the base rate alone.
 
 Each finding is a warning and persists (extended while the condition holds); its message says what was seen,
 its hint what was not checked.
@@ -101,6 +104,7 @@ class Degenerate(Detector):
         self._acc: list[float] = []
         # collapse
         self._collapse: dict[str, Any] | None = None
+        self._acc_runs: dict[str, list[Any]] = {}  # set -> [first accuracy, its step, evals equal to it (-1: moved)]
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
@@ -398,7 +402,21 @@ class Degenerate(Detector):
                 continue
             if rec < 1.0 - cfg.collapse_tol or abs(acc - prec) > cfg.collapse_tol or acc >= 1.0 - cfg.collapse_tol:
                 continue
-            self._collapse = {"set": prefix, "step": step, "base_rate": acc, "loss": loss, "later": []}
+            self._collapse = {"set": prefix, "step": step, "base_rate": acc, "loss": loss, "later": [], "how": "recall"}
+            self._open = "collapse"
+            return [self._collapse_finding(step)]
+        for prefix, got in sets.items():
+            acc = got.get("accuracy")
+            if acc is None or "recall" in got:
+                continue
+            first = self._acc_runs.setdefault(prefix, [acc, step, 0])
+            first[2] = first[2] + 1 if first[2] >= 0 and abs(acc - first[0]) <= cfg.collapse_tol else -1
+            h = _entropy(acc)
+            if first[2] < cfg.collapse_evals or not 0.5 <= acc < 1.0 or abs(loss - h) > cfg.collapse_entropy_tol * h:
+                continue
+            c = {"set": prefix, "step": first[1], "base_rate": acc, "loss": loss, "later": [], "how": "constant"}
+            c["evals"] = first[2]
+            self._collapse = c
             self._open = "collapse"
             return [self._collapse_finding(step)]
         return []
@@ -426,10 +444,18 @@ class Degenerate(Detector):
                 f"(step {x['step']})"
                 for x in c["later"][-3:]
             )
-        message = (
-            f"classifier collapsed to one class at step {at}: recall 1.0 and accuracy = precision = {p:.4g}, so every "
-            f"example is predicted positive and {p:.4g} is the positive rate of the eval set{ent}{best}{later}"
-        )
+        if c["how"] == "constant":
+            message = (
+                f"classifier collapsed to one class since step {at}: accuracy {p:.4g} at every one of its first "
+                f"{c['evals']} evals{ent}: it predicts the majority class, whose share of the eval set is {p:.4g}"
+                f"{best}{later}"
+            )
+        else:
+            message = (
+                f"classifier collapsed to one class at step {at}: recall 1.0 and accuracy = precision = {p:.4g}, so "
+                f"every example is predicted positive and {p:.4g} is the positive rate of the eval set"
+                f"{ent}{best}{later}"
+            )
         hint = (
             "The model predicts the majority class for everything; F1 of the positive class still looks decent "
             "(recall 1.0), so metric_for_best_model=f1 picks this degenerate checkpoint. Check class balance (weights "
