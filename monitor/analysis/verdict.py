@@ -50,6 +50,7 @@ PRIORITY = (
     "loss_spike",
     "divergence",
     "eval_regression",
+    "degenerate",
     "bad_resume",
     "init_loss",
     "hang",
