@@ -109,6 +109,11 @@ class LossSpikeConfig:
     early_vocab_ratio: float = 2.0
     """...or a loss at least this many times ln(vocab) (an untrained model's loss) and above every
     earlier one (a 10-iteration log interval: 12.1 -> 26.5 at the 2nd entry, ln V = 10.8)."""
+    early_confirm_ratio: float = 2.0
+    """With one earlier loss only, a loss this many times it is held, and is a spike when the loss is back in
+    the band before it within ``quick_steps`` entries (a 10-iteration log interval: 12.1 -> 26.5 -> 13.8 ->
+    10.2); one that does not come back is the run's own level (a fine-tune's first interval means 0.27 ->
+    0.57 -> 0.46 -> 0.57), and the held losses join the baseline."""
     early_spread: float = 5.0
     """...and at least this many times the spread of the earlier losses above the highest of them (a
     signed or near-zero loss is not measured by a ratio)."""
@@ -725,9 +730,6 @@ class EvalRegressionConfig:
     """Until the metric's noise can be measured (five evals before the ones judged), it must be this fraction worse
     than its best: early evals of a noisy metric move 10-20% by themselves, a real degradation early on is larger
     (53_whisper-tr: +67% at the second eval)."""
-    noise_evals: int = 8
-    """Evals before the rising ones needed to trust their eval-to-eval scatter as the eval loss's noise (before
-    that, a rise must be ``metric_unmeasured_rel`` of the best: a tiny validation set's first evals swing)."""
     noise_evals: int = 8
     """Evals before the rising ones needed to trust their eval-to-eval scatter as the eval loss's noise (before
     that, a rise must be ``metric_unmeasured_rel`` of the best: a tiny validation set's first evals swing)."""

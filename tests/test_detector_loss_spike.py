@@ -383,7 +383,7 @@ def test_an_explosion_far_above_ln_vocab_is_flagged_at_the_second_entry() -> Non
     """A 10-iteration log interval (real log 96): 12.11, then 26.48 (2.4x ln V = 10.8) at the second
     entry; a ratio to one earlier value alone would not be evidence (a fine-tune's first interval
     means move 2x), the untrained model's loss is."""
-    losses = [12.11, 26.48, 13.77, 10.16, 8.56] + [8.4 - 0.01 * t for t in range(40)]
+    losses = [12.11, 26.48, 24.0, 21.0, 18.0, 15.0, 12.5, 10.9] + [10.8 - 0.01 * t for t in range(40)]
     evs = _steps(losses, end=True)
     evs[0] = start(vocab_size=50257)
     assert _spike_steps(feed(_det(), evs)) == [1]
@@ -508,3 +508,22 @@ def test_a_ratio_to_a_level_near_zero_is_not_evidence() -> None:
     assert _spike_steps(found) == [200, 320]
     assert all(f.severity == "info" for f in found)
     assert "close to zero" in found[0].message
+
+
+@pytest.mark.parametrize(
+    ("losses", "spikes"),
+    [
+        ([12.11, 26.48, 13.77, 10.16, 8.56] + [8.4 - 0.01 * t for t in range(40)], [30]),  # real log 96
+        ([0.2689, 0.5731, 0.4585, 0.5744, 0.4376, 0.975, 0.4933, 0.726] + [0.5] * 30, []),  # real log 52
+        ([12.11, 26.48, 25.0, 27.0, 26.0] + [26.0] * 30, []),  # a level after one point: the run's own
+    ],
+)
+def test_a_jump_after_a_single_loss_is_a_spike_when_it_comes_back(losses: list[float], spikes: list[int]) -> None:
+    """Real log 96 (a 10-iteration interval, no vocabulary size in the log): one loss before the explosion,
+    12.11 -> 26.48 -> 13.77 -> 10.16. One earlier value says nothing about the noise; the shape does: back in
+    the band before it within a few entries, the jump was a spike (dated at its step)."""
+    evs = [start(vocab_size=None)] + [
+        ev("step", {"step": 10 * (t + 2), "loss": v}, float(t)) for t, v in enumerate(losses)
+    ]
+    found = feed(_det(), evs)
+    assert _spike_steps(found) == spikes

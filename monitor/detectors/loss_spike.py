@@ -47,7 +47,10 @@ Issue 23 ("a finding earns trust" in DESIGN.md):
   alone saw nothing there. "Earlier" means the last few accepted losses: a level shift inside the
   warm-up (0.2 -> 5.3 at a log's 12th entry, after a fast descent from 9) is far above them though not
   above the descent's start, and is found at its onset instead of hundreds of steps later with "skip the
-  batches" named after the detection step. On a log every N steps the batches to skip run from the
+  batches" named after the detection step. With a single earlier loss (a log every 10 iterations whose
+  first interval was skipped) a jump of ``early_confirm_ratio`` x is held until its shape tells: back in
+  the band before it within ``quick_steps`` entries, it was a spike (dated at its step); still up, it is
+  the run's own level and joins the baseline. On a log every N steps the batches to skip run from the
   entry after the last good one. Such a spike is never admitted to the baseline, so huge early values
   (1e12-4e14 among losses of 60-100) do not hide the blow-ups after them.
 * **A spike departs from the loss's path.** The last step must carry at least half the excess the
@@ -123,6 +126,7 @@ class LossSpike(Detector):
         self._gaps: collections.deque[int] = collections.deque(maxlen=16)  # steps between logged entries
         self._last_step: int | None = None
         self._prev_step: int | None = None  # the logged step before the current one
+        self._pending: dict[str, Any] | None = None  # a large jump after a single loss, until its shape tells
         self._tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.tail_memory)
         self._excursion: list[Any] | None = None  # [entry, peak size, length] of an accepted excursion
         self._spike: dict[str, Any] | None = None  # the spike whose loss is not back in the band yet
@@ -223,6 +227,44 @@ class LossSpike(Detector):
         level = statistics.median(vals)
         return level, self._sigma(level), max(bar, threshold)
 
+    def _hold(self, event: Event, step: int, loss: float, norm: float | None) -> bool:
+        """With one earlier loss only: hold a loss ``early_confirm_ratio`` x it until its shape tells (True: held)."""
+        cfg = self.config
+        vals = self._level.values()
+        if len(vals) != 1 or vals[0] <= 0 or loss < cfg.early_confirm_ratio * vals[0]:
+            return False
+        level = vals[0]
+        sigma = self._sigma(level)
+        if loss < level + max(cfg.min_abs, cfg.min_rel * level) or self._near_zero(level, sigma):
+            return False
+        band = self._threshold(level, sigma, cfg.recover_z)
+        cause = self._cause(norm)
+        self._pending = {"event": event, "step": step, "loss": loss, "level": level, "sigma": sigma, "band": band}
+        self._pending.update(cause=cause, held=[], threshold=cfg.early_confirm_ratio * level, prev=self._prev_step)
+        return True
+
+    def _confirm(self, event: Event, step: int, loss: float, norm: float | None, out: list[Finding]) -> bool:
+        """A loss after a held one: back in the band before it (the held one was a spike: reported at its step,
+        and this loss is its recovery), still up (held too; True), or up too long (the run's level: accepted)."""
+        p = self._pending
+        assert p is not None
+        if loss <= p["band"]:
+            self._pending = None
+            now_prev, self._prev_step = self._prev_step, p["prev"]  # the spike's own entry before it
+            out.extend(
+                self._new_spike(p["event"], p["step"], p["loss"], p["level"], p["sigma"], p["threshold"], p["cause"])
+            )
+            self._prev_step = now_prev
+            out.extend(self._follow(event, step, loss, norm))
+            return False
+        if len(p["held"]) + 1 < self._quick():
+            p["held"].append(loss)
+            return True
+        self._pending = None
+        for v in [p["loss"], *p["held"]]:
+            self._accept(v)
+        return False
+
     def _quick(self) -> int:
         """Entries within which a spike that came back counts as 'back at once': ``quick_steps``, plus the
         entries one batch stays in a logged value that averages ``loss_mean_over_steps`` steps (an EMA of
@@ -306,12 +348,20 @@ class LossSpike(Detector):
         self._last_step = step
         if self._spike is not None:
             out.extend(self._follow(event, step, loss, norm))
+        elif self._pending is not None:
+            held = self._confirm(event, step, loss, norm, out)
+            if held:
+                self._recent.append((step, loss, norm))
+                return out
         elif len(self._level) < cfg.min_history:
             early = self._early(loss)
             if early is not None:
                 level, sigma, threshold = early
                 cause = self._cause(norm, self._near_zero(level, sigma))
                 out.extend(self._new_spike(event, step, loss, level, sigma, threshold, cause))
+            elif self._hold(event, step, loss, norm):
+                self._recent.append((step, loss, norm))
+                return out
         else:
             level = self._level.median()
             sigma = self._sigma(level)
