@@ -6,6 +6,7 @@ import copy
 import json
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -432,3 +433,33 @@ def test_a_resume_from_an_older_checkpoint_that_replays_its_lrs_is_not_a_shock()
     before = [(s, 2.0 + 0.02 * rng.random(), 1.0 + 0.1 * rng.random(), lr(s)) for s in range(1, 201)]
     after = [(s, 2.0 + 0.02 * rng.random(), 1.0 + 0.1 * rng.random(), lr(s)) for s in range(101, 130)]
     assert _log_run(before, after) == []
+
+
+def _titan_line(t: float, msg: str) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(t))) + ",000"
+    return f"[rank0]:[titan] {stamp} - root - INFO - {msg}\n"
+
+
+def test_a_log_that_starts_right_after_loading_a_checkpoint_gets_its_resume_checked(tmp_path: Path) -> None:
+    # issue 22: a torchtitan log that begins at 'Loading the checkpoint at step 5000': the first update's grad norm
+    # 25x the median of the steps after it and the loss 3.0 -> 4.0 got HEALTHY
+    rng = random.Random(7)
+    t = 1.7e9
+    text = _titan_line(t, "Starting job: Llama 3 8B training")
+    text += _titan_line(t + 10, "Loading the checkpoint at step 5000.")
+    text += _titan_line(t + 13, "Finished loading the checkpoint in 3.21 seconds.")
+    text += _titan_line(t + 15, "Training starts at step 5001.")
+    for step in range(5001, 5061):
+        loss, gn = (3.0, 25.0) if step == 5001 else (4.0 + 0.05 * rng.random(), 1.0 + 0.1 * rng.random())
+        text += _titan_line(
+            t + 15 + 1.5 * (step - 5000),
+            f"step: {step}  loss: {loss:7.4f}  grad_norm: {gn:7.4f}  memory: 45.67GiB(57.71%)  tps: 5,461  "
+            "tflops: 316.25  mfu: 31.98%",
+        )
+    path = tmp_path / "titan.log"
+    path.write_text(text)
+    storage = Storage("sqlite://")
+    (run,) = import_file(path, storage)
+    (found,) = [a for a in summarize(storage, run)["anomalies"] if a["kind"] == KIND]
+    assert found["first_step"] == 5001 and found["severity"] == "warning"
+    assert "the log starts at this resume" in found["message"] and "first updates" in found["message"]

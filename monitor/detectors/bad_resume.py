@@ -125,6 +125,7 @@ class _Check:
     gn_before: list[float] | None = None
     grad_norms: list[float] = field(default_factory=list)
     starts_here: bool = False
+    after_step: int | None = None  # the step the log says the run resumed after (no resume event: an imported log)
 
 
 class BadResume(Detector):
@@ -174,6 +175,7 @@ class BadResume(Detector):
                     lr_peak=self._peak_lr,
                     gn_before=list(self._gns) if self._gns else None,
                     starts_here=self._last_step is None,
+                    after_step=_after_step(f.get("config")),
                 )
                 self._check_topology()
             return out
@@ -518,7 +520,14 @@ class BadResume(Detector):
         chk.reported = frozenset(chk.failures)
         groups = [g for g in _ORDER if g in chk.failures]
         severity = "critical" if any(g in _CRITICAL for g in groups) else "warning"
-        src = f"the checkpoint of step {chk.ckpt_step}" if chk.ckpt_step is not None else "a checkpoint"
+        if chk.ckpt_step is not None:
+            src = f"the checkpoint of step {chk.ckpt_step}"
+        elif chk.after_step is not None:
+            src = f"the state of step {chk.after_step}" + (
+                " (the log starts at this resume)" if chk.starts_here else ""
+            )
+        else:
+            src = "a checkpoint"
         labels = ", ".join(_LABELS[g] for g in groups)
         details = "; ".join(_summary(g, chk.failures[g]) for g in groups)
         message = f"bad resume from {src} (first step {step}): {len(groups)} check(s) failed: {labels}. {details}"
@@ -602,6 +611,12 @@ class BadResume(Detector):
         if group == "model":
             return "the restored weights differ from the saved ones: the wrong checkpoint or a partial model load"
         return "other saved state differs from what was restored: " + ", ".join(keys)
+
+
+def _after_step(config: Any) -> int | None:
+    """``run_start.config.resumed_after_step``: where an importer saw the run go on from (a log shows no checkpoint)."""
+    step = config.get("resumed_after_step") if isinstance(config, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _summary(group: str, evidence: dict[str, Any]) -> str:
