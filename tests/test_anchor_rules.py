@@ -30,7 +30,8 @@ def test_loss_spike_flags_the_toy_trace_at_120_only() -> None:
     found = []
     for t, v in enumerate(_toy_trace()):
         found += det.observe(Event("step", "r", 0, "h", "s", t, float(t), {"step": t, "loss": v}), 0)
-    assert [f.step for f in found if not f.resolved] == [120]
+    assert [f.step for f in found if not f.resolved and f.evidence.get("spike_step") == f.step] == [120]
+    assert all(f.step in (120, 121) for f in found)  # the spike, and its recovery (news: the hint changes)
 
 
 def test_olmo_core_six_sigma_over_128() -> None:
