@@ -153,3 +153,15 @@ def test_a_constant_accuracy_with_a_loss_far_from_that_entropy_is_not_a_collapse
     # a coarse accuracy (few eval examples) that repeats while the loss falls well below the base-rate entropy
     evs = [ev("eval", {"step": 10 * i, "loss": 0.4 - 0.02 * i, "metrics": {"val_acc": 0.75}}) for i in range(1, 6)]
     assert feed(_det(), [start(), *evs]) == []
+
+
+def test_a_model_that_settles_at_chance_after_its_first_eval_is_stuck_from_there() -> None:
+    rng = random.Random(8)
+    losses = [1.43, 1.40] + [math.log(4) - rng.uniform(0, 0.0007) for _ in range(10)]
+    found = feed(_det(), [start(), *_evals(losses)])
+    assert found and found[0].step == 150 and "5 evals in a row since step 150" in found[0].message
+
+
+def test_a_model_that_learnt_and_fell_back_to_uniform_is_not_nothing_learnt() -> None:
+    losses = [1.38, 1.2, 1.0, 0.9] + [math.log(4)] * 8
+    assert feed(_det(), [start(), *_evals(losses)]) == []

@@ -25,7 +25,9 @@ a fact of the objective, not on a threshold fitted to a log:
   (``skipped``) are no evidence either way. A warning with its cause left open: the file
   cannot show which samples were empty.
 * **Stuck at chance**: the eval loss equals ln K for an integer K >= 2 (the loss of a uniform guess over K
-  choices) within ``chance_tol`` (relative) at every eval from the first, for ``chance_evals`` evals or more,
+  choices) within ``chance_tol`` (relative) at ``chance_evals`` evals in a row or more, and no eval was ever
+  below it (a model that learnt and then fell back to uniform is another failure; the first eval of a fresh
+  model may sit off chance before it settles there),
   where ln K is identifiable: ln (K+1) - ln K is ``chance_separation`` times the tolerance or more (a small K; a
   loss of 4.13 is within 0.2% of ln 62, and of ln of many integers near it, so it says nothing), or K is the
   declared vocabulary (a language model stuck at ln V),
@@ -48,6 +50,7 @@ its hint what was not checked.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 import statistics
@@ -102,6 +105,12 @@ class Degenerate(Detector):
         self._eval_hi = -math.inf
         self._first_eval: int | None = None
         self._acc: list[float] = []
+        self._chance_k: int | None = None  # the K whose ln K the current run of evals sits at
+        self._chance_k_open = 0
+        self._chance_lo = math.inf
+        # (step, eval loss, accuracy) of the current run of evals at ln K: its first and its latest ones (bounded)
+        self._chance_run: collections.deque[tuple[int, float, float | None]] = collections.deque(maxlen=64)
+        self._chance_first: tuple[int, int] = (0, 0)  # (first step of the run, evals in it)
         # collapse
         self._collapse: dict[str, Any] | None = None
         self._acc_runs: dict[str, list[Any]] = {}  # set -> [first accuracy, its step, evals equal to it (-1: moved)]
@@ -293,38 +302,54 @@ class Degenerate(Detector):
     def _chance(self, step: int, loss: float, metrics: dict[str, Any]) -> list[Finding]:
         cfg = self.config
         self._evals += 1
-        if self._first_eval is None:
-            self._first_eval = step
-        self._eval_lo = min(self._eval_lo, loss)
-        self._eval_hi = max(self._eval_hi, loss)
         acc = [float(v) for k, v in metrics.items() if finite(v) and {"accuracy", "acc"} & set(_tokens(k))]
-        if acc:
-            self._acc.append(acc[0])
-        if self._open not in (None, "chance") or self._evals < cfg.chance_evals:
-            return []
-        k = round(math.exp(loss))
-        if k < 2:
-            return []
-        ln_k = math.log(k)
-        tol = cfg.chance_tol * ln_k
-        if math.log(k + 1) - ln_k < cfg.chance_separation * tol and k != self._vocab:
-            return []  # ln K and ln (K+1) too close to tell apart: any flat loss is near the log of some integer
-        held = abs(self._eval_lo - ln_k) <= tol and abs(self._eval_hi - ln_k) <= tol
-        if not held:
-            if self._open == "chance":
+        k = self._chance_k
+        ln_k = math.log(k) if k else 0.0
+        if k and abs(loss - ln_k) <= cfg.chance_tol * ln_k:
+            self._chance_run.append((step, loss, acc[0] if acc else None))
+            self._chance_first = (self._chance_first[0], self._chance_first[1] + 1)
+        else:
+            was_open = self._open == "chance"
+            k = round(math.exp(loss))
+            ln_k = math.log(k) if k >= 2 else 0.0
+            identifiable = k >= 2 and (
+                math.log(k + 1) - ln_k >= cfg.chance_separation * cfg.chance_tol * ln_k or k == self._vocab
+            )
+            # ln K and ln (K+1) too close to tell apart: any flat loss is near the log of some integer
+            self._chance_k = k if identifiable and abs(loss - ln_k) <= cfg.chance_tol * ln_k else None
+            self._chance_run.clear()
+            if self._chance_k:
+                self._chance_run.append((step, loss, acc[0] if acc else None))
+            self._chance_first = (step, 1 if self._chance_k else 0)
+            if was_open:
                 self._open = None
                 return [
                     Finding(
                         self.kind,
                         "info",
                         step,
-                        f"eval loss {loss:.5g} at step {step} left ln {k} = {ln_k:.5g}",
+                        f"eval loss {loss:.5g} at step {step} left ln {self._chance_k_open} = "
+                        f"{math.log(self._chance_k_open):.5g}",
                         "The model has started to learn.",
                         {"eval_loss": loss},
                         resolved=True,
                     )
                 ]
+        low = self._eval_lo
+        self._eval_lo = min(self._eval_lo, loss)
+        run = self._chance_run
+        n = self._chance_first[1]
+        if self._open not in (None, "chance") or not self._chance_k or n < cfg.chance_evals:
             return []
+        k = self._chance_k
+        ln_k = math.log(k)
+        if min(low, loss) < ln_k - cfg.chance_tol * ln_k:
+            return []  # it was below chance once: it learnt something, then lost it (not 'nothing is learnt')
+        self._eval_hi = max(self._eval_hi if self._open == "chance" else -math.inf, *(x[1] for x in run))
+        lo = min(x[1] for x in run) if self._open != "chance" else min(self._chance_lo, *(x[1] for x in run))
+        self._chance_lo = lo
+        self._acc = [x[2] for x in run if x[2] is not None]
+        self._first_eval = self._chance_first[0]
         train = self._train.median() if len(self._train) else None
         if train is not None and train < ln_k * (1 - cfg.chance_train_below):
             return []  # the train loss went below chance: memorising, not stuck (eval_regression's picture)
@@ -336,8 +361,9 @@ class Degenerate(Detector):
         )
         train_txt = f", train loss {train:.4g}" if train is not None else ""
         message = (
-            f"stuck at chance: eval loss {self._eval_lo:.5g}-{self._eval_hi:.5g} at all {self._evals} evals since step "
-            f"{self._first_eval} is ln {k} = {ln_k:.5g}, the loss of a uniform guess over {k} choices"
+            f"stuck at chance: eval loss {lo:.5g}-{self._eval_hi:.5g} at {n} evals in a row since step "
+            f"{self._first_eval}{' (every eval so far)' if n == self._evals else ''} is ln {k} = {ln_k:.5g}, "
+            f"the loss of a uniform guess over {k} choices"
             f"{acc_txt}{train_txt}: nothing is learnt"
         )
         hint = (
@@ -350,14 +376,15 @@ class Degenerate(Detector):
         evidence = {
             "k": k,
             "ln_k": round(ln_k, 6),
-            "eval_loss_min": self._eval_lo,
+            "eval_loss_min": lo,
             "eval_loss_max": self._eval_hi,
-            "evals": self._evals,
+            "evals": n,
             "accuracy_median": acc_med,
             "train_loss": train,
         }
         first = self._open is None
         self._open = "chance"
+        self._chance_k_open = k
         return [Finding(self.kind, "warning", self._first_eval if first else step, message, hint, evidence)]
 
     def _collapsed(self, step: int, loss: float, metrics: dict[str, Any]) -> list[Finding]:
