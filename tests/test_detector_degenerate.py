@@ -165,3 +165,10 @@ def test_a_model_that_settles_at_chance_after_its_first_eval_is_stuck_from_there
 def test_a_model_that_learnt_and_fell_back_to_uniform_is_not_nothing_learnt() -> None:
     losses = [1.38, 1.2, 1.0, 0.9] + [math.log(4)] * 8
     assert feed(_det(), [start(), *_evals(losses)]) == []
+
+
+def test_a_long_saturated_stretch_is_one_finding_restated_now_and_then() -> None:
+    rows = [(1, 0.6931, 100.0), (2, 0.2, 1.0)] + [(s, 0.0, 1e-9) for s in range(3, 203)]
+    found = feed(_det(), [start(), *_steps(rows)])
+    assert found[0].step == 3 and len(found) <= 6 and found[-1].step > 150
+    assert found[-1].evidence["zero_loss_entries"] >= 150 and len(found[-1].evidence["zero_loss_steps"]) == 50

@@ -89,8 +89,9 @@ class Degenerate(Detector):
         self._preference: dict[str, Any] = {}
         # saturation
         self._gn_before = RollingWindow(64)  # grad norms at entries with a nonzero loss
-        self._zero_steps: list[int] = []
-        self._zero_gn: list[float] = []
+        self._zero_steps: list[int] = []  # the current run of exact zeros: its first 50 steps (evidence) ...
+        self._zero_count = 0  # ... and its length
+        self._zero_gn: collections.deque[float] = collections.deque(maxlen=64)  # grad norms at its latest entries
         self._last_nonzero: tuple[int, float] | None = None
         # no-op steps
         self._gn_seen = 0
@@ -167,6 +168,7 @@ class Degenerate(Detector):
         cfg = self.config
         if loss != 0.0:
             self._zero_steps.clear()
+            self._zero_count = 0
             self._zero_gn.clear()
             self._last_nonzero = (step, loss)
             if gn is not None and gn > 0.0:
@@ -185,15 +187,20 @@ class Degenerate(Detector):
                     )
                 ]
             return []
-        self._zero_steps.append(step)
+        if len(self._zero_steps) < 50:
+            self._zero_steps.append(step)
+        self._zero_count += 1
         if gn is not None:
             self._zero_gn.append(gn)
-        if self._open not in (None, "saturated") or len(self._zero_steps) < cfg.saturated_entries:
+        if self._open not in (None, "saturated") or self._zero_count < cfg.saturated_entries:
+            return []
+        if self._open == "saturated" and self._zero_count % cfg.noop_update:
+            return []  # restated every so many entries while it lasts (its extent), not at each one
             return []
         first = self._zero_steps[0]
         prev = self._last_nonzero
         was = f" after {prev[1]:.4g} at step {prev[0]}" if prev is not None else ""
-        evidence: dict[str, Any] = {"zero_loss_steps": self._zero_steps[:50]}
+        evidence: dict[str, Any] = {"zero_loss_steps": self._zero_steps[:50], "zero_loss_entries": self._zero_count}
         pref = self._preference_note(step)
         if pref:
             evidence["preference"] = pref[1]
@@ -204,7 +211,7 @@ class Degenerate(Detector):
             now = statistics.median(self._zero_gn)
             if not (0.0 < now <= cfg.vanished_ratio * ref):
                 return []
-            evidence["grad_norm_at_zeros"] = [float(f"{g:.3g}") for g in self._zero_gn[:50]]
+            evidence["grad_norm_at_zeros"] = [float(f"{g:.3g}") for g in list(self._zero_gn)[:50]]
             evidence["grad_norm_median_before"] = float(f"{ref:.4g}")
             why = f"with a finite gradient norm of {now:.2g} ({now / ref:.1e} of its median {ref:.3g} before)"
         elif margins is not None and margins >= cfg.saturated_margin and accuracy is not None and accuracy >= 0.99:
@@ -215,7 +222,7 @@ class Degenerate(Detector):
         else:
             return []  # without the gradient or the margins, a 0.0 may be a hidden NaN: nan_inf's to judge
         message = (
-            f"loss exactly 0.0 at {len(self._zero_steps)} logged entries since step {first}{was}, {why}: the "
+            f"loss exactly 0.0 at {self._zero_count} logged entries since step {first}{was}, {why}: the "
             "objective saturated, no gradient is left" + (f"; {pref[0]}" if pref else "")
         )
         hint = (
@@ -225,8 +232,9 @@ class Degenerate(Detector):
             "finite and nonzero). Keep a checkpoint from before the loss reached 0.0, lower the LR (DPO: 5e-7 to 5e-6) "
             "or raise beta, train fewer epochs; judge the model on held-out preferences, not on this loss."
         )
+        opening = self._open is None
         self._open = "saturated"
-        return [Finding(self.kind, "warning", first, message, hint, evidence)]
+        return [Finding(self.kind, "warning", first if opening else step, message, hint, evidence)]
 
     def _preference_at(self, name: str, step: int) -> float | None:
         """A preference metric's value at the latest logged step up to ``step``."""
