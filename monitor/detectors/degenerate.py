@@ -442,8 +442,8 @@ class Degenerate(Detector):
             return [self._collapse_finding(step)]
         for prefix, got in sets.items():
             acc = got.get("accuracy")
-            if acc is None or "recall" in got:
-                continue
+            if acc is None or "recall" in got or (prefix not in self._acc_runs and len(self._acc_runs) >= 32):
+                continue  # (bounded state: the first 32 eval sets)
             first = self._acc_runs.setdefault(prefix, [acc, step, 0])
             first[2] = first[2] + 1 if first[2] >= 0 and abs(acc - first[0]) <= cfg.collapse_tol else -1
             h = _entropy(acc)
