@@ -675,6 +675,11 @@ class InitLossConfig:
     """The leakage rule watches steps before this."""
     leak_consecutive: int = 3
     """Consecutive steps under the floor needed (one lucky batch is not a leak)."""
+    choice_max: int = 16
+    """A first loss that is ln K for an integer K up to this is a K-way choice at its uniform start (DPO's ln 2), not a
+    cross-entropy over the vocabulary ..."""
+    choice_tol: float = 1e-3
+    """... to this relative tolerance (the printed digits: 0.6931 against ln 2 = 0.693147)."""
 
 
 @dataclass

@@ -109,3 +109,13 @@ def test_a_declared_fine_tune_is_not_held_to_ln_v() -> None:
     det = InitLoss(DetectorsConfig().init_loss)
     fired = feed(det, _steps([0.9, 0.85, 0.8, 0.8, 0.75], vocab_size=50257))
     assert [f.kind for f in fired] == ["init_loss"]  # the same losses from scratch are suspicious
+
+
+def test_a_preference_loss_starting_at_ln2_is_not_far_below_ln_v() -> None:
+    # 81: DPO's -log sigmoid(0) = ln 2 while the policy equals its reference; a run that declares its vocabulary
+    assert feed(_det(), _steps([0.6931, 0.1628, 0.0, 0.0], vocab_size=128256)) == []
+
+
+def test_a_low_first_loss_that_is_not_a_uniform_choice_still_warns() -> None:
+    found = feed(_det(), _steps([0.75, 0.6, 0.5], vocab_size=128256))
+    assert found and found[0].severity == "warning" and found[0].step == 0

@@ -19,6 +19,11 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
   exactly 0 from step 50), and a log that does not say how the run started (an imported
   ``trainer_state.json``, a resumed attempt whose first loss we never saw) is not assumed to be
   pretraining. Either rule is critical, after ``leak_consecutive`` steps in a row.
+* ln V is the start of a cross-entropy over the vocabulary. A first loss that is ln K for a small
+  integer K (up to ``choice_max``, to ``choice_tol`` relative: the printed digits) is a K-way choice
+  at its uniform start instead: a DPO/pairwise preference loss is -log sigmoid(0) = ln 2 = 0.6931 while
+  the policy equals its reference, a 4-way multiple-choice head starts at ln 4. Such a run is not
+  "far below ln V" (no leakage, no pretrained-weights warning from the initial check).
 """
 
 from __future__ import annotations
@@ -30,6 +35,15 @@ from trainmon.monitor.config import InitLossConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 
 __all__ = ["InitLoss"]
+
+
+def _choice_objective(loss0: float, k_max: int, tol: float) -> int | None:
+    """K when the first loss is ln K for a small integer K (to ``tol``, relative): the loss of a uniform K-way choice
+    (a pairwise preference loss at -log sigmoid(0) = ln 2, a 4-way multiple choice at ln 4), None otherwise."""
+    for k in range(2, k_max + 1):
+        if abs(loss0 - math.log(k)) <= tol * math.log(k):
+            return k
+    return None
 
 
 class InitLoss(Detector):
@@ -117,6 +131,9 @@ class InitLoss(Detector):
             side = "high"
         elif all(v < ln_v - cfg.tolerance for v in losses):
             side = "low"
+            k = _choice_objective(loss0, cfg.choice_max, cfg.choice_tol)
+            if k is not None:
+                return []  # a K-way objective at its uniform start (DPO's ln 2): not a cross-entropy over V
         else:
             return []
         self._open = side
