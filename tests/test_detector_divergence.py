@@ -285,6 +285,8 @@ def test_an_open_divergence_closes_when_the_task_metric_improves() -> None:
     evs.append(ev("eval", {"step": 700, "loss": 2.5, "metrics": {"accuracy": 0.9}}, 700.5))
     found = feed(_det(), evs)
     assert found[-1].resolved and "accuracy improved to 0.9" in found[-1].message
+    # the anomaly keeps the last unresolved finding's words: they must say so too, not "roll back"
+    assert not found[-2].resolved and found[-2].severity == "info" and "not a divergence" in found[-2].message
 
 
 def test_the_finding_starts_where_the_rise_started() -> None:

@@ -87,6 +87,7 @@ steps.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -104,6 +105,13 @@ _CAUSES = (
     "Likely causes: LR too high for this stage (check the LR against the schedule), a shift in the data mix, "
     "or optimizer state (Adam epsilon/beta2, a bad resume)."
 )
+
+
+def _closing(f: Finding) -> list[Finding]:
+    """The last word on an episode, then its resolution: the anomaly keeps the message and hint of the last
+    finding that is not a resolution, so a closing message sent only with ``resolved`` would leave the
+    rollback advice of the open one in place."""
+    return [dataclasses.replace(f, resolved=False), f]
 
 
 class _Health:
@@ -262,7 +270,7 @@ class Divergence(Detector):
             return []
         self._ep = None
         name, was, was_step, now, now_step = better
-        return [
+        return _closing(
             Finding(
                 kind=self.kind,
                 severity="info",
@@ -276,7 +284,7 @@ class Divergence(Detector):
                 evidence={"metric": name, "metric_before": was, "metric_before_step": was_step, "metric_now": now},
                 resolved=True,
             )
-        ]
+        )
 
     def _metric_improved(self, since: int) -> tuple[str, float, int, float, int] | None:
         """(metric, best value at or before ``since``, its step, latest value, its step) when the latest eval
@@ -488,10 +496,10 @@ class Divergence(Detector):
         if above < max(cfg.above_min_rel / 2, ep.band) or level - best < cfg.min_rise_abs / 2:
             self._ep = None
             what = "logged loss" if ep.source == "sparse" else "smoothed loss"
-            return [
+            return _closing(
                 Finding(
                     kind=self.kind,
-                    severity="info",
+                    severity=ep.severity,
                     step=step,
                     message=(
                         f"{what} back to {level:.4g}, near its best {best:.4g} (step {best_step}), at step {step}; "
@@ -508,7 +516,7 @@ class Divergence(Detector):
                     },
                     resolved=True,
                 )
-            ]
+            )
         severity = ep.severity
         need = cfg.sparse_points if ep.source == "sparse" else cfg.critical_entries
         if (
