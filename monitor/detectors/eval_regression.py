@@ -25,7 +25,8 @@ Why the rule is what it is (DESIGN "The detections"; failure-modes.md R5-R7 and 
   ``min_rise_abs``, the latest eval ``above_best_rel`` above the best one, every rising eval above
   the best by the eval's own noise (``metric_noise_k`` times its eval-to-eval scatter measured on the
   evals before, and two quanta of a quantised loss: a tiny validation set's loss moves in steps of
-  ~0.012 and single epochs swing, and the best is the luckiest of those swings; before ``noise_evals``
+  ~0.012 and single epochs swing, and the best is the luckiest of those swings, so the rising evals are
+  measured from the best level the run held, the lowest median of three consecutive evals; before ``noise_evals``
   evals the scatter is not trusted and the latest eval must be ``metric_unmeasured_rel`` above the
   best), and the train level (median of the last ``train_window`` train losses) lower now than at
   the best eval. Leaky labels (C2) produce the same picture, far stronger. A warning whose advice
@@ -134,6 +135,13 @@ def _noise(values: list[float]) -> float | None:
     the way consecutive changes do; scaled so that it estimates sigma for independent noise."""
     off = [abs(b - (a + c) / 2) for a, b, c in zip(values, values[1:], values[2:], strict=False)]
     return statistics.median(off) / 0.826 if len(off) >= 3 else None
+
+
+def _level(values: list[float], best: float) -> float:
+    """The best level a noisy series reached: the lowest median of three consecutive values (the single lowest
+    value is the luckiest draw of many, a level the run never held), never below ``best``."""
+    medians = [sorted(values[i : i + 3])[1] for i in range(len(values) - 2)]
+    return max(best, min(medians)) if medians else best
 
 
 def _quantum(values: list[float]) -> float:
@@ -572,7 +580,7 @@ class EvalRegression(Detector):
         if len(before) < cfg.noise_evals:  # too few evals to trust their scatter: the rule of an unmeasured metric
             if loss < best + max(floor, cfg.metric_unmeasured_rel * abs(best)):
                 return None
-        elif any(e[1] < best + floor for e in tail[1:]):
+        elif any(e[1] < _level(before, best) + floor for e in tail[1:]):
             return None
         blind = len(self._train) == 0  # the log carries no training loss at all: the evals are all there is
         if blind:
