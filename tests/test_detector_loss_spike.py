@@ -406,6 +406,8 @@ def test_huge_early_values_do_not_hide_the_later_blow_ups() -> None:
         losses[s] = v
     found = feed(_det(), _steps(losses, end=True))
     assert _spike_steps(found) == sorted(blow)
+    losses[0] = 3e13  # the very first loss too: the recent losses' own outlier is not their level
+    assert _spike_steps(feed(_det(), _steps(losses, end=True))) == sorted(blow)
     assert len(_lifecycle(found)) == 1
 
 

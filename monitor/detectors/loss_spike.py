@@ -44,7 +44,8 @@ Issue 23 ("a finding earns trust" in DESIGN.md):
   untrained model's loss) and above every earlier one, is an explosion; it must also stand
   ``early_spread`` x the earlier losses' own spread above the highest (a signed or near-zero loss is not
   measured by a ratio). Megatron logs explode at their 2nd-4th entry (12.4 -> 44); the rolling rule
-  alone saw nothing there. "Earlier" means the last few accepted losses: a level shift inside the
+  alone saw nothing there. "Earlier" means the last few accepted losses, less their own outliers (over
+  ``early_ratio`` x their median: a first loss of 3e13 among 60-100 is not their level): a level shift inside the
   warm-up (0.2 -> 5.3 at a log's 12th entry, after a fast descent from 9) is far above them though not
   above the descent's start, and is found at its onset instead of hundreds of steps later with "skip the
   batches" named after the detection step. With a single earlier loss (a log every 10 iterations whose
@@ -209,6 +210,9 @@ class LossSpike(Detector):
         vals = self._level.values()[-_EARLY_RECENT:]
         if not vals:
             return None
+        mid = statistics.median(vals)
+        if mid > 0:  # robust to its own outliers: a first loss of 3e13 among 60-100 is not the level
+            vals = [v for v in vals if v <= cfg.early_ratio * mid]
         top, low = max(vals), min(vals)
         if top <= 0:
             return None
