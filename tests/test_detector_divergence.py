@@ -298,3 +298,5 @@ def test_the_finding_starts_where_the_rise_started() -> None:
     found = feed(_det(), [start()] + [ev("step", {"step": t, "loss": v}, float(t)) for t, v in enumerate(losses)])
     assert found and 31 <= found[0].step <= 38, [(f.step, f.message) for f in found]
     assert found[0].evidence["detected_step"] > found[0].step
+    assert found[1].step == found[0].evidence["detected_step"]  # the anomaly spans onset .. detection
+    assert f"since step {found[0].step}" in found[0].message

@@ -107,6 +107,12 @@ _CAUSES = (
 )
 
 
+def _opening(f: Finding, step: int) -> list[Finding]:
+    """An episode dated at its onset and found at ``step``: the anomaly spans both (its last step is where
+    the condition is known to hold now)."""
+    return [f] if f.step == step else [f, dataclasses.replace(f, step=step)]
+
+
 def _closing(f: Finding) -> list[Finding]:
     """The last word on an episode, then its resolution: the anomaly keeps the message and hint of the last
     finding that is not a resolution, so a closing message sent only with ``resolved`` would leave the
@@ -402,7 +408,7 @@ class Divergence(Detector):
         onset = self._onset(sigma)
         view["detected_step"] = step
         self._ep = _Episode("trend", onset, band, view=view)
-        return [self._finding(onset, s, self._min, self._min_step, above, opening=True)]
+        return _opening(self._finding(onset, s, self._min, self._min_step, above, opening=True), step)
 
     def _onset(self, sigma: float) -> int:
         """Where the rise started, looking back past the detector's gates: the step after the last one at which
@@ -483,7 +489,7 @@ class Divergence(Detector):
         }
         onset = self._points[0][0]  # the first of the points that stayed far above the best
         self._ep = _Episode("sparse", onset, 0.0, view=view)
-        return [self._finding(onset, loss, best[1], best[0], above, opening=True)]
+        return _opening(self._finding(onset, loss, best[1], best[0], above, opening=True), step)
 
     # -- the open episode -------------------------------------------------------------------------
 
@@ -583,7 +589,8 @@ class Divergence(Detector):
             )
         elif opening:
             message = (
-                f"loss trending up: smoothed {v['window_start']:.4g} -> {level:.4g} (+{v['rise_rel']:.0%}) over the "
+                f"loss trending up since step {ep.opened}: smoothed {v['window_start']:.4g} -> {level:.4g} "
+                f"(+{v['rise_rel']:.0%}) over the "
                 f"last {v['window_steps']} steps ({v['window_entries']} logged entries), {above:.0%} above its lowest "
                 f"smoothed level {best:.4g} (step {best_step})"
             )
