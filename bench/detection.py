@@ -17,6 +17,14 @@ false positive. The loss-spike scenarios are scored again with the rules the anc
 label's findings are also checked for naming its cause (``DIAGNOSIS``): ``diagnosis_ok`` on the last line is the
 share of detected labels whose every matching finding names it.
 
+A busy machine slows the trainer runs themselves (every phase together). A throughput finding no label
+explains is the environment, not a false alarm, when the host was measurably slow at the time: the trainer's
+own step clock shows the slow steps (the finding's steps, by their event times), and an independent measure
+of the same host (``HostProbe``: runnable tasks per core, sampled every 20 ms by a separate process) says
+it stretched CPU work at least ``ENV_SLOWDOWN`` times more than usual during those steps. Those are counted as
+``env_slowdowns`` on the last line, neither false positives nor clean-control alerts; a throughput finding
+at a time the probe ran at its normal pace stays a false alarm.
+
     python bench/detection.py            # full: all trainer faults, 100 synthetic traces per kind
     python bench/detection.py --quick    # under a minute
 """
@@ -221,6 +229,102 @@ class Result:
     losses: list[float] = field(default_factory=list)
     source: str = "synthetic"
     device: str | None = None  # the run_start's device: a CPU run's findings must not blame the GPU
+    clock: dict[int, tuple[float, float]] = field(default_factory=dict)  # step -> (end time, step seconds), rank 0
+
+
+# -- the host's own pace -------------------------------------------------------------------------
+
+ENV_SLOWDOWN = 1.25  # the probe's median during the finding's steps over its median of the whole run
+_PROBE = r"""
+import os, sys, time
+out = open(sys.argv[1], "w", buffering=1)
+cpus = os.cpu_count() or 1
+while True:
+    try:  # runnable tasks now, the probe itself left out: the stretch a CPU-bound step sees
+        with open("/proc/stat") as f:
+            running = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
+        stretch = max(1.0, (running - 1) / cpus)
+    except (OSError, StopIteration, ValueError):  # no /proc: time a fixed piece of work instead
+        t0 = time.perf_counter()
+        sum(i * i for i in range(20000))
+        stretch = time.perf_counter() - t0
+    out.write(f"{time.time():.4f} {stretch:.6f}\n")
+    time.sleep(0.02)
+"""
+
+
+class HostProbe:
+    """An independent measure of the host's pace: a separate process samples, every 20 ms, how many tasks
+    are runnable per core (``/proc/stat``'s ``procs_running``): the factor by which a CPU-bound step is
+    stretched when more tasks want the cores than there are (without ``/proc``, the time of a fixed piece
+    of work). It costs the host next to nothing, so it does not add the load it measures."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._proc: subprocess.Popen | None = None
+        self._samples: list[tuple[float, float]] | None = None
+
+    def __enter__(self) -> HostProbe:
+        self._proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(self.path)])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+
+    def samples(self) -> list[tuple[float, float]]:
+        if self._samples is None or self._proc is None or self._proc.poll() is None:
+            rows = []
+            if self.path.exists():
+                for line in self.path.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 2:
+                        rows.append((float(parts[0]), float(parts[1])))
+            self._samples = rows
+        return self._samples
+
+    def slowdown(self, t0: float, t1: float) -> float | None:
+        """The probe's mean between wall times ``t0`` and ``t1`` (bursts of contention count) over its
+        median over everything it measured; None with fewer than 3 samples there."""
+        rows = self.samples()
+        inside = [d for t, d in rows if t0 <= t <= t1]
+        if len(inside) < 3 or len(rows) < 20:
+            return None
+        return statistics.fmean(inside) / statistics.median(d for _, d in rows)
+
+
+_HOST_CAUSES = ("host", "compute", "other", "unexplained", "unsplit")  # what a slow host looks like to the detector
+
+
+def environment(res: Result, anomaly: dict[str, Any], probe: HostProbe | None) -> bool:
+    """A throughput finding on a trainer run whose steps the trainer's clock shows slow (or a straggler among
+    CPU ranks) while the host probe ran ``ENV_SLOWDOWN`` times slower than usual: the machine was busy (see
+    the module docstring)."""
+    if probe is None or anomaly["kind"] not in ("throughput_collapse", "straggler") or not res.clock:
+        return False
+    ev = anomaly.get("evidence") or {}
+    if (
+        anomaly["kind"] == "throughput_collapse"
+        and ev.get("cause") not in _HOST_CAUSES
+        and ev.get("pattern") != "intermittent"
+    ):
+        return False
+    if anomaly["kind"] == "straggler" and res.device != "cpu":
+        return False  # ranks sharing a contended host's cores: uneven slices of it
+    first = anomaly.get("first_step")
+    last = anomaly.get("last_step") if anomaly.get("last_step") is not None else first
+    steps = [s for s in res.clock if first is not None and first <= s <= last]
+    if not steps:
+        return False
+    durations = sorted(d for _, d in res.clock.values())
+    typical = durations[len(durations) // 2]
+    if anomaly["kind"] == "throughput_collapse" and max(res.clock[s][1] for s in steps) < ENV_SLOWDOWN * typical:
+        return False  # the trainer's own clock does not show the slow steps (a straggler's evidence is its clock)
+    t0 = res.clock[min(steps)][0] - res.clock[min(steps)][1]
+    t1 = res.clock[max(steps)][0]
+    ratio = probe.slowdown(t0 - 0.1, t1 + 0.1)
+    return ratio is not None and ratio >= ENV_SLOWDOWN
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -328,7 +432,22 @@ def _analyse_files(name: str, out: Path, clean: bool, source: str, config: Colle
     runs = import_file(out, storage, config)  # every rank's events*.jsonl, merged in time order
     labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
     summary = summarize(storage, runs[0])
-    return Result(name, labels, summary["anomalies"], clean, source=source, device=_device(out))
+    return Result(name, labels, summary["anomalies"], clean, source=source, device=_device(out), clock=_clock(out))
+
+
+def _clock(out: Path) -> dict[int, tuple[float, float]]:
+    """Rank 0's steps as the trainer's own clock saw them: step -> (event time, step seconds)."""
+    clock: dict[int, tuple[float, float]] = {}
+    path = out / "events.jsonl"
+    if not path.exists():
+        return clock
+    with path.open() as f:
+        for line in f:
+            event = json.loads(line)
+            fields = event.get("fields") or {}
+            if event.get("kind") == "step" and isinstance(fields.get("step_time"), int | float):
+                clock[fields["step"]] = (float(event["time"]), float(fields["step_time"]))
+    return clock
 
 
 def _device(out: Path) -> str | None:
@@ -466,9 +585,11 @@ class Score:
         return 2 * p * r / (p + r) if p + r else 0.0
 
 
-def score(results: list[Result]) -> tuple[dict[str, Score], int, list[str], dict[str, list[int]]]:
+def score(
+    results: list[Result], probe: HostProbe | None = None, env: list[str] | None = None
+) -> tuple[dict[str, Score], int, list[str], dict[str, list[int]]]:
     """Per-kind scores, alerts on clean controls, the misses and misdiagnoses, and per fault kind
-    ``[diagnosis_ok, diagnosed]``."""
+    ``[diagnosis_ok, diagnosed]``. Slowdowns of the host itself (:func:`environment`) go to ``env``."""
     scores: dict[str, Score] = collections.defaultdict(Score)
     by_fault: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     clean_alerts = 0
@@ -504,6 +625,10 @@ def score(results: list[Result]) -> tuple[dict[str, Score], int, list[str], dict
         matched = {id(a) for lab in res.labels for a in res.anomalies if _hit(lab, a)}
         for a in res.anomalies:
             if id(a) in matched:
+                continue
+            if (res.clean or a["kind"] not in explained) and environment(res, a, probe):
+                if env is not None:
+                    env.append(f"{res.name}: the host was slow: {a['kind']}@{a['first_step']}: {a['message']}")
                 continue
             if res.clean:
                 clean_alerts += 1
@@ -560,6 +685,7 @@ def main() -> None:
     args = parser.parse_args()
     per_kind = args.per_kind or (10 if args.quick else 100)
     t0 = time.perf_counter()
+    probe: HostProbe | None = None
     traces = [*fault_traces(per_kind), *clean_controls(per_kind * 2)]
     results = []
     for trace in traces:
@@ -568,10 +694,13 @@ def main() -> None:
     if not args.no_trainer:
         t1 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="trainmon-bench-") as tmp:
-            trainer = trainer_scenarios(args.quick, Path(tmp))
+            with HostProbe(Path(tmp) / "host-probe.txt") as probe:
+                trainer = trainer_scenarios(args.quick, Path(tmp))
+            probe.samples()  # read before the folder goes
         results.extend(trainer)
         print(f"reference trainer: {len(trainer)} runs in {time.perf_counter() - t1:.1f}s")
-    scores, clean_alerts, misses, by_fault = score(results)
+    env: list[str] = []
+    scores, clean_alerts, misses, by_fault = score(results, probe, env)
     print()
     header = ("kind", "TP", "FN", "FP", "precision", "recall", "F1", "delay p50", "max", "diagnosis")
     print("{:22} {:>5} {:>5} {:>5} {:>9} {:>7} {:>6} {:>9} {:>5} {:>9}".format(*header))
@@ -593,6 +722,8 @@ def main() -> None:
         print(f"\nanchor rules unavailable: {exc}")
     if args.verbose or len(misses) <= 20:
         print("\n" + "\n".join(misses[:200]))
+    if env:
+        print("\nslowdowns of the host itself (the probe ran slow then; not false alarms):\n" + "\n".join(env))
     labelled = [s for s in scores.values() if s.tp + s.fn]
     min_f1 = min((s.f1 for s in scores.values()), default=float("nan"))
     max_delay = max((max(s.delays) for s in labelled if s.delays), default=0)
@@ -603,7 +734,7 @@ def main() -> None:
         f"\nmin_f1={min_f1:.3f} clean_alerts={clean_alerts} max_delay_steps={max_delay} "
         f"diagnosis_ok={diagnosis_ok:.3f} "
         f"spike_f1={anchor_f1.get('trainmon', float('nan')):.3f} best_anchor_spike_f1={best_anchor:.3f} "
-        f"scenarios={len(results)} seconds={time.perf_counter() - t0:.1f}"
+        f"scenarios={len(results)} env_slowdowns={len(env)} seconds={time.perf_counter() - t0:.1f}"
     )
 
 

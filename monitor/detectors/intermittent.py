@@ -18,6 +18,8 @@ are 1.2-1.8x (log 101's mid stage, -11 % tokens/s). The principles:
   ``_MIN_LOSS_SHARE`` of the window's time. A slow interval that
   recurs by design (after every evaluation, strictly every 100 iterations: log 100) is in the
   baseline at the same rate, so it is never an episode.
+* **The typical step unchanged.** The window's median stays under ``_SLOW_FACTOR`` x the baseline:
+  a slower median is a level shift, for the collapse rules.
 * **A steady pace.** Only a run whose baseline q90 is within ``_STEADY`` of its median has slow
   steps "among normal ones"; on a run whose step time varies by design (unpacked batches) they
   are its spread, and a shift there is the level rule's. An episode opens on a normal step, never
@@ -136,6 +138,8 @@ class Intermittent:
             # a run whose steps vary by design has no "slow step among normal ones" beyond its spread; and
             # an episode opens on a normal step, never inside what may be the start of a sustained block
             return None
+        if statistics.median(r[1] for r in self._recent) >= _SLOW_FACTOR * median:
+            return None  # the typical step is slower: a level shift, the collapse rules' to judge
         slow = [r for r in self._recent if r[1] > bar and r[0] >= since]
         if len(slow) < max(_MIN_SLOW, _RATE_FACTOR * share * _WINDOW):
             return None
