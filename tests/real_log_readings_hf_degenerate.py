@@ -56,22 +56,6 @@ READINGS_HF_DEGENERATE: dict[str, Expect] = {
                 recovered=False,
             ),
         ),
-        known=(
-            Known(
-                "loss_spike",
-                91,
-                563,
-                "loss_spike: the early burst (40-90, back to ~3.3 by 90) is one critical episode running to 563; the "
-                "reading calls it lower severity and recovered",
-            ),
-            Known(
-                "grad_explosion",
-                358,
-                560,
-                "grad_explosion: isolated pre-resume gn spikes (358, 439, 524) are one critical episode; the reading "
-                "calls them single-step spikes that recover at once",
-            ),
-        ),
     ),
     "83_hf-mcqa-stuck-at-chance-in-init-py.json": Expect(
         allowed=(Allow("degenerate", 50, 3140, "manifest: no learning, stuck at chance for all 20 epochs", _LOW),),

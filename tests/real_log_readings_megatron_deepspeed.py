@@ -30,16 +30,6 @@ READINGS_MEGATRON_DEEPSPEED: dict[str, Expect] = {
                 "spike detection must not depend on a full window)",
             ),
         ),
-        known=(
-            Known(
-                "loss_spike",
-                30,
-                30,
-                "loss_spike needs more finite points than the file has before iteration 30 (10-line intervals, "
-                "the first one skipped): the early explosion is not flagged",
-                missed=True,
-            ),
-        ),
     ),
     "97_megatron-ds-3d-static-scale-explode-rediverge.out": Expect(
         allowed=(

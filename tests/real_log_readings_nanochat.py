@@ -8,7 +8,7 @@ the findings of all its runs are judged together (a step range names steps of an
 
 from __future__ import annotations
 
-from tests.real_log_types import _ANY, Allow, Expect, Known, Need
+from tests.real_log_types import _ANY, Allow, Expect, Need
 
 _EMA = "nanochat's loss is a debiased EMA (beta 0.9): its bumps are data"
 
@@ -40,16 +40,6 @@ READINGS_NANOCHAT: dict[str, Expect] = {
                 "manifest: mid stage 56-335, median 536 ms vs 471 ms before and 477 ms after, -11% tokens/s, resolved",
             ),
         ),
-        known=(
-            Known(
-                "throughput_collapse",
-                56,
-                335,
-                "the mid-stage degradation (89 of 280 steps above 600 ms, median +14%) is not reported "
-                "(detector: monitor/detectors/throughput_collapse.py)",
-                missed=True,
-            ),
-        ),
     ),
     "102_nanochat-base-jitter-then-disk-full.log": Expect(
         # the later stages failed at launch (disk full) before logging a step: named in the base run's
@@ -77,16 +67,6 @@ READINGS_NANOCHAT: dict[str, Expect] = {
                 "manifest: the late episode 16357-16605 must be reported too (trainmon today: nothing)",
             ),
         ),
-        known=(
-            Known(
-                "throughput_collapse",
-                16357,
-                16605,
-                "intermittent slow steps with an unchanged median are not reported "
-                "(detector: monitor/detectors/throughput_collapse.py)",
-                missed=True,
-            ),
-        ),
     ),
     "103_nanochat-failed-launch-then-cut-off.log": Expect(),  # silent: a failed launch, then one run cut off at 11%
     "104_nanochat-4x3090-73h-bf16mfu-key.log": Expect(
@@ -100,15 +80,13 @@ READINGS_NANOCHAT: dict[str, Expect] = {
                 f"manifest: an info spike at 5498 (2.81 vs 2.51, 1.12x, back within 3 steps) is acceptable; {_EMA}",
                 ("info",),
             ),
-        ),
-        known=(
-            Known(
+            Allow(
                 "loss_spike",
                 312,
                 382,
-                "manifest: WARNING 'loss spikes recurring' at 312-378 of the SFT stage is too strong for EMA "
-                "wiggles of 1.29x that recover within 7 steps (silent or info only); the importer says the loss is "
-                "a mean over ~19 steps (config.loss_mean_over_steps) (detector: monitor/detectors/loss_spike.py)",
+                "manifest: EMA wiggles of 1.29x at 312-378 of the SFT stage that recover within 7 steps: silent or "
+                "info only (the importer says the loss is a mean over ~19 steps: config.loss_mean_over_steps)",
+                ("info",),
             ),
         ),
     ),

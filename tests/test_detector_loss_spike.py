@@ -130,10 +130,11 @@ def test_a_spike_that_finally_recovers_says_so() -> None:
     assert [(f.step, f.severity) for f in found if not f.resolved] == [
         (200, "warning"),
         (220, "critical"),
-        (230, "critical"),
+        (230, "warning"),  # back on its own: nothing to roll back any more (critical means act now)
     ]
     (a,) = _lifecycle(found)
     assert "back in the band at step 230 (30 steps after the spike)" in a["message"]
+    assert a["severity"] == "warning" and "roll back" not in a["hint"]
     assert (a["last_step"], a["status"]) == (230, "resolved")
 
 

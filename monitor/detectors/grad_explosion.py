@@ -31,7 +31,10 @@ magnitude *and* consequence, and moves both ways while the episode is open:
   a smaller one followed by the loss, or one that lasts ``sustain_entries`` entries;
 * critical ("act now"): ``warn_ratio`` x or more *and* the loss followed, or it lasted
   ``sustain_entries`` entries in a row and is not yet over (still up, or its loss watch still
-  running). Once such a burst has passed and the loss did not follow, it settles to a warning.
+  running). Once such a burst has passed and the loss did not follow, it settles to a warning; so
+  does one whose loss followed and then came back into its band before the spike with the norm in
+  band too: the consequence passed, there is nothing to roll back (82: a 49x spike lifted the loss
+  1.6 -> 2.9 for a few steps at 401, and 13 spikes over 200 steps were one critical to the end).
 
 The hint says only what the data supports: while the loss watch runs it says the loss *may*
 follow; afterwards it says whether it did. An episode ends, ``resolved``, after ``quiet_entries``
@@ -228,6 +231,8 @@ class GradExplosion(Detector):
         changed = False
         if ep is not None and ep.watch > 0:
             changed = self._watch(ep, step, loss)
+        elif ep is not None:
+            changed = self._loss_back(ep, step, loss)
         norm = f.get("grad_norm")
         layers = f.get("layer_grad_norms")
         if finite(norm) and norm > 0:  # non-finite norms are nan_inf's business
@@ -380,10 +385,22 @@ class GradExplosion(Detector):
             ep.followed = {"step": step, "loss": loss, "median": med, "max_loss": loss, "max_step": step}
             ep.followed["after_spike"] = ep.burst_start
             return True
+        ep.followed.pop("back_step", None)  # up again after a later spike: not back any more
         if loss > ep.followed["max_loss"]:
             ep.followed.update(max_loss=loss, max_step=step)
             return True
         return changed
+
+    def _loss_back(self, ep: _Episode, step: int, loss: Any) -> bool:
+        """After the watch: the loss that followed is back in its band before the spike; True when that is news."""
+        fo = ep.followed
+        if fo is None or fo.get("loss") is None or fo.get("back_step") is not None or ep.loss_ref is None:
+            return False
+        med, sd = ep.loss_ref
+        if not finite(loss) or loss - med > max(self.config.loss_z * sd, self.config.loss_rise * abs(med)):
+            return False
+        fo["back_step"] = step
+        return True
 
     def _end(self) -> list[Finding]:
         ep = self._ep
@@ -423,7 +440,8 @@ class GradExplosion(Detector):
     def _severity(self, ep: _Episode) -> str:
         cfg = self.config
         if ep.followed is not None:
-            return "critical" if ep.followed_peak >= cfg.warn_ratio else "warning"
+            passed = ep.followed.get("back_step") is not None and ep.run == 0 and ep.watch == 0
+            return "critical" if ep.followed_peak >= cfg.warn_ratio and not passed else "warning"
         if ep.shift:
             return "warning"
         if (ep.run > 0 or ep.watch > 0) and ep.burst >= cfg.sustain_entries:
@@ -482,9 +500,10 @@ class GradExplosion(Detector):
             parts.append(f"the loss followed the spike at step {fo['after_spike']}: non-finite at step {fo['step']}")
         elif fo is not None:
             peak = f", up to {fo['max_loss']:.4g} at step {fo['max_step']}" if fo["max_step"] != fo["step"] else ""
+            back = f", back in its band at step {fo['back_step']}" if fo.get("back_step") is not None else ""
             parts.append(
                 f"the loss followed the spike at step {fo['after_spike']}: {fo['loss']:.4g} at step {fo['step']} "
-                f"against a median of {fo['median']:.4g} before it{peak}"
+                f"against a median of {fo['median']:.4g} before it{peak}{back}"
             )
         elif ep.blind == ep.count:
             parts.append("no loss history to tell whether the loss followed")
@@ -518,6 +537,13 @@ class GradExplosion(Detector):
                 "loss by the number of micro-batches, a loss-reduction change (sum instead of mean, longer "
                 "sequences or a bigger batch summed), or an LR or weight-decay change there." + clip + " Check what "
                 "changed at that step; if it was meant, re-tune max_norm." + where
+            )
+        if ep.followed is not None and ep.followed.get("back_step") is not None:
+            at, back = ep.followed["after_spike"], ep.followed["back_step"]
+            return (
+                f"The loss rose after the spike at step {at} and was back in its band by step {back}: the updates "
+                "absorbed it, nothing to roll back. If such spikes keep coming, look at the batches at the listed "
+                "steps and at the LR (a peak LR this run barely tolerates), or tighten clipping." + where
             )
         if ep.followed is not None:
             at = ep.followed["after_spike"]

@@ -22,7 +22,10 @@ code"; issue 14, "a wrong finding is worse than silence"):
     at least 1/``tail_factor`` of its size;
   - a spike that came back at once, with nothing repeating or growing, de-escalates to info;
   - not back within ``recover_steps``: **critical** with the rollback recipe (PaLM/BLOOM: restart
-    before the spike, skip the batches around it; BLOOM's first spike took ~30 iterations).
+    before the spike, skip the batches around it; BLOOM's first spike took ~30 iterations). Critical
+    means act now: once the loss is back in the band on its own there is nothing to roll back, and the
+    episode settles to a warning that says how long it took (an early burst at the peak LR, 50 steps
+    up and back by itself, is not the run's critical problem; a burst that grew stays critical).
 * **The initial descent.** While the level falls fast (``descent_drop`` per window) the band is
   stale and per-batch losses of a fast-changing model jump 1.3-3.7x: a spike with no cause in
   evidence must then be ``descent_ratio`` x the baseline.
@@ -578,6 +581,9 @@ class LossSpike(Detector):
             if quick and not sp["caused"] and not self._descending():  # a hard batch: part of the run's tail
                 self._tail.append((sp["entry"], self._size(sp["peak"], sp["level"], sp["sigma"])))
             ep["slow"] = ep["slow"] or not quick
+            # critical means act now: a loss that came back on its own needs no rollback; the episode settles to
+            # a warning (it was slow), unless it grew
+            ep["stuck"] = False
             ep["recovered"] = (step, step - sp["step"])
             ep["last_entry"] = self._n
             # always news: the finding's message and hint must say it is back (the engine keeps the last
