@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,32 @@ def test_hf_log_starting_mid_run_says_where(tmp_path: Path) -> None:
     assert s["first_step"] == 140750 and s["starts_mid_run"] is True
     assert any("starts at step 140750" in n for n in s["notes"]), s["notes"]
     assert "starts at step 140750" in _row(_cli(path).stdout, "steps")
+    # issue 22: steps counts what the log covers (its 26 windows of 10 steps), run_steps the trainer's count
+    assert (s["steps"], s["run_steps"]) == (260, 141000)
+
+
+def test_a_log_that_starts_at_a_resume_counts_the_steps_it_covers(tmp_path: Path) -> None:
+    """Issue 22: a torchtitan log beginning right after 'Loading the checkpoint at step 5000' reported twice the
+    steps it covers (5,100 for steps 5001-5100)."""
+    t = 1.7e9
+
+    def line(at: float, msg: str) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(at))) + ",000"
+        return f"[rank0]:[titan] {stamp} - root - INFO - {msg}\n"
+
+    text = line(t, "Starting job: Llama 3 8B training") + line(t + 10, "Loading the checkpoint at step 5000.")
+    text += line(t + 15, "Training starts at step 5001.")
+    for step in range(5001, 5101):
+        text += line(
+            t + 15 + 1.5 * (step - 5000),
+            f"step: {step}  loss: {3.0 - 0.001 * (step - 5000):7.4f}  grad_norm: {1.0:7.4f}  memory: 45.67GiB(57.71%)  "
+            "tps: 5,461  tflops: 316.25  mfu: 31.98%",
+        )
+    path = tmp_path / "titan.log"
+    path.write_text(text)
+    s = _summary(path)
+    assert (s["steps"], s["run_steps"], s["first_step"], s["last_step"]) == (100, 5100, 5001, 5100)
+    assert any("starts at a resume from step 5000" in n for n in s["notes"]), s["notes"]
 
 
 def test_lightning_csv_starting_mid_run_says_where(tmp_path: Path) -> None:

@@ -32,12 +32,15 @@ the log records no step durations are unknown. Step durations a log does record 
 trainer's own measurements: busy time and tokens/s from them are kept, the synthetic clock never
 enters them.
 
-Steps: ``steps`` is the number of optimizer steps done by the end of the log, counted as the
-trainer counts them: ``last_step + 1 - step_base`` (``step_base`` 0 for trainmon's own runs, 1 for
-logs numbering the first step 1, as HF's ``global_step`` does), or the trainer's own count when
-the imported file states one (``steps_done``). ``first_step`` and ``last_step`` are the steps the
-log holds; ``steps_logged`` the number of logged entries. A log whose first step lies well past
-its first logging window starts mid-run (``starts_mid_run``, and a note names the step).
+Steps: ``steps`` is the number of optimizer steps the input covers. From a run's start that is the
+steps done by the end of the log, counted as the trainer counts them: ``last_step + 1 - step_base``
+(``step_base`` 0 for trainmon's own runs, 1 for logs numbering the first step 1, as HF's
+``global_step`` does), or the trainer's own count when the imported file states one
+(``steps_done``); ``run_steps`` is that count in every case. A log that starts at a resume the
+importer saw (``resumed_after_step``) covers the steps after it, and one whose first step lies well
+past its first logging window starts mid-run (``starts_mid_run``) and covers the steps from that
+window on; a note says which. ``first_step`` and ``last_step`` are the steps the log holds;
+``steps_logged`` the number of logged entries.
 
 Status: ``status`` is the run's end as stored; ``status_detail`` says more when the input does,
 e.g. an HF ``checkpoint-N/trainer_state.json`` (``ends_at_checkpoint``): the log ends at a
@@ -199,12 +202,18 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
             "busy time and tokens/s come from the step durations the log records, not from its synthetic clock"
         )
     final_eval = None if eval_df.empty else float(eval_df.iloc[-1]["loss"])
-    span = _step_span(lead, bins, last, facts)
-    if span["starts_mid_run"]:
+    span = _step_span(lead, bins, last, facts, attempts)
+    if span["resumed_after_step"] is not None:
+        notes.append(
+            f"the log starts at a resume from step {span['resumed_after_step']}: the run's earlier steps are not in "
+            f"it; steps counts the {span['steps']} steps the log covers, run_steps the run's steps to its end"
+        )
+    elif span["starts_mid_run"]:
         notes.append(
             f"the log starts at step {span['first_step']}, mid-run (it logs about every {span['interval']:g} steps): "
             "the run's earlier steps are not in it (a resumed job writing a new log, or a log cut at its start); "
-            "steps counts the run's steps to the end of the log, steps_logged the entries the log holds"
+            "steps counts the steps the log covers (from its first logging window), run_steps the run's steps to "
+            "the end of the log, steps_logged the entries the log holds"
         )
     anomalies_out, timeline = _timeline(found, local)
     phases = _phase_breakdown(bins)
@@ -225,6 +234,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         "run": run,
         "status": row.status,
         "steps": span["steps"],
+        "run_steps": span["run_steps"],
         "attempts": n_attempts,
         "final_loss": None if last is None else last["loss"],
         "final_eval_loss": final_eval,
@@ -314,11 +324,21 @@ def _import_facts(config: Any) -> dict[str, Any]:
 
 
 def _step_span(
-    lead: list[dict[str, Any]], bins: pd.DataFrame, last: dict[str, Any] | None, facts: dict[str, Any]
+    lead: list[dict[str, Any]],
+    bins: pd.DataFrame,
+    last: dict[str, Any] | None,
+    facts: dict[str, Any],
+    attempts: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Steps done (as the trainer counts them), the steps the log holds, and whether it starts mid-run.
+    """Steps the input covers, the run's steps to its end (as the trainer counts them), and whether it starts
+    mid-run.
 
-    A log starts mid-run when its first step is past where a log from the run's start would
+    ``steps`` counts what the input covers: from the run's first step (``step_base``) when it starts
+    there, from the step after the resume when it starts at a resume the importer saw ("Loaded
+    checkpoint ... step 5000": a log of steps 5001-10000 covers 5,000 steps, not 10,000), and from its
+    first logging window when it starts mid-run for a reason the input does not say. ``run_steps`` is
+    the trainer's count to the end of the input, the same number when the input starts at the run's
+    start. A log starts mid-run when its first step is past where a log from the run's start would
     begin, its first logging window: at least twice the logging interval (and 10 steps) in. The
     interval is the one the log declares, else the mean gap of the first attempt's steps."""
     base = facts["step_base"]
@@ -328,10 +348,12 @@ def _step_span(
         steps = facts["steps_done"]  # the trainer's own count: past the last logged step
     out: dict[str, Any] = {
         "steps": steps,
+        "run_steps": steps,
         "first_step": None,
         "last_step": last_step,
         "interval": None,
         "starts_mid_run": False,
+        "resumed_after_step": None,
     }
     if not lead:
         return out
@@ -345,6 +367,15 @@ def _step_span(
     if interval is not None:
         out["interval"] = float(interval)
         out["starts_mid_run"] = first["first"] - base >= max(2 * interval, interval + 10)
+    opening = next((a for a in attempts if a["attempt"] == first["attempt"]), None)
+    resumed_after = opening["resumed_after_step"] if opening is not None else None
+    if steps is None or last_step is None:
+        return out
+    if resumed_after is not None and resumed_after < first["first"]:
+        out["resumed_after_step"] = resumed_after
+        out["steps"] = max(0, last_step - resumed_after)
+    elif out["starts_mid_run"] and interval is not None:
+        out["steps"] = max(0, last_step - first["first"] + round(interval))
     return out
 
 
@@ -832,9 +863,19 @@ def _attempts(stream_rows: list[dict[str, Any]], extents: list[dict[str, Any]]) 
                 "failed": status in ("failed", "interrupted", "lost"),
                 "error": errors[0] if errors else None,
                 "resumed": bool((ss[0].get("start") or {}).get("resumed")),
+                "resumed_after_step": _resumed_after(ss[0].get("start")),
             }
         )
     return out
+
+
+def _resumed_after(start: Any) -> int | None:
+    """The step a resumed attempt goes on from, when its ``run_start`` says (an importer that saw the resume)."""
+    if not isinstance(start, dict) or not start.get("resumed"):
+        return None
+    config = start.get("config")
+    step = config.get("resumed_after_step") if isinstance(config, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def _phase_breakdown(bins: pd.DataFrame, parts: int = 10) -> dict[str, Any] | None:
