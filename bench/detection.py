@@ -19,9 +19,11 @@ share of detected labels whose every matching finding names it.
 
 A busy machine slows the trainer runs themselves (every phase together). A throughput finding no label
 explains is the environment, not a false alarm, when the host was measurably slow at the time: the trainer's
-own step clock shows the slow steps (the finding's steps, by their event times), and an independent measure
-of the same host (``HostProbe``: runnable tasks per core, sampled every 20 ms by a separate process) says
-it stretched CPU work at least ``ENV_SLOWDOWN`` times more than usual during those steps. Those are counted as
+own step clock shows the slow steps (the finding's steps, by their event times), and either the trainer's own
+CPU clock says those steps waited for a core (its CPU seconds per wall second, read from ``/proc/PID/stat``
+every 20 ms, fell ``ENV_SLOWDOWN`` times under its run's average: descheduled, not working) or an independent
+measure of the same host (``HostProbe``: runnable tasks per core, sampled every 20 ms by a separate process)
+says it stretched CPU work at least ``ENV_SLOWDOWN`` times more than usual during those steps. Those are counted as
 ``env_slowdowns`` on the last line, neither false positives nor clean-control alerts; a throughput finding
 at a time the probe ran at its normal pace stays a false alarm.
 
@@ -230,6 +232,7 @@ class Result:
     source: str = "synthetic"
     device: str | None = None  # the run_start's device: a CPU run's findings must not blame the GPU
     clock: dict[int, tuple[float, float]] = field(default_factory=dict)  # step -> (end time, step seconds), rank 0
+    cpu: list[tuple[float, float]] = field(default_factory=list)  # the trainer's (wall time, CPU seconds)
 
 
 # -- the host's own pace -------------------------------------------------------------------------
@@ -301,7 +304,7 @@ def environment(res: Result, anomaly: dict[str, Any], probe: HostProbe | None) -
     """A throughput finding on a trainer run whose steps the trainer's clock shows slow (or a straggler among
     CPU ranks) while the host probe ran ``ENV_SLOWDOWN`` times slower than usual: the machine was busy (see
     the module docstring)."""
-    if probe is None or anomaly["kind"] not in ("throughput_collapse", "straggler") or not res.clock:
+    if anomaly["kind"] not in ("throughput_collapse", "straggler") or not res.clock:
         return False
     ev = anomaly.get("evidence") or {}
     if (
@@ -323,8 +326,24 @@ def environment(res: Result, anomaly: dict[str, Any], probe: HostProbe | None) -
         return False  # the trainer's own clock does not show the slow steps (a straggler's evidence is its clock)
     t0 = res.clock[min(steps)][0] - res.clock[min(steps)][1]
     t1 = res.clock[max(steps)][0]
-    ratio = probe.slowdown(t0 - 0.1, t1 + 0.1)
+    share = _descheduled(res.cpu, t0, t1)
+    if share is not None and share >= ENV_SLOWDOWN:
+        return True  # the trainer's own CPU clock: the slow steps waited for a core
+    ratio = None if probe is None else probe.slowdown(t0 - 0.1, t1 + 0.1)
     return ratio is not None and ratio >= ENV_SLOWDOWN
+
+
+def _descheduled(cpu: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """How much less of a core the trainer got between wall times ``t0`` and ``t1`` than over its whole run:
+    its CPU seconds per wall second overall over the same inside the span (None without samples there)."""
+    inside = [(t, c) for t, c in cpu if t0 <= t <= t1]
+    if len(inside) < 3 or len(cpu) < 20:
+        return None
+    wall, used = inside[-1][0] - inside[0][0], inside[-1][1] - inside[0][1]
+    total_wall, total_used = cpu[-1][0] - cpu[0][0], cpu[-1][1] - cpu[0][1]
+    if wall <= 0 or total_wall <= 0 or total_used <= 0:
+        return None
+    return (total_used / total_wall) / max(used / wall, 1e-9)
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -397,9 +416,51 @@ def _trainer(out: Path, run: str, steps: int, *args: str) -> None:
         "1",
         *args,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_ENV, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"trainer failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=_ENV)
+        cpu = _cpu_clock(proc, time.monotonic() + 900)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"trainer failed: {' '.join(cmd)}\n{err.read()[-2000:]}")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / _CPU_CLOCK).open("a") as f:
+        f.writelines(f"{t:.4f} {c:.4f}\n" for t, c in cpu)
+
+
+_CPU_CLOCK = "cpu-clock.txt"
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_clock(proc: subprocess.Popen, deadline: float) -> list[tuple[float, float]]:
+    """The trainer process's CPU seconds (user + system, ``/proc/PID/stat``) against wall time, every 20 ms
+    until it exits: a step whose wall time grew while its CPU time did not waited for a core."""
+    rows: list[tuple[float, float]] = []
+    stat = Path(f"/proc/{proc.pid}/stat")
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError("trainer timed out")
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            rows.append((time.time(), (int(fields[11]) + int(fields[12])) / _TICK))
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.02)
+    return rows
+
+
+def _cpu_share(out: Path) -> list[tuple[float, float]]:
+    """The trainer's CPU clock as written by :func:`_trainer` (wall time, CPU seconds), or []."""
+    path = out / _CPU_CLOCK
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            rows.append((float(parts[0]), float(parts[1])))
+    return rows
 
 
 def _torchrun(out: Path, run: str, steps: int, *args: str, nproc: int = 2) -> None:
@@ -432,7 +493,16 @@ def _analyse_files(name: str, out: Path, clean: bool, source: str, config: Colle
     runs = import_file(out, storage, config)  # every rank's events*.jsonl, merged in time order
     labels = json.loads((out / "labels.json").read_text()) if (out / "labels.json").exists() else []
     summary = summarize(storage, runs[0])
-    return Result(name, labels, summary["anomalies"], clean, source=source, device=_device(out), clock=_clock(out))
+    return Result(
+        name,
+        labels,
+        summary["anomalies"],
+        clean,
+        source=source,
+        device=_device(out),
+        clock=_clock(out),
+        cpu=_cpu_share(out),
+    )
 
 
 def _clock(out: Path) -> dict[int, tuple[float, float]]:

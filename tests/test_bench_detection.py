@@ -132,3 +132,23 @@ def test_the_host_probe_measures_while_the_trainers_run(tmp_path) -> None:
     rows = probe.samples()
     assert len(rows) >= 5 and all(d > 0 for _, d in rows)
     assert probe.slowdown(rows[0][0], rows[-1][0]) is None  # fewer than 20 samples: nothing to compare with
+
+
+def test_steps_that_waited_for_a_core_are_the_environment_by_the_trainers_own_cpu_clock() -> None:
+    """Under a steady load the host's runnable count does not change, yet the trainer is descheduled in
+    stretches: its CPU seconds per wall second fall while its steps are slow. That is the environment; a
+    slowdown at the trainer's usual CPU rate (it was working, just slower) is not."""
+    clock = {s: (1000.0 + 0.1 * s + (2.0 if s >= 50 else 0.0), 0.1 if not 40 <= s < 50 else 0.3) for s in range(120)}
+    finding = {"kind": "throughput_collapse", "rank": 0, "first_step": 40, "last_step": 49, "message": "m",
+               "hint": "h", "evidence": {"cause": "compute"}}  # fmt: skip
+    times = [1000.0 + 0.02 * i for i in range(700)]
+    cpu, used = [], 0.0  # CPU seconds: a full core, a third of one while the slow steps ran
+    for t in times:
+        used += 0.02 * (0.3 if 1003.7 <= t <= 1005.0 else 1.0)
+        cpu.append((t, used))
+    res = detection.Result("t-clean-0", [], [finding], True, source="trainer", device="cpu", clock=clock, cpu=cpu)
+    env: list[str] = []
+    assert detection.score([res], None, env)[1] == 0 and len(env) == 1
+    working = [(t, 0.02 * i) for i, t in enumerate(times)]
+    busy = detection.Result("t-clean-1", [], [finding], True, source="trainer", device="cpu", clock=clock, cpu=working)
+    assert detection.score([busy], None, [])[1] == 1
