@@ -84,6 +84,11 @@ def test_eval_loss_at_ln4_for_every_eval_is_stuck_at_chance() -> None:
     assert not any(f.resolved for f in found)
 
 
+def test_a_huge_eval_loss_is_no_class_count_and_does_not_crash() -> None:
+    # the API fuzz sent an eval loss of 1e300: exp() overflowed inside the detector (a traceback in the collector)
+    assert feed(_det(), [start(), *_evals([1e300, 750.0, 1e300, 750.0, 1e300, 750.0])]) == []
+
+
 def test_a_flat_eval_loss_near_the_log_of_a_large_integer_is_not_chance() -> None:
     # 109: 4.12-4.13 is within 0.2% of ln 62 (and of ln 61, ln 63): it identifies no K
     rng = random.Random(3)

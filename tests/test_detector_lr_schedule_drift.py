@@ -265,10 +265,17 @@ def _hf_steps(path: Path) -> list[tuple[int, float]]:
 
 # HF logs whose reading (manifest.json) names an LR-schedule problem: file -> step where it shows.
 _LR_FAULTS = {"52_wav2vec2-bangla-lr-restart.json": 800}
+# ... and the one resumed into a new plan: the LR decayed to 0 at 1500, then a fresh 4000-step cosine from 1501
+_LR_NEW_PLAN = {"82_hf-resume-lr-rewarm-divergence.json": 1501}
 
 
 @pytest.mark.parametrize(
-    "name", sorted(p.name for p in REAL_LOGS.glob("*.json") if p.name != "manifest.json" and p.name not in _LR_FAULTS)
+    "name",
+    sorted(
+        p.name
+        for p in REAL_LOGS.glob("*.json")
+        if p.name != "manifest.json" and p.name not in _LR_FAULTS and p.name not in _LR_NEW_PLAN
+    ),
 )
 def test_real_hf_logs_are_silent_with_an_inferred_schedule(name):
     points = _hf_steps(REAL_LOGS / name)
@@ -280,6 +287,18 @@ def test_real_hf_logs_are_silent_with_an_inferred_schedule(name):
     for s, lr in points:
         feed.step(s, [lr])
     assert feed.findings == [], feed.findings[0].message
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _LR_NEW_PLAN if (REAL_LOGS / n).exists()))
+def test_real_hf_log_resumed_into_a_new_plan_is_flagged_where_the_lr_rose(name):
+    """82: resumed from the finished 1500-step run into a 4000-step plan: the LR rises from 0 to 1.38e-3 at 1501."""
+    data = json.loads((REAL_LOGS / name).read_text())
+    feed = Feed()
+    feed.start(None, planned=data.get("max_steps") or None)
+    for s, lr in _hf_steps(REAL_LOGS / name):
+        feed.step(s, [lr])
+    assert feed.findings, "the LR rise after the decay to 0 was not flagged"
+    assert feed.findings[0].step == _LR_NEW_PLAN[name], feed.findings[0].message
 
 
 @pytest.mark.parametrize("name", sorted(n for n in _LR_FAULTS if (REAL_LOGS / n).exists()))

@@ -76,6 +76,9 @@ def _entropy(p: float) -> float:
     return -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
+_MAX_LN_K = math.log(1e12)
+
+
 class Degenerate(Detector):
     """Saturated objective, no-op steps, a model stuck at chance, a classifier collapsed to one class."""
 
@@ -318,7 +321,8 @@ class Degenerate(Detector):
             self._chance_first = (self._chance_first[0], self._chance_first[1] + 1)
         else:
             was_open = self._open == "chance"
-            k = round(math.exp(loss))
+            # a uniform guess over K classes has loss ln K; past ln(1e12) no K is a class count (and exp overflows)
+            k = round(math.exp(loss)) if 0.0 < loss < _MAX_LN_K else 0
             ln_k = math.log(k) if k >= 2 else 0.0
             identifiable = k >= 2 and (
                 math.log(k + 1) - ln_k >= cfg.chance_separation * cfg.chance_tol * ln_k or k == self._vocab
