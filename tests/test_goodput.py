@@ -348,3 +348,14 @@ def test_an_imported_log_without_a_clock_has_no_goodput_fraction(tmp_path: Path)
     assert g["recomputed_steps"] == 0
     assert "synthetic" in s["unknown"]["goodput.fraction"]
     assert headline(s).startswith("unknown (the log has no clock")
+
+
+def test_the_last_attempt_interrupted_is_how_the_run_ended_not_a_failure() -> None:
+    """A Ctrl-C or a scheduler's time limit ends the run: no failure (a failure rate from it would be
+    invented); the same interruption followed by another attempt is one (above: its work was lost)."""
+    ledger = Ledger()
+    ledger.start(0, 0.0)
+    end = run_steps(ledger, range(30), 0.0, checkpoint_every=10)
+    ledger.end(0, end + 0.5, "interrupted")
+    r = ledger.result()
+    assert r["failures"] == 0 and shares(r).get("recomputation", 0.0) == 0.0

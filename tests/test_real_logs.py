@@ -496,3 +496,19 @@ def test_a_nan_that_never_ends_names_its_first_step() -> None:
     """55: 'nan' from step 9 to the end (133): the finding starts at 9 and its message says since when."""
     (nan,) = [a for a in _analysis("55_nanochat-sft-nan.log")["anomalies"] if a["kind"] == "nan_inf"]
     assert nan["first_step"] == 9 and "since step 9" in nan["message"], nan["message"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "96_megatron-lm-fp16-skipped-iters-early-spike-scancel.out",  # the user's scancel
+        "99_megatron-lm-all-iters-skipped-time-limit.out",  # the scheduler's time limit
+        "100_megatron-ds-gpt125m-fp16-eval-slow-intervals-ctrlc.log",  # Ctrl-C
+    ],
+)
+def test_an_interruption_that_ends_the_run_is_its_status_not_a_failed_attempt(name: str) -> None:
+    """Stopped from outside at the end: status interrupted, no failed attempt, no failure rate from it (the
+    verdict read 'PROBLEMS: 1 FAILED ATTEMPT' and 'failure rate 9.72/h' for a SLURM time limit)."""
+    s = _analysis(name)["summary"]
+    assert s["status"] == "interrupted"
+    assert s["failures"] == 0 and s["goodput"]["failures"] == 0 and s["checkpoint"]["failures"] == 0

@@ -84,7 +84,6 @@ MARKS = 64
 """Checkpoints remembered per attempt as resume points (a resume goes to one of the newest): the
 live ledger of a long run stays small."""
 
-_FAILED = ("failed", "interrupted", "lost")
 # The step-time parts a later resume may reclassify as recomputation (checkpoint and eval time was
 # spent on work that was kept or on a save that was resumed from: it stays where it is).
 _MOVABLE = ("productive", "data_stall", "slow_steps", "hang")
@@ -374,7 +373,9 @@ class Ledger:
         productive = 0.0
         recomputed = failures = 0
         for i, a in enumerate(self._attempts):
-            failed = a.status in _FAILED
+            # a failure costs the work since the last checkpoint and a restart; the last attempt's interruption
+            # (Ctrl-C, a time limit) is how the run ended (verdict.attempt_failed)
+            failed = a.status in ("failed", "lost") or (a.status == "interrupted" and i + 1 < len(self._attempts))
             failures += failed
             end = a.last_time
             if a.status is None:

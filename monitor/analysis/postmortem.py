@@ -67,7 +67,7 @@ from sqlalchemy import Connection, and_, bindparam, case, func, select
 from trainmon.hooks.schedules import Schedule
 from trainmon.monitor.analysis import budget, goodput
 from trainmon.monitor.analysis.fmt import fmt
-from trainmon.monitor.analysis.verdict import attempt_status, clusters
+from trainmon.monitor.analysis.verdict import attempt_failed, attempt_status, clusters
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.queries import anomaly_rows, step_base
 from trainmon.monitor.store.storage import (
@@ -860,7 +860,7 @@ def _attempts(stream_rows: list[dict[str, Any]], extents: list[dict[str, Any]]) 
                 "first_step": min((e["first"] for e in ext), default=None),
                 "last_step": max((e["last"] for e in ext), default=None),
                 "status": status,
-                "failed": status in ("failed", "interrupted", "lost"),
+                "failed": attempt_failed(status, attempt == newest),
                 "error": errors[0] if errors else None,
                 "resumed": bool((ss[0].get("start") or {}).get("resumed")),
                 "resumed_after_step": _resumed_after(ss[0].get("start")),

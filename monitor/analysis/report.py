@@ -160,7 +160,7 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("goodput", goodput.headline(s) or "-"),
         ("status", status),
         ("steps", steps),
-        ("attempts", f"{s.get('attempts')} ({s.get('failures', 0)} failed), {len(resumes)} resume(s)"),
+        ("attempts", _attempts_cell(s, len(resumes))),
         ("world size", fmt(s.get("world_size"))),
         ("wall time", _unknown(s, "duration_seconds") or duration(s.get("duration_seconds"))),
         ("tokens", fmt(s.get("tokens"))),
@@ -181,13 +181,22 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in rows if v not in ("-", "none recorded") or k in ("status", "steps")]
 
 
+def _attempts_cell(s: dict[str, Any], resumes: int) -> str:
+    """``2 (1 failed), 1 resume(s)``; a last attempt that was interrupted says so (it is not a failure)."""
+    parts = [f"{s.get('failures', 0)} failed"]
+    last = (s.get("attempts_detail") or [{}])[-1]
+    if last.get("status") == "interrupted" and not last.get("failed"):
+        parts.append("the last interrupted")
+    return f"{s.get('attempts')} ({', '.join(parts)}), {resumes} resume(s)"
+
+
 def run_health(open_severities: list[str], status: str | None) -> str:
     """One word for a run in a list: ``critical``/``warning`` (its worst open finding), ``failed``
     (it ended badly with nothing open), else ``healthy``."""
     for sev in ("critical", "warning"):
         if sev in open_severities:
             return sev
-    return "failed" if status in ("failed", "interrupted", "lost") else "healthy"
+    return "failed" if status in ("failed", "lost") else "healthy"  # an interruption is how it ended
 
 
 # -- terminal -------------------------------------------------------------------------------

@@ -16,7 +16,12 @@ healthy when none of its first-level findings is a warning or critical, *open or
 no attempt failed: a recovered loss spike is still a problem the post-mortem reports, so a list
 that called the run "healthy, 0 open findings" told a different story. Which findings are
 first-level is decided here too (:func:`clusters`), and so is whether an attempt failed
-(:func:`attempt_status`). This module stays free of pandas: the collector imports it.
+(:func:`attempt_status`, :func:`attempt_failed`). An attempt that crashed, or went silent and was
+followed by another, failed; so did one stopped from outside (``interrupted``: a preemption's
+SIGTERM, a node drain) that a later attempt had to take over, since its work since the last
+checkpoint was lost. The last attempt's interruption (a person's Ctrl-C or scancel, the scheduler's
+time limit) is how the run ended, shown as its status: not a failed attempt. This module stays free
+of pandas: the collector imports it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 __all__ = [
     "PRIORITY",
     "TOP",
+    "attempt_failed",
     "attempt_status",
     "clusters",
     "failed_attempts",
@@ -41,7 +47,6 @@ __all__ = [
 TOP = 3  # findings the verdict names; the rest are counted and follow in the details
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 _MAGNITUDE_KEYS = ("ratio", "largest_ratio", "slowdown", "rel_err", "z")
-_FAILED_ENDS = ("failed", "interrupted", "lost")
 
 # In a cluster of anomalies at the same steps, the one listed first is the first-level symptom;
 # the others localise or explain it (a grad-norm spike under the loss spike, a hot GPU under a straggler).
@@ -121,13 +126,20 @@ def attempt_status(ends: set[str | None], newest: bool) -> str:
     return "unknown"
 
 
+def attempt_failed(status: str, newest: bool) -> bool:
+    """Whether an attempt that ended with ``status`` (:func:`attempt_status`) counts as a failed one: it crashed
+    or was lost, or it was interrupted and a later attempt took over; the last attempt's interruption is how
+    the run ended, not a failure (module docstring)."""
+    return status in ("failed", "lost") or (status == "interrupted" and not newest)
+
+
 def failed_attempts(stream_rows: list[dict[str, Any]]) -> int:
-    """Attempts that failed, were interrupted or were lost, from ``streams`` rows (``attempt, end_status``)."""
+    """Attempts that failed (:func:`attempt_failed`), from ``streams`` rows (``attempt, end_status``)."""
     ends: dict[int, set[str | None]] = {}
     for s in stream_rows:
         ends.setdefault(s["attempt"], set()).add(s.get("end_status"))
     newest = max(ends, default=-1)
-    return sum(attempt_status(e, a == newest) in _FAILED_ENDS for a, e in ends.items())
+    return sum(attempt_failed(attempt_status(e, a == newest), a == newest) for a, e in ends.items())
 
 
 def health(anomalies: list[dict[str, Any]], failures: int = 0, steps: int | None = None) -> dict[str, Any]:
