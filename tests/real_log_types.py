@@ -8,6 +8,12 @@ together.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+# The real logs: ../shared/real-logs beside the checkout (CI clones main next to a copy of shared/), else the
+# workplace's own copy.
+_BESIDE = Path(__file__).resolve().parents[2] / "shared" / "real-logs"
+REAL_LOGS = next((p for p in (_BESIDE, Path("/work/shared/real-logs")) if p.exists()), _BESIDE)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, run_reference, start
 
+from tests.real_log_types import REAL_LOGS
 from trainmon.hooks.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.eval_regression import EvalRegression
@@ -304,7 +305,7 @@ def test_hf_importer_carries_the_trainers_best(tmp_path: Path) -> None:
 
 # -- the real logs of issue 14 (the readings in /work/shared/real-logs/manifest.json) --------------------------------
 
-_LOGS = Path("/work/shared/real-logs")
+_LOGS = REAL_LOGS
 
 
 def _real(name: str) -> list[dict]:

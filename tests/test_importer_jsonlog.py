@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from tests.real_log_types import REAL_LOGS
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import FORMATS, ImportFormatError, detect_format, read_events
 from trainmon.monitor.importers.jsonlog import _LINE_LIMIT, parse_duration
 from trainmon.monitor.store.storage import Storage
 
-LOGS = Path("/work/shared/real-logs")
+LOGS = REAL_LOGS
 MANIFEST = json.loads((LOGS / "manifest.json").read_text()) if (LOGS / "manifest.json").exists() else []
 BY_FILE = {m["file"]: m for m in MANIFEST}
 REAL = [

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.real_log_types import REAL_LOGS
 from trainmon.hooks.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import ImportFormatError, detect_format, read_events
@@ -24,7 +25,7 @@ from trainmon.monitor.importers.textlog import parse_textlog
 from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.store.storage import runs as runs_table
 
-LOGS = Path("/work/shared/real-logs")
+LOGS = REAL_LOGS
 _MANIFEST_FILE = LOGS / "manifest.json"
 MANIFEST = {m["file"]: m for m in json.loads(_MANIFEST_FILE.read_text())} if _MANIFEST_FILE.is_file() else {}
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from tests.real_log_types import REAL_LOGS
 from tests.trainer_helpers import ROOT, read_labels, run_trainer
 from trainmon.monitor.analysis.postmortem import analyse, import_file, optimal_checkpoint_interval, summarize
 from trainmon.monitor.store.storage import Storage
@@ -427,7 +428,7 @@ def test_many_anomaly_labels_never_overlap(faulted_analysis: Any) -> None:
 
 
 def test_imported_log_without_throughput_or_health_has_no_empty_panels(tmp_path: Path) -> None:
-    log = Path("/work/shared/real-logs/44_lightning-slm-v0.csv")
+    log = REAL_LOGS / "44_lightning-slm-v0.csv"
     if not log.exists():
         pytest.skip("real logs not available")
     _postmortem(str(log), "--out", str(tmp_path / "report"))

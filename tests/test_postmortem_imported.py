@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 
 from tests.events import event, step_events
+from tests.real_log_types import REAL_LOGS
 from trainmon.monitor.analysis.postmortem import import_file, optimal_checkpoint_interval, summarize
 from trainmon.monitor.store.storage import Storage
 
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
-LOGS = Path("/work/shared/real-logs")
+LOGS = REAL_LOGS
 
 # Figures made of time: null on a synthetic clock, each with its reason in summary["unknown"].
 CLOCK_FIGURES = (

@@ -18,7 +18,6 @@ Everything else any detector raises on these files fails ``test_no_unexpected_an
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,11 +26,11 @@ from tests.real_log_readings_hf_degenerate import READINGS_HF_DEGENERATE
 from tests.real_log_readings_megatron_deepspeed import READINGS_MEGATRON_DEEPSPEED
 from tests.real_log_readings_nanochat import READINGS_NANOCHAT
 from tests.real_log_readings_structured import READINGS_STRUCTURED
-from tests.real_log_types import _ANY, Allow, Expect, Known, Need
+from tests.real_log_types import _ANY, REAL_LOGS, Allow, Expect, Known, Need
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.store.storage import Storage
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "real-logs"
+LOGS = REAL_LOGS
 MANIFEST = json.loads((LOGS / "manifest.json").read_text()) if (LOGS / "manifest.json").exists() else []
 BY_FILE = {m["file"]: m for m in MANIFEST}
 
