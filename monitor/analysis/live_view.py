@@ -538,14 +538,8 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         # One line per finding, then its text across the whole width (a table column squeezed it
         # to ~24 characters at 80 columns: 40 lines for two findings).
         parts.append(Text("open anomalies", style="bold"))
-        for a in sorted(found, key=lambda a: (SEVERITY_ORDER.get(a["severity"], 3), a["first_step"] or 0)):
-            sev = str(a["severity"])
-            head = Text("  ")
-            head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))
-            rank = "all ranks" if a["rank"] < 0 else f"rank {a['rank']}"
-            head.append(visible_controls(f"  {a['kind']}  {rank}  steps {a['first_step']}-{a['last_step']}"))
-            parts.append(head)
-            parts.append(Padding(Text(visible_controls(str(a["message"]))), (0, 0, 0, 4)))
+        for a in _by_severity(found):
+            parts += _finding_lines(a)
             parts.append(Padding(Text(visible_controls(f"→ {a['hint']}"), style="dim"), (0, 0, 0, 4)))
         parts += _stack_lines(found)
     else:
@@ -554,15 +548,23 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     if recovered:
         # what the post-mortem still counts as problems though they resolved (a recovered spike)
         parts.append(Text("recovered", style="bold"))
-        for a in sorted(recovered, key=lambda a: (SEVERITY_ORDER.get(a["severity"], 3), a["first_step"] or 0)):
-            sev = str(a["severity"])
-            head = Text("  ")
-            head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))
-            rank = "all ranks" if a["rank"] < 0 else f"rank {a['rank']}"
-            head.append(visible_controls(f"  {a['kind']}  {rank}  steps {a['first_step']}-{a['last_step']}  recovered"))
-            parts.append(head)
-            parts.append(Padding(Text(visible_controls(str(a["message"]))), (0, 0, 0, 4)))
+        for a in _by_severity(recovered):
+            parts += _finding_lines(a, "  recovered")
     return Panel(Group(*parts), title="trainmon status", subtitle=escape_for_terminal(source) or None, expand=False)
+
+
+def _by_severity(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(anomalies, key=lambda a: (SEVERITY_ORDER.get(a["severity"], 3), a["first_step"] or 0))
+
+
+def _finding_lines(a: dict[str, Any], suffix: str = "") -> list[Any]:
+    """A finding across the panel: severity, kind, rank and steps on one line, its message below."""
+    sev = str(a["severity"])
+    head = Text("  ")
+    head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))
+    rank = "all ranks" if a["rank"] < 0 else f"rank {a['rank']}"
+    head.append(visible_controls(f"  {a['kind']}  {rank}  steps {a['first_step']}-{a['last_step']}{suffix}"))
+    return [head, Padding(Text(visible_controls(str(a["message"]))), (0, 0, 0, 4))]
 
 
 def follow(

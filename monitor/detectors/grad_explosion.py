@@ -257,13 +257,15 @@ class GradExplosion(Detector):
                 out.extend(self._clip_rate(step))
         return out
 
+    def _above(self, loss: float, ref: tuple[float, float]) -> bool:
+        """``loss`` far above the reference losses (median, sigma): the one test of a loss consequence."""
+        med, sd = ref
+        return loss - med > max(self.config.loss_z * sd, self.config.loss_rise * abs(med))
+
     def _loss_spiked(self, loss: Any) -> bool:
         """The loss of this very step is far above its reference, as ``_watch`` judges a consequence."""
         ref = self._loss_ref()
-        if ref is None or not finite(loss):
-            return False
-        med, sd = ref
-        return loss - med > max(self.config.loss_z * sd, self.config.loss_rise * abs(med))
+        return ref is not None and finite(loss) and self._above(loss, ref)
 
     def _norm(self, step: int, norm: float, layers: Any, out: list[Finding], with_loss: bool = False) -> bool:
         """Judge one norm; True when the open episode changed."""
@@ -364,7 +366,6 @@ class GradExplosion(Detector):
 
     def _watch(self, ep: _Episode, step: int, loss: Any) -> bool:
         """One entry of the loss watch after a spike; True when what the episode says changed."""
-        cfg = self.config
         ep.watch -= 1
         ep.watched += 1
         changed = ep.watch == 0  # the verdict is in
@@ -377,8 +378,8 @@ class GradExplosion(Detector):
             return True
         if not finite(loss) or ep.loss_ref is None:
             return changed
-        med, sd = ep.loss_ref
-        if loss - med <= max(cfg.loss_z * sd, cfg.loss_rise * abs(med)):
+        med = ep.loss_ref[0]
+        if not self._above(loss, ep.loss_ref):
             return changed
         ep.followed_peak = max(ep.followed_peak, ep.burst_peak)
         if ep.followed is None:
@@ -396,8 +397,7 @@ class GradExplosion(Detector):
         fo = ep.followed
         if fo is None or fo.get("loss") is None or fo.get("back_step") is not None or ep.loss_ref is None:
             return False
-        med, sd = ep.loss_ref
-        if not finite(loss) or loss - med > max(self.config.loss_z * sd, self.config.loss_rise * abs(med)):
+        if not finite(loss) or self._above(loss, ep.loss_ref):
             return False
         fo["back_step"] = step
         return True

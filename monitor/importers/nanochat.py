@@ -87,7 +87,7 @@ from trainmon.monitor.importers.common import (
     RunMark,
     TrainPoint,
 )
-from trainmon.monitor.importers.terminal import clean_text
+from trainmon.monitor.importers.terminal import clean_text, drop_echoed
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
 
 __all__ = ["EMA_BETA", "looks_like_nanochat", "parse_nanochat"]
@@ -107,9 +107,6 @@ _PART = re.compile(r"^\s*([\w/ ]+?)\s*:\s*(\S+)")
 _BATCH = re.compile(r"^Total batch size\s+([\d,]+)")
 _END = re.compile(r"^(Peak memory|Total training time|Minimum validation)")
 _NUM = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+)$|^[-+]?(?:nan|inf)$", re.IGNORECASE)
-# Keystrokes a terminal echoed in caret notation (ESC shown as ``^[``): cursor keys ``^[[B``, ``^[OA``,
-# ``^[c``, and control characters such as ``^C``. Only removed in front of a line.
-_ECHOED = re.compile(r"^(?:\^\[(?:\[[0-?]*[ -/]*[@-~]|O[@-~]|[@-~])|\^[@-Z\\\]^_?])+")
 _WORLD = re.compile(r"Distributed world size:\s*(\d+)")
 _LOADED = re.compile(r"Loading model from\s+(\S+?)/?\s+with step\s+(\d+)")
 _RESUMING = re.compile(r"Resuming optimization from step\s+(\d+)")
@@ -137,10 +134,7 @@ def looks_like_nanochat(head: str) -> bool:
 
 def _clean(raw: str) -> str:
     """The text of a line as a step line would read: escapes removed, echoed keystrokes in front dropped."""
-    line = clean_text(raw).strip()
-    if line.startswith("^"):
-        line = _ECHOED.sub("", line).strip()
-    return line
+    return drop_echoed(clean_text(raw))
 
 
 def _num(text: str) -> float | None:

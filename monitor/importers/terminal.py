@@ -4,8 +4,10 @@ Trainer stdout is often captured from a terminal (``script``, ``tee`` under a TT
 SLURM job with ``--pty``) and carries what the terminal interpreted rather than printed: colour and
 cursor escapes (CSI ``ESC [ ... m`` / ``ESC [ 1A`` / ``ESC [ 2K``, keystrokes such as ``ESC [ B``),
 hyperlinks and titles (OSC ``ESC ] ... BEL`` or ``ESC ] ... ESC \\``), progress bars redrawn in place
-with carriage returns, and backspaces. Every text importer judges and parses a line after
-:func:`clean_line`: the escapes removed, each backspace applied, and a line redrawn with ``\\r`` split
+with carriage returns, backspaces, and keystrokes the terminal echoed in caret notation in front of
+a line (``^[[B`` for the down arrow, ``^C``: printed text, not escapes). Every text importer judges
+and parses a line after :func:`clean_line`: the escapes and echoed keystrokes removed, each backspace
+applied, and a line redrawn with ``\\r`` split
 into the states it showed (a trainer that prints ``\\rstep N loss X`` keeps every step; a progress
 bar's states are lines no parser reads).
 
@@ -37,6 +39,7 @@ __all__ = [
     "binary_evidence",
     "clean_line",
     "clean_text",
+    "drop_echoed",
     "terminal_lines",
     "text_chunks",
 ]
@@ -53,6 +56,9 @@ CONTROL_SEQUENCE = re.compile(
 )
 """An ANSI/VT escape sequence (ECMA-48), matched whole so no parameter bytes are left behind."""
 
+# Keystrokes a terminal echoed in caret notation (ESC shown as ``^[``): cursor keys ``^[[B``, ``^[OA``,
+# ``^[c``, and control characters such as ``^C``. Only removed in front of a line.
+_ECHOED = re.compile(r"^(?:\^\[(?:\[[0-?]*[ -/]*[@-~]|O[@-~]|[@-~])|\^[@-Z\\\]^_?])+")
 _BACKSPACED = re.compile(r"[^\x08\n]\x08")
 # What no text holds once escapes are gone: C0 controls other than tab, line breaks, form feed and
 # backspace, DEL, and the replacement character of undecodable bytes.
@@ -94,10 +100,14 @@ def clean_line(raw: str) -> list[str]:
     raw = raw.rstrip("\r\n")
     if "\x1b" in raw or "\x08" in raw or "\x00" in raw:
         raw = clean_text(raw)
-    if "\r" not in raw:
-        line = raw.strip()
-        return [line] if line else []
-    return [s for s in (part.strip() for part in raw.split("\r")) if s]
+    states = [raw] if "\r" not in raw else raw.split("\r")
+    return [s for s in map(drop_echoed, states) if s]
+
+
+def drop_echoed(line: str) -> str:
+    """``line`` stripped, without the keystrokes a terminal echoed in caret notation in front of it."""
+    line = line.strip()
+    return _ECHOED.sub("", line).strip() if line.startswith("^") else line
 
 
 def terminal_lines(path: Path) -> Iterator[tuple[int, str]]:
