@@ -52,6 +52,8 @@ class LossScaleCollapse(Detector):
         self._calibrated = False
         # (step, scale or None, skip) of the logged steps within the last ``window`` steps
         self._events: collections.deque[tuple[int, float | None, bool]] = collections.deque()
+        # (step, scale) of the window's decreasing maxima: its high in O(1) a step (a 1M-step log imports fast)
+        self._highs: collections.deque[tuple[int, float]] = collections.deque()
         self._skips = 0
         self._consecutive = 0
         self._open: str | None = None  # the severity of the open anomaly
@@ -65,6 +67,7 @@ class LossScaleCollapse(Detector):
             self._consecutive = 0
             self._searching = []
             self._events.clear()
+            self._highs.clear()
             self._skips = 0
             return []
         if event.kind == "run_end":
@@ -119,15 +122,21 @@ class LossScaleCollapse(Detector):
         return out
 
     def _push(self, step: int, scale: float | None, skip: bool) -> None:
-        d = self._events
+        d, highs, oldest = self._events, self._highs, step - self.config.window
         d.append((step, scale, skip))
         self._skips += skip
-        while d and d[0][0] <= step - self.config.window:
+        while d and d[0][0] <= oldest:
             self._skips -= d.popleft()[2]
+        if scale is not None:
+            while highs and highs[-1][1] <= scale:
+                highs.pop()
+            highs.append((step, scale))
+        while highs and highs[0][0] <= oldest:
+            highs.popleft()
 
     def _fall(self, scale: float | None) -> int:
         """Powers of two between the highest scale held within the window and ``scale``."""
-        high = max((s for _, s, _ in self._events if s is not None), default=None)
+        high = self._highs[0][1] if self._highs else None
         if scale is None or high is None or scale >= high:
             return 0
         return math.floor(math.log2(high / scale) + 1e-9)
