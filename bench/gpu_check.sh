@@ -174,7 +174,8 @@ if [ $MODE = gpu ]; then
 else
     OVERHEAD+=(--rounds 2 --block 4 --warmup 2)
 fi
-TAIL=3 step overhead 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" "${OVERHEAD[@]}"
+TAIL=3 step overhead 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" "${OVERHEAD[@]}" \
+    --profile 40  # where the in-step time goes, per function of hooks/ and of torch.cuda
 TAIL=8 step overhead_sync 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" "$ROOT/bench/hook_overhead.py" \
     "${OVERHEAD[@]}" --sync-debug
 STEP_MS=$(val overhead baseline_step_ms)

@@ -568,7 +568,7 @@ def profile_trainmon(batches: Any, tmp: Path, collector: str, steps: int) -> str
     stats = pstats.Stats(prof)
     rows = []
     for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        if "/hooks/" in filename:
+        if "/hooks/" in filename or "torch/cuda/" in filename:  # trainmon's own, and torch's CUDA calls it makes
             rows.append((tt, ct, nc, f"{Path(filename).name}:{line} {func}"))
     rows.sort(reverse=True)
     out = [f"cProfile, {steps} steps of full instrumentation (profiler overhead inflates small functions):"]
