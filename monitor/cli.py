@@ -29,49 +29,34 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_postmortem(args: argparse.Namespace) -> int:
-    from trainmon.monitor.analysis.postmortem import analyse, import_file
-    from trainmon.monitor.store.storage import Storage
+    from trainmon.monitor.analysis.live_view import HttpSource, SourceError
 
+    report: Path | None = None
     with _progress(quiet=args.json) as progress:
-        if args.db is not None:
-            try:
-                storage = Storage(args.db, create=False)
-            except FileNotFoundError as exc:
-                _error("postmortem", exc)
+        if args.url is None and args.db is None and Path(args.target).exists():
+            analysis = _postmortem_of_file(args, progress)
+            if analysis is None:
                 return 2
-            run = args.target
         else:
-            path = Path(args.target)
-            if not path.exists():
-                _error("postmortem", f"{args.target} is not a file or folder; give --db to read a run from a store")
-                return 2
-            storage = Storage("sqlite://")
-            name = escape_for_terminal(path.name)  # progress descriptions are rich markup
-            task = progress.add_task(f"importing {name}", total=None)
             try:
-                found = import_file(
-                    path,
-                    storage,
-                    load_config(args.config),
-                    progress=lambda n: progress.update(task, description=f"importing {name}: {n:,} events"),
-                )
-            except ValueError as exc:
-                _error("postmortem", exc)
+                source = _live_source(args)
+                task = progress.add_task(f"analysing {escape_for_terminal(args.target)}", total=None)
+                analysis = source.postmortem(args.target)
+                if args.out is not None and isinstance(source, HttpSource):
+                    out = Path(args.out)
+                    page = source.report_page(args.target)  # the collector's page: the same report, plots inline
+                    out.mkdir(parents=True, exist_ok=True)
+                    report = out / "report.html"
+                    report.write_bytes(page)
+                progress.update(task, total=1, completed=1)
+            except (KeyError, SourceError) as exc:
+                why = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+                if args.url is None and args.db is None:  # RUN|FILE: say both readings
+                    why = f"{args.target} is not a file or folder; as a run: {why}"
+                _error("postmortem", why)
                 return 2
-            progress.update(task, total=1, completed=1)
-            if args.run is None and len(found) > 1:
-                _error("postmortem", f"{path} holds runs {found}; choose one with --run")
-                return 2
-            run = args.run or found[0]
-        task = progress.add_task("analysing", total=None)
-        try:
-            analysis = analyse(storage, run, lambda stage: progress.update(task, description=f"analysing: {stage}"))
-        except KeyError as exc:
-            _error("postmortem", exc.args[0])
-            return 2
-        progress.update(task, total=1, completed=1)
-        report = None
-        if args.out is not None:
+        summary = analysis if isinstance(analysis, dict) else analysis.summary
+        if args.out is not None and report is None:
             from trainmon.monitor.analysis.report import write_report
 
             task = progress.add_task("plots", total=None)
@@ -79,7 +64,6 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
                 analysis, Path(args.out), lambda stage: progress.update(task, description=f"writing {stage}")
             )
             progress.update(task, total=1, completed=1)
-    summary = analysis.summary
     if args.json:
         if report is not None:
             summary = {**summary, "report": str(report)}
@@ -89,8 +73,61 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
 
         print_summary(summary)
         if report is not None:
-            print(visible_controls(f"report: {report} (plots next to it)"))
-    return 0
+            print(visible_controls(f"report: {report}"))
+    return _judged(summary, args.fail_on)
+
+
+def _postmortem_of_file(args: argparse.Namespace, progress: Any) -> Any:
+    """Import the log FILE (or folder) into memory and analyse it; None (said on stderr) when it cannot be."""
+    from trainmon.monitor.analysis.postmortem import analyse, import_file
+    from trainmon.monitor.store.storage import Storage
+
+    path = Path(args.target)
+    storage = Storage("sqlite://")
+    name = escape_for_terminal(path.name)  # progress descriptions are rich markup
+    task = progress.add_task(f"importing {name}", total=None)
+    try:
+        found = import_file(
+            path,
+            storage,
+            load_config(args.config),
+            progress=lambda n: progress.update(task, description=f"importing {name}: {n:,} events"),
+        )
+    except ValueError as exc:
+        _error("postmortem", exc)
+        return None
+    progress.update(task, total=1, completed=1)
+    if args.run is None and len(found) > 1:
+        _error("postmortem", f"{path} holds runs {found}; choose one with --run")
+        return None
+    task = progress.add_task("analysing", total=None)
+    try:
+        analysis = analyse(
+            storage, args.run or found[0], lambda st: progress.update(task, description=f"analysing: {st}")
+        )
+    except KeyError as exc:
+        _error("postmortem", exc.args[0])
+        return None
+    progress.update(task, total=1, completed=1)
+    return analysis
+
+
+FAIL_ON = ("warning", "critical")
+
+
+def _judged(summary: dict[str, Any], fail_on: str | None) -> int:
+    """``--fail-on``'s exit status: 1 when a finding at or above ``fail_on`` exists, 2 when the input
+    held no step to judge, else 0 (always 0 without ``--fail-on``). The findings counted are the
+    verdict's (:func:`verdict.health`: first-level findings, open or recovered), so the exit status
+    says what the report's headline says."""
+    from trainmon.monitor.analysis.verdict import health
+
+    if fail_on is None:
+        return 0
+    if not summary.get("steps_logged"):
+        return 2
+    counts = health(summary.get("anomalies") or [])["counts"]
+    return 1 if any(counts[sev] for sev in FAIL_ON[FAIL_ON.index(fail_on) :]) else 0
 
 
 def _error(command: str, message: Any) -> None:
@@ -261,13 +298,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("postmortem", help="explain a run from a store (RUN --db) or a log FILE or folder")
+    p = sub.add_parser(
+        "postmortem",
+        help="explain a run from a log FILE or folder, a store (RUN --db) or a collector (RUN --url)",
+        description="Explain a run: a log FILE or folder (imported into memory), or RUN from a store (--db) or "
+        "a collector (--url; without either, and when RUN is no file, the local collector, then ./trainmon.sqlite). "
+        "Exit status: 0; with --fail-on SEVERITY, 1 when the report holds a finding at or above SEVERITY, "
+        "2 when the input could not be judged (unreadable, unknown run, no steps), else 0.",
+    )
     p.add_argument("target", metavar="RUN|FILE")
-    p.add_argument("--db", help="read RUN from this store instead of importing FILE")
+    _add_live_source(p)
     p.add_argument("--run", help="which run of a multi-run FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--config", help="TOML file with detector settings (for FILE)")
-    p.add_argument("--out", metavar="DIR", help="write PNG plots and a self-contained report.html here")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write a self-contained report.html here (with --url: the collector's page; else with the PNG plots)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        help="exit 1 when a finding at or above this severity exists, 2 when the input could not be judged, "
+        "0 otherwise (for CI jobs and post-run hooks)",
+    )
     p.set_defaults(func=_cmd_postmortem)
 
     p = sub.add_parser("import", help="store a log FILE (JSONL, trainer_state.json, TensorBoard, CSV, llm.c/nanoGPT)")

@@ -309,9 +309,17 @@ class DbSource:
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
         return run_status(self.storage, run, window)
 
+    def postmortem(self, run: str) -> Any:
+        """The post-mortem :class:`~trainmon.monitor.analysis.postmortem.Analysis` of ``run`` (its
+        series too: ``--out`` draws them); ``KeyError`` for an unknown run."""
+        from trainmon.monitor.analysis.postmortem import analyse  # pandas: only for a post-mortem
+
+        return analyse(self.storage, run)
+
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
 DEFAULT_STORE = "trainmon.sqlite"  # what ``trainmon serve`` writes without --db
+ANALYSIS_TIMEOUT = 600.0  # seconds a collector may take over a post-mortem (a million steps: ~10 s)
 
 
 def default_source(token: str | None = None) -> DbSource | HttpSource:
@@ -344,13 +352,16 @@ class HttpSource:
         self.token = token
         self.timeout = timeout
 
-    def _get(self, path: str) -> Any:
+    def _get(self, path: str, timeout: float | None = None) -> Any:
+        return json.loads(self._fetch(path, timeout))
+
+    def _fetch(self, path: str, timeout: float | None = None) -> bytes:
         req = urllib.request.Request(self.url + path)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                return resp.read()
         except urllib.error.HTTPError as err:
             try:
                 detail = json.loads(err.read() or b"{}").get("error", "")
@@ -378,6 +389,16 @@ class HttpSource:
 
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
         return _revive(self._get(f"/v1/runs/{urllib.parse.quote(run, safe='')}?window={window}"))
+
+    def postmortem(self, run: str) -> dict[str, Any]:
+        """The post-mortem summary the collector computed on its store (``GET /v1/runs/{run}/postmortem``),
+        the same JSON ``trainmon postmortem RUN --db STORE --json`` prints; ``KeyError`` for an unknown run."""
+        path = f"/v1/runs/{urllib.parse.quote(run, safe='')}/postmortem"
+        return _revive(self._get(path, ANALYSIS_TIMEOUT))
+
+    def report_page(self, run: str) -> bytes:
+        """The run's page in the collector's web view: the post-mortem's HTML report, plots inline."""
+        return self._fetch("/runs/" + urllib.parse.quote(run, safe=""), ANALYSIS_TIMEOUT)
 
 
 def _revive(value: Any) -> Any:
