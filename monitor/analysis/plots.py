@@ -144,6 +144,15 @@ def _mark_anomalies(ax: Axes, a: Analysis, kinds: tuple[str, ...]) -> None:
     ax.set_title(ax.get_title(), pad=6 + 12 * used, parse_math=False)
 
 
+def _extremes(ax: Axes, g: pd.DataFrame, low: str, high: str, colour: str) -> None:
+    """The band from each bin's ``low`` to its ``high`` column, as wide as the bin, with its upper
+    edge drawn as a line: a one-step spike in a bin of many steps shows at its true height. A band
+    through the bin centres (``fill_between`` without ``step``) narrows to a sliver at a lone
+    extreme, so a 111.9 spike among 0.8 losses looked like 12, the height of the bin's mean."""
+    ax.fill_between(g["step"], g[low], g[high], step="mid", color=colour, alpha=0.25, lw=0)
+    ax.plot(g["step"], g[high], drawstyle="steps-mid", color=colour, lw=0.8, alpha=0.8)
+
+
 def _by_attempt(df: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
     if df.empty:
         return []
@@ -164,7 +173,7 @@ def plot_loss(a: Analysis) -> Figure | None:
     groups = _by_attempt(b)
     for attempt, g in groups:
         colour = ATTEMPT_COLOURS[attempt % len(ATTEMPT_COLOURS)]
-        ax.fill_between(g["step"], g["loss_min"], g["loss_max"], color=colour, alpha=0.2, lw=0)
+        _extremes(ax, g, "loss_min", "loss_max", colour)
         ax.plot(g["step"], g["loss"], color=colour, lw=1.4,
                 label=f"train loss{_attempt_suffix(attempt, len(groups))} (mean, min-max)")  # fmt: skip
     bad = b[b["nonfinite"] > 0]
@@ -194,7 +203,7 @@ def plot_grad_norm(a: Analysis) -> Figure | None:
         return None
     fig, (ax,) = _figure()
     for i, (_attempt, g) in enumerate(_by_attempt(b)):
-        ax.fill_between(g["step"], g["grad_norm"], g["grad_norm_max"], color="#1f77b4", alpha=0.2, lw=0)
+        _extremes(ax, g, "grad_norm", "grad_norm_max", "#1f77b4")
         ax.plot(g["step"], g["grad_norm"], color="#1f77b4", lw=1.3, label=None if i else "pre-clip (mean, max)")
         if g["grad_norm_clipped"].notna().any():
             ax.plot(g["step"], g["grad_norm_clipped"], color="#ff7f0e", lw=1.3, label=None if i else "post-clip (mean)")
