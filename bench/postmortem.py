@@ -20,6 +20,17 @@ Last line: ``seconds=... peak_rss_mib=...``: the wall time of ``trainmon postmor
 --json`` as a user runs it (interpreter start-up and imports included) and that process's peak
 RSS. The store is built in another child process, because Linux charges a child the RSS high-water
 mark of the process it was forked from.
+
+``--foreign`` (issue 24): the post-mortem of a foreign log as a user runs it, ``trainmon postmortem
+FILE --json``, on a W&B-style CSV (``_step,train/loss,train/learning_rate,train/grad_norm``) of
+200,000 and 1,000,000 rows and on an HF ``trainer_state.json`` of 300,000 ``log_history`` entries
+(every step logged, an eval every 1,000), all with noise, a loss spike and warmup + cosine LR. The
+peers ``losslint check FILE --format json`` and ``runmedic diagnose FILE --json`` run on the same
+files when they are installed (``nan`` when not). The store run above is measured too, and the last
+line holds both: ``foreign_1m_seconds foreign_1m_rss_mib best_peer_1m_seconds ratio_to_best_peer``
+(trainmon's seconds over the fastest peer's: below 1 is faster) ``seconds peak_rss_mib``. With
+``--quick`` the files are 20,000 / 100,000 rows and 30,000 entries (the ``1m`` keys then hold the
+larger CSV) and the store run 100,000 steps.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -315,12 +327,9 @@ def generate(db: Path, n: int, seed: int = 0) -> dict:
     return {"steps": n, "spike": spike, "crash": crash, "resume_from": resume_from, "stall": stall}
 
 
-def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
-    """``trainmon postmortem RUN --db DB --json [--out DIR]`` as a user runs it: wall seconds (Python
-    start-up and imports included), the child's peak RSS in MiB, and its JSON."""
-    cmd = [sys.executable, "-m", "trainmon.monitor.cli", "postmortem", RUN, "--db", str(db), "--json"]
-    if out is not None:
-        cmd += ["--out", str(out)]
+def _timed(cmd: list[str]) -> tuple[float, float, int, str, str]:
+    """Run ``cmd`` as a user would: wall seconds (interpreter start-up and imports included), the
+    child's own peak RSS in MiB (``wait4``), its exit status, stdout and stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
         t = time.perf_counter()
@@ -330,11 +339,145 @@ def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out_f.seek(0)
         err_f.seek(0)
-        stdout, stderr = out_f.read(), err_f.read()
-    if proc.returncode:
-        raise SystemExit(f"postmortem failed ({proc.returncode}):\n{stderr[-3000:]}")
-    rss = usage.ru_maxrss / 1024  # KiB on Linux
+        return seconds, usage.ru_maxrss / 1024, proc.returncode, out_f.read(), err_f.read()  # KiB on Linux
+
+
+def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
+    """``trainmon postmortem RUN --db DB --json [--out DIR]``: wall seconds, peak RSS in MiB, its JSON."""
+    cmd = [sys.executable, "-m", "trainmon.monitor.cli", "postmortem", RUN, "--db", str(db), "--json"]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    seconds, rss, rc, stdout, stderr = _timed(cmd)
+    if rc:
+        raise SystemExit(f"postmortem failed ({rc}):\n{stderr[-3000:]}")
     return seconds, rss, json.loads(stdout)
+
+
+# -- foreign logs (--foreign) --------------------------------------------------------------------
+
+
+def _foreign_curve(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps, loss, LR and grad norm of a run of ``n`` logged steps: a decaying loss with 2% noise,
+    warmup (2% of the run) then cosine to 10%, and one loss spike with its grad-norm burst at 40%."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(n)
+    lr = _lr({"peak_lr": 3e-4, "total_steps": n, "warmup_steps": max(1, n // 50), "min_ratio": 0.1}, steps + 1)
+    loss = 2.0 + 8.8 * np.exp(-steps / (0.05 * n)) + 0.3 * np.exp(-steps / (0.5 * n))
+    loss = loss * np.exp(0.02 * rng.standard_normal(n))
+    gn = 0.3 + 2.0 * np.exp(-steps / 3000) + 0.05 * np.abs(rng.standard_normal(n))
+    spike = int(0.4 * n)
+    loss[spike] *= 8.0
+    gn[spike] *= 40.0
+    return steps, loss, lr, gn
+
+
+def _write_csv(path: Path, n: int) -> None:
+    """A W&B history export: ``_step`` (from 0), the train loss, LR and grad norm, printed as W&B does."""
+    steps, loss, lr, gn = _foreign_curve(n, seed=n)
+    with open(path, "w") as f:
+        f.write("_step,train/loss,train/learning_rate,train/grad_norm\n")
+        f.writelines(
+            f"{s},{a!r},{b!r},{c!r}\n"
+            for s, a, b, c in zip(steps.tolist(), loss.tolist(), lr.tolist(), gn.tolist(), strict=True)
+        )
+
+
+def _write_trainer_state(path: Path, n: int) -> None:
+    """An HF ``trainer_state.json`` with ``logging_steps=1``: ``n`` log_history entries (steps 1..),
+    an eval entry after every 1,000th step."""
+    steps, loss, lr, gn = _foreign_curve(n, seed=n + 1)
+    per_epoch = max(1, n // 3)
+    history: list[dict] = []
+    for s, a, b, c in zip(steps.tolist(), loss.tolist(), lr.tolist(), gn.tolist(), strict=True):
+        step = s + 1
+        epoch = round(step / per_epoch, 4)
+        history.append({"epoch": epoch, "grad_norm": c, "learning_rate": b, "loss": round(a, 4), "step": step})
+        if step % 1000 == 0:
+            history.append({"epoch": epoch, "eval_loss": round(a * 1.05, 4), "eval_runtime": 12.5, "step": step})
+    state = {
+        "best_metric": None,
+        "epoch": 3.0,
+        "global_step": n,
+        "log_history": history,
+        "logging_steps": 1,
+        "max_steps": n,
+        "num_train_epochs": 3,
+        "train_batch_size": 8,
+    }
+    path.write_text(json.dumps(state, indent=2))
+
+
+def _foreign_sizes(quick: bool) -> dict[str, tuple[str, int]]:
+    """Label -> (file name, rows). The ``1m`` label is the file the headline keys report."""
+    if quick:
+        return {
+            "csv_200k": ("wandb-20k.csv", 20_000),
+            "csv_1m": ("wandb-100k.csv", 100_000),
+            "hf_300k": ("trainer_state.json", 30_000),
+        }
+    return {
+        "csv_200k": ("wandb-200k.csv", 200_000),
+        "csv_1m": ("wandb-1m.csv", 1_000_000),
+        "hf_300k": ("trainer_state.json", 300_000),
+    }
+
+
+def _generate_foreign(folder: Path, quick: bool) -> None:
+    for label, (name, rows) in _foreign_sizes(quick).items():
+        (_write_trainer_state if label.startswith("hf") else _write_csv)(folder / name, rows)
+
+
+def _peer_commands(path: Path) -> dict[str, list[str]]:
+    """The peers installed next to this interpreter (or on PATH), as their docs run them."""
+    found = {}
+    for name, args in (
+        ("losslint", ["check", str(path), "--format", "json"]),
+        ("runmedic", ["diagnose", str(path), "--json"]),
+    ):
+        exe = Path(sys.executable).with_name(name)
+        exe_s = str(exe) if exe.exists() else shutil.which(name)
+        if exe_s:
+            found[name] = [exe_s, *args]
+    return found
+
+
+def _foreign(folder: Path, quick: bool) -> dict[str, float]:
+    """Time trainmon and the peers on each foreign file; the headline figures of the ``1m`` file."""
+    t = time.perf_counter()
+    gen = [sys.executable, __file__, "--generate-foreign", str(folder)] + (["--quick"] if quick else [])
+    subprocess.run(gen, check=True)  # in a child, so this process (the timed ones' parent) stays small
+    print(f"generated the foreign logs in {time.perf_counter() - t:.1f} s")
+    head: dict[str, float] = {}
+    for label, (name, rows) in _foreign_sizes(quick).items():
+        path = folder / name
+        seconds, rss, rc, stdout, stderr = _timed(
+            [sys.executable, "-m", "trainmon.monitor.cli", "postmortem", str(path), "--json"]
+        )
+        if rc:
+            raise SystemExit(f"trainmon postmortem {path} failed ({rc}):\n{stderr[-3000:]}")
+        summary = json.loads(stdout)
+        kinds = sorted({a["kind"] for a in summary["anomalies"]})
+        print(f"{name} ({rows:,} rows): trainmon {seconds:.2f} s, peak RSS {rss:.0f} MiB, anomalies {kinds}")
+        peers: dict[str, float] = {}
+        for peer, cmd in _peer_commands(path).items():
+            p_seconds, p_rss, p_rc, p_out, _ = _timed(cmd)
+            ok = p_out.strip().startswith(("{", "["))
+            print(
+                f"{name}: {peer} {p_seconds:.2f} s, peak RSS {p_rss:.0f} MiB (exit {p_rc}{'' if ok else ', no JSON'})"
+            )
+            if ok:
+                peers[peer] = p_seconds
+        if label == "csv_1m":
+            best = min(peers.values()) if peers else math.nan
+            head = {
+                "foreign_1m_seconds": seconds,
+                "foreign_1m_rss_mib": rss,
+                "best_peer_1m_seconds": best,
+                "ratio_to_best_peer": seconds / best,
+            }
+    if not _peer_commands(folder):
+        print("no peer installed (pip install losslint runmedic): best_peer_1m_seconds=nan")
+    return head
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,13 +486,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per rank (default 1,000,000; 100,000 with --quick)")
     parser.add_argument("--db", help="keep the store here (reused when it already holds a run of this size)")
     parser.add_argument("--plots", action="store_true", help="also time --out (PNG plots and the HTML report)")
+    parser.add_argument("--foreign", action="store_true", help="also time foreign logs (CSV, trainer_state.json)")
     parser.add_argument("--generate-only", metavar="DB", help=argparse.SUPPRESS)  # the child that builds the store
+    parser.add_argument("--generate-foreign", metavar="DIR", help=argparse.SUPPRESS)  # the child writing the logs
     args = parser.parse_args(argv)
     if args.generate_only:
         print(json.dumps(generate(Path(args.generate_only), args.steps)))
         return 0
+    if args.generate_foreign:
+        _generate_foreign(Path(args.generate_foreign), args.quick)
+        return 0
     n = args.steps or (100_000 if args.quick else 1_000_000)
     with tempfile.TemporaryDirectory(prefix="trainmon-bench-") as tmp:
+        foreign = _foreign(Path(tmp), args.quick) if args.foreign else {}
         db = Path(args.db) if args.db else Path(tmp) / "bench.sqlite"
         if not _holds(db, n):
             db.unlink(missing_ok=True)
@@ -371,7 +520,10 @@ def main(argv: list[str] | None = None) -> int:
             p_seconds, p_rss, _ = _postmortem(db, Path(tmp) / "report")
             print(f"with --out (6 PNGs + report.html): {p_seconds:.2f} s, peak RSS {p_rss:.0f} MiB")
     print(f"target: <= 10 s and <= 2048 MiB for 1,000,000 x {RANKS}" + (" (this run is smaller)" if n < 1e6 else ""))
-    print(f"seconds={seconds:.2f} peak_rss_mib={rss:.0f}")
+    head = " ".join(
+        f"{k}={v:.2f}" if k.endswith("seconds") or k.startswith("ratio") else f"{k}={v:.0f}" for k, v in foreign.items()
+    )
+    print(f"{head} seconds={seconds:.2f} peak_rss_mib={rss:.0f}".lstrip())
     return 0
 
 
