@@ -221,6 +221,57 @@ def test_provisioning_matches_the_compose_example() -> None:
     assert prom["scrape_configs"][0]["job_name"] == "trainmon"  # TrainmonCollectorDown's job
 
 
+def promtool_check_config(config: Path) -> subprocess.CompletedProcess:
+    """``promtool check config`` on ``config``: its syntax, and that the rule and credential files it
+    names exist where Prometheus would look (relative paths from the config's folder)."""
+    return subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool missing (Debian package 'prometheus')")
+def test_the_local_prometheus_config_is_valid_as_shipped() -> None:
+    """The README's local setup (``trainmon serve``, then ``prometheus --config.file=...``): the file
+    is valid as it is, loads the rules, and scrapes the loopback collector without a token."""
+    config = DASHBOARDS / "prometheus.yml"
+    proc = promtool_check_config(config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 1 rule files found" in proc.stdout and "rules found" in proc.stdout  # loaded, not skipped
+    (job,) = yaml.safe_load(config.read_text())["scrape_configs"]
+    assert job["static_configs"][0]["targets"] == ["127.0.0.1:9400"]  # `trainmon serve`'s default address
+    assert "authorization" not in job  # a loopback collector has no token
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool missing (Debian package 'prometheus')")
+def test_the_docker_prometheus_config_is_valid_where_compose_mounts_it(tmp_path: Path) -> None:
+    """The Prometheus container's files laid out as docker-compose.yml mounts them (volumes and the
+    token secret, under a temporary root), then ``promtool check config`` on the file its
+    ``--config.file`` names: the rules and the token are where the config looks for them."""
+    compose = yaml.safe_load((DASHBOARDS / "docker-compose.yml").read_text())
+    service = compose["services"]["prometheus"]
+    root = tmp_path / "container"
+    mounts = []
+    for volume in service["volumes"]:
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):  # a file of the repository; named volumes hold data
+            mounts.append((DASHBOARDS / source, target))
+    token = tmp_path / "trainmon.token"
+    token.write_text("a-token-of-at-least-16-characters\n")  # the user writes it before the first start
+    for secret in service["secrets"]:
+        assert Path(compose["secrets"][secret["source"]]["file"]).name == token.name
+        mounts.append((token, secret["target"]))
+    for source, target in mounts:
+        assert source.is_file(), source
+        placed = root / target.lstrip("/")
+        placed.parent.mkdir(parents=True, exist_ok=True)
+        placed.write_bytes(source.read_bytes())
+    (flag,) = [c for c in service["command"] if c.startswith("--config.file=")]
+    config = root / flag.removeprefix("--config.file=").lstrip("/")
+    proc = promtool_check_config(config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rules found" in proc.stdout
+    (job,) = yaml.safe_load(config.read_text())["scrape_configs"]
+    assert job["authorization"]["credentials_file"] and job["static_configs"][0]["targets"] == ["collector:9400"]
+
+
 def test_gpu_panels_have_one_unit_each_and_decode_throttling() -> None:
     """Watts and hertz on separate panels with their units; the throttle bitmask is not drawn as a
     number but decoded into named reasons on a state timeline."""
