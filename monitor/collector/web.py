@@ -18,10 +18,13 @@ not repeated back to back.
 from __future__ import annotations
 
 import html
+import json
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from trainmon.hooks.wire import json_safe
@@ -31,7 +34,7 @@ from trainmon.monitor.analysis.report import html_text, render_html, run_health,
 from trainmon.monitor.analysis.verdict import problems_line
 from trainmon.monitor.store.storage import Storage
 
-__all__ = ["WebView", "html_response"]
+__all__ = ["WebView", "api_page", "html_response", "register_docs"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 _MAX_CACHED = 64  # pages kept; the oldest go first
@@ -147,6 +150,7 @@ th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; }
 th { background: #f4f4f4; }
 .critical, .failed { color: #b00020; font-weight: bold; } .warning { color: #b36b00; font-weight: bold; }
 .healthy { color: #1b7f3b; font-weight: bold; }
+pre { font-size: 0.85em; background: #f7f7f7; padding: 6px; overflow-x: auto; }
 """
 
 
@@ -156,3 +160,104 @@ def _page(title: str, body: str, refresh_seconds: int | None = None) -> str:
         f'<!doctype html><html lang="en"><head><meta charset="utf-8">{refresh}<title>{html.escape(title)}</title>'
         f"<style>{_STYLE}</style></head><body>{body}</body></html>"
     )
+
+
+# -- the API reference ------------------------------------------------------------------------
+
+
+def register_docs(app: FastAPI) -> None:
+    """Serve ``GET /docs``: the API reference as a page of its own, rendered from ``app.openapi()``.
+
+    FastAPI's ``/docs`` (Swagger UI) and ``/redoc`` load their scripts and styles from a CDN, so
+    on a cluster without internet they are blank; the app must be created with ``docs_url=None,
+    redoc_url=None`` and this route registered instead. The page needs nothing from elsewhere and
+    runs no script (the web view's headers); ``/openapi.json`` stays the machine-readable schema.
+    """
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    def api_reference() -> HTMLResponse:
+        return html_response(api_page(app.openapi()))
+
+
+_METHODS = ("get", "post", "put", "patch", "delete", "head")
+_CONSTRAINTS = ("enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "format")
+
+
+def api_page(schema: dict[str, Any]) -> str:
+    """An OpenAPI schema as one HTML page: each operation with its parameters, request body and
+    responses, then the named schemas. Every string of the schema is escaped (it is our own, but
+    descriptions hold backticks, angle brackets and patterns)."""
+    info = schema.get("info") or {}
+    ops = [
+        (method, path, op)
+        for path, item in (schema.get("paths") or {}).items()
+        for method, op in item.items()
+        if method in _METHODS
+    ]
+    toc = "".join(
+        f'<li><a href="#{_anchor(m, p)}"><code>{m.upper()} {html_text(p)}</code></a> '
+        f"{html_text(op.get('summary', ''))}</li>"
+        for m, p, op in ops
+    )
+    body = [
+        f"<h1>{html_text(info.get('title', 'API'))} <small>version {html_text(info.get('version', '?'))}</small></h1>",
+        f"<p>{html_text(info.get('description', ''))}</p>",
+        '<p>The same, machine-readable: <a href="/openapi.json">/openapi.json</a> (OpenAPI '
+        f'{html_text(schema.get("openapi", ""))}). The web view: <a href="/">the runs</a>.</p>',
+        f"<ul>{toc}</ul>",
+    ]
+    body += [_operation(m, p, op) for m, p, op in ops]
+    named = (schema.get("components") or {}).get("schemas") or {}
+    if named:
+        body.append("<h2>Schemas</h2>")
+        body += [f'<h3 id="schema-{html_text(n)}">{html_text(n)}</h3>{_json_block(s)}' for n, s in named.items()]
+    return _page(f"{info.get('title', 'API')}: API reference", "\n".join(body))
+
+
+def _anchor(method: str, path: str) -> str:
+    return html_text(method + "-" + "".join(c if c.isalnum() else "-" for c in path).strip("-"))
+
+
+def _operation(method: str, path: str, op: dict[str, Any]) -> str:
+    parts = [f'<h2 id="{_anchor(method, path)}"><code>{method.upper()} {html_text(path)}</code></h2>']
+    parts.append(f"<p>{html_text(op.get('summary', ''))}</p>")
+    if op.get("description"):
+        parts.append(f"<p>{html_text(op['description'])}</p>")
+    params = op.get("parameters") or []
+    if params:
+        rows = "".join(
+            f"<tr><td><code>{html_text(p['name'])}</code></td><td>{html_text(p.get('in'))}</td>"
+            f"<td>{'yes' if p.get('required') else 'no'}</td><td>{_type(p.get('schema') or {})}</td>"
+            f"<td>{html_text(p.get('description', ''))}</td></tr>"
+            for p in params
+        )
+        head = "<tr><th>parameter</th><th>in</th><th>required</th><th>type</th><th>meaning</th></tr>"
+        parts.append(f"<table>{head}{rows}</table>")
+    request = op.get("requestBody")
+    if request:
+        for ctype, content in (request.get("content") or {}).items():
+            parts.append(f"<p>Request body ({html_text(ctype)}){' required' if request.get('required') else ''}:</p>")
+            parts.append(_json_block(content.get("schema") or {}))
+    rows = []
+    for status, answer in sorted((op.get("responses") or {}).items()):
+        schemas = [c.get("schema") for c in (answer.get("content") or {}).values() if c.get("schema")]
+        detail = "".join(_json_block(s) for s in schemas)
+        rows.append(f"<tr><td>{html_text(status)}</td><td>{html_text(answer.get('description', ''))}{detail}</td></tr>")
+    if rows:
+        parts.append(f"<table><tr><th>status</th><th>answer</th></tr>{''.join(rows)}</table>")
+    return "\n".join(parts)
+
+
+def _type(schema: dict[str, Any]) -> str:
+    """A parameter's type and its limits on one line: ``integer, minimum 2, maximum 2000, default 120``."""
+    words = [str(schema.get("type", "any"))]
+    words += [f"{k} {json.dumps(schema[k])}" for k in _CONSTRAINTS if k in schema]
+    if "default" in schema:
+        words.append(f"default {json.dumps(schema['default'])}")
+    return html_text(", ".join(words))
+
+
+def _json_block(schema: dict[str, Any]) -> str:
+    """A schema, folded (``<details>`` opens without a script), as indented JSON."""
+    text = json.dumps(schema, indent=2, sort_keys=False)
+    return f"<details><summary>schema</summary><pre>{html.escape(text)}</pre></details>"
