@@ -21,7 +21,15 @@ from grafana_client import GrafanaApi
 
 from trainmon import dashboards
 
-__all__ = ["DASHBOARD_DIR", "DASHBOARD_FILES", "ProvisionResult", "load_dashboards", "provision", "provision_command"]
+__all__ = [
+    "DASHBOARD_DIR",
+    "DASHBOARD_FILES",
+    "ProvisionResult",
+    "load_dashboards",
+    "mask_secret",
+    "provision",
+    "provision_command",
+]
 
 DASHBOARD_DIR = Path(dashboards.__file__).resolve().parent
 """The dashboards' folder (``trainmon.dashboards``: the repository's dashboards/, or its copy in a wheel)."""
@@ -99,6 +107,21 @@ def provision(
     return ProvisionResult(uid, created, answers)
 
 
+def mask_secret(text: str, secret: str) -> str:
+    """``text`` with ``secret`` replaced by ``***`` wherever it is the secret, not a piece of a word.
+
+    A plain replace of a short secret blanks every matching piece of other words: the token ``x``
+    turned "Max retries exceeded" into "Ma*** retries e***ceeded". A secret of 8 characters or more
+    does not occur by chance, so every occurrence goes (glued to other text too, as in a
+    percent-encoded ``token%3D...``); a shorter one only where it stands alone, between characters
+    that cannot be part of it (an ``=``, a space, a quote, a slash).
+    """
+    if len(secret) >= 8:
+        return text.replace(secret, "***")
+    part = r"[A-Za-z0-9_.~+-]"  # what tokens are made of (base64url, hex, Grafana's glsa_...)
+    return re.sub(rf"(?<!{part}){re.escape(secret)}(?!{part})", "***", text)
+
+
 def provision_command(
     url: str, token: str | None, folder: str, datasource_uid: str | None = None, dashboards: str | None = None
 ) -> int:
@@ -112,7 +135,7 @@ def provision_command(
     try:
         result = provision(url, token, folder, datasource_uid=datasource_uid, directory=directory)
     except Exception as exc:  # a short report, not a traceback: the user fixes the URL, token or server
-        message = f"{type(exc).__name__}: {exc}".replace(token, "***")
+        message = mask_secret(f"{type(exc).__name__}: {exc}", token)
         print(f"trainmon grafana provision: {message}", file=sys.stderr)
         return 1
     verb = "created" if result.folder_created else "existing"

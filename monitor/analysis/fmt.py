@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["fmt"]
+__all__ = ["fmt", "steps_text"]
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -31,3 +31,13 @@ def fmt(value: Any, digits: int = 4) -> str:
             return f"{value:,.0f}"
         return f"{value:.{digits}g}"
     return str(value)
+
+
+def steps_text(first: Any, last: Any, still_open: bool = False) -> str:
+    """Where a finding lies, for people: ``step 23``, ``steps 23-40``, or ``since step 23`` for one
+    still open (its last step is only where it was last renewed: "steps 23-23" read as over)."""
+    if first is None:
+        return "no step"
+    if still_open:
+        return f"since step {first}"
+    return f"step {first}" if last in (None, first) else f"steps {first}-{last}"

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, select
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.fmt import fmt as _fmt
+from trainmon.monitor.analysis.fmt import steps_text
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.analysis.verdict import (  # the one number format: 31,470, not 3.147e+04
     SEVERITY_ORDER,
@@ -434,7 +435,7 @@ def _stack_lines(found: list[dict[str, Any]]) -> list[Text]:
 
 def sparkline(values: list[float | None], width: int = 48) -> str:
     """Unicode block sparkline of the finite values, resampled to at most ``width`` characters;
-    a non-finite value shows as ``!``."""
+    a non-finite value shows as ``!``, an absent one (None: not logged) as a space: absent is not NaN."""
     if not values:
         return ""
     values = [_float(v) for v in values]
@@ -450,9 +451,7 @@ def sparkline(values: list[float | None], width: int = 48) -> str:
                 resampled.append(None if all(v is None for v in part) else float("nan"))
         values = resampled
     finite = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
-    if not finite:
-        return "!" * len(values)
-    lo, hi = min(finite), max(finite)
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
     out = []
     for v in values:
         if v is None:
@@ -514,7 +513,8 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     trends.add_column(justify="right")
     trends.add_row("loss", sparkline(recent.get("loss") or []), _cell(st.get("loss")))
     tps = recent.get("tokens_per_second") or []
-    trends.add_row(f"tokens/s (last {RECENT_STEPS} steps)", sparkline(tps), _cell(st.get("tokens_per_second")))
+    if st.get("tokens_per_second") is not None or any(v is not None for v in tps):  # a loop may log no tokens
+        trends.add_row(f"tokens/s (last {RECENT_STEPS} steps)", sparkline(tps), _cell(st.get("tokens_per_second")))
     if any(v is not None for v in recent.get("grad_norm") or []):
         gn = recent["grad_norm"]
         trends.add_row("grad norm", sparkline(gn), _cell(gn[-1] if gn else None))
@@ -570,7 +570,7 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         # what the post-mortem still counts as problems though they resolved (a recovered spike)
         parts.append(Text("recovered", style="bold"))
         for a in _by_severity(recovered):
-            parts += _finding_lines(a, "  recovered")
+            parts += _finding_lines(a, recovered=True)
     return Panel(Group(*parts), title="trainmon status", subtitle=escape_for_terminal(source) or None, expand=False)
 
 
@@ -578,13 +578,15 @@ def _by_severity(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(anomalies, key=lambda a: (SEVERITY_ORDER.get(a["severity"], 3), a["first_step"] or 0))
 
 
-def _finding_lines(a: dict[str, Any], suffix: str = "") -> list[Any]:
-    """A finding across the panel: severity, kind, rank and steps on one line, its message below."""
+def _finding_lines(a: dict[str, Any], recovered: bool = False) -> list[Any]:
+    """A finding across the panel: severity, kind, rank and steps on one line (an open one "since
+    step N"), its message below."""
     sev = str(a["severity"])
     head = Text("  ")
     head.append(visible_controls(sev), style=_SEVERITY_STYLE.get(sev, ""))
     rank = "all ranks" if a["rank"] < 0 else f"rank {a['rank']}"
-    head.append(visible_controls(f"  {a['kind']}  {rank}  steps {a['first_step']}-{a['last_step']}{suffix}"))
+    where = steps_text(a["first_step"], a["last_step"], still_open=not recovered)
+    head.append(visible_controls(f"  {a['kind']}  {rank}  {where}" + ("  recovered" if recovered else "")))
     return [head, Padding(Text(visible_controls(str(a["message"]))), (0, 0, 0, 4))]
 
 

@@ -149,8 +149,10 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     failure_rate = _unknown(s, "checkpoint.failure_rate_per_hour") or (
         f"{fmt(ck.get('failure_rate_per_hour'), 3)}/h (MTBF {duration(ck.get('mtbf_seconds'))})"
         if ck.get("failures")
-        else "no failed attempts"
+        else "-"  # no failed attempt: no rate to give (the attempts row says none failed)
     )
+    if not ck.get("failures") and not opt and "checkpoint.optimal_interval_seconds" not in (s.get("unknown") or {}):
+        optimal = "-"  # Young/Daly has no failure to weigh: a line that says nothing
     mfu = _unknown(s, "mfu") or (
         pct(s["mfu"]) if s.get("mfu") is not None else "- (needs flops_per_token or n_params, and peak_flops)"
     )
@@ -182,11 +184,14 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _attempts_cell(s: dict[str, Any], resumes: int) -> str:
-    """``2 (1 failed), 1 resume(s)``; a last attempt that was interrupted says so (it is not a failure)."""
+    """``2 (1 failed), 1 resume(s)``; a last attempt that was interrupted says so (it is not a failure);
+    ``1`` for a run that started once and finished (nothing else to say)."""
     parts = [f"{s.get('failures', 0)} failed"]
     last = (s.get("attempts_detail") or [{}])[-1]
     if last.get("status") == "interrupted" and not last.get("failed"):
         parts.append("the last interrupted")
+    if s.get("attempts") == 1 and not resumes and last.get("status") == "finished":
+        return "1"
     return f"{s.get('attempts')} ({', '.join(parts)}), {resumes} resume(s)"
 
 
@@ -264,16 +269,12 @@ def _print_verdict(s: dict[str, Any], console: Console) -> None:
     console.print(Text(v["headline"].upper(), style="bold green" if v["healthy"] else "bold red"), soft_wrap=True)
     for f in v["findings"]:
         sev = f["severity"]
-        state = "still open at the end" if not f["recovered"] else "recovered"
         head = Text(f"#{f['number']} ", style="bold")
         head.append(f["kind"], style="bold")
         head.append(f"  {sev}", style=_COLOUR.get(sev, ""))
-        tail = visible_controls(f"  {f['when']}, {_who(f['rank'])}, {state}")
-        if len(head) + len(tail) <= console.width:
-            console.print(head + Text(tail))
-        else:  # the state goes to its own indented line rather than wrapping to column 0
-            console.print(head + Text(tail.rsplit(", ", 1)[0] + ","))
-            _prose(console, state, 4, first="    ")
+        head.append(visible_controls(f"  {_who(f['rank'])}"))
+        console.print(head, soft_wrap=True)
+        _prose(console, ", ".join(filter(None, [f["when"], f["state"]])), 4, first="    ")
         _prose(console, f["what"], 4, first="    ")
         _prose(console, f["todo"], 4, "dim", first="  → ")
     if v["more"]:
@@ -561,10 +562,10 @@ def _verdict_html(s: dict[str, Any]) -> str:
         parts.append("<ol>")
         for f in v["findings"]:
             sev = html.escape(f["severity"])
-            state = "still open at the end" if not f["recovered"] else "recovered"
+            when = ", ".join(filter(None, [f["when"], _who(f["rank"]), f["state"]]))
             parts.append(
                 f'<li value="{f["number"]}"><b>{html_text(f["kind"])}</b> <span class="{sev}">{sev}</span> '
-                f"&middot; {html_text(f['when'])}, {html_text(_who(f['rank']))}, {html_text(state)}"
+                f"&middot; {html_text(when)}"
                 f"<div>{_prose_html(f['what'])}</div>"
                 f'<div class="hint">&rarr; {_prose_html(f["todo"])}</div></li>'
             )

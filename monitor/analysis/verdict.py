@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trainmon.monitor.analysis.fmt import steps_text
+
 __all__ = [
     "PRIORITY",
     "TOP",
@@ -233,12 +235,25 @@ def _when(a: dict[str, Any], steps: int, run_last: int | None = None) -> str:
     first, last = a.get("first_step"), a.get("last_step")
     if first is None:
         return "no step"
-    where = f"step {first}" if last in (None, first) else f"steps {first}-{last}"
-    where += f" ({steps:,} steps)" if steps > 1 else ""
-    end = max(first, last if last is not None else first, first + steps - 1)
-    if a.get("status") == "open" and run_last is not None and run_last > end:
+    where = steps_text(first, last) + (f" ({steps:,} steps)" if steps > 1 else "")
+    if _open_past(a, steps, run_last):
         where += f", still open at the end (step {run_last})"
     return where
+
+
+def _open_past(a: dict[str, Any], steps: int, run_last: int | None) -> bool:
+    """``a`` is open and the run went on past the steps it names."""
+    first, last = a.get("first_step"), a.get("last_step")
+    if first is None or a.get("status") != "open" or run_last is None:
+        return False
+    return run_last > max(first, last if last is not None else first, first + steps - 1)
+
+
+def _state(a: dict[str, Any], steps: int, run_last: int | None) -> str | None:
+    """``recovered`` or ``still open at the end``; None where :func:`_when` already said it is open."""
+    if a.get("status") != "open":
+        return "recovered"
+    return None if _open_past(a, steps, run_last) else "still open at the end"
 
 
 def _cost(summary: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
@@ -306,8 +321,11 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     """``{"healthy", "health", "headline", "findings": [top findings], "more", "cost": [lines]}``.
 
     Healthy means no first-level warning or critical finding and no failed attempt; info findings
-    are details. Each finding carries its number (as in the timeline), kind, severity, rank, status,
-    when, steps, what happened (the detector's message) and what to do (its hint)."""
+    are details. The findings are the :data:`TOP` with the most impact, listed by their number (as in
+    the timeline: step order), so a box of problems reads 1, 2, 3 and never "#2" above "#1". Each
+    carries its number, kind, severity, rank, status, when, its state at the end (``recovered``,
+    ``still open at the end``, or None where ``when`` already says so), steps, what happened (the
+    detector's message) and what to do (its hint)."""
     anomalies = summary.get("anomalies") or []
     numbers = finding_numbers(summary)
     run_last = summary.get("last_step")
@@ -316,7 +334,7 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     serious.sort(key=lambda na: impact_key(na[1], run_last))
     failures = summary.get("failures") or 0
     findings = []
-    for n, a in serious[:TOP]:
+    for n, a in sorted(serious[:TOP], key=lambda na: na[0]):  # the most impact chosen, shown in step order
         steps = _steps_covered(a, run_last)
         findings.append(
             {
@@ -330,6 +348,7 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
                 "last_step": a.get("last_step"),
                 "steps": steps,
                 "when": _when(a, steps, run_last),
+                "state": _state(a, steps, run_last),
                 "what": a.get("message") or "",
                 "todo": a.get("hint") or "",
             }
