@@ -35,10 +35,12 @@ The last line is ``samples_per_s=... p50_latency_s=... p99_latency_s=... rss_gro
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import multiprocessing as mp
 import os
+import random
 import signal
 import socket
 import statistics
@@ -47,17 +49,21 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import orjson
 import psutil
 import sqlalchemy
 import sqlalchemy.pool
+import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainmon.hooks.transport import Transport
+from trainmon.hooks.wire import MAX_EVENTS_PER_BATCH, VERSION
 
 RUN = "load"
 SAMPLE_FIELDS = 19  # numeric leaves of the step below, ``step`` itself not counted
@@ -144,6 +150,136 @@ def _client(
         t.close(timeout=30)
     spooled = sum(t.spooled for t in transports.values())
     out.send({"faults": sent_faults, "steps": step, "dropped": dropped, "spooled": spooled})
+
+
+class _SimRank:
+    """One simulated rank of the sweep: its own keep-alive connection, and the transport's cadence.
+
+    Like ``Transport``: a tick every ``flush`` seconds (at a phase of its own, since every rank's
+    sender thread starts at a different moment), each tick sends what was queued as one batch and
+    waits for the answer; what becomes due meanwhile waits for the next tick, so a slow collector
+    gets fewer, larger batches. A refusal (503, 429) or a lost connection keeps the events for the
+    next tick, as the transport's spool does, so no event is lost or counted twice. Without a thread
+    per rank: 16,384 ``Transport`` threads would measure the load generator, not the collector.
+    """
+
+    def __init__(self, rank: int, world: int, stream: str) -> None:
+        self.rank = rank
+        self.world = world
+        self.stream = stream
+        self.seq = 0
+        self.made = 0  # steps generated so far (step k is due at t_start + k / step_hz)
+        self.queue: list[tuple[float, bytes]] = []  # (due time, encoded event) not yet acknowledged
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    def event(self, kind: str, fields: dict[str, Any], due: float) -> None:
+        ev = _event(kind, self.rank, self.stream, fields)
+        ev["time"], ev["seq"] = due, self.seq
+        self.seq += 1
+        self.queue.append((due, orjson.dumps(ev)))
+
+
+async def _post(rank: _SimRank, host: str, port: int, body: bytes) -> int:
+    """POST one batch on the rank's connection (reconnecting once if it went stale); the HTTP status."""
+    head = (
+        f"POST /v1/events HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    for attempt in (0, 1):
+        try:
+            if rank.conn is None:
+                rank.conn = await asyncio.open_connection(host, port)
+            reader, writer = rank.conn
+            writer.write(head + body)
+            status_line = await reader.readuntil(b"\r\n")
+            headers = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in headers.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            return int(status_line.split()[1])
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+            if rank.conn is not None:
+                rank.conn[1].close()
+            rank.conn = None
+            if attempt:
+                return 0
+    return 0
+
+
+async def _sim_ranks(ranks: list[int], world: int, host: str, port: int, pipe: Any) -> dict[str, Any]:
+    """Every rank of one client process on one event loop.
+
+    First each rank's ``run_start`` until acknowledged (a job's start: the collector primes its
+    detectors), then the parent's clock: steps from ``t_start``, the latency of each step due in
+    ``[t_measure, t_stop)`` from due to acknowledged (stored and detected)."""
+    sims = [_SimRank(r, world, f"sweep{os.getpid()}r{r}") for r in ranks]
+    start = {"world_size": world, "planned_steps": 10**6, "vocab_size": 64, "framework": "bench"}
+    latencies: list[float] = []
+    refused = slow = batches = 0
+
+    async def send(sim: _SimRank, t_measure: float, t_stop: float) -> None:
+        nonlocal refused, slow, batches
+        sent = sim.queue[:MAX_EVENTS_PER_BATCH]
+        body = b'{"version":%d,"events":[%b]}' % (VERSION, b",".join(line for _, line in sent))
+        t0 = time.time()
+        status = await _post(sim, host, port, body)
+        acked = time.time()
+        batches += 1
+        slow += acked - t0 > 5.0  # what a Transport (5 s timeout) would have spooled and resent
+        if status == 200:
+            del sim.queue[: len(sent)]
+            latencies.extend(acked - due for due, _ in sent if t_measure <= due < t_stop)
+        else:
+            refused += 1
+
+    async def begin(sim: _SimRank) -> None:
+        await asyncio.sleep(random.random())  # the ranks of a job start within a second, not at once
+        sim.event("run_start", start, time.time())
+        while sim.queue:
+            await send(sim, 0.0, 0.0)
+            if sim.queue:
+                await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(begin(sim) for sim in sims))
+    pipe.send("started")
+    step_hz, flush, t_start, t_measure, t_stop, drain = pipe.recv()
+
+    async def run(sim: _SimRank) -> None:
+        tick = t_start + random.random() * flush  # each rank's sender thread started at its own moment
+        while True:
+            now = time.time()
+            if tick > now:
+                await asyncio.sleep(tick - now)
+            now = time.time()
+            producing = now < t_stop
+            while producing and t_start + sim.made / step_hz <= min(now, t_stop):
+                due = t_start + sim.made / step_hz
+                sim.event("step", _step_fields(sim.made, sim.rank, False), due)
+                sim.made += 1
+            if not producing and (not sim.queue or now > t_stop + drain):
+                break
+            if sim.queue:
+                await send(sim, t_measure, t_stop)
+            tick = max(tick + flush, time.time())
+        if sim.conn is not None:
+            sim.conn[1].close()
+
+    tasks = [asyncio.ensure_future(run(sim)) for sim in sims]
+    _, late = await asyncio.wait(tasks, timeout=t_stop + drain + 5.0 - time.time())
+    for task in late:  # a request still unanswered past the drain: its events count as not acknowledged
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+    unacked = sum(1 for sim in sims for due, _ in sim.queue if t_measure <= due < t_stop)
+    return {"latencies": latencies, "unacked": unacked, "refused": refused, "slow": slow, "batches": batches}
+
+
+def _sweep_client(ranks: list[int], world: int, host: str, port: int, pipe: Any) -> None:
+    """One client process of the sweep (a uvloop event loop, as the collector has)."""
+    uvloop.install()
+    pipe.send(asyncio.run(_sim_ranks(ranks, world, host, port, pipe)))
 
 
 def _free_port() -> int:
@@ -249,9 +385,20 @@ def main() -> None:
         "--postgres", action="store_true", help="store in a throwaway PostgreSQL cluster (fsync on) instead"
     )
     ap.add_argument("--profile", help="py-spy profile of the collector to this file (.svg: flame graph, else raw)")
+    ap.add_argument(
+        "--sweep",
+        type=lambda text: [int(w) for w in text.split(",") if w],
+        default=[1024, 4096, 16384],
+        help="world sizes of the rank sweep, comma-separated ('' for none)",
+    )
+    ap.add_argument("--sweep-step-hz", type=float, default=1.0, help="steps per second per rank in the sweep")
+    ap.add_argument("--sweep-warmup", type=float, default=10.0)
+    ap.add_argument("--sweep-duration", type=float, default=20.0, help="measured seconds of each sweep point")
+    ap.add_argument("--sweep-only", action="store_true", help="the sweep without the 1,024-rank headline run")
     args = ap.parse_args()
     if args.quick:
         args.duration, args.warmup = 20.0, 8.0
+        args.sweep_duration, args.sweep_warmup = 6.0, 4.0
     if args.soak:
         args.duration = args.soak
 
@@ -260,23 +407,35 @@ def main() -> None:
         if args.postgres:  # initdb + pg_ctl on loopback, as the storage tests do
             from tests.postgres import create_database, throwaway_cluster
 
-            db = create_database(stack.enter_context(throwaway_cluster(fsync=True)), prefix="load_")
+            cluster = stack.enter_context(throwaway_cluster(fsync=True))
+            new_db: Callable[[str], str] = lambda name: create_database(cluster, prefix=f"{name}_")  # noqa: E731
         else:
-            db = args.db or str(tmp / "load.sqlite")
-        _load(args, tmp, db, stack)
+            new_db = lambda name: str(tmp / f"{name}.sqlite")  # noqa: E731
+        line = [] if args.sweep_only else [_load(args, tmp, args.db or new_db("load"), stack)]
+        if args.sweep:
+            line.append(_sweep(args, tmp, new_db))
+        print(" ".join(line))
 
 
-def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitStack) -> None:
-    store = sqlalchemy.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=sqlalchemy.pool.NullPool)
+def _start_collector(db: str, log: Path, port: int, config: Path | None = None) -> subprocess.Popen:
+    """``trainmon serve`` as a user starts it (no token, loopback)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"}
+    command = [sys.executable, "-m", "trainmon.monitor.cli", "serve", "--db", db, "--port", str(port)]
+    if config is not None:
+        command += ["--config", str(config)]
+    return subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+
+
+def _store(db: str) -> sqlalchemy.Engine:
+    return sqlalchemy.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=sqlalchemy.pool.NullPool)
+
+
+def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitStack) -> str:
+    """The headline run: ``--ranks`` real transports at ``--step-hz``; its key=value summary."""
+    store = _store(db)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if k != "TRAINMON_TOKEN"}
-    collector = subprocess.Popen(
-        [sys.executable, "-m", "trainmon.monitor.cli", "serve", "--db", db, "--port", str(port)],
-        stdout=open(tmp / "collector.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    collector = _start_collector(db, tmp / "collector.log", port)
     clients: list[mp.process.BaseProcess] = []
     stack.callback(_leave_nothing_behind, collector, clients)  # whatever goes wrong below
     _wait_healthy(url, collector)
@@ -419,11 +578,117 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
         print("RSS over time (MiB)   " + " ".join(f"{m:.0f}" for m in measured[::step]))
     if args.profile:
         print(f"profile               {args.profile}")
-    print(
+    return (
         f"samples_per_s={samples_per_s:.0f} steps_per_s={steps_per_s:.0f} p50_latency_s={_pct(latencies, 0.5):.3f} "
         f"p99_latency_s={_pct(latencies, 0.99):.3f} ack_p99_s={ack99:.3f} missed_faults={missed} "
         f"rss_growth_mib={growth:.1f} ranks={args.ranks} seconds={t1 - t0:.0f} sigterm_exit_s={stop_s:.1f}"
     )
+
+
+# The sweep's bar: a step acknowledged (stored and detected) within 2 s of being due, for 99 % of them.
+SWEEP_P99_S = 2.0
+
+
+def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) -> str:
+    """World sizes one after another, each against a fresh collector and store; the key=value summary."""
+    print(f"\nrank sweep: {args.sweep} ranks at {args.sweep_step_hz} step/s, flush {args.flush_interval}s, "
+          f"warmup {args.sweep_warmup}s, measured {args.sweep_duration}s each")  # fmt: skip
+    points = []
+    for world in args.sweep:
+        with contextlib.ExitStack() as stack:
+            points.append(_sweep_point(args, world, tmp / f"sweep{world}", new_db(f"sweep{world}"), stack))
+        p = points[-1]
+        print(
+            f"  {world:>6} ranks: {p['steps_per_s']:8,.0f} of {p['offered']:,.0f} steps/s stored; "
+            f"due->acknowledged p50 {p['p50']:.2f}s p99 {p['p99']:.2f}s; collector {p['cores']:.2f} cores, "
+            f"simulated ranks {p['client_cores']:.2f}; {p['batches']:,} batches, {p['refused']} refused, "
+            f"{p['slow']} over 5 s, {p['unacked']} not acknowledged; collector RSS peak {p['rss']:.0f} MiB; "
+            f"all ranks started (run_start acknowledged) in {p['started_s']:.1f}s"
+        )
+    kept = [p["world"] for p in points if p["p99"] <= SWEEP_P99_S]
+    # The largest world size kept within the bar, and below it none that was not (no lucky point past a failure).
+    best = max((w for w in kept if all(p["p99"] <= SWEEP_P99_S for p in points if p["world"] <= w)), default=0)
+    print(f"largest world size within p99 <= {SWEEP_P99_S:g} s: {best or 'none'} (load average {_loadavg()})")
+    keys = [f"max_ranks_p99_2s={best}"]
+    for p in points:
+        w = p["world"]
+        keys.append(f"r{w}_steps_per_s={p['steps_per_s']:.0f} r{w}_p99_s={p['p99']:.3f} r{w}_cores={p['cores']:.2f}")
+    return " ".join(keys)
+
+
+def _sweep_point(args: argparse.Namespace, world: int, tmp: Path, db: str, stack: contextlib.ExitStack) -> dict:
+    """``world`` simulated ranks at ``--sweep-step-hz`` against a fresh collector: latency, rate, CPU."""
+    tmp.mkdir()
+    config = tmp / "collector.toml"
+    # One job of ``world`` ranks (not 429), each with a batch in the queue at times (not 503): the limits a
+    # deployment of that size sets; the defaults fit a 1,024-rank job.
+    config.write_text(f"max_ranks_per_run = {max(8192, world)}\nmax_pending_batches = {max(4096, 2 * world)}\n")
+    port = _free_port()
+    collector = _start_collector(db, tmp / "collector.log", port, config)
+    clients: list[mp.process.BaseProcess] = []
+    stack.callback(_leave_nothing_behind, collector, clients)
+    _wait_healthy(f"http://127.0.0.1:{port}", collector)
+    proc = psutil.Process(collector.pid)
+    store = _store(db)
+    stack.callback(store.dispose)
+
+    ctx = mp.get_context("spawn")
+    pipes = []
+    t_begin = time.time()
+    for k in range(args.procs):
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(
+            target=_sweep_client, args=(list(range(k, world, args.procs)), world, "127.0.0.1", port, theirs)
+        )
+        p.start()
+        clients.append(p)
+        pipes.append(ours)
+    for pipe in pipes:  # every rank's run_start acknowledged: the job has started
+        if not pipe.poll(600):
+            raise SystemExit(f"{world} ranks did not start within 600 s")
+        pipe.recv()
+    started_s = time.time() - t_begin
+    t_start = time.time() + 0.5
+    t_measure = t_start + args.sweep_warmup
+    t_stop = t_measure + args.sweep_duration
+    for pipe in pipes:
+        pipe.send((args.sweep_step_hz, args.flush_interval, t_start, t_measure, t_stop, 10.0))
+    client_procs = [psutil.Process(p.pid) for p in clients]
+    peak = 0.0
+    while time.time() < t_measure:
+        peak = max(peak, _rss_mib(_tree(proc)))
+        time.sleep(0.5)
+    cpu0, load0, n0, t0 = _cpu(_tree(proc)), _cpu(client_procs), _stored_steps(store), time.time()
+    while time.time() < t_stop:
+        peak = max(peak, _rss_mib(_tree(proc)))
+        time.sleep(min(0.5, max(0.0, t_stop - time.time())))
+    cpu1, load1, n1, t1 = _cpu(_tree(proc)), _cpu(client_procs), _stored_steps(store), time.time()
+    reports = [pipe.recv() for pipe in pipes]
+    for p in clients:
+        p.join(30)
+    _terminate(collector)
+    latencies = [x for rep in reports for x in rep["latencies"]]
+    unacked = sum(rep["unacked"] for rep in reports)
+    latencies += [math.inf] * unacked
+    return {
+        "world": world,
+        "offered": world * args.sweep_step_hz,
+        "steps_per_s": (n1 - n0) / (t1 - t0),
+        "p50": _pct(latencies, 0.5),
+        "p99": _pct(latencies, 0.99),
+        "cores": (cpu1 - cpu0) / (t1 - t0),
+        "client_cores": (load1 - load0) / (t1 - t0),
+        "batches": sum(rep["batches"] for rep in reports),
+        "refused": sum(rep["refused"] for rep in reports),
+        "slow": sum(rep["slow"] for rep in reports),
+        "unacked": unacked,
+        "rss": peak,
+        "started_s": started_s,
+    }
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _terminate(collector: subprocess.Popen, grace: float = 30.0) -> float:
