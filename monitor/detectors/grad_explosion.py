@@ -236,7 +236,7 @@ class GradExplosion(Detector):
         norm = f.get("grad_norm")
         layers = f.get("layer_grad_norms")
         if finite(norm) and norm > 0:  # non-finite norms are nan_inf's business
-            changed |= self._norm(step, norm, layers, out, with_loss=self._ep is None and self._loss_spiked(loss))
+            changed |= self._norm(step, norm, layers, out, loss)
         ep = self._ep
         if ep is not None and changed:
             out.extend(self._report(ep))
@@ -267,8 +267,8 @@ class GradExplosion(Detector):
         ref = self._loss_ref()
         return ref is not None and finite(loss) and self._above(loss, ref)
 
-    def _norm(self, step: int, norm: float, layers: Any, out: list[Finding], with_loss: bool = False) -> bool:
-        """Judge one norm; True when the open episode changed."""
+    def _norm(self, step: int, norm: float, layers: Any, out: list[Finding], loss: Any) -> bool:
+        """Judge one norm (``loss``: this step's); True when the open episode changed."""
         cfg = self.config
         x = math.log(norm)
         spike = changed = False
@@ -281,6 +281,9 @@ class GradExplosion(Detector):
             if spike and ep is None and self._degenerate():
                 out.extend(self._note(step, norm, math.exp(med)))
             elif spike:
+                # Whether the loss spiked with it is asked only of a spike that opens an episode: judging
+                # the reference losses every step was most of this detector's cost on a long log.
+                with_loss = ep is None and self._loss_spiked(loss)
                 self._spike(_Spike(step, norm, math.exp(x - med), math.exp(med)), sigma, layers, with_loss)
                 changed = True
             elif ep is not None and not self._still_high(ep, x):

@@ -15,6 +15,8 @@ import math
 
 __all__ = ["RollingWindow"]
 
+_isfinite, _bisect_left, _insort = math.isfinite, bisect.bisect_left, bisect.insort
+
 
 class RollingWindow:
     """The last ``size`` finite values; non-finite values are never admitted."""
@@ -38,15 +40,16 @@ class RollingWindow:
         return len(self._order) == self.size
 
     def add(self, x: float) -> None:
-        if not math.isfinite(x):
+        if not _isfinite(x):
             return
         self._mad = None
-        if len(self._order) == self.size:
-            old = self._order.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        order, ordered = self._order, self._sorted  # locals: called ~20 times per event of a long log
+        if len(order) == self.size:
+            old = order.popleft()
+            del ordered[_bisect_left(ordered, old)]
             self._sum -= old
-        self._order.append(x)
-        bisect.insort(self._sorted, x)
+        order.append(x)
+        _insort(ordered, x)
         self._sum += x
 
     def clear(self) -> None:
