@@ -8,6 +8,8 @@ in headless Chromium.
 
 from __future__ import annotations
 
+import io
+import re
 import shutil
 import subprocess
 import threading
@@ -21,11 +23,13 @@ import pytest
 
 from tests.conftest import LiveCollector, start_collector
 from tests.events import batch, event
+from tests.test_web_plots import SPIKE_LOSS, SPIKE_STEP, drawn_top, pixel_row, spike_events
 from tests.trainer_helpers import TINY, run_trainer
 from trainmon.monitor.analysis.live_view import run_status, run_table
 from trainmon.monitor.store.storage import anomalies, runs
 
 RUN = "web-faulted"
+SPIKY = "web-spiky"  # 2,000 steps, one loss spike of 111.9 at step 1,000 (issue 26)
 HOSTILE_RUN = "<script>alert('run')</script>\"><img src=x onerror=alert(1)>"
 HOSTILE_MESSAGE = "loss is </td><script>alert('msg')</script>"
 HOSTILE_HINT = 'run `rm -rf / <b>now</b>` & "quote"'
@@ -39,7 +43,8 @@ def _web(lc: LiveCollector) -> Any:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCollector]:
     """A collector holding: RUN (a loss spike at 20, NaN from 45, finished), a run still going (no
-    run_end), and a run with a hostile name and message written into the store by another tool."""
+    run_end), SPIKY (one loss spike in a long run), and a run with a hostile name and message
+    written into the store by another tool."""
     tmp = tmp_path_factory.mktemp("web")
     lc = start_collector(tmp / "trainmon.sqlite")
     try:
@@ -49,6 +54,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCollector]:
         live += [_live_step(i, 0.01) for i in range(20)]
         status, body = lc.post(batch(live))
         assert status == 200, body
+        spiky = spike_events(SPIKY)
+        for i in range(0, len(spiky), 500):
+            status, body = lc.post(batch(spiky[i : i + 500]))
+            assert status == 200, body
         now = time.time()
         hostile = {"run": HOSTILE_RUN, "kind": "nan_inf", "rank": 0, "severity": "critical", "status": "open"}
         hostile |= {"first_step": 3, "last_step": 9, "opened_at": now, "updated_at": now, "evidence": {}}
@@ -219,3 +228,102 @@ def test_chromium_logs_in_to_a_guarded_collector_with_the_token_once(tmp_path: P
         assert "guarded-run" in page and "needs its token" not in page
     finally:
         lc.stop()
+
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+                  "--disable-background-networking", "--disable-component-update", "--hide-scrollbars")  # fmt: skip
+IMAGE_BORDER = (238, 238, 238)  # the report's img { border: 1px solid #eee }
+
+
+def _chromium() -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian chromium is not installed (apt-get install -y --no-install-recommends chromium)")
+    return chromium
+
+
+def _screenshot(url: str, width: int, height: int, tmp_path: Path) -> Any:
+    from PIL import Image
+
+    shot = tmp_path / f"shot-{width}.png"
+    cmd = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / f'p{width}'}", f"--screenshot={shot}",
+           f"--window-size={width},{height}", url]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), f"no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    return Image.open(shot).convert("RGB")
+
+
+def _first_image_box(image: Any, min_width: int = 200) -> tuple[int, int, int]:
+    """(left, top, width) inside the border of the first image of the page: the first row, from the
+    top, holding a run of at least ``min_width`` border-coloured pixels is that image's top border."""
+    import numpy as np
+
+    pixels = np.asarray(image).astype(int)
+    border = (pixels == IMAGE_BORDER).all(axis=2)
+    for y in range(border.shape[0]):
+        xs = np.flatnonzero(border[y])
+        if xs.size < min_width:
+            continue
+        runs = np.split(xs, np.flatnonzero(np.diff(xs) != 1) + 1)
+        run = max(runs, key=len)
+        if len(run) >= min_width:
+            return int(run[0]) + 1, y + 1, len(run) - 2
+    raise AssertionError("no image border on the page")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_one_step_spike_shows_at_its_true_height_in_chromium(
+    served: LiveCollector, tmp_path: Path, width: int
+) -> None:
+    """The run page's loss plot, as the browser draws it (scaled down to fit a phone's 390 px): the
+    topmost pixel of the loss series above the spike's step is where 111.9 is on the plot's axis,
+    within 2 screen pixels; the bin's mean (12) is drawn a quarter of the axis lower."""
+    from trainmon.monitor.analysis import plots
+    from trainmon.monitor.analysis.postmortem import analyse
+
+    fig = plots.plot_loss(analyse(served.collector.storage, SPIKY))  # the figure the page embeds
+    fig.draw_without_rendering()  # the constrained layout places the axes at draw time
+    png_width = fig.get_figwidth() * plots.DPI
+    image = _screenshot(f"{served.url}/runs/{SPIKY}", width, 3600, tmp_path)
+    left, top, shown = _first_image_box(image)
+    scale = shown / png_width
+    assert (width == 1280) == (scale == 1.0), scale  # full size on a desktop, scaled down on a phone
+    x = left + fig.axes[0].transData.transform((SPIKE_STEP + 0.5, 0.0))[0] * scale
+    axes = fig.axes[0].get_window_extent()
+    fig_height = fig.get_figheight() * plots.DPI
+    box_top, box_bottom = top + (fig_height - axes.y1) * scale + 2, top + (fig_height - axes.y0) * scale - 2
+    reach = max(2, round(6 * scale))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    row = drawn_top(buf.getvalue(), (int(x) - reach, int(box_top), int(x) + reach + 1, int(box_bottom)))
+    assert row is not None, "no loss series near the spike's step"
+    expected = top + pixel_row(fig, SPIKE_STEP, SPIKE_LOSS) * scale
+    assert abs(row - expected) <= 2, (row, expected, top + pixel_row(fig, SPIKE_STEP, SPIKE_LOSS / 10) * scale)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_run_lists_health_is_the_post_mortems_verdict_in_chromium(
+    served: LiveCollector, tmp_path: Path, width: int
+) -> None:
+    """Each run's health in the list, as Chromium renders it, is the health word of the post-mortem
+    of that run (one story), and each word is drawn in its colour at both widths."""
+    from trainmon.monitor.analysis.postmortem import analyse
+    from trainmon.monitor.analysis.verdict import verdict
+
+    _web(served)._cache.clear()
+    cmd = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'dom'}", f"--window-size={width},2000",
+           "--dump-dom", served.url + "/"]  # fmt: skip
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    shown = {
+        urllib.parse.unquote(link): word
+        for link, word in re.findall(r'<tr><td><a href="/runs/([^"]+)">.*?</a></td><td><span class="(\w+)">', dom)
+    }
+    assert {RUN, SPIKY, "web-live", HOSTILE_RUN} <= shown.keys(), shown
+    storage = served.collector.storage
+    for run, word in shown.items():
+        assert word == verdict(analyse(storage, run).summary)["health"], run
+    assert {shown[RUN], shown[SPIKY], shown["web-live"]} >= {"critical", "healthy"}
+    image = _screenshot(served.url + "/", width, 1200, tmp_path)
+    colours = {c for _, c in image.getcolors(1 << 20)}
+    for word, colour in {"critical": (176, 0, 32), "warning": (179, 107, 0), "healthy": (27, 127, 59)}.items():
+        assert (colour in colours) == (word in shown.values()), word
