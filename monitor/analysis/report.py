@@ -281,7 +281,17 @@ def _print_verdict(s: dict[str, Any], console: Console) -> None:
         console.print(f"and {v['more']} more warning(s) in the timeline below", style="dim")
     for line in v["cost"]:
         _prose(console, line, 7, first="cost: ")
+    gaps = s.get("not_checked") or []
+    if gaps:
+        console.print("not checked (the input does not carry what they need):", style="bold")
+        for gap in gaps:
+            _prose(console, _gap_text(gap), 4, first="  - ")
     console.rule(style="green" if v["healthy"] else "red")
+
+
+def _gap_text(gap: dict[str, Any]) -> str:
+    """One entry of the summary's ``not_checked`` (:mod:`coverage`): the checks, then why."""
+    return f"{gap['unchecked']} ({gap['why']})"
 
 
 def _print_timeline(s: dict[str, Any], console: Console) -> None:
@@ -574,6 +584,11 @@ def _verdict_html(s: dict[str, Any]) -> str:
         parts.append(f"<p>and {v['more']} more warning(s) in the timeline below</p>")
     if v["cost"]:
         parts.append("<p><b>Cost:</b> " + "; ".join(html_text(c) for c in v["cost"]) + "</p>")
+    gaps = s.get("not_checked") or []
+    if gaps:
+        parts.append("<p><b>Not checked</b> (the input does not carry what they need):</p><ul>")
+        parts.extend(f"<li>{html_text(_gap_text(gap))}</li>" for gap in gaps)
+        parts.append("</ul>")
     parts.append("</section>")
     return "\n".join(parts)
 
