@@ -9,8 +9,10 @@ FLOPs the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["PEAK_FLOPS", "peak_flops_for", "training_flops_per_token"]
+__all__ = ["PEAK_FLOPS", "declared_flops_per_token", "model_peak_flops", "peak_flops_for", "training_flops_per_token"]
 
 
 def training_flops_per_token(n_params: float, n_layers: int = 0, d_model: int = 0, seq_len: int = 0) -> float:
@@ -27,6 +29,16 @@ def training_flops_per_token(n_params: float, n_layers: int = 0, d_model: int = 
     cost no FLOPs (an untied output head does).
     """
     return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
+
+
+def declared_flops_per_token(start: Mapping[str, Any]) -> float | None:
+    """The training FLOPs per token a run declared in ``run_start``: ``flops_per_token`` when given,
+    else ``6·n_params`` (every adapter counts the watched model's parameters), else ``None``.
+
+    The one rule for the live MFU (``/metrics``, ``trainmon status``) and the post-mortem's."""
+    if start.get("flops_per_token"):
+        return float(start["flops_per_token"])
+    return training_flops_per_token(start["n_params"]) if start.get("n_params") else None
 
 
 # Dense (no sparsity) peak FLOP/s of one device from the vendors' data sheets, per compute
@@ -60,3 +72,17 @@ def peak_flops_for(device_name: str, precision: str) -> float | None:
     if key is None:
         return None
     return PEAK_FLOPS[key].get(precision)
+
+
+def model_peak_flops(model: Any, precision: str) -> float | None:
+    """Peak FLOP/s of the GPU holding ``model``'s first parameter at ``precision``, for the framework
+    callbacks' ``run_start`` (they hold the model and know its precision, so MFU needs nothing
+    from the user on a known GPU). ``None`` on a CPU, an unknown GPU or a parameterless model.
+
+    ``torch`` is imported here, not at the top: the monitor side imports this module without it."""
+    import torch
+
+    first = next(iter(model.parameters()), None)
+    if first is None or first.device.type != "cuda":
+        return None
+    return peak_flops_for(torch.cuda.get_device_name(first.device), precision)

@@ -60,6 +60,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.flops import model_peak_flops
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
 from trainmon.hooks.schedules import declared_schedule
 from trainmon.hooks.train_monitor import TrainMonitor
@@ -161,6 +162,7 @@ class TrainmonCallback(TrainerCallback):
             "vocab_size": vocab if isinstance(vocab, int) else None,
             # from_pretrained records where the weights came from; a model built from a config has none
             "pretrained": True if getattr(config, "_name_or_path", "") else None,
+            "peak_flops": None if model is None else model_peak_flops(model, _compute_precision(args)),
             "framework": "hf",
             "resumed": resumed,
             "resume_path": resume_path if resumed else None,
@@ -374,6 +376,12 @@ def _calling_trainer(callback: TrainerCallback) -> tuple[Trainer | None, str | N
     finally:
         del frame
     return None, None
+
+
+def _compute_precision(args: TrainingArguments) -> str:
+    """The precision of the matmuls (``bf16``, ``fp16``, ``fp32``), the key of
+    :data:`trainmon.hooks.flops.PEAK_FLOPS`."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
 def _dir_bytes(path: str) -> int | None:

@@ -61,6 +61,7 @@ except ImportError:  # pragma: no cover - the older distribution
     from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
 
 from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.flops import model_peak_flops
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
 from trainmon.hooks.schedules import declared_schedule
 from trainmon.hooks.train_monitor import TrainMonitor
@@ -101,7 +102,8 @@ class TrainmonCallback(pl.Callback):
         eval_loss_key: the ``callback_metrics`` key holding the validation loss; by default
             ``val_loss``, else the first key with both ``val`` and ``loss`` in it.
         tokens_fn: ``batch -> (tokens, samples)``; by default tokens are the element count of
-            the batch's first integer tensor (``input_ids`` in a dict) and samples its length.
+            the model's input when it holds token ids (an integer tensor: the batch, ``input_ids``
+            in a dict, ``x`` of an ``(x, y)`` batch; labels are not counted) and samples its length.
         fingerprint_model: include a parameter hash in checkpoint fingerprints (a full
             device-to-host copy at every save; off by default).
         on_critical: act on the collector's findings for this run at or above ``stop_on`` (see
@@ -202,6 +204,7 @@ class TrainmonCallback(pl.Callback):
             "accum_steps": trainer.accumulate_grad_batches,
             "world_size": trainer.world_size,
             "vocab_size": _vocab_size(pl_module, hparams),
+            "peak_flops": model_peak_flops(pl_module, _compute_precision(trainer.precision)),
             "framework": "lightning",
             "resumed": resumed,
             "resume_path": str(trainer.ckpt_path) if resumed else None,
@@ -409,21 +412,25 @@ def _closure_first(step: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _count_batch(batch: Any) -> tuple[int | None, int | None]:
-    """Tokens (element count of the first integer tensor) and samples (its length): shapes only."""
+    """Tokens and samples of the model's input, from shapes only.
+
+    The input is the batch itself, ``input_ids`` in a dict, or the first element of an ``(x, y)``
+    list or tuple. Tokens are its element count when it holds token ids (an integer tensor), none
+    otherwise: the labels of ``(images, labels)`` are not tokens the model processed (they were
+    counted as such: "tokens 6,400" for a batch of 6,400 class labels). Samples are its length."""
+    if isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
     if isinstance(batch, dict):
         x = batch.get("input_ids")
-        tensors = [x] if isinstance(x, torch.Tensor) else [v for v in batch.values() if isinstance(v, torch.Tensor)]
-    elif isinstance(batch, (list, tuple)):
-        tensors = [v for v in batch if isinstance(v, torch.Tensor)]
-    elif isinstance(batch, torch.Tensor):
-        tensors = [batch]
-    else:
+        if not isinstance(x, torch.Tensor):  # no token ids: count the samples of the first tensor
+            first = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+            return None, (first.shape[0] if first is not None and first.dim() else None)
+        batch = x
+    if not isinstance(batch, torch.Tensor):
         return None, None
-    if not tensors:
-        return None, None
-    samples = tensors[0].shape[0] if tensors[0].dim() else None
-    ints = [t for t in tensors if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool]
-    return (ints[0].numel() if ints else None), samples
+    samples = batch.shape[0] if batch.dim() else None
+    ids = not batch.is_floating_point() and not batch.is_complex() and batch.dtype != torch.bool
+    return (batch.numel() if ids else None), samples
 
 
 def _planned_steps(trainer: pl.Trainer) -> int | None:
@@ -434,6 +441,15 @@ def _planned_steps(trainer: pl.Trainer) -> int | None:
         if math.isfinite(steps):
             return int(steps)
     return None
+
+
+def _compute_precision(precision: Any) -> str:
+    """Lightning's precision setting (``"bf16-mixed"``, ``"16-true"``, ``"32"``...) as the precision
+    of the matmuls, the key of :data:`trainmon.hooks.flops.PEAK_FLOPS`."""
+    text = str(precision)
+    if text.startswith("bf16"):
+        return "bf16"
+    return "fp16" if text.startswith("16") else "fp32"
 
 
 def _vocab_size(pl_module: Any, hparams: dict[str, Any]) -> int | None:

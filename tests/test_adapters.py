@@ -405,3 +405,75 @@ def test_start_fields_take_the_schedule_as_object_or_dict(tmp_path: Path) -> Non
     for callback in (HFCallback, LitCallback):
         with pytest.raises(ValueError, match=r"schedule\.warmup_steps"):
             callback(run="bad", start_fields={"schedule": {**declared.to_dict(), "warmup_steps": 99}})
+
+
+class _LitClassifier(lightning.LightningModule):
+    """Images and class labels: an ``(x, y)`` batch whose only integer tensor is the labels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(SEQ, 10)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_counts_tokens_of_the_input_not_the_labels(tmp_path: Path) -> None:
+    """Issue 26: an ``(x, y)`` batch of float features and integer labels has no tokens (its labels
+    were counted: "tokens 6,400"); an ``(ids, labels)`` batch has the ids' tokens, not twice as many."""
+    from trainmon.hooks.lightning import TrainmonCallback
+
+    def fit(run: str, module: lightning.LightningModule, data: torch.utils.data.Dataset) -> list[dict[str, Any]]:
+        path = tmp_path / f"{run}.jsonl"
+        trainer = lightning.Trainer(
+            max_steps=3,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            logger=False,
+            accelerator="cpu",
+            default_root_dir=str(tmp_path),
+            callbacks=[TrainmonCallback(run=run, **_monitor_kwargs(path))],
+        )
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH))
+        return _fields(_events(path), "step")
+
+    features = torch.randn(3 * BATCH, SEQ)
+    labels = torch.randint(0, 10, (3 * BATCH,))
+    steps = fit("lit-images", _LitClassifier(), torch.utils.data.TensorDataset(features, labels))
+    assert len(steps) == 3
+    assert all("tokens" not in s and s["samples"] == BATCH for s in steps), steps
+
+    class IdsAndLabels(_LitGPT):
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            ids, targets = batch
+            return self.model(input_ids=ids, labels=targets).loss
+
+    ids = _tokens(3 * BATCH)
+    steps = fit("lit-ids", IdsAndLabels(), torch.utils.data.TensorDataset(ids, ids.clone()))
+    assert [s["tokens"] for s in steps] == [BATCH * SEQ] * 3 and all(s["samples"] == BATCH for s in steps)
+
+
+@pytest.mark.parametrize("name", ["hf", "lightning"])
+def test_live_mfu_counts_the_models_parameters(streams: dict[str, Any], name: str) -> None:
+    """Issue 26: both callbacks send the model's parameter count, so with the device's peak FLOP/s
+    (declared by the callback on a known GPU; here as a user would declare it) the collector's live
+    MFU (``trainmon_mfu``) is 6·N FLOPs per token at the rank's tokens/s; it asked for
+    ``flops_per_token``, which no callback sends."""
+    from trainmon.hooks.wire import validate_event
+    from trainmon.monitor.collector.live import LiveState
+
+    peak = 1e12
+    events = [dict(e) for e in streams[name]]
+    assert "flops_per_token" not in events[0]["fields"]  # what the callbacks send: n_params
+    events[0] = {**events[0], "fields": {**events[0]["fields"], "peak_flops": peak}}
+    live = LiveState()
+    live.apply([(validate_event(e), 0) for e in events])
+    (run,) = live.runs.values()
+    rank = run.ranks[0]
+    n_params = events[0]["fields"]["n_params"]
+    assert rank.tokens_per_second and rank.mfu() == pytest.approx(rank.tokens_per_second * 6 * n_params / peak)

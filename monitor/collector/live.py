@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainmon.hooks.flops import declared_flops_per_token
 from trainmon.hooks.schedules import Schedule
 from trainmon.hooks.wire import Event
 from trainmon.monitor.analysis.budget import mfu_from_throughput
@@ -43,8 +44,9 @@ class RankState:
         return self.schedule.lr(self.step)
 
     def mfu(self) -> float | None:
-        """Model FLOPs utilisation of this rank's device, when the run declared what it needs."""
-        fpt, peak = self.start.get("flops_per_token"), self.start.get("peak_flops")
+        """Model FLOPs utilisation of this rank's device, when the run declared what it needs: the
+        FLOPs per token (or the model's parameter count) and the device's peak FLOP/s."""
+        fpt, peak = declared_flops_per_token(self.start), self.start.get("peak_flops")
         if not fpt or not peak or self.tokens_per_second is None:
             return None
         return mfu_from_throughput(self.tokens_per_second, fpt, peak)
