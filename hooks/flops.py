@@ -47,6 +47,7 @@ def declared_flops_per_token(start: Mapping[str, Any]) -> float | None:
 PEAK_FLOPS: dict[str, dict[str, float]] = {
     "H100-SXM": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
     "H100-PCIE": {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},  # SXM: the H100 SXM's compute, more memory; GH200 too
     "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},  # seed 001 §10: 312e12; seed 003: 19.5 TFLOP/s
     "V100": {"fp16": 125e12, "fp32": 15.7e12},
     "A10": {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12},
@@ -60,6 +61,8 @@ def _model_key(device_name: str) -> str | None:
     tokens = {t.upper() for t in re.split(r"[^A-Za-z0-9]+", device_name) if t}
     if "H100" in tokens:
         return "H100-PCIE" if "PCIE" in tokens else "H100-SXM"
+    if tokens & {"H200", "GH200"}:
+        return "H200"
     for key in ("A100", "V100", "A10", "L4", "T4"):  # whole tokens: "A10" must not match "A100" or "A10G"
         if key in tokens:
             return key
