@@ -313,10 +313,17 @@ def _parse_table(
     names = {i: _clean(c) for i, c in enumerate(header) if not c.strip().endswith(("__MIN", "__MAX"))}
     by_name = {v: i for i, v in reversed(list(names.items()))}
     taken = set(cols.values())
+    floats: dict[int, list[float | None]] = {}
+
+    def column(j: int) -> list[float | None]:
+        """Column ``j`` read as numbers, once (each row used to read its cells two or three times)."""
+        col = floats.get(j)
+        if col is None:
+            col = floats[j] = _column_floats([row[j] for _, row in rows])
+        return col
 
     def values(name: str) -> list[float]:
-        j = by_name[name]
-        return [x for _, row in rows if (x := to_float(row[j])) is not None]
+        return [x for x in column(by_name[name]) if x is not None]
 
     named = names[cols["loss"]] if "loss" in cols else None
     if "loss" in user:
@@ -351,8 +358,12 @@ def _parse_table(
     items: list[Item] = []
     last: TrainPoint | None = None
     bad = 0
-    for n, row in rows:
-        vals: dict[str, float | None] = {fld: to_float(row[i]) for fld, i in cols.items()}
+    field_cols = [(fld, column(i)) for fld, i in cols.items()]
+    loss_cols, signed_cols = [column(j) for j in loss_idx], [column(j) for j in signed_idx]
+    gn_cols, lr_cols = [column(j) for j in gn_idx], [column(j) for j in lr_idx]
+    metric_values = [(column(j), name) for j, name in metric_cols.items()]
+    for r, (n, row) in enumerate(rows):
+        vals: dict[str, float | None] = {fld: col[r] for fld, col in field_cols}
         step_v = vals.get("step")
         if step_v is None or step_v < 0 or step_v != step_v:
             if any(row[i].strip() for fld, i in cols.items() if fld != "step"):
@@ -362,16 +373,16 @@ def _parse_table(
         step = int(step_v)
         t = vals.get("time")
         if sets:
-            eval_loss, metrics = eval_point_values(sets, lambda name, row=row: to_float(row[by_name[name]]))
+            eval_loss, metrics = eval_point_values(sets, lambda name, r=r: column(by_name[name])[r])
             if eval_loss is not None:
                 items.append(EvalPoint(step, eval_loss, metrics, time=t))
         elif vals.get("eval_loss") is not None:
-            metrics = {name: x for j, name in metric_cols.items() if (x := to_float(row[j])) is not None}
+            metrics = {name: x for col, name in metric_values if (x := col[r]) is not None}
             items.append(EvalPoint(step, vals["eval_loss"], metrics, time=t))  # type: ignore[arg-type]
-        terms = [to_float(row[j]) for j in loss_idx]
-        signed = [to_float(row[j]) for j in signed_idx]
-        norms = [to_float(row[j]) for j in gn_idx]
-        lrs = [to_float(row[j]) for j in lr_idx]
+        terms = [col[r] for col in loss_cols]
+        signed = [col[r] for col in signed_cols]
+        norms = [col[r] for col in gn_cols]
+        lrs = [col[r] for col in lr_cols]
         train: dict[str, Any] = {k: vals.get(k) for k in ("tokens", "step_time") if vals.get(k) is not None}
         if (loss := combine(terms, signed)) is not None:
             train["loss"] = loss
@@ -427,6 +438,15 @@ def _parse_table(
         gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
         mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
     return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
+
+
+def _column_floats(cells: list[str]) -> list[float | None]:
+    """``to_float`` of every cell. A column of numbers only (the usual case) converts at C speed:
+    ``float`` strips whitespace as ``to_float`` does, and a blank or text cell makes it fall back."""
+    try:
+        return list(map(float, cells))
+    except ValueError:
+        return [to_float(c) for c in cells]
 
 
 def _step_base(step_col: str, lightning: bool, steps: list[int]) -> tuple[int, str]:
