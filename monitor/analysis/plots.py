@@ -148,9 +148,12 @@ def _extremes(ax: Axes, g: pd.DataFrame, low: str, high: str, colour: str) -> No
     """The band from each bin's ``low`` to its ``high`` column, as wide as the bin, with its upper
     edge drawn as a line: a one-step spike in a bin of many steps shows at its true height. A band
     through the bin centres (``fill_between`` without ``step``) narrows to a sliver at a lone
-    extreme, so a 111.9 spike among 0.8 losses looked like 12, the height of the bin's mean."""
-    ax.fill_between(g["step"], g[low], g[high], step="mid", color=colour, alpha=0.25, lw=0)
-    ax.plot(g["step"], g[high], drawstyle="steps-mid", color=colour, lw=0.8, alpha=0.8)
+    extreme, so a 111.9 spike among 0.8 losses looked like 12, the height of the bin's mean.
+    Bins of one step have no band: their line is the value itself."""
+    several = g["count"] > 1
+    lo, hi = g[low].where(several), g[high].where(several)
+    ax.fill_between(g["step"], lo, hi, step="mid", color=colour, alpha=0.25, lw=0)
+    ax.plot(g["step"], hi, drawstyle="steps-mid", color=colour, lw=0.8, alpha=0.8)
 
 
 def _by_attempt(df: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
