@@ -16,11 +16,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType
+from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
@@ -33,6 +34,7 @@ from trainmon.monitor.analysis.escape import escape_for_terminal, visible_contro
 from trainmon.monitor.analysis.fmt import fmt as _fmt
 from trainmon.monitor.analysis.fmt import steps_text
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
+from trainmon.monitor.analysis.termfit import FittedTable
 from trainmon.monitor.analysis.verdict import (  # the one number format: 31,470, not 3.147e+04
     SEVERITY_ORDER,
     failed_attempts,
@@ -463,6 +465,21 @@ def sparkline(values: list[float | None], width: int = 48) -> str:
     return "".join(out)
 
 
+class _Spark:
+    """A :func:`sparkline` as wide as the space it is given (8 to 48 characters): squeezed, it
+    resamples rather than being cut ("▁▂▃…" lost the newest steps)."""
+
+    def __init__(self, values: list[float | None]) -> None:
+        self.values = values
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Text]:
+        yield Text(sparkline(self.values, width=max(1, options.max_width)), no_wrap=True)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        natural = len(sparkline(self.values))
+        return Measurement(min(8, natural), natural).clamp(max_width=options.max_width)
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -491,7 +508,7 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     head = Text.assemble(
         (visible_controls(f"run {st['run']}"), "bold"),
         visible_controls(f"  {st['status']}  "),
-        visible_controls(f"step {'-' if done is None else done}" + (f"/{planned}" if planned else "")),
+        visible_controls(f"step {_fmt(done)}" + (f"/{_fmt(planned)}" if planned else "")),
         visible_controls(f"  attempt {st.get('attempts')}"),
         visible_controls(f"  world {st.get('world_size')}"),
         (f"  last update {_duration(st.get('age_seconds'))} ago", "dim"),
@@ -508,16 +525,16 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         parts.append(bar)
     recent = st.get("recent") or {}
     trends = Table.grid(padding=(0, 2))
-    trends.add_column(style="bold")
+    trends.add_column(style="bold", no_wrap=True)
     trends.add_column()
-    trends.add_column(justify="right")
-    trends.add_row("loss", sparkline(recent.get("loss") or []), _cell(st.get("loss")))
+    trends.add_column(justify="right", no_wrap=True)
+    trends.add_row("loss", _Spark(recent.get("loss") or []), _cell(st.get("loss")))
     tps = recent.get("tokens_per_second") or []
     if st.get("tokens_per_second") is not None or any(v is not None for v in tps):  # a loop may log no tokens
-        trends.add_row(f"tokens/s (last {RECENT_STEPS} steps)", sparkline(tps), _cell(st.get("tokens_per_second")))
+        trends.add_row(f"tokens/s (last {RECENT_STEPS} steps)", _Spark(tps), _cell(st.get("tokens_per_second")))
     if any(v is not None for v in recent.get("grad_norm") or []):
         gn = recent["grad_norm"]
-        trends.add_row("grad norm", sparkline(gn), _cell(gn[-1] if gn else None))
+        trends.add_row("grad norm", _Spark(gn), _cell(gn[-1] if gn else None))
     extra = []
     if st.get("eval_loss") is not None:
         extra.append(visible_controls(f"eval loss {_fmt(st['eval_loss'])} @ step {st.get('eval_step')}"))
@@ -533,24 +550,27 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         parts.append(Text(visible_controls(f"phases (recent steps): {shares}")))
     ranks = st.get("ranks") or []
     if len(ranks) > 1:
-        table = Table(title="ranks", title_justify="left")
-        for col in ("rank", "host", "step", "lag", "step time", "x median", "compute", "comm wait"):
-            table.add_column(col)
+        headers = ("rank", "host", "step", "lag", "step time", "x median", "compute", "comm wait")
+        rows, styles = [], []
         for r in ranks:
             rel = r.get("step_time_rel")
             slow = (rel is not None and rel > 1.1) or (r.get("lag_steps") or 0) > 2
-            table.add_row(
-                _cell(r["rank"]),
-                _cell(r.get("host")),
-                _cell(None if r.get("step") is None else r["step"] + 1 - base),
-                _cell(r.get("lag_steps")),
-                _cell(r.get("step_time"), 3),
-                _cell(rel, 3),
-                _cell(r.get("compute"), 3),
-                _cell(r.get("comm"), 3),
-                style="bold red" if slow else "",
+            rows.append(
+                [
+                    _fmt(r["rank"]),
+                    _fmt(r.get("host")),
+                    _fmt(None if r.get("step") is None else r["step"] + 1 - base),
+                    _fmt(r.get("lag_steps")),
+                    _fmt(r.get("step_time"), 3),
+                    _fmt(rel, 3),
+                    _fmt(r.get("compute"), 3),
+                    _fmt(r.get("comm"), 3),
+                ]
             )
-        parts.append(table)
+            styles.append("bold red" if slow else "")
+        # a long host name goes below the table first, then the figures a reader needs least
+        drop = ("host", "x median", "lag", "comm wait")
+        parts.append(FittedTable(headers, rows, drop, row_styles=styles, title="ranks", title_justify="left"))
     h = st.get("health")
     if isinstance(h, dict) and h.get("headline"):
         parts.append(Text(visible_controls(str(h["headline"])), style="bold green" if h.get("healthy") else "bold red"))

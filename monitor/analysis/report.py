@@ -33,6 +33,7 @@ from rich.text import Text
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
+from trainmon.monitor.analysis.termfit import FittedTable
 from trainmon.monitor.analysis.verdict import finding_numbers, problems_line, verdict
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
@@ -390,22 +391,29 @@ def _print_ranks(s: dict[str, Any], console: Console) -> None:
     ranks = s.get("ranks") or []
     if len(ranks) < 2:
         return
-    table = Table(title="per rank (medians; x = relative to the median rank)", title_justify="left")
-    for col in ("rank", "host", "step time", "compute", "comm wait", "data", "anomalies"):
-        table.add_column(col)
-    for r in ranks:
-        style = "bold red" if r["slow"] else ""
-        table.add_row(
-            _cell(r["rank"]),
-            _cell(r["host"]),
-            escape_for_terminal(_seconds_rel(r["step_time"], r["step_time_rel"])),
-            escape_for_terminal(_seconds_rel(r["compute"], r["compute_rel"])),
-            escape_for_terminal(_seconds_rel(r["comm"], r["comm_rel"])),
-            escape_for_terminal(_seconds_rel(r["data"], None)),
-            escape_for_terminal(", ".join(map(str, r["anomalies"]))) or "-",
-            style=style,
+    headers = ["rank", "host", "step time", "compute", "comm wait", "data", "anomalies"]
+    rows = [
+        [
+            fmt(r["rank"]),
+            fmt(r["host"]),
+            _seconds_rel(r["step_time"], r["step_time_rel"]),
+            _seconds_rel(r["compute"], r["compute_rel"]),
+            _seconds_rel(r["comm"], r["comm_rel"]),
+            _seconds_rel(r["data"], None),
+            ", ".join(map(str, r["anomalies"])) or "-",
+        ]
+        for r in ranks
+    ]
+    console.print(
+        FittedTable(
+            headers,
+            rows,
+            drop=("host", "anomalies", "data", "comm wait"),  # said below the table when it is too wide
+            row_styles=["bold red" if r["slow"] else "" for r in ranks],
+            title="per rank (medians; x = relative to the median rank)",
+            title_justify="left",
         )
-    console.print(table)
+    )
 
 
 # (summary key, column title, how to show it): a column whose every row is empty is left out.
@@ -427,23 +435,16 @@ def _print_health(s: dict[str, Any], console: Console) -> None:
     if not rows:
         return
     cols = _health_columns(rows)
-    table = Table(title="node health per rank", title_justify="left")
-    for title in ("rank", "host", *[c[1] for c in cols]):
-        table.add_column(title)
-    below = []
+    headers = ["rank", "host", *[c[1] for c in cols]]
+    cells = [
+        [fmt(r["rank"]), fmt(r["host"]), *[show(r[key]) if r.get(key) is not None else "-" for key, _, show in cols]]
+        for r in rows
+    ]
+    console.print(FittedTable(headers, cells, drop=("host",), title="node health per rank", title_justify="left"))
     for r in rows:
-        table.add_row(
-            _cell(r["rank"]),
-            _cell(r["host"]),
-            *[escape_for_terminal(show(r[key]) if r.get(key) is not None else "-") for key, _, show in cols],
-        )
         for e in r["events"]:
-            below.append(
-                f"rank {r['rank']} {e['severity']} @ {_steps(e['first_step'], e['last_step'])}: {e['message']}"
-            )
-    console.print(table)
-    for text in below:
-        _prose(console, text, 4)
+            text = f"rank {r['rank']} {e['severity']} @ {_steps(e['first_step'], e['last_step'])}: {e['message']}"
+            _prose(console, text, 4)
 
 
 def _ago(seconds: float) -> str:
@@ -458,19 +459,20 @@ def _ago(seconds: float) -> str:
 def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> None:
     """The runs, one line each. Names, numbers and kinds are never cut (no ``demo-2…``): the open
     anomalies are listed below the table, attempts get a column only when a run has several, and
-    the last update is an age (``14m``), which keeps a finished 400/400 run inside 80 columns."""
+    the last update is an age (``14m``). When the table is wider than the terminal (long run names
+    at 80 columns), each name gets a line of its own with its figures below it, and the figures a
+    reader needs least (age, attempts, tokens/s) drop out first if even those do not fit."""
     console = console or Console(emoji=False)
-    table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     several = any((r.get("attempts") or 1) > 1 for r in rows)
-    cols = ["run", "status", "step", "loss", "tokens/s", *(["attempts"] if several else []), "age"]
-    for col in cols:
-        table.add_column(col, no_wrap=True)
+    headers = ["status", "step", "loss", "tokens/s", *(["attempts"] if several else []), "age"]
+    right = ("loss", "tokens/s", "attempts", "age")
     below = []
+    cells = []
     now = time.time()
     for r in rows:
-        step = "-" if r.get("step") is None else str(r.get("steps_done", r["step"] + 1))
+        step = "-" if r.get("step") is None else fmt(r.get("steps_done", r["step"] + 1))
         if r.get("planned_steps"):
-            step += f"/{r['planned_steps']}"
+            step += f"/{fmt(r['planned_steps'])}"
         opened = r.get("open_anomalies") or 0
         kinds = r.get("open_kinds") or []
         h = r.get("health") if isinstance(r.get("health"), dict) else {}
@@ -482,13 +484,38 @@ def print_runs(rows: list[dict[str, Any]], console: Console | None = None) -> No
             if h.get("problems"):  # verdict.health, as the post-mortem counts them (a recovered spike too)
                 line.append(visible_controls(("; " if opened else "") + f"{h['headline']}: {problems_line(h)}"))
             below.append(line)
-        cells = [_cell(r["run"]), _cell(r["status"]), escape_for_terminal(step), _cell(r.get("loss")),
-                 _cell(r.get("tokens_per_second")), *([_cell(r.get("attempts"))] if several else []),
-                 _ago(now - r["updated_at"])]  # fmt: skip
-        table.add_row(*cells)
-    console.print(table)
+        cells.append([fmt(r["status"]), step, fmt(r.get("loss")), fmt(r.get("tokens_per_second")),
+                      *([fmt(r.get("attempts"))] if several else []), _ago(now - r["updated_at"])])  # fmt: skip
+    names = [str(r["run"]) for r in rows]
+    table = FittedTable(["run", *headers], [[n, *c] for n, c in zip(names, cells, strict=True)], right=right,
+                        title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+    if table.fits(console, console.width):
+        console.print(table)
+    else:
+        _print_stacked(console, names, headers, cells, right)
     for line in below:
         console.print(line)  # wraps at spaces; it holds names, never a command
+
+
+def _print_stacked(
+    console: Console, names: list[str], headers: list[str], cells: list[list[str]], right: tuple[str, ...]
+) -> None:
+    """Each name on a line of its own (whole, however long), its figures indented below it."""
+    widths = {i: max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)}
+    keep = list(range(len(headers)))
+    drops = [headers.index(h) for h in ("age", "attempts", "tokens/s") if h in headers]  # the least needed first
+    while drops and 2 + sum(widths[i] for i in keep) + 3 * (len(keep) - 1) > console.width:
+        keep.remove(drops.pop(0))
+
+    def line(values: list[str]) -> str:
+        out = [values[i].rjust(widths[i]) if headers[i] in right else values[i].ljust(widths[i]) for i in keep]
+        return "  " + "   ".join(out).rstrip()
+
+    console.print(Text("runs", style="italic"))
+    console.print(Text(line(headers), style="bold"), soft_wrap=True)
+    for name, values in zip(names, cells, strict=True):
+        console.print(Text(visible_controls(name), style="bold"), soft_wrap=True)
+        console.print(Text(visible_controls(line(values))), soft_wrap=True)
 
 
 # -- HTML -----------------------------------------------------------------------------------

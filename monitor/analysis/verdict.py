@@ -271,7 +271,8 @@ def _cost(summary: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
             line = f"{n:,} steps trained on non-finite values from step {a['first_step']} on (wasted)"
             if step_seconds:
                 line += f", ~{_device_time(n * step_seconds, world)}"
-            out.append(line)
+            if line not in out:  # the same steps found non-finite on several ranks are one cost
+                out.append(line)
     good = summary.get("goodput") if isinstance(summary.get("goodput"), dict) else None
     if good:
         from trainmon.monitor.analysis import goodput  # numpy: only for a summary that has a goodput
