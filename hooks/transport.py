@@ -255,8 +255,10 @@ class Transport:
             if spool_dir is None:
                 raise ValueError("spool_dir is required for an HTTP collector")
             self._sink = _HttpSink(target, token, timeout, policy)
+            # Created on first use and removed once drained: a run whose collector was up throughout
+            # leaves no folder behind. ``_made`` holds the folders this transport created, deepest first.
             self._spool = Path(spool_dir)
-            self._spool.mkdir(parents=True, exist_ok=True)
+            self._made: list[Path] = []
             self._spool_max = spool_max_bytes
             self._segment: Path | None = None
             self._backoff = 0.0
@@ -328,7 +330,7 @@ class Transport:
     def pending_spool_bytes(self) -> int:
         if self._sink is None:
             return 0
-        return sum(p.stat().st_size for p in self._spool.glob("*.jsonl"))
+        return sum(p.stat().st_size for p in self._segments())
 
     # -- sender thread --------------------------------------------------------------------
 
@@ -421,7 +423,11 @@ class Transport:
         log.warning("trainmon: %s; spooling, retry in %.1fs", exc, self._backoff)
 
     def _segments(self) -> list[Path]:
-        return sorted(self._spool.glob("*.jsonl"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+        found = []
+        for p in self._spool.glob("*.jsonl"):
+            with contextlib.suppress(FileNotFoundError):  # replayed and removed by another process meanwhile
+                found.append((p.stat().st_mtime_ns, p.name, p))
+        return [p for *_, p in sorted(found)]
 
     def _spool_lines(self, lines: list[str]) -> None:
         """Lines to the spool; to memory if the spool cannot take them; dropped (counted) past both bounds."""
@@ -451,7 +457,7 @@ class Transport:
 
     def _write_segment(self, data: bytes) -> None:
         if self._segment is None or not self._segment.exists() or self._segment.stat().st_size > _SEGMENT_BYTES:
-            self._spool.mkdir(parents=True, exist_ok=True)  # someone may have removed it under us
+            self._make_spool()
             self._segment = self._spool / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
         with open(self._segment, "ab") as f:
             size = f.tell()
@@ -463,6 +469,30 @@ class Transport:
                 with contextlib.suppress(OSError):
                     f.truncate(size)  # no half line left behind for the replay to trip on
                 raise
+
+    def _make_spool(self) -> None:
+        """Create the spool folder (and its missing parents), remembering which ones were made here."""
+        missing = []
+        folder = self._spool
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        self._spool.mkdir(parents=True, exist_ok=True)
+        self._made.extend(p for p in missing if p not in self._made)
+
+    def _tidy_spool(self) -> None:
+        """The spool is drained: remove its folder, and the parents this transport created, while empty.
+
+        A folder another rank or process still uses is not empty and stays (``rmdir`` refuses)."""
+        self._segment = None
+        for folder in [self._spool, *(p for p in self._made if p != self._spool)]:
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:  # not empty, or not ours to remove (a mount point)
+                break
+        self._made = []
 
     def _hold(self, lines: list[str]) -> None:
         if self._held_events + len(lines) > self._cap:
@@ -482,19 +512,25 @@ class Transport:
         now = time.monotonic()
         if (now < self._retry_at and not final) or now >= self._deadline:
             return
+        replayed = False
         for segment in self._segments():
             if segment == self._segment:
                 self._segment = None  # start a new one for anything spooled from now on
-            lines = []
-            with open(segment, "rb") as f:
+            lines, torn = [], 0
+            try:
+                f = open(segment, "rb")  # noqa: SIM115 - closed by the with below
+            except FileNotFoundError:  # replayed by another process of this rank meanwhile
+                continue
+            with f:
                 for n, raw in enumerate(f):
                     text = raw.decode("utf-8", "replace").strip()
                     if not text:
                         continue
                     try:
                         json.loads(text)
-                    except ValueError:
+                    except ValueError:  # a torn write (the process was killed mid-line): an event lost
                         log.warning("trainmon: skipping corrupt line %d of spool segment %s", n + 1, segment)
+                        torn += 1
                         continue
                     lines.append(text)
                     self._breathe()
@@ -504,7 +540,9 @@ class Transport:
             except OSError as exc:
                 self._failed(exc)
                 return
-            segment.unlink()
+            segment.unlink(missing_ok=True)
+            self.dropped_spool += torn  # counted once, when the segment is done with
+            replayed = True
         while self._held:
             try:
                 self._send(self._held[0])
@@ -515,3 +553,5 @@ class Transport:
         if self._spool_broken:
             self._spool_broken = False
             log.warning("trainmon: events held in memory delivered; spooling to %s again", self._spool)
+        if replayed or self._made:
+            self._tidy_spool()

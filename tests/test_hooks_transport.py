@@ -247,3 +247,38 @@ def test_retries_leave_the_trainers_random_state_alone(tmp_path: Path) -> None:
     assert t.spooled > 0  # a send failed, so a retry was scheduled
     assert random.getstate() == before
     t.close(timeout=5)
+
+
+def test_no_spool_folder_while_the_collector_is_up(live_collector, tmp_path: Path) -> None:
+    """Issue 26: every run left an empty ``~/.cache/trainmon/spool/RUN/rankN`` although nothing was spooled."""
+    spool = tmp_path / "cache" / "spool" / "up" / "rank0"
+    mon = TrainMonitor("up", collector=live_collector.url, spool_dir=spool, flush_interval=0.02)
+    _tiny_loop(mon, 20)
+    mon.close()
+    assert mon.transport.spooled == 0
+    assert not (tmp_path / "cache").exists()  # not even the parents
+
+
+def test_spool_folder_is_created_on_first_use_and_removed_once_drained(tmp_path: Path) -> None:
+    port = _free_port()
+    spool = tmp_path / "cache" / "spool" / "blip" / "rank0"
+    holder: dict = {}
+
+    def blip(step: int) -> None:
+        time.sleep(0.01)
+        if step == 10:  # nothing listened so far: the steps wait on disk; now the collector starts
+            assert mon.transport.flush(5.0)
+            holder["spooled"] = sorted(spool.glob("*.jsonl"))
+            holder["lc"] = start_collector(tmp_path / "db.sqlite", port=port)
+
+    mon = TrainMonitor("blip", collector=f"http://127.0.0.1:{port}", spool_dir=spool, flush_interval=0.02)
+    mon.transport._sink._timeout = 0.5
+    try:
+        _tiny_loop(mon, 20, between=blip)
+        mon.close(timeout=15.0)
+        assert [s for _, s, _ in _stored_steps(holder["lc"])] == list(range(20))
+    finally:
+        holder["lc"].stop()
+    assert holder["spooled"], "the outage did not spool"
+    assert mon.transport.dropped_spool == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db.sqlite"]  # the spool and the parents it made: gone
