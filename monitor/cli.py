@@ -44,7 +44,7 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
                 analysis = source.postmortem(args.target)
                 if args.out is not None and isinstance(source, HttpSource):
                     out = Path(args.out)
-                    page = source.report_page(args.target)  # the collector's page: the same report, plots inline
+                    page = source.report_page(args.target)  # the same report, rendered by the collector
                     out.mkdir(parents=True, exist_ok=True)
                     report = out / "report.html"
                     report.write_bytes(page)
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="write a self-contained report.html here (with --url: the collector's page; else with the PNG plots)",
+        help="write a self-contained report.html here (plots inline; with the PNG plots beside it unless --url)",
     )
     p.add_argument(
         "--fail-on",

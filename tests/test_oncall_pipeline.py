@@ -130,6 +130,7 @@ def test_postmortem_from_a_collector_is_the_store_s_report(collector: LiveCollec
     assert page.returncode == 0, page.stderr
     html = (out / "report.html").read_text()
     assert "remote" in html and "nan_inf" in html and "data:image/png;base64," in html
+    assert "all runs" not in html and "http-equiv" not in html  # a file: no link back to the web view, no reload
 
     ghost = _cli("postmortem", "ghost", "--url", collector.url, "--fail-on", "warning")
     assert ghost.returncode == 2 and "no run 'ghost'" in ghost.stderr and str(tmp_path) not in ghost.stderr

@@ -400,8 +400,8 @@ class HttpSource:
         return _revive(self._get(path, ANALYSIS_TIMEOUT))
 
     def report_page(self, run: str) -> bytes:
-        """The run's page in the collector's web view: the post-mortem's HTML report, plots inline."""
-        return self._fetch("/runs/" + urllib.parse.quote(run, safe=""), ANALYSIS_TIMEOUT)
+        """The post-mortem's self-contained HTML report, plots inline (``GET /v1/runs/{run}/report``)."""
+        return self._fetch(f"/v1/runs/{urllib.parse.quote(run, safe='')}/report", ANALYSIS_TIMEOUT)
 
 
 def _revive(value: Any) -> Any:

@@ -3,7 +3,9 @@
 ``trainmon postmortem RUN --url URL`` prints the same report as ``trainmon postmortem RUN --db
 STORE``: the collector runs the same :func:`~trainmon.monitor.analysis.postmortem.analyse` on its
 own store and answers the summary as JSON (``GET /v1/runs/{run}/postmortem``), which the command
-renders exactly as it renders a local one. A run held by a remote collector, or by a PostgreSQL
+renders exactly as it renders a local one; with ``--out`` it saves the report file the collector
+renders (``GET /v1/runs/{run}/report``: the HTML report with its plots inline, as a file: no
+reload, no link back to the web view). A run held by a remote collector, or by a PostgreSQL
 store whose URL the on-call engineer does not have, can then be explained from anywhere the
 collector answers.
 
@@ -19,8 +21,10 @@ import threading
 from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
 
 from trainmon.hooks.wire import json_safe
+from trainmon.monitor.collector.web import html_response
 from trainmon.monitor.store.storage import Storage
 
 __all__ = ["register"]
@@ -47,3 +51,25 @@ def register(app: FastAPI, collector: _HasStorage) -> None:
                 return json_safe(analyse(collector.storage, run).summary)
             except KeyError as exc:  # its message names the store's URL: not for the network
                 raise HTTPException(404, {"error": f"no run {run!r}"}) from exc
+
+    @app.get(
+        "/v1/runs/{run}/report",
+        response_class=HTMLResponse,
+        summary="The post-mortem of a run as one self-contained HTML file (plots inline): "
+        "what `trainmon postmortem RUN --url URL --out DIR` saves",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_report(run: str) -> HTMLResponse:
+        from trainmon.monitor.analysis.plots import render_plots  # matplotlib: on first use
+        from trainmon.monitor.analysis.postmortem import analyse
+        from trainmon.monitor.analysis.report import render_html
+
+        with one_at_a_time:
+            try:
+                analysis = analyse(collector.storage, run)
+            except KeyError as exc:
+                raise HTTPException(404, {"error": f"no run {run!r}"}) from exc
+            page = render_html(
+                json_safe(analysis.summary), render_plots(analysis), generated_by="the trainmon collector"
+            )
+        return html_response(page)
