@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from trainmon.hooks.device_events import EventPool
+
 __all__ = ["Readback"]
 
 # A pending item: (item, device copy or None, CUDA events to wait for). The copy is
@@ -33,10 +35,12 @@ class Readback:
         self._pending: collections.deque[tuple[Any, _Copy | None, Sequence[Any]]] = collections.deque()
         self._capacity = capacity
         self._lock = threading.Lock()  # between the sender thread and close(); never the training thread
+        self._events: EventPool | None = None  # the events behind the copies, made on the first one
         self.dropped = 0
 
     def submit(self, item: Any, device: dict[str, torch.Tensor] | None = None, events: Sequence[Any] = ()) -> bool:
-        """Queue ``item``; ``device`` holds its CUDA tensors to copy, ``events`` CUDA events to wait for.
+        """Queue ``item``; ``device`` holds its CUDA tensors to copy (graph-free: ``.data`` or made under
+        ``no_grad``), ``events`` CUDA events to wait for.
 
         Returns False (and counts) when too many items wait: never blocks.
         """
@@ -45,12 +49,13 @@ class Readback:
             return False
         copy = None
         if device:
-            flat = torch.cat([t.detach().reshape(-1).float() for t in device.values()])
+            # One cat (its dtype the widest among them), one copy, one event: no per-tensor conversions.
+            flat = torch.cat([t.reshape(-1) for t in device.values()])
             pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             pinned.copy_(flat, non_blocking=True)  # device → host copy queued, not awaited
-            done = torch.cuda.Event()
-            done.record()
-            copy = (pinned, done, [(k, t.numel(), t.dim() == 0) for k, t in device.items()])
+            if self._events is None:
+                self._events = EventPool(enable_timing=False)
+            copy = (pinned, self._events.record(), [(k, t.numel(), t.dim() == 0) for k, t in device.items()])
         self._pending.append((item, copy, events))
         return True
 
@@ -60,7 +65,7 @@ class Readback:
         with self._lock:
             while self._pending and _complete(self._pending[0]):
                 item, copy, _ = self._pending.popleft()
-                out.append((item, _values(copy)))
+                out.append((item, self._values(copy)))
         return out
 
     def drain(self) -> list[tuple[Any, dict[str, Any]]]:
@@ -73,25 +78,27 @@ class Readback:
                     copy[1].synchronize()  # SYNC: only at close()
                 for ev in events:
                     ev.synchronize()  # SYNC: only at close()
-                out.append((item, _values(copy)))
+                out.append((item, self._values(copy)))
         return out
+
+    def _values(self, copy: _Copy | None) -> dict[str, Any]:
+        """The copied values by key; the copy's event goes back to the pool (it has completed)."""
+        if copy is None:
+            return {}
+        pinned, done, layout = copy
+        if self._events is not None:
+            self._events.release((done,))
+        flat = pinned.tolist()
+        values, i = {}, 0
+        for key, n, scalar in layout:
+            values[key] = flat[i] if scalar else flat[i : i + n]
+            i += n
+        return values
 
 
 def _complete(pending: tuple[Any, _Copy | None, Sequence[Any]]) -> bool:
     _, copy, events = pending
     return (copy is None or copy[1].query()) and all(ev.query() for ev in events)
-
-
-def _values(copy: _Copy | None) -> dict[str, Any]:
-    if copy is None:
-        return {}
-    pinned, _, layout = copy
-    flat = pinned.tolist()
-    values, i = {}, 0
-    for key, n, scalar in layout:
-        values[key] = flat[i] if scalar else flat[i : i + n]
-        i += n
-    return values
 
 
 def read(value: Any) -> Any:

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from trainmon.hooks.checksum import normalise_layout, weights_checksum
+from trainmon.hooks.device_events import EventPool
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.readback import Readback, read
@@ -67,6 +68,7 @@ __all__ = ["TrainMonitor"]
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
 _UPDATE_SAMPLE_ELEMENTS = 1 << 16  # parameters copied to measure the update/param ratio
+_SPLIT_CLIP = hasattr(torch.nn.utils, "get_total_norm")  # torch >= 2.6: the norm and the clip are separate calls
 
 
 class _Step:
@@ -248,6 +250,8 @@ class TrainMonitor:
         self._names = {id(p): name for name, p in inner.named_parameters()}
         first = next(model.parameters(), None)
         self._cuda = first is not None and first.is_cuda
+        if self._cuda:
+            self._events = EventPool(enable_timing=True)
         self._handles.append(model.register_forward_pre_hook(self._on_forward_start))
         self._handles.append(model.register_forward_hook(self._on_forward_end))
         # The end of backward compute is the moment the last parameter gradient is accumulated. Which
@@ -336,9 +340,7 @@ class TrainMonitor:
         """A phase boundary: ``now`` on CPU, a CUDA event queued on the current stream on GPU."""
         if not self._cuda:
             return now
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
+        return self._events.record()
 
     def _on_forward_start(self, _module: Any, _args: Any) -> None:
         if self._explicit is not None or not torch.is_grad_enabled():
@@ -506,19 +508,21 @@ class TrainMonitor:
         if self._backward_open is not None:
             self._close_backward(t0)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        grads = [p.grad for p in params if p.grad is not None]
+        with_grad = [p for p in params if p.grad is not None]
+        grads = [p.grad for p in with_grad]
         per_param = None
-        if grads and len({(g.device, g.dtype) for g in grads}) == 1 and hasattr(torch.nn.utils, "get_total_norm"):
-            # What get_total_norm does for one device and dtype, keeping the per-parameter norms.
-            per_param = torch._foreach_norm(grads, norm_type)
-            total = torch.linalg.vector_norm(torch.stack(per_param), norm_type)
+        if grads and _SPLIT_CLIP and _one_group(grads):
+            # What get_total_norm does for one device and dtype, keeping the per-parameter norms (stacked
+            # there anyway: the read-back copies them with the step's other values, no second stack).
+            per_param = torch.stack(torch._foreach_norm(grads, norm_type))
+            total = torch.linalg.vector_norm(per_param, norm_type)
             if error_if_nonfinite and not torch.isfinite(total):  # SYNC: only when asked for, as in torch
                 raise RuntimeError(f"The total norm of order {norm_type} for gradients is non-finite")
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach)
+            torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total, foreach)
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
-        self._s.clip = (total.data, max_norm, per_param, [p for p in params if p.grad is not None])
+        self._s.clip = (total.data, max_norm, per_param, with_grad)
         self._gap_start = time.perf_counter()
         self._s.marks.append(("optimizer", t0, self._gap_start))
         self.overhead_s += self._gap_start - t1
@@ -537,7 +541,8 @@ class TrainMonitor:
         the sender thread, as torch derives them, and per-parameter norms are read only on the
         steps that send them.
         """
-        self._s.clip = (total.data, max_norm, per_param, params)
+        stacked = torch.stack([n.data for n in per_param]) if per_param else None
+        self._s.clip = (total.data, max_norm, stacked, params)
 
     def step_end(
         self,
@@ -632,6 +637,9 @@ class TrainMonitor:
                 phases[name] = phases.get(name, 0.0) + dt
             phases["other"] = max(0.0, record["step_time"] - sum(phases.values()))
             record["phases"] = phases
+            if self._cuda:  # their times are read: the events may be recorded again
+                events = {id(e): e for _, start, end in s.marks for e in (start, end) if not isinstance(e, float)}
+                self._events.release(events.values())
         if s.memory is not None:
             record["mem_allocated_bytes"], record["mem_peak_bytes"] = s.memory
         if s.loss is not None:
@@ -664,7 +672,7 @@ class TrainMonitor:
         )
         scheduled = self.detail_every and record["step"] % self.detail_every == 0
         if spiking or scheduled:
-            values = [float(v) for v in per_param]  # floats (GPU: read back) or CPU tensors
+            values = per_param.tolist() if isinstance(per_param, torch.Tensor) else per_param  # CPU, or read back
             names = [self._names.get(id(p), f"param{i}") for i, p in enumerate(params or ())]
             record["layer_grad_norms"] = dict(zip(names, values, strict=True))
         if math.isfinite(norm):
@@ -809,8 +817,17 @@ def _device_tensors(s: _Step) -> dict[str, torch.Tensor]:
     if s.clip is not None and s.clip[0].is_cuda:
         out["grad_norm"] = s.clip[0]
         if s.clip[2] is not None:
-            out["_per_param"] = torch.stack(s.clip[2])
+            out["_per_param"] = s.clip[2]
     return out
+
+
+def _one_group(grads: list[torch.Tensor]) -> bool:
+    """All on one device with one dtype: torch's clip would make one group of them, in this order.
+
+    ``get_device()`` and ``dtype`` return cached values; ``.device`` would build an object per tensor.
+    """
+    dtype, device = grads[0].dtype, grads[0].get_device()
+    return all(g.dtype is dtype and g.get_device() == device for g in grads)
 
 
 def _cuda_memory() -> tuple[int, int]:
