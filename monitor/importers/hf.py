@@ -93,6 +93,8 @@ def _eval_set_of(entry: dict[str, Any]) -> tuple[str, float, dict[str, float]] |
     """An evaluation of one named set (``Trainer(eval_dataset={"squad": ..., "wiki": ...})`` logs each as its
     own entry: ``eval_squad_loss``, ``eval_squad_accuracy``, ``eval_squad_runtime``): (set, loss, metrics)."""
     for key in entry:
+        if not key.startswith("eval_"):  # most keys: decided without the pattern
+            continue
         m = _EVAL_SET_LOSS.match(key)
         if m is None:
             continue
@@ -116,9 +118,9 @@ def _eval_set_of(entry: dict[str, Any]) -> tuple[str, float, dict[str, float]] |
 def _policy_reward(entry: dict[str, Any]) -> str | None:
     """The key of a policy's reward in a training row (an RL run), None for a supervised or preference row."""
     for key, value in entry.items():
-        if key in _IMPLICIT_REWARDS or to_float(value) is None or "zero_std" in key or key.endswith("_std"):
+        if not is_reward_name(key) or key in _IMPLICIT_REWARDS or "zero_std" in key or key.endswith("_std"):
             continue
-        if is_reward_name(key):
+        if to_float(value) is not None:
             return key
     return None
 

@@ -36,6 +36,7 @@ Principles (the importers that use this state them in their docstrings too):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -162,8 +163,10 @@ _RL_TERM = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def is_reward_name(name: str) -> bool:
-    """An RL run's reward or return (higher is better): never a loss."""
+    """An RL run's reward or return (higher is better): never a loss. Cached: an HF log asks it of
+    every key of every entry until it finds a reward."""
     return bool(set(_words(name)) & _REWARD_WORDS)
 
 
