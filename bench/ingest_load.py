@@ -152,35 +152,36 @@ def _client(
     out.send({"faults": sent_faults, "steps": step, "dropped": dropped, "spooled": spooled})
 
 
-class _SimRank:
-    """One simulated rank of the sweep: its own keep-alive connection, and the transport's cadence.
+class _Sender:
+    """What sends for one simulated rank in the sweep (or for one node's ranks, ``--ranks-per-batch``).
 
     Like ``Transport``: a tick every ``flush`` seconds (at a phase of its own, since every rank's
-    sender thread starts at a different moment), each tick sends what was queued as one batch and
-    waits for the answer; what becomes due meanwhile waits for the next tick, so a slow collector
-    gets fewer, larger batches. A refusal (503, 429) or a lost connection keeps the events for the
-    next tick, as the transport's spool does, so no event is lost or counted twice. Without a thread
-    per rank: 16,384 ``Transport`` threads would measure the load generator, not the collector.
+    sender thread starts at a different moment), each tick sends what was queued as one batch on a
+    keep-alive connection of its own and waits for the answer; what becomes due meanwhile waits for
+    the next tick, so a slow collector gets fewer, larger batches. A refusal (503, 429) or a lost
+    connection keeps the events for the next tick, as the transport's spool does, so no event is
+    lost or counted twice. Without a thread per rank: 16,384 ``Transport`` threads would measure the
+    load generator, not the collector. With several ranks (the ranks of a node, forwarded by a node
+    agent) each rank keeps its own stream and sequence numbers; only the request is shared.
     """
 
-    def __init__(self, rank: int, world: int, stream: str) -> None:
-        self.rank = rank
-        self.world = world
-        self.stream = stream
-        self.seq = 0
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+        self.streams = {r: f"sweep{os.getpid()}r{r}" for r in ranks}
+        self.seqs = dict.fromkeys(ranks, 0)
         self.made = 0  # steps generated so far (step k is due at t_start + k / step_hz)
         self.queue: list[tuple[float, bytes]] = []  # (due time, encoded event) not yet acknowledged
         self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    def event(self, kind: str, fields: dict[str, Any], due: float) -> None:
-        ev = _event(kind, self.rank, self.stream, fields)
-        ev["time"], ev["seq"] = due, self.seq
-        self.seq += 1
+    def event(self, kind: str, rank: int, fields: dict[str, Any], due: float) -> None:
+        ev = _event(kind, rank, self.streams[rank], fields)
+        ev["time"], ev["seq"] = due, self.seqs[rank]
+        self.seqs[rank] += 1
         self.queue.append((due, orjson.dumps(ev)))
 
 
-async def _post(rank: _SimRank, host: str, port: int, body: bytes) -> int:
-    """POST one batch on the rank's connection (reconnecting once if it went stale); the HTTP status."""
+async def _post(rank: _Sender, host: str, port: int, body: bytes) -> int:
+    """POST one batch on the sender's connection (reconnecting once if it went stale); the HTTP status."""
     head = (
         f"POST /v1/events HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -209,18 +210,18 @@ async def _post(rank: _SimRank, host: str, port: int, body: bytes) -> int:
     return 0
 
 
-async def _sim_ranks(ranks: list[int], world: int, host: str, port: int, pipe: Any) -> dict[str, Any]:
-    """Every rank of one client process on one event loop.
+async def _sim_ranks(senders: list[list[int]], world: int, host: str, port: int, pipe: Any) -> dict[str, Any]:
+    """Every sender of one client process on one event loop.
 
     First each rank's ``run_start`` until acknowledged (a job's start: the collector primes its
     detectors), then the parent's clock: steps from ``t_start``, the latency of each step due in
     ``[t_measure, t_stop)`` from due to acknowledged (stored and detected)."""
-    sims = [_SimRank(r, world, f"sweep{os.getpid()}r{r}") for r in ranks]
+    sims = [_Sender(ranks) for ranks in senders]
     start = {"world_size": world, "planned_steps": 10**6, "vocab_size": 64, "framework": "bench"}
     latencies: list[float] = []
     refused = slow = batches = 0
 
-    async def send(sim: _SimRank, t_measure: float, t_stop: float) -> None:
+    async def send(sim: _Sender, t_measure: float, t_stop: float) -> None:
         nonlocal refused, slow, batches
         sent = sim.queue[:MAX_EVENTS_PER_BATCH]
         body = b'{"version":%d,"events":[%b]}' % (VERSION, b",".join(line for _, line in sent))
@@ -235,9 +236,10 @@ async def _sim_ranks(ranks: list[int], world: int, host: str, port: int, pipe: A
         else:
             refused += 1
 
-    async def begin(sim: _SimRank) -> None:
+    async def begin(sim: _Sender) -> None:
         await asyncio.sleep(random.random())  # the ranks of a job start within a second, not at once
-        sim.event("run_start", start, time.time())
+        for rank in sim.ranks:
+            sim.event("run_start", rank, start, time.time())
         while sim.queue:
             await send(sim, 0.0, 0.0)
             if sim.queue:
@@ -247,7 +249,7 @@ async def _sim_ranks(ranks: list[int], world: int, host: str, port: int, pipe: A
     pipe.send("started")
     step_hz, flush, t_start, t_measure, t_stop, drain = pipe.recv()
 
-    async def run(sim: _SimRank) -> None:
+    async def run(sim: _Sender) -> None:
         tick = t_start + random.random() * flush  # each rank's sender thread started at its own moment
         while True:
             now = time.time()
@@ -257,7 +259,8 @@ async def _sim_ranks(ranks: list[int], world: int, host: str, port: int, pipe: A
             producing = now < t_stop
             while producing and t_start + sim.made / step_hz <= min(now, t_stop):
                 due = t_start + sim.made / step_hz
-                sim.event("step", _step_fields(sim.made, sim.rank, False), due)
+                for rank in sim.ranks:
+                    sim.event("step", rank, _step_fields(sim.made, rank, False), due)
                 sim.made += 1
             if not producing and (not sim.queue or now > t_stop + drain):
                 break
@@ -276,10 +279,10 @@ async def _sim_ranks(ranks: list[int], world: int, host: str, port: int, pipe: A
     return {"latencies": latencies, "unacked": unacked, "refused": refused, "slow": slow, "batches": batches}
 
 
-def _sweep_client(ranks: list[int], world: int, host: str, port: int, pipe: Any) -> None:
+def _sweep_client(senders: list[list[int]], world: int, host: str, port: int, pipe: Any) -> None:
     """One client process of the sweep (a uvloop event loop, as the collector has)."""
     uvloop.install()
-    pipe.send(asyncio.run(_sim_ranks(ranks, world, host, port, pipe)))
+    pipe.send(asyncio.run(_sim_ranks(senders, world, host, port, pipe)))
 
 
 def _free_port() -> int:
@@ -395,6 +398,13 @@ def main() -> None:
     ap.add_argument("--sweep-warmup", type=float, default=10.0)
     ap.add_argument("--sweep-duration", type=float, default=20.0, help="measured seconds of each sweep point")
     ap.add_argument("--sweep-only", action="store_true", help="the sweep without the 1,024-rank headline run")
+    ap.add_argument(
+        "--ranks-per-batch",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[1],
+        help="ranks whose events share a request in the sweep, comma-separated sweeps (1: each rank's transport; "
+        "8: a node agent for 8 ranks)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.duration, args.warmup = 20.0, 8.0
@@ -590,34 +600,48 @@ SWEEP_P99_S = 2.0
 
 
 def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) -> str:
-    """World sizes one after another, each against a fresh collector and store; the key=value summary."""
-    print(f"\nrank sweep: {args.sweep} ranks at {args.sweep_step_hz} step/s, flush {args.flush_interval}s, "
-          f"warmup {args.sweep_warmup}s, measured {args.sweep_duration}s each")  # fmt: skip
-    points = []
-    for world in args.sweep:
-        with contextlib.ExitStack() as stack:
-            points.append(_sweep_point(args, world, tmp / f"sweep{world}", new_db(f"sweep{world}"), stack))
-        p = points[-1]
+    """World sizes one after another, each against a fresh collector and store; the key=value summary.
+
+    For each ``--ranks-per-batch`` value: 1 is what every rank's transport does today; 8 is what a
+    node agent forwarding its node's 8 ranks in one request would send (keys suffixed ``_per8``)."""
+    keys = []
+    for per in args.ranks_per_batch:
         print(
-            f"  {world:>6} ranks: {p['steps_per_s']:8,.0f} of {p['offered']:,.0f} steps/s stored; "
-            f"due->acknowledged p50 {p['p50']:.2f}s p99 {p['p99']:.2f}s; collector {p['cores']:.2f} cores, "
-            f"simulated ranks {p['client_cores']:.2f}; {p['batches']:,} batches, {p['refused']} refused, "
-            f"{p['slow']} over 5 s, {p['unacked']} not acknowledged; collector RSS peak {p['rss']:.0f} MiB; "
-            f"all ranks started (run_start acknowledged) in {p['started_s']:.1f}s"
+            f"\nrank sweep: {args.sweep} ranks at {args.sweep_step_hz} step/s, {per} rank(s) per request, "
+            f"flush {args.flush_interval}s, warmup {args.sweep_warmup}s, measured {args.sweep_duration}s each"
         )
-    kept = [p["world"] for p in points if p["p99"] <= SWEEP_P99_S]
-    # The largest world size kept within the bar, and below it none that was not (no lucky point past a failure).
-    best = max((w for w in kept if all(p["p99"] <= SWEEP_P99_S for p in points if p["world"] <= w)), default=0)
-    print(f"largest world size within p99 <= {SWEEP_P99_S:g} s: {best or 'none'} (load average {_loadavg()})")
-    keys = [f"max_ranks_p99_2s={best}"]
-    for p in points:
-        w = p["world"]
-        keys.append(f"r{w}_steps_per_s={p['steps_per_s']:.0f} r{w}_p99_s={p['p99']:.3f} r{w}_cores={p['cores']:.2f}")
+        points = []
+        for world in args.sweep:
+            name = f"sweep{world}x{per}"
+            with contextlib.ExitStack() as stack:
+                points.append(_sweep_point(args, world, per, tmp / name, new_db(name), stack))
+            p = points[-1]
+            print(
+                f"  {world:>6} ranks: {p['steps_per_s']:8,.0f} of {p['offered']:,.0f} steps/s stored; "
+                f"due->acknowledged p50 {p['p50']:.2f}s p99 {p['p99']:.2f}s; collector {p['cores']:.2f} cores, "
+                f"simulated ranks {p['client_cores']:.2f}; {p['batches']:,} batches, {p['refused']} refused, "
+                f"{p['slow']} over 5 s, {p['unacked']} not acknowledged; collector RSS peak {p['rss']:.0f} MiB; "
+                f"all ranks started (run_start acknowledged) in {p['started_s']:.1f}s; load average {p['load']}"
+            )
+        # The largest world size kept within the bar, with none below it that was not (no lucky point).
+        best = 0
+        for p in sorted(points, key=lambda p: p["world"]):
+            if p["p99"] > SWEEP_P99_S:
+                break
+            best = p["world"]
+        print(f"largest world size within p99 <= {SWEEP_P99_S:g} s: {best or 'none'}")
+        tag = "" if per == 1 else f"_per{per}"
+        keys.append(f"max_ranks_p99_2s{tag}={best}")
+        for p in points:
+            w = f"r{p['world']}{tag}"
+            keys.append(f"{w}_steps_per_s={p['steps_per_s']:.0f} {w}_p99_s={p['p99']:.3f} {w}_cores={p['cores']:.2f}")
     return " ".join(keys)
 
 
-def _sweep_point(args: argparse.Namespace, world: int, tmp: Path, db: str, stack: contextlib.ExitStack) -> dict:
-    """``world`` simulated ranks at ``--sweep-step-hz`` against a fresh collector: latency, rate, CPU."""
+def _sweep_point(
+    args: argparse.Namespace, world: int, per: int, tmp: Path, db: str, stack: contextlib.ExitStack
+) -> dict[str, Any]:
+    """``world`` simulated ranks at ``--sweep-step-hz``, ``per`` ranks per request, against a fresh collector."""
     tmp.mkdir()
     config = tmp / "collector.toml"
     # One job of ``world`` ranks (not 429), each with a batch in the queue at times (not 503): the limits a
@@ -635,11 +659,10 @@ def _sweep_point(args: argparse.Namespace, world: int, tmp: Path, db: str, stack
     ctx = mp.get_context("spawn")
     pipes = []
     t_begin = time.time()
+    senders = [list(range(first, min(first + per, world))) for first in range(0, world, per)]
     for k in range(args.procs):
         ours, theirs = ctx.Pipe()
-        p = ctx.Process(
-            target=_sweep_client, args=(list(range(k, world, args.procs)), world, "127.0.0.1", port, theirs)
-        )
+        p = ctx.Process(target=_sweep_client, args=(senders[k :: args.procs], world, "127.0.0.1", port, theirs))
         p.start()
         clients.append(p)
         pipes.append(ours)
@@ -684,6 +707,7 @@ def _sweep_point(args: argparse.Namespace, world: int, tmp: Path, db: str, stack
         "unacked": unacked,
         "rss": peak,
         "started_s": started_s,
+        "load": _loadavg(),
     }
 
 
