@@ -8,8 +8,10 @@ simply stops being exported: no stale label sets to remember to remove. Labels a
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -18,9 +20,17 @@ from prometheus_client.registry import Collector
 
 from trainmon.monitor.analysis.goodput import hang_open
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
-from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.collector.live import LiveState, RunState
+from trainmon.monitor.collector.open_findings import OpenFindings
+from trainmon.monitor.detectors import SEVERITIES
 
-__all__ = ["FINISHED_RUN_TTL_SECONDS", "CollectorMetrics", "DetectionCollector", "TrainingCollector"]
+__all__ = [
+    "FINISHED_RUN_TTL_SECONDS",
+    "CollectorMetrics",
+    "DetectionCollector",
+    "SeriesLimits",
+    "TrainingCollector",
+]
 
 FINISHED_RUN_TTL_SECONDS = 300.0
 """A finished run stays exported this long, so the last scrape sees its final values."""
@@ -49,146 +59,283 @@ _GPU_GAUGES = {
 }
 
 
-def _put(family: Metric, labels: list[str], value: Any, scale: float = 1.0) -> None:
-    """One sample, if the value is a number: whatever one rank sent, the scrape of every run must work."""
+@dataclass(frozen=True)
+class SeriesLimits:
+    """How many series ``/metrics`` holds, whatever the world size (issue 27: five runs of 1,000 ranks were
+    92,653 series, 6.4 MB a scrape; Prometheus' guidance is the low hundreds of thousands per target)."""
+
+    rank_detail: int = 64
+    """A run of up to this many ranks is exported one series per rank. A wider one is exported as cross-rank
+    aggregates (``rank="min"``, ``"median"``, ``"max"``: the series of the rank holding that value, with its
+    ``node`` and ``gpu``; counters as ``rank="all"``, their sum) plus one series per rank for the ranks its
+    open findings name (at most ``open_findings.MAX_FINDINGS``), and ``trainmon_rank_holding_max`` says
+    which rank holds each maximum. Per-rank detail of every rank stays in the API and the post-mortem."""
+    max_series: int = 200_000
+    """Training series a scrape holds at most; past it whole runs are left out (the newest last seen
+    first) and ``trainmon_exporter_series_left_out`` says how many series that was."""
+
+
+def _number(value: Any) -> float | None:
+    """The value as a sample, if it is a number: whatever one rank sent, the scrape of every run must work."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        family.add_metric(labels, float(value) * scale)
+        return float(value)
+    return None
+
+
+# A rank's sample of a per-rank family: (rank, key labels, holder labels, value). Key labels (phase, group,
+# type) split a family into series that are aggregated apart; holder labels (node, gpu) describe the rank.
+_Sample = tuple[int, tuple[str, ...], tuple[str, ...], float]
+
+
+class _PerRank:
+    """A family with a series per rank (labels ``run, rank, *keys, *holders``), and how ranks fold into a few."""
+
+    def __init__(self, cls: type, name: str, doc: str, keys: tuple[str, ...] = (), holders: tuple[str, ...] = ()):
+        self.family: Metric = cls(name, doc, labels=["run", "rank", *keys, *holders])
+        self.name = name
+        self.summed = cls is CounterMetricFamily and name != "trainmon_gpu_ecc_errors"  # ECC: per GPU, max matters
+        self.keyed = bool(keys)
+        self.holders = len(holders)
+
+
+def _nan_last(sample: _Sample) -> tuple[bool, float]:
+    return math.isnan(sample[3]), sample[3]  # a NaN loss on any rank is the maximum, and shows
 
 
 class TrainingCollector(Collector):
-    """Yields the latest per-run, per-rank training values at each scrape."""
+    """Yields the latest per-run, per-rank training values at each scrape, within ``SeriesLimits``.
 
-    def __init__(self, live: LiveState, clock=time.time) -> None:
+    ``findings`` (the collector's open findings) names the ranks of a wide run that keep their own series.
+    """
+
+    def __init__(
+        self,
+        live: LiveState,
+        clock=time.time,
+        findings: OpenFindings | None = None,
+        limits: SeriesLimits = SeriesLimits(),
+    ) -> None:
         self._live = live
         self._clock = clock
+        self._findings = findings
+        self._limits = limits
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
-        rl = ["run", "rank"]
-        step = GaugeMetricFamily("trainmon_step", "Latest optimizer step.", labels=rl)
-        last = GaugeMetricFamily(
-            "trainmon_last_step_timestamp_seconds", "Wall time of the latest step (hang alerts).", labels=rl
+        per_rank = self._per_rank_families()
+        run_level = self._run_families()
+        holding = GaugeMetricFamily(
+            "trainmon_rank_holding_max",
+            'The rank whose series is the rank="max" aggregate of `metric`, in runs wider than the per-rank limit.',
+            labels=["run", "metric"],
         )
-        seen = GaugeMetricFamily(
-            "trainmon_last_seen_timestamp_seconds", "Wall time of the latest event of any kind.", labels=rl
-        )
-        gauges = {k: GaugeMetricFamily(name, doc, labels=rl) for k, (name, doc) in _STEP_GAUGES.items()}
-        lr = GaugeMetricFamily("trainmon_learning_rate", "Learning rate per param group.", labels=[*rl, "group"])
-        phase = GaugeMetricFamily("trainmon_phase_seconds", "Seconds per phase, latest step.", labels=[*rl, "phase"])
-        tps = GaugeMetricFamily("trainmon_tokens_per_second", "Tokens per second of this rank.", labels=rl)
-        tokens = CounterMetricFamily("trainmon_tokens", "Tokens processed by this rank.", labels=rl)
-        attempt = GaugeMetricFamily("trainmon_attempt", "Attempt (process restart) the rank is on.", labels=rl)
-        eval_loss = GaugeMetricFamily("trainmon_eval_loss", "Latest evaluation loss.", labels=["run"])
-        world = GaugeMetricFamily("trainmon_run_world_size", "Ranks in the run.", labels=["run"])
-        planned = GaugeMetricFamily("trainmon_run_planned_steps", "Optimizer steps the run plans.", labels=["run"])
-        up = GaugeMetricFamily("trainmon_run_running", "1 while the run has not ended.", labels=["run"])
-        lr_expected = GaugeMetricFamily(
-            "trainmon_learning_rate_expected",
-            "LR the declared schedule gives for the latest step (param group 0 only: one schedule is declared).",
-            labels=[*rl, "group"],
-        )
-        mfu = GaugeMetricFamily("trainmon_mfu_ratio", "Model FLOPs utilisation of the rank's device.", labels=rl)
-        missing = CounterMetricFamily(
-            "trainmon_producer_missing_events", "Events a rank's producer dropped (sequence gaps).", labels=rl
-        )
-        nl = [*rl, "node"]
-        cpu = GaugeMetricFamily(
-            "trainmon_process_cpu_cores",
-            "CPU cores the training process kept busy over the latest health interval (1.0 = one core).",
-            labels=nl,
-        )
-        rss = GaugeMetricFamily("trainmon_process_resident_memory_bytes", "Training process RSS.", labels=nl)
-        host_used = GaugeMetricFamily("trainmon_host_memory_used_bytes", "Host memory in use.", labels=nl)
-        host_total = GaugeMetricFamily("trainmon_host_memory_total_bytes", "Host memory installed.", labels=nl)
-        gl = [*nl, "gpu"]
-        gpu_gauges = {k: GaugeMetricFamily(name, doc, labels=gl) for k, (name, doc) in _GPU_GAUGES.items()}
-        throttled = GaugeMetricFamily(
-            "trainmon_gpu_throttle_reasons", "NVML clock-event reasons bitmask (0: not throttled).", labels=gl
-        )
-        ecc = CounterMetricFamily("trainmon_gpu_ecc_errors", "GPU ECC errors since boot.", labels=[*gl, "type"])
-        an_total = CounterMetricFamily(
-            "trainmon_anomalies", "Anomalies opened by the collector.", labels=["run", "kind", "severity"]
-        )
-        an_active = GaugeMetricFamily(
-            "trainmon_anomalies_active", "Anomalies currently open.", labels=["run", "kind", "severity"]
-        )
-        goodput = GaugeMetricFamily(
-            "trainmon_goodput_ratio",
-            "Share of the run's wall time that trained the model (rank 0's clock, all attempts).",
-            labels=["run"],
-        )
-        badput = GaugeMetricFamily(
-            "trainmon_badput_seconds",
-            "Wall time of the run lost, by cause (trainmon.monitor.analysis.goodput); a cause can shrink "
-            "when a resume turns earlier steps into recomputation.",
-            labels=["run", "cause"],
-        )
-        recomputed = GaugeMetricFamily(
-            "trainmon_recomputed_steps", "Steps run again after resuming from a checkpoint.", labels=["run"]
-        )
+        exported = left_out = 0
         with self._live.lock:
-            for run_id, run in list(self._live.runs.items()):
-                ended = run.status != "running"
-                last_seen = max((r.last_seen for r in run.ranks.values()), default=0.0)
-                if ended and now - last_seen > FINISHED_RUN_TTL_SECONDS:
+            runs = [
+                (run_id, run, max((r.last_seen for r in run.ranks.values()), default=0.0))
+                for run_id, run in self._live.runs.items()
+            ]
+            runs.sort(key=lambda x: -x[2])  # past the series cap, the runs heard from longest ago are left out
+            for run_id, run, last_seen in runs:
+                if run.status != "running" and now - last_seen > FINISHED_RUN_TTL_SECONDS:
                     continue
-                up.add_metric([run_id], 0.0 if ended else 1.0)
-                if run.world_size is not None:
-                    world.add_metric([run_id], run.world_size)
-                if run.planned_steps is not None:
-                    planned.add_metric([run_id], run.planned_steps)
-                if run.eval_loss is not None:
-                    eval_loss.add_metric([run_id], run.eval_loss)
-                for (kind, sev), n in run.anomalies_total.items():
-                    an_total.add_metric([run_id, kind, sev], n)
-                for (kind, sev), n in run.anomalies_active.items():
-                    an_active.add_metric([run_id, kind, sev], n)
-                good = run.goodput.result(now, hang_open(run.anomalies_active))
-                if good["fraction"] is not None:
-                    goodput.add_metric([run_id], good["fraction"])
-                    for cause, secs in good["badput_seconds"].items():
-                        badput.add_metric([run_id, cause], secs)
-                    recomputed.add_metric([run_id], good["recomputed_steps"])
-                for rank_id, r in run.ranks.items():
-                    labels = [run_id, str(rank_id)]
-                    seen.add_metric(labels, r.last_seen)
-                    attempt.add_metric(labels, r.attempt)
-                    if r.step >= 0:
-                        step.add_metric(labels, r.step)
-                        last.add_metric(labels, r.last_step_time)
-                        tokens.add_metric(labels, r.tokens_total)
-                        if r.tokens_per_second is not None:
-                            tps.add_metric(labels, r.tokens_per_second)
-                        for key, fam in gauges.items():
-                            _put(fam, labels, r.last.get(key))
-                        for i, value in enumerate(r.last.get("lr") or ()):
-                            _put(lr, [*labels, str(i)], value)
-                        for name, secs in (r.last.get("phases") or {}).items():
-                            _put(phase, [*labels, name], secs)
-                        if (expected := r.expected_lr()) is not None:
-                            lr_expected.add_metric([*labels, "0"], expected)
-                        if (ratio := r.mfu()) is not None:
-                            mfu.add_metric(labels, ratio)
-                    missing.add_metric(labels, r.missing_events)
-                    h = r.health
-                    if h:
-                        node = [*labels, r.host]
-                        _put(cpu, node, h.get("cpu_percent"), 0.01)
-                        _put(rss, node, h.get("rss_bytes"))
-                        _put(host_used, node, h.get("host_mem_used_bytes"))
-                        _put(host_total, node, h.get("host_mem_total_bytes"))
-                        for g in h.get("gpus") or ():
-                            if not isinstance(g, dict):
-                                continue
-                            gpu = [*node, str(g.get("index", 0))]
-                            for key, fam in gpu_gauges.items():
-                                _put(fam, gpu, g.get(key))
-                            _put(throttled, gpu, g.get("throttle_reasons"))
-                            _put(ecc, [*gpu, "corrected"], g.get("ecc_corrected"))
-                            _put(ecc, [*gpu, "uncorrected"], g.get("ecc_uncorrected"))
-        yield from (step, last, seen, *gauges.values(), lr, lr_expected, phase, tps, tokens, mfu, attempt, missing)
-        yield from (cpu, rss, host_used, host_total, *gpu_gauges.values(), throttled, ecc)
-        yield from (eval_loss, world, planned, up, an_total, an_active, goodput, badput, recomputed)
+                out: list[tuple[Metric, list[str], float]] = []
+                self._run_samples(run_id, run, now, run_level, out)
+                samples = self._rank_samples(run, per_rank)
+                if len(run.ranks) <= self._limits.rank_detail:
+                    for fam, rows in samples.items():
+                        out.extend((fam.family, [run_id, str(r), *k, *h], v) for r, k, h, v in rows)
+                else:
+                    self._fold(run_id, samples, self._named(run_id, run), holding, out)
+                if exported + len(out) > self._limits.max_series:
+                    left_out += len(out)
+                    continue
+                exported += len(out)
+                for family, labels, value in out:
+                    family.add_metric(labels, value)
+        yield from (fam.family for fam in per_rank)
+        yield from run_level.values()
+        yield holding
+        yield GaugeMetricFamily(
+            "trainmon_exporter_series", "Training series in this scrape (SeriesLimits bounds them).", value=exported
+        )
+        yield GaugeMetricFamily(
+            "trainmon_exporter_series_left_out",
+            "Training series this scrape left out to stay within SeriesLimits.max_series (whole runs; 0: none).",
+            value=left_out,
+        )
+
+    def _named(self, run_id: str, run: RunState) -> set[int]:
+        """Ranks of the run that its open findings name (the straggler, the hung rank, the odd replica)."""
+        if self._findings is None:
+            return set()
+        found, _ = self._findings.since(run_id, SEVERITIES[0], -1)
+        return {f["rank"] for f in found if f["rank"] in run.ranks}
+
+    @staticmethod
+    def _fold(
+        run_id: str,
+        samples: dict[_PerRank, list[_Sample]],
+        named: set[int],
+        holding: GaugeMetricFamily,
+        out: list[tuple[Metric, list[str], float]],
+    ) -> None:
+        """A wide run's per-rank samples as min/median/max (counters: their sum) plus the named ranks' own."""
+        for fam, rows in samples.items():
+            groups: dict[tuple[str, ...], list[_Sample]] = {}
+            for row in rows:
+                groups.setdefault(row[1], []).append(row)
+                if row[0] in named and not fam.summed:
+                    out.append((fam.family, [run_id, str(row[0]), *row[1], *row[2]], row[3]))
+            for key, group in groups.items():
+                if fam.summed:
+                    out.append((fam.family, [run_id, "all", *key, *[""] * fam.holders], sum(r[3] for r in group)))
+                    continue
+                group.sort(key=_nan_last)
+                for stat, row in (("min", group[0]), ("median", group[(len(group) - 1) // 2]), ("max", group[-1])):
+                    out.append((fam.family, [run_id, stat, *key, *row[2]], row[3]))
+                if not fam.keyed:
+                    out.append((holding, [run_id, fam.name], group[-1][0]))
+
+    @staticmethod
+    def _run_families() -> dict[str, Metric]:
+        return {
+            "eval_loss": GaugeMetricFamily("trainmon_eval_loss", "Latest evaluation loss.", labels=["run"]),
+            "world": GaugeMetricFamily("trainmon_run_world_size", "Ranks in the run.", labels=["run"]),
+            "reporting": GaugeMetricFamily(
+                "trainmon_run_ranks_reporting", "Ranks the collector holds live values of.", labels=["run"]
+            ),
+            "planned": GaugeMetricFamily(
+                "trainmon_run_planned_steps", "Optimizer steps the run plans.", labels=["run"]
+            ),
+            "up": GaugeMetricFamily("trainmon_run_running", "1 while the run has not ended.", labels=["run"]),
+            "an_total": CounterMetricFamily(
+                "trainmon_anomalies", "Anomalies opened by the collector.", labels=["run", "kind", "severity"]
+            ),
+            "an_active": GaugeMetricFamily(
+                "trainmon_anomalies_active", "Anomalies currently open.", labels=["run", "kind", "severity"]
+            ),
+            "goodput": GaugeMetricFamily(
+                "trainmon_goodput_ratio",
+                "Share of the run's wall time that trained the model (rank 0's clock, all attempts).",
+                labels=["run"],
+            ),
+            "badput": GaugeMetricFamily(
+                "trainmon_badput_seconds",
+                "Wall time of the run lost, by cause (trainmon.monitor.analysis.goodput); a cause can shrink "
+                "when a resume turns earlier steps into recomputation.",
+                labels=["run", "cause"],
+            ),
+            "recomputed": GaugeMetricFamily(
+                "trainmon_recomputed_steps", "Steps run again after resuming from a checkpoint.", labels=["run"]
+            ),
+        }
+
+    @staticmethod
+    def _run_samples(
+        run_id: str, run: RunState, now: float, fams: dict[str, Metric], out: list[tuple[Metric, list[str], float]]
+    ) -> None:
+        ended = run.status != "running"
+        out.append((fams["up"], [run_id], 0.0 if ended else 1.0))
+        out.append((fams["reporting"], [run_id], float(len(run.ranks))))
+        for key, value in (("world", run.world_size), ("planned", run.planned_steps), ("eval_loss", run.eval_loss)):
+            if (v := _number(value)) is not None:
+                out.append((fams[key], [run_id], v))
+        for (kind, sev), n in run.anomalies_total.items():
+            out.append((fams["an_total"], [run_id, kind, sev], n))
+        for (kind, sev), n in run.anomalies_active.items():
+            out.append((fams["an_active"], [run_id, kind, sev], n))
+        good = run.goodput.result(now, hang_open(run.anomalies_active))
+        if good["fraction"] is not None:
+            out.append((fams["goodput"], [run_id], good["fraction"]))
+            for cause, secs in good["badput_seconds"].items():
+                out.append((fams["badput"], [run_id, cause], secs))
+            out.append((fams["recomputed"], [run_id], good["recomputed_steps"]))
+
+    @staticmethod
+    def _per_rank_families() -> list[_PerRank]:
+        G, C = GaugeMetricFamily, CounterMetricFamily
+        node, gpu = ("node",), ("node", "gpu")
+        return [
+            _PerRank(G, "trainmon_step", "Latest optimizer step."),
+            _PerRank(G, "trainmon_last_step_timestamp_seconds", "Wall time of the latest step (hang alerts)."),
+            _PerRank(G, "trainmon_last_seen_timestamp_seconds", "Wall time of the latest event of any kind."),
+            *(_PerRank(G, name, doc) for name, doc in _STEP_GAUGES.values()),
+            _PerRank(G, "trainmon_learning_rate", "Learning rate per param group.", ("group",)),
+            _PerRank(
+                G,
+                "trainmon_learning_rate_expected",
+                "LR the declared schedule gives for the latest step (param group 0 only: one schedule is declared).",
+                ("group",),
+            ),
+            _PerRank(G, "trainmon_phase_seconds", "Seconds per phase, latest step.", ("phase",)),
+            _PerRank(G, "trainmon_tokens_per_second", "Tokens per second of this rank."),
+            _PerRank(C, "trainmon_tokens", "Tokens processed by this rank."),
+            _PerRank(G, "trainmon_mfu_ratio", "Model FLOPs utilisation of the rank's device."),
+            _PerRank(G, "trainmon_attempt", "Attempt (process restart) the rank is on."),
+            _PerRank(C, "trainmon_producer_missing_events", "Events a rank's producer dropped (sequence gaps)."),
+            _PerRank(
+                G,
+                "trainmon_process_cpu_cores",
+                "CPU cores the training process kept busy over the latest health interval (1.0 = one core).",
+                holders=node,
+            ),
+            _PerRank(G, "trainmon_process_resident_memory_bytes", "Training process RSS.", holders=node),
+            _PerRank(G, "trainmon_host_memory_used_bytes", "Host memory in use.", holders=node),
+            _PerRank(G, "trainmon_host_memory_total_bytes", "Host memory installed.", holders=node),
+            *(_PerRank(G, name, doc, holders=gpu) for name, doc in _GPU_GAUGES.values()),
+            _PerRank(
+                G, "trainmon_gpu_throttle_reasons", "NVML clock-event reasons bitmask (0: not throttled).", holders=gpu
+            ),
+            _PerRank(C, "trainmon_gpu_ecc_errors", "GPU ECC errors since boot.", ("type",), gpu),
+        ]
+
+    @staticmethod
+    def _rank_samples(run: RunState, families: list[_PerRank]) -> dict[_PerRank, list[_Sample]]:
+        """Every rank's samples, family by family."""
+        out: dict[_PerRank, list[_Sample]] = {fam: [] for fam in families}
+        by_name = {fam.name: out[fam] for fam in families}
+
+        def put(name: str, rank: int, value: Any, key: tuple[str, ...] = (), holder: tuple[str, ...] = ()) -> None:
+            if (v := _number(value)) is not None:
+                by_name[name].append((rank, key, holder, v))
+
+        for rank_id, r in run.ranks.items():
+            put("trainmon_last_seen_timestamp_seconds", rank_id, r.last_seen)
+            put("trainmon_attempt", rank_id, r.attempt)
+            put("trainmon_producer_missing_events", rank_id, r.missing_events)
+            if r.step >= 0:
+                put("trainmon_step", rank_id, r.step)
+                put("trainmon_last_step_timestamp_seconds", rank_id, r.last_step_time)
+                put("trainmon_tokens", rank_id, r.tokens_total)
+                put("trainmon_tokens_per_second", rank_id, r.tokens_per_second)
+                for key, (name, _) in _STEP_GAUGES.items():
+                    put(name, rank_id, r.last.get(key))
+                for i, value in enumerate(r.last.get("lr") or ()):
+                    put("trainmon_learning_rate", rank_id, value, (str(i),))
+                for phase, secs in (r.last.get("phases") or {}).items():
+                    put("trainmon_phase_seconds", rank_id, secs, (phase,))
+                put("trainmon_learning_rate_expected", rank_id, r.expected_lr(), ("0",))
+                put("trainmon_mfu_ratio", rank_id, r.mfu())
+            h = r.health
+            if not h:
+                continue
+            node = (r.host,)
+            cores = _number(h.get("cpu_percent"))
+            put("trainmon_process_cpu_cores", rank_id, None if cores is None else cores * 0.01, holder=node)
+            put("trainmon_process_resident_memory_bytes", rank_id, h.get("rss_bytes"), holder=node)
+            put("trainmon_host_memory_used_bytes", rank_id, h.get("host_mem_used_bytes"), holder=node)
+            put("trainmon_host_memory_total_bytes", rank_id, h.get("host_mem_total_bytes"), holder=node)
+            for g in h.get("gpus") or ():
+                if not isinstance(g, dict):
+                    continue
+                where = (r.host, str(g.get("index", 0)))
+                for key, (name, _) in _GPU_GAUGES.items():
+                    put(name, rank_id, g.get(key), holder=where)
+                put("trainmon_gpu_throttle_reasons", rank_id, g.get("throttle_reasons"), holder=where)
+                put("trainmon_gpu_ecc_errors", rank_id, g.get("ecc_corrected"), ("corrected",), where)
+                put("trainmon_gpu_ecc_errors", rank_id, g.get("ecc_uncorrected"), ("uncorrected",), where)
+        return out
 
 
 class DetectionCollector(Collector):
