@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import math
 import multiprocessing as mp
 import os
@@ -165,8 +166,9 @@ class _Sender:
     agent) each rank keeps its own stream and sequence numbers; only the request is shared.
     """
 
-    def __init__(self, ranks: list[int]) -> None:
+    def __init__(self, ranks: list[int], port: int) -> None:
         self.ranks = ranks
+        self.port = port  # the collector of its node group
         self.streams = {r: f"sweep{os.getpid()}r{r}" for r in ranks}
         self.seqs = dict.fromkeys(ranks, 0)
         self.made = 0  # steps generated so far (step k is due at t_start + k / step_hz)
@@ -180,16 +182,16 @@ class _Sender:
         self.queue.append((due, orjson.dumps(ev)))
 
 
-async def _post(rank: _Sender, host: str, port: int, body: bytes) -> int:
+async def _post(rank: _Sender, host: str, body: bytes) -> int:
     """POST one batch on the sender's connection (reconnecting once if it went stale); the HTTP status."""
     head = (
-        f"POST /v1/events HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"POST /v1/events HTTP/1.1\r\nHost: {host}:{rank.port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     for attempt in (0, 1):
         try:
             if rank.conn is None:
-                rank.conn = await asyncio.open_connection(host, port)
+                rank.conn = await asyncio.open_connection(host, rank.port)
             reader, writer = rank.conn
             writer.write(head + body)
             status_line = await reader.readuntil(b"\r\n")
@@ -210,13 +212,13 @@ async def _post(rank: _Sender, host: str, port: int, body: bytes) -> int:
     return 0
 
 
-async def _sim_ranks(senders: list[list[int]], world: int, host: str, port: int, pipe: Any) -> dict[str, Any]:
+async def _sim_ranks(senders: list[tuple[list[int], int]], world: int, host: str, pipe: Any) -> dict[str, Any]:
     """Every sender of one client process on one event loop.
 
     First each rank's ``run_start`` until acknowledged (a job's start: the collector primes its
     detectors), then the parent's clock: steps from ``t_start``, the latency of each step due in
     ``[t_measure, t_stop)`` from due to acknowledged (stored and detected)."""
-    sims = [_Sender(ranks) for ranks in senders]
+    sims = [_Sender(ranks, port) for ranks, port in senders]
     start = {"world_size": world, "planned_steps": 10**6, "vocab_size": 64, "framework": "bench"}
     latencies: list[float] = []
     refused = slow = batches = 0
@@ -226,7 +228,7 @@ async def _sim_ranks(senders: list[list[int]], world: int, host: str, port: int,
         sent = sim.queue[:MAX_EVENTS_PER_BATCH]
         body = b'{"version":%d,"events":[%b]}' % (VERSION, b",".join(line for _, line in sent))
         t0 = time.time()
-        status = await _post(sim, host, port, body)
+        status = await _post(sim, host, body)
         acked = time.time()
         batches += 1
         slow += acked - t0 > 5.0  # what a Transport (5 s timeout) would have spooled and resent
@@ -279,10 +281,10 @@ async def _sim_ranks(senders: list[list[int]], world: int, host: str, port: int,
     return {"latencies": latencies, "unacked": unacked, "refused": refused, "slow": slow, "batches": batches}
 
 
-def _sweep_client(senders: list[list[int]], world: int, host: str, port: int, pipe: Any) -> None:
+def _sweep_client(senders: list[tuple[list[int], int]], world: int, host: str, pipe: Any) -> None:
     """One client process of the sweep (a uvloop event loop, as the collector has)."""
     uvloop.install()
-    pipe.send(asyncio.run(_sim_ranks(senders, world, host, port, pipe)))
+    pipe.send(asyncio.run(_sim_ranks(senders, world, host, pipe)))
 
 
 def _free_port() -> int:
@@ -398,6 +400,12 @@ def main() -> None:
     ap.add_argument("--sweep-warmup", type=float, default=10.0)
     ap.add_argument("--sweep-duration", type=float, default=20.0, help="measured seconds of each sweep point")
     ap.add_argument("--sweep-only", action="store_true", help="the sweep without the 1,024-rank headline run")
+    ap.add_argument(
+        "--collectors",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[1],
+        help="collectors in the sweep, each owning a contiguous node group, comma-separated sweeps (keys _cN)",
+    )
     ap.add_argument(
         "--ranks-per-batch",
         type=lambda text: [int(k) for k in text.split(",")],
@@ -605,16 +613,17 @@ def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) ->
     For each ``--ranks-per-batch`` value: 1 is what every rank's transport does today; 8 is what a
     node agent forwarding its node's 8 ranks in one request would send (keys suffixed ``_per8``)."""
     keys = []
-    for per in args.ranks_per_batch:
+    for ncol, per in itertools.product(args.collectors, args.ranks_per_batch):
         print(
             f"\nrank sweep: {args.sweep} ranks at {args.sweep_step_hz} step/s, {per} rank(s) per request, "
-            f"flush {args.flush_interval}s, warmup {args.sweep_warmup}s, measured {args.sweep_duration}s each"
+            f"{ncol} collector(s), flush {args.flush_interval}s, warmup {args.sweep_warmup}s, "
+            f"measured {args.sweep_duration}s each"
         )
         points = []
         for world in args.sweep:
-            name = f"sweep{world}x{per}"
+            name = f"sweep{world}x{per}c{ncol}"
             with contextlib.ExitStack() as stack:
-                points.append(_sweep_point(args, world, per, tmp / name, new_db(name), stack))
+                points.append(_sweep_point(args, world, per, ncol, tmp / name, new_db(name), stack))
             p = points[-1]
             print(
                 f"  {world:>6} ranks: {p['steps_per_s']:8,.0f} of {p['offered']:,.0f} steps/s stored; "
@@ -630,7 +639,7 @@ def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) ->
                 break
             best = p["world"]
         print(f"largest world size within p99 <= {SWEEP_P99_S:g} s: {best or 'none'}")
-        tag = "" if per == 1 else f"_per{per}"
+        tag = ("" if per == 1 else f"_per{per}") + ("" if ncol == 1 else f"_c{ncol}")
         keys.append(f"max_ranks_p99_2s{tag}={best}")
         for p in points:
             w = f"r{p['world']}{tag}"
@@ -639,30 +648,45 @@ def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) ->
 
 
 def _sweep_point(
-    args: argparse.Namespace, world: int, per: int, tmp: Path, db: str, stack: contextlib.ExitStack
+    args: argparse.Namespace, world: int, per: int, ncol: int, tmp: Path, db: str, stack: contextlib.ExitStack
 ) -> dict[str, Any]:
-    """``world`` simulated ranks at ``--sweep-step-hz``, ``per`` ranks per request, against a fresh collector."""
+    """``world`` simulated ranks at ``--sweep-step-hz``, ``per`` ranks per request, against ``ncol`` fresh
+    collectors, each owning a contiguous node group (its own SQLite file, or the one PostgreSQL database)."""
     tmp.mkdir()
     config = tmp / "collector.toml"
     # One job of ``world`` ranks (not 429), each with a batch in the queue at times (not 503): the limits a
     # deployment of that size sets; the defaults fit a 1,024-rank job.
     config.write_text(f"max_ranks_per_run = {max(8192, world)}\nmax_pending_batches = {max(4096, 2 * world)}\n")
-    port = _free_port()
-    collector = _start_collector(db, tmp / "collector.log", port, config)
+    dbs = [db if "://" in db or ncol == 1 else str(Path(db).with_suffix(f".c{j}.sqlite")) for j in range(ncol)]
+    ports = [_free_port() for _ in range(ncol)]
+    collectors = [
+        _start_collector(d, tmp / f"collector{j}.log", port, config)
+        for j, (d, port) in enumerate(zip(dbs, ports, strict=True))
+    ]
     clients: list[mp.process.BaseProcess] = []
-    stack.callback(_leave_nothing_behind, collector, clients)
-    _wait_healthy(f"http://127.0.0.1:{port}", collector)
-    proc = psutil.Process(collector.pid)
-    store = _store(db)
-    stack.callback(store.dispose)
+    for collector in collectors:
+        stack.callback(_leave_nothing_behind, collector, clients)
+    for collector, port in zip(collectors, ports, strict=True):
+        _wait_healthy(f"http://127.0.0.1:{port}", collector)
+    procs = [psutil.Process(c.pid) for c in collectors]
+    stores = [_store(d) for d in dict.fromkeys(dbs)]
+    for store in stores:
+        stack.callback(store.dispose)
+
+    def tree() -> list[psutil.Process]:
+        return [p for proc in procs for p in _tree(proc)]
+
+    def stored() -> int:
+        return sum(_stored_steps(store) for store in stores)
 
     ctx = mp.get_context("spawn")
     pipes = []
     t_begin = time.time()
-    senders = [list(range(first, min(first + per, world))) for first in range(0, world, per)]
+    groups = [list(range(first, min(first + per, world))) for first in range(0, world, per)]
+    senders = [(ranks, ports[i * ncol // len(groups)]) for i, ranks in enumerate(groups)]
     for k in range(args.procs):
         ours, theirs = ctx.Pipe()
-        p = ctx.Process(target=_sweep_client, args=(senders[k :: args.procs], world, "127.0.0.1", port, theirs))
+        p = ctx.Process(target=_sweep_client, args=(senders[k :: args.procs], world, "127.0.0.1", theirs))
         p.start()
         clients.append(p)
         pipes.append(ours)
@@ -679,17 +703,18 @@ def _sweep_point(
     client_procs = [psutil.Process(p.pid) for p in clients]
     peak = 0.0
     while time.time() < t_measure:
-        peak = max(peak, _rss_mib(_tree(proc)))
+        peak = max(peak, _rss_mib(tree()))
         time.sleep(0.5)
-    cpu0, load0, n0, t0 = _cpu(_tree(proc)), _cpu(client_procs), _stored_steps(store), time.time()
+    cpu0, load0, n0, t0 = _cpu(tree()), _cpu(client_procs), stored(), time.time()
     while time.time() < t_stop:
-        peak = max(peak, _rss_mib(_tree(proc)))
+        peak = max(peak, _rss_mib(tree()))
         time.sleep(min(0.5, max(0.0, t_stop - time.time())))
-    cpu1, load1, n1, t1 = _cpu(_tree(proc)), _cpu(client_procs), _stored_steps(store), time.time()
+    cpu1, load1, n1, t1 = _cpu(tree()), _cpu(client_procs), stored(), time.time()
     reports = [pipe.recv() for pipe in pipes]
     for p in clients:
         p.join(30)
-    _terminate(collector)
+    for collector in collectors:
+        _terminate(collector)
     latencies = [x for rep in reports for x in rep["latencies"]]
     unacked = sum(rep["unacked"] for rep in reports)
     latencies += [math.inf] * unacked
