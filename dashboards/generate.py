@@ -613,7 +613,9 @@ def fleet_dashboard() -> dict[str, Any]:
         h=4,
         options=STAT,
     )
-    d.add("stat", "Ranks reporting", [("count(trainmon_step) or vector(0)", "ranks")], w=6, h=4, options=STAT)
+    d.add(
+        "stat", "Ranks reporting", [("sum(trainmon_run_ranks_reporting) or vector(0)", "ranks")], w=6, h=4, options=STAT
+    )
     d.add(
         "table",
         "Runs",

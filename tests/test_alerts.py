@@ -125,6 +125,7 @@ def test_rules_only_read_exported_names() -> None:
     exported = set(re.findall(r'"(trainmon_[a-z_]+)"', exporter))
     counters = set(re.findall(r'CounterMetricFamily\(\s*"(trainmon_[a-z_]+)"', exporter))
     counters |= set(re.findall(r'Counter\(\s*"(trainmon_[a-z_]+)"', exporter))
+    counters |= set(re.findall(r'_PerRank\(\s*C,\s*"(trainmon_[a-z_]+)"', exporter))  # per-rank counters
     names = exported | {c + "_total" for c in counters} | {"trainmon_ingest_duration_seconds_bucket"}
     for rule in yaml.safe_load(RULES.read_text())["groups"]:
         for r in rule["rules"]:

@@ -40,7 +40,7 @@ def _events(run: str, ranks: int, rng: random.Random, slow_rank: int) -> list[tu
         health = {
             "cpu_percent": 100.0,
             "rss_bytes": 8 << 30,
-            "host_mem_used_bytes": 500 << 30,
+            "host_mem_used_bytes": int((400 + rng.random() * 100) * 2**30),
             "host_mem_total_bytes": 1 << 40,
             "gpus": [
                 {
@@ -125,6 +125,11 @@ def test_aggregates_hold_the_true_extremes_and_name_their_rank(fleet: tuple[Live
     rank = int(holder["trainmon_gpu_temperature_celsius"])
     assert hottest.labels["node"] == live.runs["run1"].ranks[rank].host
     assert hottest.labels["gpu"] == str(rank % GPUS_PER_NODE)
+    # used / total divides one rank's pair: the installed memory follows the ranks chosen for memory in use.
+    used = {s.labels["rank"]: s for s in scraped["trainmon_host_memory_used_bytes"] if s.labels["run"] == "run1"}
+    total = {s.labels["rank"]: s for s in scraped["trainmon_host_memory_total_bytes"] if s.labels["run"] == "run1"}
+    assert set(used) == set(total) == {"min", "median", "max"}
+    assert all(used[k].labels["node"] == total[k].labels["node"] for k in used)
     # Counters are summed, so rates over ranks add up as before.
     (tokens,) = [s for s in scraped["trainmon_tokens"] if s.labels["run"] == "run1"]
     assert tokens.labels["rank"] == "all" and tokens.value == RANKS * 3 * 4096

@@ -90,12 +90,23 @@ _Sample = tuple[int, tuple[str, ...], tuple[str, ...], float]
 class _PerRank:
     """A family with a series per rank (labels ``run, rank, *keys, *holders``), and how ranks fold into a few."""
 
-    def __init__(self, cls: type, name: str, doc: str, keys: tuple[str, ...] = (), holders: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cls: type,
+        name: str,
+        doc: str,
+        keys: tuple[str, ...] = (),
+        holders: tuple[str, ...] = (),
+        follows: str | None = None,
+    ):
         self.family: Metric = cls(name, doc, labels=["run", "rank", *keys, *holders])
         self.name = name
         self.summed = cls is CounterMetricFamily and name != "trainmon_gpu_ecc_errors"  # ECC: per GPU, max matters
         self.keyed = bool(keys)
         self.holders = len(holders)
+        # A wide run's min/median/max of this family are the values of the ranks chosen for ``follows``
+        # (installed host memory follows memory in use): ``used / total`` then divides one rank's pair.
+        self.follows = follows
 
 
 def _nan_last(sample: _Sample) -> tuple[bool, float]:
@@ -181,21 +192,29 @@ class TrainingCollector(Collector):
         out: list[tuple[Metric, list[str], float]],
     ) -> None:
         """A wide run's per-rank samples as min/median/max (counters: their sum) plus the named ranks' own."""
+        chosen: dict[str, dict[tuple[str, ...], list[tuple[str, int]]]] = {}  # family -> key -> (stat, rank)
         for fam, rows in samples.items():
             groups: dict[tuple[str, ...], list[_Sample]] = {}
             for row in rows:
                 groups.setdefault(row[1], []).append(row)
                 if row[0] in named and not fam.summed:
                     out.append((fam.family, [run_id, str(row[0]), *row[1], *row[2]], row[3]))
+            picks = chosen[fam.name] = {}
             for key, group in groups.items():
                 if fam.summed:
                     out.append((fam.family, [run_id, "all", *key, *[""] * fam.holders], sum(r[3] for r in group)))
                     continue
-                group.sort(key=_nan_last)
-                for stat, row in (("min", group[0]), ("median", group[(len(group) - 1) // 2]), ("max", group[-1])):
+                if fam.follows is not None:
+                    of_rank = {row[0]: row for row in group}
+                    stats = [(stat, of_rank[r]) for stat, r in chosen[fam.follows].get(key, ()) if r in of_rank]
+                else:
+                    group.sort(key=_nan_last)
+                    stats = [("min", group[0]), ("median", group[(len(group) - 1) // 2]), ("max", group[-1])]
+                    if not fam.keyed:
+                        out.append((holding, [run_id, fam.name], group[-1][0]))
+                picks[key] = [(stat, row[0]) for stat, row in stats]
+                for stat, row in stats:
                     out.append((fam.family, [run_id, stat, *key, *row[2]], row[3]))
-                if not fam.keyed:
-                    out.append((holding, [run_id, fam.name], group[-1][0]))
 
     @staticmethod
     def _run_families() -> dict[str, Metric]:
@@ -282,7 +301,13 @@ class TrainingCollector(Collector):
             ),
             _PerRank(G, "trainmon_process_resident_memory_bytes", "Training process RSS.", holders=node),
             _PerRank(G, "trainmon_host_memory_used_bytes", "Host memory in use.", holders=node),
-            _PerRank(G, "trainmon_host_memory_total_bytes", "Host memory installed.", holders=node),
+            _PerRank(
+                G,
+                "trainmon_host_memory_total_bytes",
+                "Host memory installed.",
+                holders=node,
+                follows="trainmon_host_memory_used_bytes",
+            ),
             *(_PerRank(G, name, doc, holders=gpu) for name, doc in _GPU_GAUGES.values()),
             _PerRank(
                 G, "trainmon_gpu_throttle_reasons", "NVML clock-event reasons bitmask (0: not throttled).", holders=gpu
