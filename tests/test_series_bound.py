@@ -51,7 +51,7 @@ def _events(run: str, ranks: int, rng: random.Random, slow_rank: int) -> list[tu
                     "mem_total_bytes": 80 << 30,
                     "power_w": 500.0,
                     "sm_clock_hz": 1.98e9,
-                    "throttle_reasons": 0,
+                    "throttle_reasons": 0x40 if rank == slow_rank else 0,  # HW thermal on the straggler
                     "ecc_corrected": 0,
                     "ecc_uncorrected": 0,
                 }
@@ -83,11 +83,12 @@ def _scrape(collector: TrainingCollector) -> dict[str, list]:
 def _fleet(ranks: int, runs: int) -> tuple[LiveState, OpenFindings]:
     rng = random.Random(0)
     live, findings = LiveState(), OpenFindings()
+    slow = 417 % ranks
     for i in range(runs):
-        live.apply(_events(f"run{i}", ranks, rng, slow_rank=417 % ranks))
-    # The straggler detector named rank 417 of run0.
-    finding = Finding(kind="straggler", severity="warning", step=2, message="rank 417 is slow", hint="", rank=417)
-    findings.apply([AnomalyChange("opened", 1, "run0", 417, finding, "warning")])
+        live.apply(_events(f"run{i}", ranks, rng, slow_rank=slow))
+    # The straggler detector named the slow rank of run0.
+    finding = Finding(kind="straggler", severity="warning", step=2, message=f"rank {slow} is slow", hint="", rank=slow)
+    findings.apply([AnomalyChange("opened", 1, "run0", slow, finding, "warning")])
     return live, findings
 
 
