@@ -67,14 +67,17 @@ def _text(summary: dict[str, Any]) -> str:
 
 
 def test_the_problems_box_is_numbered_in_order() -> None:
-    """The critical #2 has more impact than the warning #1: both are named, #1 first."""
+    """The critical (#2 in the timeline) has more impact than the warning (#1): the box ranks it first
+    and numbers the box 1, 2 (the page's list read "2." above "1."), each naming its timeline number."""
     found = [_finding("init_loss", "warning", 0, 0), _finding("nan_inf", "critical", 50, 99, "open")]
     summary = {"run": "r", "steps": 100, "last_step": 99, "failures": 0, "anomalies": found}
-    text = _text(summary)
-    box = text.split("overview")[0]
-    assert box.index("#1 init_loss") < box.index("#2 nan_inf"), box
+    box = _text(summary).split("overview")[0].splitlines()
+    heads = [line for line in box if line[:3] in ("1. ", "2. ")]
+    assert heads[0].startswith("1. nan_inf #2 ") and heads[1].startswith("2. init_loss #1 "), box
     page = render_html(summary, {})
-    assert page.index('<li value="1">') < page.index('<li value="2">')
+    items = page[page.index("<ol>") : page.index("</ol>")]
+    assert "<li value" not in items and items.index("nan_inf") < items.index("init_loss")
+    assert "nan_inf</b> #2 " in items
 
 
 def test_a_finding_open_at_the_end_says_it_once() -> None:

@@ -268,14 +268,23 @@ def _print_verdict(s: dict[str, Any], console: Console) -> None:
     v = verdict(s)
     console.rule(style="green" if v["healthy"] else "red")
     console.print(Text(v["headline"].upper(), style="bold green" if v["healthy"] else "bold red"), soft_wrap=True)
-    for f in v["findings"]:
+    for place, f in enumerate(v["findings"], 1):
         sev = f["severity"]
-        head = Text(f"#{f['number']} ", style="bold")
+        head = Text(f"{place}. ", style="bold")
         head.append(f["kind"], style="bold")
+        head.append(f" #{f['number']}")  # its number in the timeline and on the plots
         head.append(f"  {sev}", style=_COLOUR.get(sev, ""))
-        head.append(visible_controls(f"  {_who(f['rank'])}"))
-        console.print(head, soft_wrap=True)
-        _prose(console, ", ".join(filter(None, [f["when"], f["state"]])), 4, first="    ")
+        said = [f["when"], _who(f["rank"]), *([f["state"]] if f["state"] else [])]
+        tail = visible_controls("  " + ", ".join(said))
+        short = tail.rsplit(", ", 1)[0] + ","
+        if len(head) + len(tail) <= console.width:
+            console.print(head + Text(tail))
+        elif len(head) + len(short) <= console.width:  # the last part on its own line, not wrapped to column 0
+            console.print(head + Text(short))
+            _prose(console, said[-1], 4, first="    ")
+        else:
+            console.print(head)
+            _prose(console, ", ".join(said), 4, first="    ")
         _prose(console, f["what"], 4, first="    ")
         _prose(console, f["todo"], 4, "dim", first="  → ")
     if v["more"]:
@@ -601,7 +610,7 @@ def _verdict_html(s: dict[str, Any]) -> str:
             sev = html.escape(f["severity"])
             when = ", ".join(filter(None, [f["when"], _who(f["rank"]), f["state"]]))
             parts.append(
-                f'<li value="{f["number"]}"><b>{html_text(f["kind"])}</b> <span class="{sev}">{sev}</span> '
+                f'<li><b>{html_text(f["kind"])}</b> #{f["number"]} <span class="{sev}">{sev}</span> '
                 f"&middot; {html_text(when)}"
                 f"<div>{_prose_html(f['what'])}</div>"
                 f'<div class="hint">&rarr; {_prose_html(f["todo"])}</div></li>'

@@ -322,11 +322,11 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     """``{"healthy", "health", "headline", "findings": [top findings], "more", "cost": [lines]}``.
 
     Healthy means no first-level warning or critical finding and no failed attempt; info findings
-    are details. The findings are the :data:`TOP` with the most impact, listed by their number (as in
-    the timeline: step order), so a box of problems reads 1, 2, 3 and never "#2" above "#1". Each
-    carries its number, kind, severity, rank, status, when, its state at the end (``recovered``,
-    ``still open at the end``, or None where ``when`` already says so), steps, what happened (the
-    detector's message) and what to do (its hint)."""
+    are details. The findings are the :data:`TOP` with the most impact, most first (the views number
+    them 1, 2, 3 in that order, and show beside each its number in the timeline and on the plots,
+    ``number``: step order). Each carries its number, kind, severity, rank, status, when, its state at
+    the end (``recovered``, ``still open at the end``, or None where ``when`` already says so), steps,
+    what happened (the detector's message) and what to do (its hint)."""
     anomalies = summary.get("anomalies") or []
     numbers = finding_numbers(summary)
     run_last = summary.get("last_step")
@@ -335,7 +335,7 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     serious.sort(key=lambda na: impact_key(na[1], run_last))
     failures = summary.get("failures") or 0
     findings = []
-    for n, a in sorted(serious[:TOP], key=lambda na: na[0]):  # the most impact chosen, shown in step order
+    for n, a in serious[:TOP]:
         steps = _steps_covered(a, run_last)
         findings.append(
             {
