@@ -71,8 +71,8 @@ class SeriesLimits:
     open findings name (at most ``open_findings.MAX_FINDINGS``), and ``trainmon_rank_holding_max`` says
     which rank holds each maximum. Per-rank detail of every rank stays in the API and the post-mortem."""
     max_series: int = 200_000
-    """Training series a scrape holds at most; past it whole runs are left out (the newest last seen
-    first) and ``trainmon_exporter_series_left_out`` says how many series that was."""
+    """Training series a scrape holds at most. Runs are taken most recently heard from first; a run that
+    would not fit is left out whole, and ``trainmon_exporter_series_left_out`` counts its series."""
 
 
 def _number(value: Any) -> float | None:
