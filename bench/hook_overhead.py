@@ -567,9 +567,13 @@ def profile_trainmon(batches: Any, tmp: Path, collector: str, steps: int) -> str
     v.close()
     stats = pstats.Stats(prof)
     rows = []
-    for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, line, func), (_cc, nc, tt, ct, callers) in stats.stats.items():  # type: ignore[attr-defined]
         if "/hooks/" in filename or "torch/cuda/" in filename:  # trainmon's own, and torch's CUDA calls it makes
             rows.append((tt, ct, nc, f"{Path(filename).name}:{line} {func}"))
+        elif filename == "~":  # a torch op or builtin: the part of its time spent in calls from hooks/
+            mine = [c for caller, c in callers.items() if "/hooks/" in caller[0]]
+            if mine:
+                rows.append((sum(c[2] for c in mine), sum(c[3] for c in mine), sum(c[1] for c in mine), func))
     rows.sort(reverse=True)
     out = [f"cProfile, {steps} steps of full instrumentation (profiler overhead inflates small functions):"]
     out.append(f"{'own us/step':>12} {'cum us/step':>12} {'calls/step':>10}  function")

@@ -36,6 +36,10 @@ class Readback:
         self._capacity = capacity
         self._lock = threading.Lock()  # between the sender thread and close(); never the training thread
         self._events: EventPool | None = None  # the events behind the copies, made on the first one
+        # Pinned buffers read by the sender thread, by (length, dtype), for the next copies of that shape: the
+        # caching host allocator checks every block in flight on each allocation. Popped and extended under
+        # the GIL (atomic), as the event pool.
+        self._buffers: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self.dropped = 0
 
     def submit(self, item: Any, device: dict[str, torch.Tensor] | None = None, events: Sequence[Any] = ()) -> bool:
@@ -51,7 +55,10 @@ class Readback:
         if device:
             # One cat (its dtype the widest among them), one copy, one event: no per-tensor conversions.
             flat = torch.cat([t.reshape(-1) for t in device.values()])
-            pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            try:
+                pinned = self._buffers[(flat.numel(), flat.dtype)].pop()
+            except (KeyError, IndexError):
+                pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             pinned.copy_(flat, non_blocking=True)  # device → host copy queued, not awaited
             if self._events is None:
                 self._events = EventPool(enable_timing=False)
@@ -89,6 +96,9 @@ class Readback:
         if self._events is not None:
             self._events.release((done,))
         flat = pinned.tolist()
+        free = self._buffers.setdefault((pinned.numel(), pinned.dtype), [])
+        if len(free) < 64:  # enough for the copies in flight at once; a step's shape rarely changes
+            free.append(pinned)
         values, i = {}, 0
         for key, n, scalar in layout:
             values[key] = flat[i] if scalar else flat[i : i + n]
