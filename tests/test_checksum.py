@@ -35,6 +35,33 @@ def test_replicas_agree_exactly_and_a_single_ulp_shows() -> None:
     assert weights_checksum(b.parameters())[:2].tolist() != ca[:2].tolist()
 
 
+def test_batched_reductions_give_the_per_tensor_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small tensors are reduced in batches per dtype: the bits must be those of each tensor on its own, a batch
+    boundary must not move them, and a cat across dtypes (which would convert the bits) must never happen."""
+    import trainmon.hooks.checksum as checksum
+
+    torch.manual_seed(1)
+    params = [
+        torch.randn(n).to(dtype)
+        for n, dtype in [
+            (5, torch.float32),
+            (7, torch.bfloat16),
+            (300, torch.float32),
+            (9, torch.float16),
+            (40, torch.bfloat16),
+            (3, torch.float32),
+        ]
+    ]
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    expected = sum(int(p.view(bits[p.dtype]).sum(dtype=torch.int64)) for p in params)
+    squares = sum(float(p.double().square().sum()) for p in params)
+    for batch in (1 << 22, 64, 8, 1):  # one batch per dtype, batches cut mid-list, a tensor per batch, none batched
+        monkeypatch.setattr(checksum, "_BATCH_ELEMENTS", batch)
+        total = weights_checksum(params)
+        assert int(total[0]) + (int(total[1]) << 24) == expected % (1 << 48), batch
+        assert float(total[2]) == pytest.approx(squares, rel=1e-5)
+
+
 def test_half_precision_and_zero3_partitioned_parameters() -> None:
     m = _model().to(torch.bfloat16)
     assert weights_checksum(m.parameters()).tolist() == weights_checksum(copy.deepcopy(m).parameters()).tolist()
