@@ -303,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="explain a run from a log FILE or folder, a store (RUN --db) or a collector (RUN --url)",
         description="Explain a run: a log FILE or folder (imported into memory), or RUN from a store (--db) or "
         "a collector (--url; without either, and when RUN is no file, the local collector, then ./trainmon.sqlite). "
-        "Exit status: 0; with --fail-on SEVERITY, 1 when the report holds a finding at or above SEVERITY, "
-        "2 when the input could not be judged (unreadable, unknown run, no steps), else 0.",
+        "Exit status: 2 when the input cannot be read (no such file, store, collector or run), else 0; "
+        "with --fail-on SEVERITY, 1 when the report holds a finding at or above SEVERITY and 2 when the input "
+        "held no step to judge.",
     )
     p.add_argument("target", metavar="RUN|FILE")
     _add_live_source(p)
