@@ -579,6 +579,58 @@ def profile_trainmon(batches: Any, tmp: Path, collector: str, steps: int) -> str
     out.append(f"{'own us/step':>12} {'cum us/step':>12} {'calls/step':>10}  function")
     for tt, ct, nc, name in rows[:25]:
         out.append(f"{tt / steps * 1e6:12.1f} {ct / steps * 1e6:12.1f} {nc / steps:10.2f}  {name}")
+    return "\n".join([*out, "", hook_costs(batches, tmp)])
+
+
+def hook_costs(batches: Any, tmp: Path, steps: int = 1000) -> str:
+    """Each hook's own cost, its median over ``steps`` calls of the sequence a step makes, with the caches warm
+    and with them cold (a pass over 8 MB before each call, as the model's own work leaves them), without the
+    sampled work (checksum, update ratio: off here) and without the other threads (no collector, no health)."""
+    lp = Loop(batches)
+    mon = TrainMonitor(
+        "bench-hooks",
+        f"file://{tmp / 'hooks.jsonl'}",
+        spool_dir=tmp / "spool-hooks",
+        checksum_every=0,
+        detail_every=0,
+        health_interval=0,
+    )
+    mon.watch(lp.model, lp.opt, lp.sched)
+    x, y = lp.batches[0]  # one real step: the hooks' state as in a run (the gradient hook kept on one parameter)
+    _, loss = lp.model(x, y)
+    loss.backward()
+    mon.clip_grad_norm_(lp.model.parameters(), CLIP)
+    lp.opt.step()
+    mon.step_end(0, loss=loss, tokens=BATCH * SEQ)
+    params = [p for p in lp.model.parameters() if p.grad is not None]
+    clip = (torch.ones((), device=DEVICE), CLIP, torch.ones(len(params), device=DEVICE), params)
+    calls: dict[str, Callable[[int], Any]] = {
+        "forward pre-hook": lambda i: mon._on_forward_start(lp.model, ()),
+        "forward hook": lambda i: mon._on_forward_end(lp.model, (), None),
+        "gradient hook": lambda i: mon._on_grad(params[0]),
+        "optimizer pre-hook": lambda i: mon._on_optimizer_start(lp.opt, (), {}),
+        "step_end": lambda i: (setattr(mon._s, "clip", clip), mon.step_end(i, loss=loss, tokens=BATCH * SEQ)),
+    }
+    flush = torch.zeros(2 << 20)  # 8 MB, past this machine's L2
+    times: dict[tuple[str, bool], list[float]] = collections.defaultdict(list)
+    for i in range(1, 2 * steps + 1):
+        cold = i % 2 == 0
+        for name, call in calls.items():
+            if cold:
+                flush.add_(1.0)
+            t = perf()
+            call(i)
+            times[name, cold].append(perf() - t)
+    mon.close(timeout=5.0)
+    out = [
+        f"each hook's own cost, median us over {steps} steps (no sampled work, no other thread):",
+        f"{'hook':20s} {'caches warm':>12} {'caches cold':>12}",
+    ]
+    for name in calls:
+        out.append(f"{name:20s} {med(times[name, False]) * 1e6:12.2f} {med(times[name, True]) * 1e6:12.2f}")
+    warm = sum(med(times[n, False]) for n in calls) * 1e6
+    cold = sum(med(times[n, True]) for n in calls) * 1e6
+    out.append(f"{'a step (sum)':20s} {warm:12.2f} {cold:12.2f}")
     return "\n".join(out)
 
 
