@@ -11,7 +11,7 @@ never cut (``no_wrap``; a cell wider than the whole terminal folds rather than e
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.measure import Measurement
@@ -26,6 +26,13 @@ __all__ = ["FittedTable"]
 def _natural_width(console: Console, renderable: Any) -> int:
     """The width ``renderable`` takes when nothing constrains it."""
     return Measurement.get(console, console.options.update(max_width=10_000), renderable).maximum
+
+
+class _Fit(NamedTuple):
+    table: Table
+    below: list[str]
+    width: int
+    dropped: list[str]
 
 
 class FittedTable:
@@ -49,6 +56,7 @@ class FittedTable:
     ) -> None:
         self.headers, self.rows, self.drop, self.right = list(headers), rows, drop, right
         self.row_styles, self.options = row_styles, options
+        self._fitted: dict[int, _Fit] = {}  # width -> its fit (measured, then drawn)
 
     def _table(self, keep: list[int]) -> Table:
         table = Table(**self.options)
@@ -60,33 +68,41 @@ class FittedTable:
             table.add_row(*[Text(visible_controls(row[i])) for i in keep], style=style)
         return table
 
-    def fit(self, console: Console, width: int) -> tuple[Table, list[str]]:
-        """The table with the columns that fit ``width``, and the lines saying the dropped ones."""
+    def fit(self, console: Console, width: int) -> _Fit:
+        """The table with the columns that fit ``width``, the lines saying the dropped ones, the width
+        the two take, and the columns dropped."""
+        if width not in self._fitted:
+            self._fitted[width] = self._fit(console, width)
+        return self._fitted[width]
+
+    def _fit(self, console: Console, width: int) -> _Fit:
         keep = list(range(len(self.headers)))
         pending = [self.headers.index(h) for h in self.drop if h in self.headers]
         table = self._table(keep)
-        while pending and _natural_width(console, table) > width:
+        natural = _natural_width(console, table)
+        while pending and natural > width:
             keep.remove(pending.pop(0))
             table = self._table(keep)
+            natural = _natural_width(console, table)
         gone = [i for i in range(len(self.headers)) if i not in keep]
         below = []
         for row in self.rows if gone else []:
             said = ", ".join(f"{self.headers[i]} {row[i]}" for i in gone if row[i] not in ("", "-"))
             if said:
                 below.append(visible_controls(f"{self.headers[0]} {row[0]}: {said}"))
-        return table, below
+        return _Fit(table, below, max([natural, *[2 + len(line) for line in below]]), [self.headers[i] for i in gone])
 
     def fits(self, console: Console, width: int) -> bool:
-        """Every column fits ``width`` (nothing would be dropped)."""
-        return _natural_width(console, self._table(list(range(len(self.headers))))) <= width
+        """Every column fits ``width``: nothing dropped, nothing squeezed."""
+        fit = self.fit(console, width)
+        return not fit.dropped and fit.width <= width
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType]:
-        table, below = self.fit(console, options.max_width)
-        yield table
-        for line in below:
+        fit = self.fit(console, options.max_width)
+        yield fit.table
+        for line in fit.below:
             yield Text("  " + line, style="dim")
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        table, below = self.fit(console, options.max_width)
-        widest = max([_natural_width(console, table), *[2 + len(line) for line in below]])
-        return Measurement(min(widest, options.max_width), min(widest, options.max_width))
+        widest = min(self.fit(console, options.max_width).width, options.max_width)
+        return Measurement(widest, widest)
