@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Connection, select
 
+from trainmon.hooks.flops import declared_flops_per_token
 from trainmon.monitor.analysis import budget
 from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.fmt import fmt as _fmt
@@ -188,7 +189,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         phase_sums["other"] += timed - total
         total = timed
     tps_now = tokens_per_second(recent[-RECENT_STEPS:], world)
-    fpt = meta.get("flops_per_token") or (6 * meta["n_params"] if meta.get("n_params") else None)
+    fpt = declared_flops_per_token(meta)
     mfu = (
         budget.mfu_from_throughput(tps_now / world, fpt, meta["peak_flops"])
         if tps_now and fpt and meta.get("peak_flops")
