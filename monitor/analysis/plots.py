@@ -346,8 +346,8 @@ def plot_gpu_health(a: Analysis) -> Figure | None:
     """Node health per rank over wall time: one panel per reading the samples hold (GPU
     temperature, SM clock and utilisation; host memory as a percentage, as in the table)."""
     h = a.health
-    if h.empty:
-        return None
+    if h.empty or h.groupby("rank")["time"].nunique().max() < 2:
+        return None  # a trend needs two samples in time: one per rank is a dot that says nothing
     panels = [p for p in HEALTH_PANELS if h[p[0]].notna().any()]
     if not panels:
         return None
