@@ -44,7 +44,7 @@ Figures and what limits them: ``bench/README.md`` ("ingest_load.py").
 
 The last line is ``samples_per_s=... p50_latency_s=... p99_latency_s=... rss_growth_mib=...``,
 then with a sweep ``max_ranks_p99_2s=...`` and per point ``r{ranks}_steps_per_s r{ranks}_p99_s
-r{ranks}_cores`` (suffixed ``_per8``, ``_c2`` for the other configurations); ``--sweep-only``
+r{ranks}_cores r{ranks}_us_per_step`` (suffixed ``_per8``, ``_c2`` for the other configurations); ``--sweep-only``
 prints the sweep's keys alone.
 """
 
@@ -644,7 +644,8 @@ def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) ->
             p = points[-1]
             print(
                 f"  {world:>6} ranks: {p['steps_per_s']:8,.0f} of {p['offered']:,.0f} steps/s stored; "
-                f"due->acknowledged p50 {p['p50']:.2f}s p99 {p['p99']:.2f}s; collector {p['cores']:.2f} cores, "
+                f"due->acknowledged p50 {p['p50']:.2f}s p99 {p['p99']:.2f}s; collector {p['cores']:.2f} cores "
+                f"({p['us_per_step']:.0f} us of CPU a stored step), "
                 f"simulated ranks {p['client_cores']:.2f}; {p['batches']:,} batches, {p['refused']} refused, "
                 f"{p['slow']} over 5 s, {p['unacked']} not acknowledged; collector RSS peak {p['rss']:.0f} MiB; "
                 f"all ranks started (run_start acknowledged) in {p['started_s']:.1f}s; load average {p['load']}"
@@ -660,7 +661,10 @@ def _sweep(args: argparse.Namespace, tmp: Path, new_db: Callable[[str], str]) ->
         keys.append(f"max_ranks_p99_2s{tag}={best}")
         for p in points:
             w = f"r{p['world']}{tag}"
-            keys.append(f"{w}_steps_per_s={p['steps_per_s']:.0f} {w}_p99_s={p['p99']:.3f} {w}_cores={p['cores']:.2f}")
+            keys.append(
+                f"{w}_steps_per_s={p['steps_per_s']:.0f} {w}_p99_s={p['p99']:.3f} {w}_cores={p['cores']:.2f} "
+                f"{w}_us_per_step={p['us_per_step']:.0f}"
+            )
     return " ".join(keys)
 
 
@@ -742,6 +746,8 @@ def _sweep_point(
         "p50": _pct(latencies, 0.5),
         "p99": _pct(latencies, 0.99),
         "cores": (cpu1 - cpu0) / (t1 - t0),
+        # CPU time per step stored: what a step costs the collector whatever share of the machine it got
+        "us_per_step": 1e6 * (cpu1 - cpu0) / max(1, n1 - n0),
         "client_cores": (load1 - load0) / (t1 - t0),
         "batches": sum(rep["batches"] for rep in reports),
         "refused": sum(rep["refused"] for rep in reports),
