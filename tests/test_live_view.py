@@ -177,6 +177,26 @@ def test_sparkline() -> None:
     assert sparkline([]) == ""
 
 
+def test_a_resampled_sparkline_keeps_what_stands_out() -> None:
+    """Issue 26: a character standing for many steps shows the one furthest from the series' median
+    (a chunk's mean drew a one-step spike of 50 among ~1 as a bump of about 3, below a sustained rise to
+    5), in either direction (a one-step tokens/s collapse below a slowdown), and a non-finite step
+    anywhere in its chunk as '!'."""
+    loss = [1.0] * 1000
+    loss[800:900] = [5.0] * 100
+    loss[300] = 50.0
+    line = sparkline(loss, width=50)  # 20 steps a character
+    assert line[15] == "█" and set(line[40:45]) == {"▂"}  # the spike on top, the rise far below it
+    tokens = [1000.0] * 1000
+    tokens[100:200] = [800.0] * 100
+    tokens[700] = 10.0
+    line = sparkline(tokens, width=50)
+    assert line.index("▁") == 35 and line.count("▁") == 1  # the collapse at the bottom, the slowdown above it
+    with_nan = [1.0] * 1000
+    with_nan[300] = float("nan")
+    assert sparkline(with_nan, width=50)[15] == "!"
+
+
 def test_status_gives_findings_the_whole_width_at_80_columns() -> None:
     """The open anomalies sat in a table column ~24 characters wide at 80 columns: two findings took
     40 lines. Each now reads across the panel, the critical one first."""

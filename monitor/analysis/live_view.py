@@ -438,20 +438,28 @@ def _stack_lines(found: list[dict[str, Any]]) -> list[Text]:
 
 def sparkline(values: list[float | None], width: int = 48) -> str:
     """Unicode block sparkline of the finite values, resampled to at most ``width`` characters;
-    a non-finite value shows as ``!``, an absent one (None: not logged) as a space: absent is not NaN."""
+    a non-finite value shows as ``!``, an absent one (None: not logged) as a space: absent is not NaN.
+
+    A character standing for several values shows the one furthest from the series' median, as the
+    plots keep their bins' extremes: a mean would flatten a one-step spike (or a throughput dip) into
+    the steps around it, and a non-finite value anywhere in it shows as ``!``."""
     if not values:
         return ""
     values = [_float(v) for v in values]
     if len(values) > width:
+        every = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
+        middle = statistics.median(every) if every else 0.0
         chunk = len(values) / width
         resampled: list[float | None] = []
         for i in range(width):
             part = values[int(i * chunk) : max(int(i * chunk) + 1, int((i + 1) * chunk))]
             finite = [v for v in part if v is not None and v == v and abs(v) != float("inf")]
-            if finite:
-                resampled.append(sum(finite) / len(finite))
+            if len(finite) < sum(v is not None for v in part):
+                resampled.append(float("nan"))  # a non-finite step in this character's range
+            elif finite:
+                resampled.append(max(finite, key=lambda v: abs(v - middle)))
             else:
-                resampled.append(None if all(v is None for v in part) else float("nan"))
+                resampled.append(None)
         values = resampled
     finite = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
