@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -327,9 +328,17 @@ def generate(db: Path, n: int, seed: int = 0) -> dict:
     return {"steps": n, "spike": spike, "crash": crash, "resume_from": resume_from, "stall": stall}
 
 
-def _timed(cmd: list[str]) -> tuple[float, float, int, str, str]:
-    """Run ``cmd`` as a user would: wall seconds (interpreter start-up and imports included), the
-    child's own peak RSS in MiB (``wait4``), its exit status, stdout and stderr."""
+class _Run(NamedTuple):
+    seconds: float  # wall, interpreter start-up and imports included
+    rss_mib: float  # the child's own peak RSS (wait4)
+    cpu_seconds: float  # its user + system time: what a busy shared machine stretches least
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def _timed(cmd: list[str]) -> _Run:
+    """Run ``cmd`` as a user would, measured."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
         t = time.perf_counter()
@@ -339,7 +348,8 @@ def _timed(cmd: list[str]) -> tuple[float, float, int, str, str]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out_f.seek(0)
         err_f.seek(0)
-        return seconds, usage.ru_maxrss / 1024, proc.returncode, out_f.read(), err_f.read()  # KiB on Linux
+        cpu = usage.ru_utime + usage.ru_stime
+        return _Run(seconds, usage.ru_maxrss / 1024, cpu, proc.returncode, out_f.read(), err_f.read())  # KiB
 
 
 def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
@@ -347,7 +357,7 @@ def _postmortem(db: Path, out: Path | None) -> tuple[float, float, dict]:
     cmd = [sys.executable, "-m", "trainmon.monitor.cli", "postmortem", RUN, "--db", str(db), "--json"]
     if out is not None:
         cmd += ["--out", str(out)]
-    seconds, rss, rc, stdout, stderr = _timed(cmd)
+    seconds, rss, _, rc, stdout, stderr = _timed(cmd)
     if rc:
         raise SystemExit(f"postmortem failed ({rc}):\n{stderr[-3000:]}")
     return seconds, rss, json.loads(stdout)
@@ -450,23 +460,27 @@ def _foreign(folder: Path, quick: bool) -> dict[str, float]:
     head: dict[str, float] = {}
     for label, (name, rows) in _foreign_sizes(quick).items():
         path = folder / name
-        seconds, rss, rc, stdout, stderr = _timed(
+        seconds, rss, cpu, rc, stdout, stderr = _timed(
             [sys.executable, "-m", "trainmon.monitor.cli", "postmortem", str(path), "--json"]
         )
         if rc:
             raise SystemExit(f"trainmon postmortem {path} failed ({rc}):\n{stderr[-3000:]}")
         summary = json.loads(stdout)
         kinds = sorted({a["kind"] for a in summary["anomalies"]})
-        print(f"{name} ({rows:,} rows): trainmon {seconds:.2f} s, peak RSS {rss:.0f} MiB, anomalies {kinds}")
+        print(
+            f"{name} ({rows:,} rows): trainmon {seconds:.2f} s (CPU {cpu:.2f} s), peak RSS {rss:.0f} MiB, "
+            f"anomalies {kinds}, load {os.getloadavg()[0]:.1f}"
+        )
         peers: dict[str, float] = {}
         for peer, cmd in _peer_commands(path).items():
-            p_seconds, p_rss, p_rc, p_out, _ = _timed(cmd)
-            ok = p_out.strip().startswith(("{", "["))
+            p = _timed(cmd)
+            ok = p.stdout.strip().startswith(("{", "["))
             print(
-                f"{name}: {peer} {p_seconds:.2f} s, peak RSS {p_rss:.0f} MiB (exit {p_rc}{'' if ok else ', no JSON'})"
+                f"{name}: {peer} {p.seconds:.2f} s (CPU {p.cpu_seconds:.2f} s), peak RSS {p.rss_mib:.0f} MiB "
+                f"(exit {p.rc}{'' if ok else ', no JSON'})"
             )
             if ok:
-                peers[peer] = p_seconds
+                peers[peer] = p.seconds
         if label == "csv_1m":
             best = min(peers.values()) if peers else math.nan
             head = {
