@@ -58,6 +58,7 @@ from trainmon.hooks.checksum import normalise_layout, weights_checksum
 from trainmon.hooks.device_events import EventPool
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
+from trainmon.hooks.precursors import Precursors
 from trainmon.hooks.readback import Readback, read
 from trainmon.hooks.schedules import Schedule, declared_schedule
 from trainmon.hooks.stacks import StackWatch
@@ -100,6 +101,7 @@ class _Step:
     scheduler_epoch: int | None = None
     memory: tuple[int, int] | None = None
     checksum: torch.Tensor | None = None  # of the weights the step starts from (trainmon.hooks.checksum)
+    precursors: tuple[list[str], torch.Tensor] | None = None  # sampled steps: names, stacked device values
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -117,8 +119,8 @@ class TrainMonitor:
         spool_dir: where events wait while the collector is unreachable.
         token: bearer token, defaults to ``$TRAINMON_TOKEN``.
         queue_size: events buffered in memory before new ones are dropped and counted.
-        detail_every: send per-parameter grad norms and the update/param ratio every this many
-            steps (0: never on a schedule).
+        detail_every: send per-parameter grad norms, the update/param ratio and the instability
+            precursors (``trainmon.hooks.precursors``) every this many steps (0: never on a schedule).
         detail_trigger: also send per-parameter grad norms when the pre-clip norm exceeds this
             multiple of its median over the last 50 steps.
         checksum_every: send a checksum of the weights the step starts from on the first step and
@@ -210,6 +212,8 @@ class TrainMonitor:
         self._handles: list[Any] = []
         self._grad_hooks: dict[int, Any] | None = None  # until the first backward shows which gradient comes last
         self._grad_param: torch.Tensor | None = None
+        self._precursors: Precursors | None = None
+        self._precursors_armed = False  # the sampled step's forward hooks are registered
         self._last_step = -1
         self._closed = False
         self._reset_step(time.perf_counter())
@@ -238,19 +242,23 @@ class TrainMonitor:
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: Any = None,
         scaler: Any = None,
+        attention: list[torch.nn.Module | str] | None = None,
     ) -> None:
         """Install the torch hooks that capture phases, LR, skipped steps and the loss scale.
 
         ``model`` may be wrapped in DDP (its all-reduce is then timed through a comm hook).
         ``scheduler`` is watched for how often it steps per optimizer step (1 expected), and
         ``start`` declares the schedule it follows when it is one trainmon can read exactly;
-        ``scaler`` (a ``GradScaler``) for the fp16 loss scale.
+        ``scaler`` (a ``GradScaler``) for the fp16 loss scale. ``attention``: the attention modules
+        (or their names) whose logits the instability precursors bound, when recognising them by
+        structure fails (``trainmon.hooks.precursors``).
         """
         self._model = model
         self._optimizer = optimizer
         self._scaler = scaler
         inner = getattr(model, "module", model)
         self._names = {id(p): name for name, p in inner.named_parameters()}
+        self._precursors = Precursors(inner, attention)
         first = next(model.parameters(), None)
         self._cuda = first is not None and first.is_cuda
         if self._cuda:
@@ -293,6 +301,8 @@ class TrainMonitor:
         ``global_batch_tokens``, ``accum_steps``, ``resumed``, ``resume_path``, ...).
         """
         declared = declared_schedule(schedule, self._scheduler, planned_steps)
+        if self._precursors is not None and vocab_size:
+            self._precursors.set_vocab(vocab_size)  # the LM head is the layer that maps to the vocabulary
         if self._model is not None:
             fields.setdefault("n_params", sum(p.numel() for p in self._model.parameters()))
             first = next(self._model.parameters(), None)
@@ -368,6 +378,9 @@ class TrainMonitor:
                 s.scale = self._scaler._scale.detach().clone()
             if self._model is not None and self.checksum_every and self._checksum_due():
                 s.checksum = weights_checksum(self._model.parameters())  # device reductions, read back later
+            if self._precursor_due():
+                self._precursors.arm()  # removed at this forward's end: other steps run no hook of ours
+                self._precursors_armed = True
         self._forward_open = self._mark(t0)
         self.overhead_s += time.perf_counter() - t0
 
@@ -375,11 +388,21 @@ class TrainMonitor:
         """The first step (the initial weights) and every ``checksum_every`` steps after it, on every rank alike."""
         return self._last_step < 0 or (self._last_step + 1) % self.checksum_every == 0
 
+    def _precursor_due(self) -> bool:
+        """A sampled step (every ``detail_every``, as the per-layer grad norms) of a model with something to measure."""
+        p = self._precursors
+        return (
+            p is not None and self.detail_every > 0 and (self._last_step + 1) % self.detail_every == 0 and p.measurable
+        )
+
     def _on_forward_end(self, _module: Any, _args: Any, _output: Any) -> None:
         start = self._forward_open
         if start is None:
             return
         t0 = time.perf_counter()
+        if self._precursors_armed:
+            self._s.precursors = self._precursors.collect()  # type: ignore[union-attr]
+            self._precursors_armed = False
         end = self._mark(t0)
         self._s.marks.append(("forward", start, end))
         # Backward is timed from here to the last gradient, so it includes a loss computed outside
@@ -653,6 +676,8 @@ class TrainMonitor:
             record["update_ratio"] = value("update_ratio", s.update_ratio)
         if s.checksum is not None:
             record["weights_checksum"] = value("weights_checksum", s.checksum)
+        if s.precursors is not None:
+            self._precursor_fields(record, s.precursors[0], value("precursors", s.precursors[1]))
         if s.clip is not None:
             total, max_norm, per_param, params = s.clip
             norm = record["grad_norm"] = value("grad_norm", total)
@@ -664,6 +689,19 @@ class TrainMonitor:
                 self._layer_norms(record, norm, values.get("_per_param", per_param), params)
         record.update(s.fields or {})  # what the loop passed explicitly wins over what hooks measured
         return self._event("step", record, s.time)
+
+    @staticmethod
+    def _precursor_fields(record: dict[str, Any], names: list[str], values: list[float]) -> None:
+        """The sampled precursors as step fields: ``attn_logit_max`` per attention module, log Z and max logit."""
+        attn = {}
+        for name, v in zip(names, values, strict=True):
+            kind, _, module = name.partition(":")
+            if module:
+                attn[module] = v
+            else:
+                record[kind] = v
+        if attn:
+            record["attn_logit_max"] = attn
 
     def _layer_norms(self, record: dict[str, Any], norm: float, per_param: Any, params: Any) -> None:
         """Per-parameter grad norms on schedule or when the pre-clip norm jumps above its median."""
@@ -818,6 +856,8 @@ def _device_tensors(s: _Step) -> dict[str, torch.Tensor]:
         out["update_ratio"] = s.update_ratio
     if s.checksum is not None and s.checksum.is_cuda:
         out["weights_checksum"] = s.checksum
+    if s.precursors is not None and s.precursors[1].is_cuda:
+        out["precursors"] = s.precursors[1]
     if s.clip is not None and s.clip[0].is_cuda:
         out["grad_norm"] = s.clip[0]
         if s.clip[2] is not None:

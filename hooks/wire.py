@@ -165,6 +165,16 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "batch_fingerprint": Field("str", doc="cheap hash of the batch, for data-replay checks"),
         "layer_grad_norms": Field("float_map", doc="second level: grad norm per parameter name"),
         "update_ratio": _f("second level: |update| / |param|", nonfinite=True),
+        "attn_logit_max": Field(
+            "float_map",
+            doc="second level, sampled steps: per attention module, a bound on the largest attention logit "
+            "max|q·k|/√d (largest query row norm x largest key row norm / √d over the heads), see "
+            "trainmon.hooks.precursors",
+        ),
+        "output_logz": _f(
+            "second level, sampled steps: mean log-sum-exp of the LM head's logits (z-loss's log Z)", nonfinite=True
+        ),
+        "output_logit_max": _f("second level, sampled steps: largest |logit| of the LM head", nonfinite=True),
         "weights_checksum": Field(
             "float_list",
             doc="replicated weights the step starts from: [bit-pattern sum bits 0-23, bits 24-47, sum of squares, "

@@ -37,6 +37,7 @@ __all__ = [
     "GradExplosionConfig",
     "HangConfig",
     "InitLossConfig",
+    "InstabilityPrecursorConfig",
     "LossNoiseConfig",
     "LossScaleCollapseConfig",
     "LossSpikeConfig",
@@ -817,6 +818,35 @@ class LossNoiseConfig:
 
 
 @dataclass
+class InstabilityPrecursorConfig:
+    """``instability_precursor``: attention logits growing before the loss moves (issue 28).
+
+    Calibrated on the reference trainer's tiny GPT (bench/early_warning.py): the attention-logit bound
+    stays within 0.3-8 on clean runs at peak LRs 1e-3 to 1e-2 over several seeds, and passes 20 at
+    0.3 (``lr_too_high``) some 100 steps before the loss diverges."""
+
+    window: int = 10
+    """Sampled values per module that make its level (their median), the run's own history; values in a
+    growth episode never join it."""
+    min_baseline: int = 3
+    """Samples needed before a growth can be judged."""
+    growth_ratio: float = 10.0
+    """A sample this many times the module's level is growth (an order of magnitude: the clean runs' bound
+    wanders 2-3x around its level after the first steps)."""
+    min_logit: float = 20.0
+    """And the bound must be at least this, however fast it rose from a small level (early training
+    multiplies it 5-20x from its initial ~0.3): a floor in the value's own units, 2.5x above the largest
+    bound the clean runs reached (8)."""
+    sustain: int = 2
+    """Consecutive sampled steps of growth before a warning: one sampled batch is not a trend."""
+    critical_ratio: float = 100.0
+    """Growth to this many times the level is critical: attention is collapsing now (the loss follows
+    within tens of steps on the tiny GPT)."""
+    max_modules: int = 1024
+    """Attention modules tracked per rank (bounded state)."""
+
+
+@dataclass
 class DetectorsConfig:
     replay_window: int = 512
     """Stored steps per rank replayed into fresh detectors after a collector restart."""
@@ -837,6 +867,7 @@ class DetectorsConfig:
     replica_divergence: ReplicaDivergenceConfig = field(default_factory=ReplicaDivergenceConfig)
     loss_noise: LossNoiseConfig = field(default_factory=LossNoiseConfig)
     degenerate: DegenerateConfig = field(default_factory=DegenerateConfig)
+    instability_precursor: InstabilityPrecursorConfig = field(default_factory=InstabilityPrecursorConfig)
 
 
 @dataclass

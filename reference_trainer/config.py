@@ -82,6 +82,12 @@ class TrainConfig:
         "and exit 3 with the finding; needs --collector http://...",
         "run",
     )
+    detail_every: int = _opt(
+        100,
+        "send the second-level signals (per-layer grad norms, update ratio, instability precursors) every K steps "
+        "(0: never on a schedule)",
+        "run",
+    )
     heartbeat_interval: float = _opt(5.0, "seconds between heartbeat events (0: none)", "run")
     health_interval: float = _opt(10.0, "seconds between node-health samples (0: none)", "run")
     checksum_every: int = _opt(
@@ -157,6 +163,7 @@ class TrainConfig:
         "dist_timeout",
         "heartbeat_interval",
         "health_interval",
+        "detail_every",
         "checksum_every",
     )
 
@@ -199,7 +206,7 @@ class TrainConfig:
             bad("precision", f"unknown precision {self.precision!r}, expected one of {PRECISIONS}")
         if not self.lr > 0:
             bad("lr", f"must be positive, got {self.lr}")
-        for name in ("checkpoint_every", "eval_every", "warmup_steps"):
+        for name in ("checkpoint_every", "eval_every", "warmup_steps", "detail_every"):
             if getattr(self, name) < 0:
                 bad(name, f"must be 0 or more, got {getattr(self, name)}")
         if self.keep_checkpoints < 1:

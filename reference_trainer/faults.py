@@ -11,8 +11,8 @@ invocations, so a resumed run keeps the labels of the attempt before it.
 ``resume_*`` faults act when the run is resumed (``--resume``), at the step it resumes from
 (the checkpointed step + 1); their ``STEP`` is a guard: the fault acts only if the run resumes
 at a step >= STEP (use ``@0`` to always act). Their label covers the resume boundary
-(first_step = last_step = the first resumed step). ``lr_wrong_total``, ``bad_init`` and
-``tp_same_seed`` act from the start of the run; their ``STEP`` is ignored (write ``@0``).
+(first_step = last_step = the first resumed step). ``lr_wrong_total``, ``lr_too_high``, ``bad_init``
+and ``tp_same_seed`` act from the start of the run; their ``STEP`` is ignored (write ``@0``).
 
 Perturbations are sized to be visible on the tiny default model (a one-step LR x30 is not, see
 failure-modes.md §4).
@@ -60,6 +60,13 @@ CATALOG: dict[str, FaultKind] = {
         ),
         _K("lr_burst", "loss_spike", {"factor": 100.0, "steps": 2}, "LR multiplied by factor for `steps` steps"),
         _K("weight_scale", "loss_spike", {"factor": 20.0}, "every weight matrix multiplied by factor once"),
+        _K(
+            "lr_too_high",
+            "instability_precursor",
+            {"factor": 100.0, "warmup": 200},
+            "the declared schedule's peak LR x factor, reached by a linear warmup of `warmup` steps (STEP ignored; "
+            "no qk-layernorm: attention logits grow early, the loss diverges ~100 steps later)",
+        ),
         _K("nan", "nan_inf", {}, "one output-head weight set to NaN (loss NaN from then on)"),
         _K("divergence", "divergence", {"ramp": 20}, "no clipping; random targets ramp 0->100% over `ramp` steps"),
         _K("lr_per_microbatch", "lr_schedule_drift", {}, "scheduler stepped every micro-batch (needs --accum > 1)"),
@@ -283,6 +290,13 @@ class FaultPlan:
         """The model-init seed of a tensor-parallel rank: offset by its tp rank, unless ``tp_same_seed``."""
         return seed if self.get("tp_same_seed") else seed + tp_rank
 
+    def configured_schedule(self, peak_lr: float, warmup_steps: int) -> tuple[float, int]:
+        """The peak LR and warmup the run is configured with: ``lr_too_high`` raises the peak (declared, not a drift)."""
+        f = self.get("lr_too_high")
+        if f is None:
+            return peak_lr, warmup_steps
+        return peak_lr * float(f.params["factor"]), int(f.params["warmup"])
+
     def init_head_scale(self) -> float:
         f = self.get("bad_init")
         return float(f.params["scale"]) if f else 1.0
@@ -408,6 +422,8 @@ class FaultPlan:
                 )
             elif f.kind in ("bad_init", "tp_same_seed"):
                 first = last = 0
+            elif f.kind == "lr_too_high":
+                first = 0
             if first >= total or last < start_step:
                 continue  # outside this invocation's steps (e.g. it struck before the resume)
             out.append(self.label(f, first, last))

@@ -188,10 +188,11 @@ def train(cfg: TrainConfig) -> str:
     seed_everything(cfg.seed + 1000 * (d.rank + 1))  # runtime RNG (dropout) differs per rank
 
     def make_optimizer() -> torch.optim.AdamW:
-        return torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        return torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=peak_lr, betas=(cfg.beta1, cfg.beta2))
 
-    warmup = min(cfg.warmup_steps, cfg.steps)
-    declared = Schedule(cfg.schedule, cfg.lr, cfg.steps, warmup, cfg.min_lr_ratio, cfg.decay_fraction)
+    peak_lr, warmup = faults.configured_schedule(cfg.lr, cfg.warmup_steps)  # lr_too_high: a peak too high
+    warmup = min(warmup, cfg.steps)
+    declared = Schedule(cfg.schedule, peak_lr, cfg.steps, warmup, cfg.min_lr_ratio, cfg.decay_fraction)
     built = faults.scheduler_schedule(declared)  # == declared unless lr_wrong_total is injected
 
     def make_scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -274,6 +275,7 @@ def train(cfg: TrainConfig) -> str:
         heartbeat_interval=cfg.heartbeat_interval,
         health_interval=cfg.health_interval,
         checksum_every=cfg.checksum_every,
+        detail_every=cfg.detail_every,
         layout={"tp": tp} if cfg.layout else None,
         # --stop-on: a verdict arrives with the acknowledgement of the batch that raised it, so the
         # sender's tick bounds how many steps run past the fault; this trainer's steps are short.

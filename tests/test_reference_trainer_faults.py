@@ -164,6 +164,15 @@ def check_labels_unshifted(r: Run) -> None:
     assert max(r.loss(s) for s in range(45, 50)) < FLOOR - 0.3  # below what the data allows
 
 
+def check_lr_too_high(r: Run) -> None:
+    d = r.declared
+    assert d.peak_lr == pytest.approx(100 * 3e-3) and d.warmup_steps == 20  # the peak raised, in the declaration
+    assert all(r.lr(s) == pytest.approx(d.lr(s)) for s in range(20))  # a configuration, not a schedule drift
+    assert r.lr(19) > 30 * 3e-3
+    # The capture the precursor detector reads: sampled every --detail-every steps.
+    assert [s for s in range(20) if "attn_logit_max" in r.steps[s]] == [0, 5, 10, 15]
+
+
 def check_bad_init(r: Run) -> None:
     assert r.loss(0) > LN_V + 2
 
@@ -185,6 +194,7 @@ CASES: list[tuple[str, list[str], int, tuple[int, int], Callable[[Run], None]]] 
     ("hang@3:seconds=2", ["--heartbeat-interval", "0.5"], 6, (3, 3), check_hang),
     ("labels_unshifted@0", [], 50, (0, 49), check_labels_unshifted),
     ("bad_init@0", [], 3, (0, 0), check_bad_init),
+    ("lr_too_high@0", ["--detail-every", "5"], 20, (0, 19), check_lr_too_high),
 ]
 
 
@@ -315,7 +325,7 @@ def test_every_catalog_kind_is_tested():
     assert {k.detection for k in CATALOG.values()} <= {
         "nan_inf", "loss_spike", "grad_explosion", "divergence", "throughput_collapse", "lr_schedule_drift",
         "bad_resume", "straggler", "hang", "node_health", "memory_leak", "init_loss", "loss_scale_collapse",
-        "eval_regression", "replica_divergence", "loss_noise",
+        "eval_regression", "replica_divergence", "loss_noise", "instability_precursor",
     }  # fmt: skip
 
 

@@ -109,3 +109,12 @@ def test_wire_module_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_precursor_fields_validate() -> None:
+    fields = {"step": 10, "attn_logit_max": {"blocks.0.attn": 3.5, "blocks.1.attn": "Infinity"}, "output_logz": "NaN"}
+    (ev,) = wire.validate_batch(batch([event("step", {**fields, "output_logit_max": 12.0})]))
+    assert ev.fields["attn_logit_max"]["blocks.0.attn"] == 3.5 and math.isnan(ev.fields["output_logz"])
+    with pytest.raises(wire.WireError) as err:
+        wire.validate_batch(batch([event("step", {"step": 10, "attn_logit_max": [3.5]})]))
+    assert err.value.path == "events[0].fields.attn_logit_max"
