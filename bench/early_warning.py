@@ -20,7 +20,7 @@ capture's added time per step at the default sampling (``detail_every=100``): a 
 forward hooks and reductions, timed against the plain training step in the same process, divided by
 100 (the other steps pay one counter check).
 
-    python bench/early_warning.py            # 4 fault seeds, 3 LRs x 2 seeds clean, the control
+    python bench/early_warning.py            # 7 fault seeds, 3 LRs x 3 seeds clean, the control
     python bench/early_warning.py --quick    # under a minute: 1 fault seed, 1 clean run
 """
 
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one fault seed and one clean run (under a minute)")
     args = ap.parse_args(argv)
-    fault_seeds = [1337] if args.quick else [1337, 1, 2, 3]
-    clean = [(1e-2, 1337)] if args.quick else [(lr, s) for lr in (1e-3, 3e-3, 1e-2) for s in (1337, 1)]
+    fault_seeds = [1337] if args.quick else [1337, 1, 2, 3, 4, 5, 6]
+    clean = [(1e-2, 1337)] if args.quick else [(lr, s) for lr in (1e-3, 3e-3, 1e-2) for s in (1337, 1, 2)]
     controls = [] if args.quick else [("divergence@150", 1337)]
     leads: list[int] = []
     recalled = false_warnings = 0

@@ -52,7 +52,8 @@ class _Attention:
         d = q.shape[-1] // self.n_head
         qn = q.detach().float().reshape(-1, self.n_head, d).norm(dim=-1).amax(dim=0)
         kn = k.detach().float().reshape(-1, self.n_kv, d).norm(dim=-1).amax(dim=0)
-        kn = kn.repeat_interleave(self.n_head // self.n_kv)  # grouped-query attention: heads share a key
+        # Grouped-query attention: consecutive query heads share a key head (an expand, no data-dependent size).
+        kn = kn[:, None].expand(self.n_kv, self.n_head // self.n_kv).reshape(-1)
         return (qn * kn).amax() / math.sqrt(d)
 
 

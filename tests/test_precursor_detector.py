@@ -53,6 +53,12 @@ def test_sustained_growth_warns_names_the_layer_then_escalates_and_resolves() ->
     assert found[-1].resolved and found[-1].step == 100
 
 
+def test_a_rise_still_under_the_floor_does_not_raise_the_level() -> None:
+    # The reference trainer's seed 1 under lr_too_high: 19.7 (11x the level, under the floor of 20), then 28 and 25.
+    found = _run([{"blocks.1.attn": v} for v in [0.3, 1.7, 8.7, 19.7, 28.2, 25.5, 17.6]])
+    assert found and found[0].step == 50 and found[0].evidence["level"] == 1.7
+
+
 def test_one_sampled_batch_is_not_a_trend() -> None:
     assert _run([{"a": v} for v in [1.0, 1.2, 1.1, 1.3, 60.0, 1.2, 1.1, 1.3]]) == []
 

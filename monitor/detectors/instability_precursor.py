@@ -12,8 +12,9 @@ Why the rule is what it is ("How a finding earns trust" in DESIGN.md):
 
 * **The run's own history.** Each module's level is the median of its last ``window`` sampled values;
   a growth is ``growth_ratio`` x that level, so a model whose logits are large by design is judged
-  against itself. Values of an open growth episode never join the level (the growth would raise its
-  own bar).
+  against itself. Values ``growth_ratio`` x the level or more never join it, whether or not they pass
+  the floor yet (the growth would raise its own bar: a bound of 19.7, 11x its level, let in one
+  sample before 28 delayed a warning by 110 steps on the reference trainer).
 * **A floor in the value's own units.** A bound under ``min_logit`` is not judged, however fast it
   rose: early training multiplies it 5-20x from its initial ~0.3.
 * **Sustained, not one batch:** ``sustain`` consecutive sampled steps.
@@ -112,7 +113,8 @@ class InstabilityPrecursor(Detector):
                     return self._finding(module, s, step, value, level, lr, resolved=True)
                 return None
             s.run, s.since = 0, None
-            s.level.append(value)
+            if ratio < cfg.growth_ratio:  # a rise held under the floor is not the level either
+                s.level.append(value)
             return None
         s.calm = 0
         s.run += 1
