@@ -54,8 +54,9 @@ cells = st.one_of(
 @settings(max_examples=400)
 @given(st.lists(cells, max_size=30))
 def test_a_column_read_at_once_equals_its_cells_read_one_by_one(column: list[str]) -> None:
-    got = _column_floats(column)
+    got, every = _column_floats(column)
     want = [to_float(c) for c in column]
+    assert every == all(x is not None for x in want)
     assert [None if x is None else (math.isnan(x) or x) for x in got] == [
         None if x is None else (math.isnan(x) or x) for x in want
     ]

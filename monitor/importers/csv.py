@@ -205,19 +205,64 @@ def _eval_metric_columns(header: list[str], cols: dict[str, int]) -> dict[int, s
     return {names[n]: metric for n, metric in eval_metric_names(names, _clean(header[i])).items()}
 
 
-def _table_rows(reader: Any, header: list[str], path: Path) -> tuple[list[tuple[int, list[str]]], int]:
-    """The well-formed data rows (line number, cells); malformed ones skipped with a warning."""
-    rows: list[tuple[int, list[str]]] = []
+class _Rows:
+    """The well-formed data rows of a table, held column by column.
+
+    A million rows held as lists of cells took 400 MiB, most of it the cells' strings: a column
+    read as numbers keeps its numbers only when every cell was one (its text says nothing more:
+    no cell of it is blank), so a metric table's text is let go as its columns are read.
+    """
+
+    def __init__(self, lines: list[int], text: list[list[str] | None]) -> None:
+        self.lines = lines  # each row's line number in the file
+        self._text = text  # each column's cells; None once read as numbers, all of them
+        self._numbers: dict[int, list[float | None]] = {}
+
+    def column(self, j: int) -> list[float | None]:
+        """Column ``j`` as ``to_float`` reads each cell, read once."""
+        col = self._numbers.get(j)
+        if col is None:
+            col, every = _column_floats(self._text[j])  # type: ignore[arg-type]
+            self._numbers[j] = col
+            if every:
+                self._text[j] = None
+        return col
+
+    def blank(self, j: int, r: int) -> bool:
+        """Row ``r``'s cell of column ``j`` is empty or spaces."""
+        cells = self._text[j]
+        return cells is not None and not cells[r].strip()
+
+    def select(self, keep: list[int]) -> _Rows:
+        """The rows with the columns ``keep`` only (one run's columns of a panel export)."""
+        return _Rows(self.lines, [self._text[i] for i in keep])
+
+
+def _table_rows(reader: Any, header: list[str], path: Path) -> tuple[_Rows, int]:
+    """The well-formed data rows; malformed ones skipped with a warning."""
+    lines: list[int] = []
+    text: list[list[str]] = [[] for _ in header]
+    chunk: list[list[str]] = []  # rows are moved into the columns a chunk at a time: never all held as rows
     bad = 0
     for n, row in enumerate(reader, 2):
-        if not row or all(not c.strip() for c in row):
+        if not row or not "".join(row).strip():  # every cell empty or spaces
             continue
         if len(row) != len(header):
             bad += 1
             log.warning("%s: line %d has %d fields, the header %d; skipped", path, n, len(row), len(header))
             continue
-        rows.append((n, row))
-    return rows, bad
+        lines.append(n)
+        chunk.append(row)
+        if len(chunk) == 65536:
+            _into_columns(chunk, text)
+    _into_columns(chunk, text)
+    return _Rows(lines, list(text)), bad
+
+
+def _into_columns(chunk: list[list[str]], text: list[list[str]]) -> None:
+    for col, cells in zip(text, zip(*chunk, strict=True), strict=False):  # an empty chunk adds nothing
+        col.extend(cells)
+    chunk.clear()
 
 
 def _panel_runs(header: list[str], user: dict[str, str]) -> dict[str, list[int]]:
@@ -258,7 +303,7 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
         for name, cols in runs.items():
             keep = shared + cols
             sub_header = [header[i] for i in keep]
-            sub_rows = [(n, [row[i] for i in keep]) for n, row in rows]
+            sub_rows = rows.select(keep)
             try:
                 its, table_r = _parse_table(path, sub_header, sub_rows, {k: _clean(v) for k, v in user.items()})
             except ImportFormatError as exc:
@@ -301,9 +346,7 @@ class _Table:
     loss_mean_over: float | None = None
 
 
-def _parse_table(
-    path: Path, header: list[str], rows: list[tuple[int, list[str]]], user: dict[str, str]
-) -> tuple[list[Item], _Table]:
+def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str]) -> tuple[list[Item], _Table]:
     """One run's items from a table whose columns are that run's (see the module docstring)."""
     cols = _resolve(header, user)
     if "step" not in cols:
@@ -314,14 +357,7 @@ def _parse_table(
     names = {i: _clean(c) for i, c in enumerate(header) if not c.strip().endswith(("__MIN", "__MAX"))}
     by_name = {v: i for i, v in reversed(list(names.items()))}
     taken = set(cols.values())
-    floats: dict[int, list[float | None]] = {}
-
-    def column(j: int) -> list[float | None]:
-        """Column ``j`` read as numbers, once (each row used to read its cells two or three times)."""
-        col = floats.get(j)
-        if col is None:
-            col = floats[j] = _column_floats([row[j] for _, row in rows])
-        return col
+    column = rows.column
 
     def values(name: str) -> list[float]:
         return [x for x in column(by_name[name]) if x is not None]
@@ -363,11 +399,11 @@ def _parse_table(
     loss_cols, signed_cols = [column(j) for j in loss_idx], [column(j) for j in signed_idx]
     gn_cols, lr_cols = [column(j) for j in gn_idx], [column(j) for j in lr_idx]
     metric_values = [(column(j), name) for j, name in metric_cols.items()]
-    for r, (n, row) in enumerate(rows):
+    for r, n in enumerate(rows.lines):
         vals: dict[str, float | None] = {fld: col[r] for fld, col in field_cols}
         step_v = vals.get("step")
         if step_v is None or step_v < 0 or step_v != step_v:
-            if any(row[i].strip() for fld, i in cols.items() if fld != "step"):
+            if any(not rows.blank(i, r) for fld, i in cols.items() if fld != "step"):
                 bad += 1
                 log.warning("%s: line %d has no usable step; skipped", path, n)
             continue
@@ -441,13 +477,14 @@ def _parse_table(
     return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
 
 
-def _column_floats(cells: list[str]) -> list[float | None]:
-    """``to_float`` of every cell. A column of numbers only (the usual case) converts at C speed:
-    ``float`` strips whitespace as ``to_float`` does, and a blank or text cell makes it fall back."""
+def _column_floats(cells: list[str]) -> tuple[list[float | None], bool]:
+    """``to_float`` of every cell, and whether every cell is a number. A column of numbers only (the
+    usual case) converts at C speed: ``float`` strips whitespace as ``to_float`` does, and a blank or
+    text cell makes it fall back."""
     try:
-        return list(map(float, cells))
+        return list(map(float, cells)), True
     except ValueError:
-        return [to_float(c) for c in cells]
+        return [to_float(c) for c in cells], False
 
 
 def _step_base(step_col: str, lightning: bool, steps: list[int]) -> tuple[int, str]:
