@@ -26,6 +26,7 @@ is not measured: ``Precursors.unrecognised`` names it.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,6 +111,7 @@ class Precursors:
         self.head: nn.Linear | None = None
         self._handles: list[Any] = []
         self._values: list[tuple[str, torch.Tensor]] = []
+        self.spent = 0.0  # seconds the training thread spent in these hooks, for TrainMonitor.overhead_s
 
     def set_vocab(self, vocab_size: int) -> None:
         """The LM head: the last ``nn.Linear`` that maps to the vocabulary (known once ``start`` is called)."""
@@ -144,11 +146,13 @@ class Precursors:
 
     def _fused_hook(self, a: _Attention) -> Any:
         def hook(_m: nn.Module, _args: Any, out: torch.Tensor) -> None:
+            t0 = time.perf_counter()
             with torch.no_grad():
                 width = out.shape[-1] // (a.n_head + 2 * a.n_kv) * a.n_head  # [q | k | v]
                 d = width // a.n_head
                 q, k = out[..., :width], out[..., width : width + a.n_kv * d]
                 self._values.append((f"attn_logit_max:{a.name}", a.bound(q, k)))
+            self.spent += time.perf_counter() - t0
 
         return hook
 
@@ -161,14 +165,18 @@ class Precursors:
     def _k_hook(self, a: _Attention) -> Any:
         def hook(_m: nn.Module, _args: Any, out: torch.Tensor) -> None:
             if a.q_out is not None:
+                t0 = time.perf_counter()
                 with torch.no_grad():
                     self._values.append((f"attn_logit_max:{a.name}", a.bound(a.q_out, out)))
                 a.q_out = None
+                self.spent += time.perf_counter() - t0
 
         return hook
 
     def _head_hook(self, _m: nn.Module, _args: Any, out: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         with torch.no_grad():
             logits = out.detach().float()
             self._values.append(("output_logz", torch.logsumexp(logits, dim=-1).mean()))
             self._values.append(("output_logit_max", logits.abs().amax()))
+        self.spent += time.perf_counter() - t0

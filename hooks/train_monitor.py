@@ -401,8 +401,12 @@ class TrainMonitor:
             return
         t0 = time.perf_counter()
         if self._precursors_armed:
-            self._s.precursors = self._precursors.collect()  # type: ignore[union-attr]
+            p = self._precursors
+            assert p is not None
+            self._s.precursors = p.collect()
             self._precursors_armed = False
+            self.overhead_s += p.spent  # the hooks ran inside the model's forward, outside this accounting
+            p.spent = 0.0
         end = self._mark(t0)
         self._s.marks.append(("forward", start, end))
         # Backward is timed from here to the last gradient, so it includes a loss computed outside
