@@ -198,17 +198,17 @@ class _Sender:
         self.queue.append((due, orjson.dumps(ev)))
 
 
-async def _post(rank: _Sender, host: str, body: bytes) -> int:
+async def _post(sender: _Sender, host: str, body: bytes) -> int:
     """POST one batch on the sender's connection (reconnecting once if it went stale); the HTTP status."""
     head = (
-        f"POST /v1/events HTTP/1.1\r\nHost: {host}:{rank.port}\r\nContent-Type: application/json\r\n"
+        f"POST /v1/events HTTP/1.1\r\nHost: {host}:{sender.port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     for attempt in (0, 1):
         try:
-            if rank.conn is None:
-                rank.conn = await asyncio.open_connection(host, rank.port)
-            reader, writer = rank.conn
+            if sender.conn is None:
+                sender.conn = await asyncio.open_connection(host, sender.port)
+            reader, writer = sender.conn
             writer.write(head + body)
             status_line = await reader.readuntil(b"\r\n")
             headers = await reader.readuntil(b"\r\n\r\n")
@@ -220,9 +220,9 @@ async def _post(rank: _Sender, host: str, body: bytes) -> int:
             await reader.readexactly(length)
             return int(status_line.split()[1])
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-            if rank.conn is not None:
-                rank.conn[1].close()
-            rank.conn = None
+            if sender.conn is not None:
+                sender.conn[1].close()
+            sender.conn = None
             if attempt:
                 return 0
     return 0
@@ -680,15 +680,14 @@ def _sweep_point(
     config.write_text(f"max_ranks_per_run = {max(8192, world)}\nmax_pending_batches = {max(4096, 2 * world)}\n")
     dbs = [db if "://" in db or ncol == 1 else str(Path(db).with_suffix(f".c{j}.sqlite")) for j in range(ncol)]
     ports = [_free_port() for _ in range(ncol)]
-    collectors = [
-        _start_collector(d, tmp / f"collector{j}.log", port, config)
-        for j, (d, port) in enumerate(zip(dbs, ports, strict=True))
-    ]
     clients: list[mp.process.BaseProcess] = []
-    for collector in collectors:
-        stack.callback(_leave_nothing_behind, collector, clients)
-    for collector, port in zip(collectors, ports, strict=True):
-        _wait_healthy(f"http://127.0.0.1:{port}", collector)
+    collectors = []
+    # One after the other: collectors that start together on a fresh PostgreSQL database race to create
+    # its schema (both run the migrations; one fails on alembic_version).
+    for j, (d, port) in enumerate(zip(dbs, ports, strict=True)):
+        collectors.append(_start_collector(d, tmp / f"collector{j}.log", port, config))
+        stack.callback(_leave_nothing_behind, collectors[-1], clients)
+        _wait_healthy(f"http://127.0.0.1:{port}", collectors[-1])
     procs = [psutil.Process(c.pid) for c in collectors]
     stores = [_store(d) for d in dict.fromkeys(dbs)]
     for store in stores:
