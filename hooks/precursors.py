@@ -124,7 +124,7 @@ class Precursors:
 
     def arm(self) -> None:
         """Register the sampled step's forward hooks (removed by :meth:`collect`)."""
-        self._values = []
+        self.collect()  # hooks a forward that raised left behind: never two sets at once
         for a in self.attention:
             if a.k is None:
                 self._handles.append(a.q.register_forward_hook(self._fused_hook(a)))

@@ -144,3 +144,14 @@ def test_sampled_steps_only_and_valid_on_the_wire(tmp_path: Path) -> None:
     assert all(v > 0 for v in f["attn_logit_max"].values())
     assert f["output_logz"] > 0 and f["output_logit_max"] > 0
     assert all("output_logz" not in e["fields"] for e in steps if e["fields"]["step"] % 3)
+
+
+def test_a_forward_that_raised_leaves_no_second_set_of_hooks() -> None:
+    model = GPT(GPTConfig())
+    p = Precursors(model)
+    p.arm()  # its forward raises before collect() runs
+    p.arm()
+    model(torch.randint(64, (1, 8)))
+    names, values = p.collect()
+    assert names == ["attn_logit_max:blocks.0.attn", "attn_logit_max:blocks.1.attn"] and len(values) == 2
+    assert not model.blocks[0].attn.qkv._forward_hooks
