@@ -115,6 +115,9 @@ class _HttpSink:
                     raise OSError(f"collector unreachable: {exc}") from exc
                 continue
             if resp.status < 300:
+                if not _complete(resp, text):
+                    self._drop(conn)
+                    raise OSError("collector's acknowledgement was cut off before its end; not taken as one")
                 if self._policy is not None:
                     self._policy.receive(text)
                 return
@@ -157,6 +160,21 @@ class _HttpSink:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _complete(resp: http.client.HTTPResponse, body: bytes) -> bool:
+    """Whether a 2xx answer arrived whole. ``http.client`` ends the headers at the end of the stream and
+    then reads the body to it: a connection cut after the status line (the request's budget spent while
+    the collector trickled its answer, a collector or proxy gone mid-answer) reads as a complete 200 with
+    an empty body, and its batch was taken as delivered and lost (issue 27). A length or chunked framing
+    proves the end (a short body raises ``IncompleteRead``); without one, the collector's answer is a
+    JSON object, which a cut leaves unparseable."""
+    if resp.chunked or resp.getheader("Content-Length") is not None:
+        return True
+    try:
+        return isinstance(json.loads(body), dict)
+    except ValueError:
+        return False
 
 
 class _Watchdog:

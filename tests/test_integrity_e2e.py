@@ -36,9 +36,17 @@ ROOT = Path(__file__).resolve().parents[1]
 _SEEDS = int(os.environ.get("TRAINMON_E2E_SEEDS", "6"))
 
 # What the proxy does with a request: forward it; forward it, then answer one byte every ``trickle``
-# seconds (stored, not acknowledged); answer a byte at a time without forwarding (neither); never answer;
-# or the collector is restarting (the connection closes, nothing forwarded).
+# seconds (stored, maybe not acknowledged); answer a byte at a time without forwarding and never finish
+# (neither); never answer; or the collector is restarting (the connection closes, nothing forwarded).
 _MODES = ("pass", "store_then_trickle", "trickle", "blackhole", "restart")
+
+
+# A collector's answer as uvicorn writes it: a trickle of it is cut by the request's budget in the status
+# line, in the headers or in the body, depending on the trickle's pace.
+_FAKE_ANSWER = (
+    b"HTTP/1.1 200 OK\r\ndate: Thu, 26 Nov 2026 12:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 30\r\n"
+    b'content-type: application/json\r\n\r\n{"accepted":10,"duplicates":0}'
+)
 
 
 @dataclass
@@ -93,7 +101,7 @@ class _Proxy:
                     if mode == "blackhole":
                         self._stop.wait(60)  # until the client gives up and closes
                     return
-                answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+                answer = _FAKE_ANSWER
                 if mode in ("pass", "store_then_trickle"):
                     answer = self._forward(method, path, headers, body)
                     if answer is None:  # the collector is between a stop and a start
@@ -101,10 +109,15 @@ class _Proxy:
                 if mode == "pass":
                     conn.sendall(answer)
                     continue
-                for b in answer:
+                # "trickle" was never stored: its answer never completes (the last byte is held back),
+                # or the proxy would be a collector that lies. "store_then_trickle" answers in full.
+                for b in answer if mode == "store_then_trickle" else answer[:-1]:
                     if self._stop.wait(self.trickle):
                         return
                     conn.sendall(bytes([b]))
+                if mode == "trickle":
+                    self._stop.wait(60)  # until the client gives up and closes
+                    return
 
     def _forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> bytes | None:
         host, port = self.backend.rsplit(":", 1)
@@ -117,7 +130,8 @@ class _Proxy:
             return None
         finally:
             c.close()
-        return f"HTTP/1.1 {resp.status} X\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+        head = "".join(f"{k}: {v}\r\n" for k, v in resp.getheaders())
+        return f"HTTP/1.1 {resp.status} {resp.reason}\r\n{head}\r\n".encode() + data
 
     def close(self) -> None:
         self._stop.set()
@@ -167,7 +181,9 @@ def _run_one(tmp_path: Path, seed: int) -> tuple[int, int]:
     script = tmp_path / "train.py"
     script.write_text(_TRAINER)
     lc: LiveCollector = start_collector(db)
-    proxy = _Proxy(lc.url.removeprefix("http://"), trickle=rng.uniform(0.1, 0.6))
+    # From a byte per 0.6 s (the request's budget cuts the status line) to one per 5 ms (the status line
+    # and some headers arrive before the cut, or the whole stored answer does).
+    proxy = _Proxy(lc.url.removeprefix("http://"), trickle=rng.choice([0.005, 0.02, 0.1, 0.6]))
     url = f"http://127.0.0.1:{proxy.port}"
     trainer = subprocess.Popen(
         [sys.executable, str(script), url, str(spool), str(seed), str(_STEPS)],

@@ -222,3 +222,61 @@ def test_sigterm_is_not_delayed_by_a_hung_collector(hung: _BadServer, tmp_path: 
         assert proc.returncode == -signal.SIGTERM
     assert took < 2.0 + 2.0, f"the trainer took {took:.1f} s to stop"  # close_timeout, with a margin
     assert _spooled_lines(spool) >= 51  # the steps and run_end, kept for the next process
+
+
+class _CutServer:
+    """Reads each request, sends the first bytes of a 200 answer, then closes, or trickles one more header
+    byte every 50 ms (never a whole line) until the request's budget cuts the connection."""
+
+    def __init__(self, prefix: bytes, then_close: bool) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.prefix, self.then_close = prefix, then_close
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    conn.recv(1 << 20)
+                    conn.sendall(self.prefix)
+                    while not self.then_close and not self._stop.wait(0.05):
+                        conn.sendall(b"a")
+                except OSError:
+                    continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "then_close"),
+    [
+        (b"HTTP/1.1 200 OK\r\n", True),  # the collector (or a proxy) gone right after the status line
+        (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nx-trickle: ", False),  # a trickle cut by the budget mid-header
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 30\r\nx-trickle: ", False),
+    ],
+)
+def test_an_answer_cut_after_its_status_line_is_no_acknowledgement(
+    tmp_path: Path, prefix: bytes, then_close: bool
+) -> None:
+    """Issue 27: ``http.client`` reads a connection cut in the headers as a whole 200 with an empty body;
+    the batch was counted as sent, never stored, never spooled, and no counter said so."""
+    server = _CutServer(prefix, then_close)
+    try:
+        t = Transport(f"http://127.0.0.1:{server.port}", spool_dir=tmp_path / "spool", timeout=0.5)
+        for i in range(10):
+            t.put(_step(i))
+        t.close(timeout=2.0)
+    finally:
+        server.close()
+    assert t.sent == 0
+    assert _spooled_lines(tmp_path / "spool") == 10
