@@ -14,7 +14,10 @@ For each run the events file is read back and validated as the collector would, 
 detector, and the post-mortem (``trainmon postmortem FILE --json``) gives the loss-based findings
 (``loss_spike``, ``divergence``, ``nan_inf``, ``grad_explosion``: everything that read the loss and
 the gradient norm before). ``lead_steps`` is the first loss-based finding's step minus the first
-precursor warning's step; a fault run is recalled when the precursor warns strictly first.
+precursor warning's step; a fault run is recalled when the precursor warns strictly first. On the tiny
+GPT that first warning is an episode of logit growth early in the warmup (LR ~0.05) that subsides
+(the finding resolves) before the collapse that diverges the loss: ``open_lead_steps_median`` is the
+lead of the warning still open when the first loss-based finding came (none open: not counted).
 ``clean_false_warnings`` counts precursor warnings on clean and control runs. ``overhead_pct`` is the
 capture's added time per step at the default sampling (``detail_every=100``): a sampled step's
 forward hooks and reductions, timed against the plain training step in the same process, divided by
@@ -63,16 +66,27 @@ def train(out: Path, seed: int, lr: float | None, inject: str | None) -> Path:
     return out / "events.jsonl"
 
 
-def first_warning(events: Path) -> tuple[int | None, list[str]]:
-    """The first precursor warning's step, and every warning's message."""
+def warnings(events: Path) -> list[tuple[int, str, bool, str]]:
+    """The precursor's findings, in order: (step, module, resolved, text)."""
     det = InstabilityPrecursor(InstabilityPrecursorConfig())
-    first, messages = None, []
+    out = []
     for line in events.read_text().splitlines():
         for f in det.observe(validate_event(json.loads(line)), 0):
-            if f.severity != "info":
-                first = f.step if first is None else first
-                messages.append(f"{f.severity} step {f.step}: {f.message}")
-    return first, messages
+            out.append((f.step, f.evidence["module"], f.resolved, f"{f.severity} step {f.step}: {f.message}"))
+    return out
+
+
+def open_since(found: list[tuple[int, str, bool, str]], step: int) -> int | None:
+    """The start of the earliest warning still open (not resolved) at ``step``: the episode the divergence came in."""
+    since: dict[str, int] = {}
+    for s, module, resolved, _ in found:
+        if s > step:
+            break
+        if resolved:
+            since.pop(module, None)
+        else:
+            since.setdefault(module, s)
+    return min(since.values(), default=None)
 
 
 def first_loss_finding(events: Path) -> tuple[int | None, str]:
@@ -126,22 +140,34 @@ def main(argv: list[str] | None = None) -> None:
     clean = [(1e-2, 1337)] if args.quick else [(lr, s) for lr in (1e-3, 3e-3, 1e-2) for s in (1337, 1, 2)]
     controls = [] if args.quick else [("divergence@150", 1337)]
     leads: list[int] = []
+    open_leads: list[int] = []
     recalled = false_warnings = 0
     with tempfile.TemporaryDirectory() as tmp:
         for seed in fault_seeds:
             events = train(Path(tmp) / f"fault{seed}", seed, None, "lr_too_high@0")
-            warn, messages = first_warning(events)
+            found = warnings(events)
+            warn = next((s for s, _, resolved, _ in found if not resolved), None)
             loss_step, loss_kind = first_loss_finding(events)
             lead: Any = None
+            still: Any = None
             if warn is not None and loss_step is not None:
                 lead = loss_step - warn
                 leads.append(lead)
+                since = open_since(found, loss_step)
+                still = None if since is None else loss_step - since
+                if still is not None:
+                    open_leads.append(still)
             recalled += warn is not None and (loss_step is None or warn < loss_step)
-            print(f"lr_too_high seed={seed}: precursor step {warn}, loss-based {loss_step} ({loss_kind}), lead {lead}")
-            for m in messages[:1]:
-                print(f"  {m}")
+            print(
+                f"lr_too_high seed={seed}: first warning step {warn}, loss-based {loss_step} ({loss_kind}), "
+                f"lead {lead}; warning open at the loss finding: lead {still}"
+            )
+            for _, _, _, text in found[:1]:
+                print(f"  {text}")
         for lr, seed in clean:
-            warn, messages = first_warning(train(Path(tmp) / f"clean{lr}-{seed}", seed, lr, None))
+            messages = [
+                t for _, _, resolved, t in warnings(train(Path(tmp) / f"c{lr}-{seed}", seed, lr, None)) if not resolved
+            ]
             false_warnings += len(messages)
             print(
                 f"clean lr={lr} seed={seed}: precursor warnings {len(messages)}"
@@ -149,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         for inject, seed in controls:
             events = train(Path(tmp) / f"control{seed}", seed, None, inject)
-            warn, messages = first_warning(events)
+            messages = [t for _, _, resolved, t in warnings(events) if not resolved]
             false_warnings += len(messages)
             loss_step, loss_kind = first_loss_finding(events)
             print(
@@ -157,9 +183,10 @@ def main(argv: list[str] | None = None) -> None:
             )
     overhead = overhead_pct(20 if args.quick else 100)
     median = statistics.median(leads) if leads else float("nan")
+    open_median = statistics.median(open_leads) if open_leads else float("nan")
     print(
         f"lead_steps_median={median:g} precursor_recall={recalled / len(fault_seeds):.2f} "
-        f"clean_false_warnings={false_warnings} overhead_pct={overhead:.3f}"
+        f"clean_false_warnings={false_warnings} overhead_pct={overhead:.3f} open_lead_steps_median={open_median:g}"
     )
 
 
