@@ -291,7 +291,7 @@ class FaultPlan:
         return seed if self.get("tp_same_seed") else seed + tp_rank
 
     def configured_schedule(self, peak_lr: float, warmup_steps: int) -> tuple[float, int]:
-        """The peak LR and warmup the run is configured with: ``lr_too_high`` raises the peak (declared, not a drift)."""
+        """The peak LR and warmup the run is configured with: ``lr_too_high`` raises the peak (declared: no drift)."""
         f = self.get("lr_too_high")
         if f is None:
             return peak_lr, warmup_steps
