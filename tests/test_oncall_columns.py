@@ -22,7 +22,6 @@ import pytest
 from tests.conftest import LiveCollector
 from tests.events import batch, event, step_events
 from trainmon.monitor.analysis.fmt import fmt
-from trainmon.monitor.collector import read_api
 from trainmon.monitor.collector.server import Collector, ServerThread, create_app
 from trainmon.monitor.config import CollectorConfig
 
@@ -62,8 +61,6 @@ def _events(run: str, nan_at: int | None, stream: str) -> list[dict[str, Any]]:
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCollector]:
     coll = Collector.open(CollectorConfig(db=str(tmp_path_factory.mktemp("cols") / "store.sqlite")))
     app = create_app(coll)
-    if not any(getattr(r, "path", None) == "/v1/runs/{run}/postmortem" for r in app.api.routes):
-        read_api.register(app.api, coll)  # until server.create_app registers them itself
     server = ServerThread(app, "127.0.0.1", 0)
     server.start()
     lc = LiveCollector(f"http://127.0.0.1:{server.port}", coll, server)

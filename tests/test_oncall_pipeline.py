@@ -20,7 +20,6 @@ import pytest
 
 from tests.conftest import LiveCollector
 from tests.events import batch, event, step_events
-from trainmon.monitor.collector import read_api
 from trainmon.monitor.collector.server import Collector, ServerThread, create_app
 from trainmon.monitor.config import CollectorConfig
 
@@ -101,8 +100,6 @@ def collector(tmp_path: Path) -> Iterator[LiveCollector]:
     """A collector on loopback serving the reading routes of :mod:`read_api`."""
     coll = Collector.open(CollectorConfig(db=str(tmp_path / "store.sqlite")))
     app = create_app(coll)
-    if not any(getattr(r, "path", None) == "/v1/runs/{run}/postmortem" for r in app.api.routes):
-        read_api.register(app.api, coll)  # until server.create_app registers them itself
     server = ServerThread(app, "127.0.0.1", 0)
     server.start()
     lc = LiveCollector(f"http://127.0.0.1:{server.port}", coll, server)

@@ -29,12 +29,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from trainmon.hooks import wire
 from trainmon.monitor.analysis import live_view
 from trainmon.monitor.analysis.escape import visible_controls
+from trainmon.monitor.collector import read_api
 from trainmon.monitor.collector.engine import AnomalyChange, Engine
 from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
 from trainmon.monitor.collector.ingest import IngestLimits, Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.open_findings import OpenFindings
-from trainmon.monitor.collector.web import WebView, html_response
+from trainmon.monitor.collector.web import WebView, html_response, register_docs
 from trainmon.monitor.collector.writer import IngestWriter, Reply
 from trainmon.monitor.config import CollectorConfig, ConfigError
 from trainmon.monitor.detectors import SEVERITIES
@@ -551,6 +552,8 @@ def create_app(collector: Collector) -> _Ingress:
         title="trainmon collector",
         version="1",
         description="Ingests training events, stores them, detects anomalies, exports to Prometheus.",
+        docs_url=None,  # Swagger UI and ReDoc load from a CDN, blank on an air-gapped cluster: register_docs below
+        redoc_url=None,
     )
 
     def openapi() -> dict[str, Any]:
@@ -647,6 +650,8 @@ def create_app(collector: Collector) -> _Ingress:
         except KeyError:
             return html_response(pages.not_found(run), 404)
 
+    read_api.register(app, collector)  # what the reading commands' --url asks for (the post-mortem, its report)
+    register_docs(app)  # /docs: the API reference rendered here from the OpenAPI schema, no CDN
     return _Ingress(app, collector)
 
 
