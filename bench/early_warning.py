@@ -8,7 +8,9 @@ Real CPU training runs of the reference trainer's tiny GPT (2 blocks, width 64, 
   loss diverges (1.5 -> 3.9 nats);
 * clean: no fault, at peak LRs up to the largest stable one tried (1e-3, 3e-3, 1e-2), over seeds;
 * control (full mode): ``divergence@150`` (random targets ramping in): a loss-only failure the
-  precursor must not claim.
+  precursor must not claim;
+* unscored (full mode): peak LR 3e-2, past the largest stable one: what the precursor and the loss
+  say there is printed, neither a hit nor a false warning.
 
 For each run the events file is read back and validated as the collector would, fed to the
 detector, and the post-mortem (``trainmon postmortem FILE --json``) gives the loss-based findings
@@ -64,6 +66,12 @@ def train(out: Path, seed: int, lr: float | None, inject: str | None) -> Path:
         cmd += ["--inject", inject]
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return out / "events.jsonl"
+
+
+def largest_bound(events: Path) -> float:
+    """The largest attention-logit bound any sampled step of the run sent."""
+    steps = [json.loads(line)["fields"] for line in events.read_text().splitlines()]
+    return max((max(f["attn_logit_max"].values()) for f in steps if "attn_logit_max" in f), default=0.0)
 
 
 def warnings(events: Path) -> list[tuple[int, str, bool, str]]:
@@ -139,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     fault_seeds = [1337] if args.quick else [1337, 1, 2, 3, 4, 5, 6]
     clean = [(1e-2, 1337)] if args.quick else [(lr, s) for lr in (1e-3, 3e-3, 1e-2) for s in (1337, 1, 2)]
     controls = [] if args.quick else [("divergence@150", 1337)]
+    above = [] if args.quick else [3e-2]  # past the largest stable LR: reported, not scored
     leads: list[int] = []
     open_leads: list[int] = []
     recalled = false_warnings = 0
@@ -165,12 +174,11 @@ def main(argv: list[str] | None = None) -> None:
             for _, _, _, text in found[:1]:
                 print(f"  {text}")
         for lr, seed in clean:
-            messages = [
-                t for _, _, resolved, t in warnings(train(Path(tmp) / f"c{lr}-{seed}", seed, lr, None)) if not resolved
-            ]
+            events = train(Path(tmp) / f"c{lr}-{seed}", seed, lr, None)
+            messages = [t for _, _, resolved, t in warnings(events) if not resolved]
             false_warnings += len(messages)
             print(
-                f"clean lr={lr} seed={seed}: precursor warnings {len(messages)}"
+                f"clean lr={lr} seed={seed}: largest bound {largest_bound(events):.3g}, warnings {len(messages)}"
                 + (f" ({messages[0]})" if messages else "")
             )
         for inject, seed in controls:
@@ -180,6 +188,17 @@ def main(argv: list[str] | None = None) -> None:
             loss_step, loss_kind = first_loss_finding(events)
             print(
                 f"control {inject} seed={seed}: precursor warnings {len(messages)}, loss-based {loss_step} {loss_kind}"
+            )
+        for lr in above:
+            events = train(Path(tmp) / f"above{lr}", 1337, lr, None)
+            found = [t for _, _, resolved, t in warnings(events) if not resolved]
+            loss_step, loss_kind = first_loss_finding(events)
+            final = [json.loads(line)["fields"] for line in events.read_text().splitlines()]
+            last = [f["loss"] for f in final if "loss" in f and "step" in f][-20:]
+            print(
+                f"unscored lr={lr} seed=1337: largest bound {largest_bound(events):.3g}, warnings {len(found)}"
+                + (f" (first: {found[0]})" if found else "")
+                + f", loss-based {loss_step} ({loss_kind}), mean loss of the last 20 steps {statistics.fmean(last):.3f}"
             )
     overhead = overhead_pct(20 if args.quick else 100)
     median = statistics.median(leads) if leads else float("nan")

@@ -823,7 +823,7 @@ class InstabilityPrecursorConfig:
 
     Calibrated on the reference trainer's tiny GPT (bench/early_warning.py): the attention-logit bound
     stays within 0.3-8 on clean runs at peak LRs 1e-3 to 1e-2 over several seeds, and passes 20 at
-    0.3 (``lr_too_high``) some 100 steps before the loss diverges."""
+    0.3 (``lr_too_high``) in the warmup, 50-120 steps before the first loss-based finding."""
 
     window: int = 10
     """Sampled values per module that make its level (their median), the run's own history; values in a

@@ -65,7 +65,7 @@ CATALOG: dict[str, FaultKind] = {
             "instability_precursor",
             {"factor": 100.0, "warmup": 200},
             "the declared schedule's peak LR x factor, reached by a linear warmup of `warmup` steps (STEP ignored; "
-            "no qk-layernorm: attention logits grow early, the loss diverges ~100 steps later)",
+            "no qk-layernorm: attention logits grow early, the loss diverges 50-120 steps later)",
         ),
         _K("nan", "nan_inf", {}, "one output-head weight set to NaN (loss NaN from then on)"),
         _K("divergence", "divergence", {"ramp": 20}, "no clipping; random targets ramp 0->100% over `ramp` steps"),

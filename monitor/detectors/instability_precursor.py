@@ -20,7 +20,7 @@ Why the rule is what it is ("How a finding earns trust" in DESIGN.md):
 * **Sustained, not one batch:** ``sustain`` consecutive sampled steps.
 * **Calibrated where it can be checked.** On the reference trainer's tiny GPT the bound stays within
   0.3-8 on clean runs at every stable peak LR tried (1e-3 to 1e-2, several seeds), and passes 20 at
-  a peak of 0.3 about 100 steps before the loss diverges (``bench/early_warning.py``).
+  a peak of 0.3 in the warmup, 50-120 steps before the first loss-based finding (``bench/early_warning.py``).
 * **Severity follows the rate.** A warning when the growth is first sustained; critical once the
   bound reaches ``critical_ratio`` x its level (attention collapsing now). It resolves when the bound is
   back under ``growth_ratio`` x its level for ``sustain`` samples.
