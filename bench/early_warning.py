@@ -20,8 +20,8 @@ precursor warning's step; a fault run is recalled when the precursor warns stric
 GPT that first warning is an episode of logit growth early in the warmup (LR ~0.05) that subsides
 (the finding resolves) before the collapse that diverges the loss: ``open_lead_steps_median`` is the
 lead of the warning still open when the first loss-based finding came (none open: not counted).
-``clean_false_warnings`` counts precursor warnings on clean and control runs. ``overhead_pct`` is the
-capture's added time per step at the default sampling (``detail_every=100``): a sampled step's
+``clean_false_warnings`` counts precursor findings at warning or above on clean and control runs.
+``overhead_pct`` is the capture's added time per step at the default sampling (``detail_every=100``): a sampled step's
 forward hooks and reductions, timed against the plain training step in the same process, divided by
 100 (the other steps pay one counter check).
 
@@ -75,12 +75,14 @@ def largest_bound(events: Path) -> float:
 
 
 def warnings(events: Path) -> list[tuple[int, str, bool, str]]:
-    """The precursor's findings, in order: (step, module, resolved, text)."""
+    """The precursor's findings at warning or above and its resolutions, in order: (step, module, resolved, text).
+    Info findings (a growth at the LR's peak) ask nobody to act: they are neither warnings nor false ones."""
     det = InstabilityPrecursor(InstabilityPrecursorConfig())
     out = []
     for line in events.read_text().splitlines():
         for f in det.observe(validate_event(json.loads(line)), 0):
-            out.append((f.step, f.evidence["module"], f.resolved, f"{f.severity} step {f.step}: {f.message}"))
+            if f.severity != "info" or f.resolved:
+                out.append((f.step, f.evidence["module"], f.resolved, f"{f.severity} step {f.step}: {f.message}"))
     return out
 
 

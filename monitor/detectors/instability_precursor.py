@@ -21,9 +21,14 @@ Why the rule is what it is ("How a finding earns trust" in DESIGN.md):
 * **Calibrated where it can be checked.** On the reference trainer's tiny GPT the bound stays within
   0.3-8 on clean runs at every stable peak LR tried (1e-3 to 1e-2, several seeds), and passes 20 at
   a peak of 0.3 in the warmup, 50-120 steps before the first loss-based finding (``bench/early_warning.py``).
-* **Severity follows the rate.** A warning when the growth is first sustained; critical once the
-  bound reaches ``critical_ratio`` x its level (attention collapsing now). It resolves when the bound is
-  back under ``growth_ratio`` x its level for ``sustain`` samples.
+* **Severity follows what is still to come.** The growth follows the LR (Wortsman et al. 2023). A
+  growth while the declared schedule's peak LR is still ``lr_headroom`` x the step's LR or more is a
+  warning: the LR that made it will rise further (the ``lr_too_high`` runs, warned at LR 0.06 on the
+  way to 0.3). At the peak, or with no declared schedule, it is info: at a peak of 3e-2 the bound
+  grows 17-27x and the loss trains as the clean runs' do, so a warning there would be wrong. Either
+  becomes critical once the bound reaches ``critical_ratio`` x its level (attention collapsing now).
+  Severity never drops within an episode; it resolves when the bound is back under ``growth_ratio`` x
+  its level for ``sustain`` samples.
 * **Only what was reproduced alarms.** The output log Z (``output_logz``) is captured but not alarmed
   on: no fault here reproduced output-logit divergence (a removed final norm with a 10x head trained
   normally), and on clean runs log Z climbs from ln V to ~9 by itself, so a rule would be a guess.
@@ -37,7 +42,7 @@ from typing import Any
 
 from trainmon.hooks.wire import Event
 from trainmon.monitor.config import InstabilityPrecursorConfig
-from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.base import SEVERITIES, Detector, Finding, finite
 
 __all__ = ["InstabilityPrecursor"]
 
@@ -47,6 +52,13 @@ _HINT = (
     "before the dot product), a lower peak LR, a longer warmup; lowering the LR now (or rolling back to a "
     "checkpoint before step {since}) is cheaper than after the loss moves. The LR at step {step}: {lr}."
 )
+
+
+_STATE = {
+    "critical": "; attention is collapsing to one-hot",
+    "warning": "; the LR is still rising toward the declared peak {peak:.3g}: the growth follows it",
+    "info": "; at the LR's peak (or no declared schedule): worth watching, critical if it reaches {critical:g}x",
+}
 
 
 class _Series:
@@ -72,10 +84,14 @@ class InstabilityPrecursor(Detector):
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config
         self._series: dict[str, _Series] = {}
+        self._peak_lr: float | None = None  # the declared schedule's peak
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
             self._series.clear()  # a new attempt: its model may differ (resumed or not, levels are re-learnt)
+            schedule = event.fields.get("schedule")
+            peak = schedule.get("peak_lr") if isinstance(schedule, dict) else None
+            self._peak_lr = float(peak) if finite(peak) and peak > 0 else None
             return []
         if event.kind != "step":
             return []
@@ -122,9 +138,13 @@ class InstabilityPrecursor(Detector):
             s.since = step
         if s.run < cfg.sustain:
             return None
-        severity = "critical" if ratio >= cfg.critical_ratio else "warning"
-        if s.open and severity == s.severity and ratio <= s.peak_ratio:
-            return None  # nothing new: the anomaly already says this
+        lrs = [x for x in lr if finite(x)] if isinstance(lr, list) else []
+        rising = self._peak_lr is not None and bool(lrs) and self._peak_lr >= cfg.lr_headroom * max(lrs)
+        severity = "critical" if ratio >= cfg.critical_ratio else ("warning" if rising else "info")
+        if s.open:
+            severity = max(severity, s.severity, key=SEVERITIES.index)  # an episode never de-escalates
+            if severity == s.severity and ratio <= s.peak_ratio:
+                return None  # nothing new: the anomaly already says this
         s.open = True
         s.severity = severity
         s.peak_ratio = max(s.peak_ratio, ratio)
@@ -162,7 +182,7 @@ class InstabilityPrecursor(Detector):
             step,
             f"attention logits growing in {module}: max-logit bound {value:.3g} at step {step}, {ratio:.3g}x its "
             f"level {level:.3g}, {s.run} sampled steps in a row {where}"
-            + ("; attention is collapsing to one-hot" if s.severity == "critical" else "; the loss has not moved yet"),
+            + _STATE[s.severity].format(peak=self._peak_lr, critical=self.config.critical_ratio),
             _HINT.format(since=s.since, step=step, lr=lr_text),
             evidence,
         )
