@@ -274,9 +274,15 @@ def run_dashboard() -> dict[str, Any]:
     d.add(
         "timeseries",
         "Loss and eval loss",
-        [(f"trainmon_loss{{{RR}}}", "train, rank {{rank}}"), (f"trainmon_eval_loss{{{R}}}", "eval")],
+        [
+            (f"trainmon_loss{{{RR}}}", "train, rank {{rank}}"),
+            (f"trainmon_loss_max{{{RR}}}", "highest between scrapes, rank {{rank}}"),
+            (f"trainmon_loss_min{{{RR}}}", "lowest between scrapes, rank {{rank}}"),
+            (f"trainmon_eval_loss{{{R}}}", "eval"),
+        ],
         w=16,
-        description="Annotations mark anomalies the collector opened (kind and severity).",
+        description="Annotations mark anomalies the collector opened (kind and severity). The highest and "
+        "lowest loss of the steps between two scrapes keep a one-step spike the latest value misses.",
         options=TS,
     )
     d.add(
@@ -318,9 +324,11 @@ def run_dashboard() -> dict[str, Any]:
         "Grad norm before and after clipping",
         [
             (f"trainmon_grad_norm{{{RR}}}", "pre-clip, rank {{rank}}"),
+            (f"trainmon_grad_norm_max{{{RR}}}", "pre-clip, highest between scrapes, rank {{rank}}"),
             (f"trainmon_grad_norm_clipped{{{RR}}}", "post-clip, rank {{rank}}"),
         ],
         w=8,
+        description="The highest pre-clip norm of the steps between two scrapes keeps a one-step spike.",
         options=TS,
         custom={"scaleDistribution": {"type": "log", "log": 10}},
     )
@@ -406,9 +414,22 @@ def run_dashboard() -> dict[str, Any]:
         "timeseries",
         "Compute time per rank (forward + backward)",
         [(f'sum by (rank) (trainmon_phase_seconds{{{RR}, phase=~"forward|backward"}})', "rank {{rank}}")],
-        w=24,
+        w=12,
         unit="s",
         description="The straggler has the highest compute time and the lowest comm wait.",
+        options=TS,
+    )
+    d.add(
+        "timeseries",
+        "Step time: slowest and fastest between scrapes",
+        [
+            (f"trainmon_step_time_max_seconds{{{RR}}}", "slowest, rank {{rank}}"),
+            (f"trainmon_step_time_min_seconds{{{RR}}}", "fastest, rank {{rank}}"),
+        ],
+        w=12,
+        unit="s",
+        description="The slowest and fastest step of each rank between two scrapes: one slow step (a "
+        "checkpoint, a data stall) shows even when the latest step was quick.",
         options=TS,
     )
 

@@ -262,3 +262,55 @@ def test_a_finished_runs_final_values_raise_no_alert(tmp_path: Path) -> None:
         (loss,) = prom.query(f'trainmon_loss{{run="{run}"}}')
         assert math.isnan(float(loss["value"][1]))
         assert not firing() & set(RUN_ALERTS)
+
+
+def test_extremes_between_scrapes_are_exported_and_reset_by_each_scrape(tmp_path: Path) -> None:
+    """Issue 26: a loss of 157 at step 150 among losses of 0.77 never reached the scraped trainmon_loss
+    (a gauge holds the latest value). The lowest and highest value since the previous scrape do."""
+    collector = start_collector(tmp_path / "trainmon.sqlite")
+    with stopping(collector):
+        spike = step_events(200, loss=lambda i: 157.0 if i == 150 else 0.77)
+        assert collector.post(batch([event("run_start", {"world_size": 1}, seq=0), *spike]))[0] == 200
+
+        def scrape() -> dict[str, float]:
+            text = collector.get("/metrics")[1].decode()
+            found = re.findall(r'^(trainmon_(?:loss|step_time)\w*)\{rank="0",run="r1"\} (\S+)$', text, re.M)
+            return {name: float(value) for name, value in found}
+
+        first = scrape()
+        assert first["trainmon_loss"] == 0.77 and first["trainmon_loss_max"] == 157.0
+        assert first["trainmon_loss_min"] == 0.77
+        assert "trainmon_step_time_max_seconds" in first
+        second = scrape()  # no step since: the interval holds the value current at its start
+        assert second["trainmon_loss_max"] == second["trainmon_loss_min"] == 0.77
+        nan = step_events(2, start_seq=201, loss=lambda i: "NaN" if i == 0 else 0.5)
+        assert collector.post(batch(nan))[0] == 200
+        third = scrape()
+        assert math.isnan(third["trainmon_loss_max"]) and third["trainmon_loss_min"] == 0.5  # a NaN shows
+
+
+@pytest.mark.slow
+@needs_prometheus
+@pytest.mark.timeout(120)
+def test_a_one_step_spike_between_scrapes_reaches_prometheus(tmp_path: Path) -> None:
+    """A real Prometheus scrapes the real collector every second; 200 steps arrive between two scrapes,
+    one of them a loss of 157. The gauge of the latest value never holds it; trainmon_loss_max does."""
+    collector = start_collector(tmp_path / "trainmon.sqlite")
+    prom = start_prometheus(tmp_path / "prom", [collector.url.removeprefix("http://")])
+    run = "spike"
+    with stopping(collector, prom):
+        start = event("run_start", {"world_size": 1}, run=run, seq=0)
+        assert collector.post(batch([start, *step_events(10, run=run, loss=lambda i: 0.77)]))[0] == 200
+        prom.wait_scraped(f'trainmon_loss{{run="{run}"}}')
+        steps = step_events(200, start_seq=11, run=run, loss=lambda i: 157.0 if i == 150 else 0.77)
+        for s in steps:
+            s["fields"]["step"] += 10
+        assert collector.post(batch(steps))[0] == 200  # one batch: never the latest value at a scrape
+        wait_until(
+            lambda: prom.query(f'max_over_time(trainmon_loss_max{{run="{run}"}}[1m]) == 157'),
+            30,
+            "the spike in Prometheus",
+        )
+        time.sleep(2.0)  # more scrapes of the latest value
+        (gauge,) = prom.query(f'max_over_time(trainmon_loss{{run="{run}"}}[1m])')
+        assert float(gauge["value"][1]) == 0.77  # what a dashboard of trainmon_loss alone would draw

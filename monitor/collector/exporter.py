@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from trainmon.monitor.analysis.goodput import hang_open
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
-from trainmon.monitor.collector.live import LiveState, RunState
+from trainmon.monitor.collector.live import SCRAPE_EXTREMES, LiveState, RunState
 from trainmon.monitor.collector.open_findings import OpenFindings
 from trainmon.monitor.detectors import SEVERITIES
 
@@ -47,6 +47,26 @@ _STEP_GAUGES = {
     "mem_peak_bytes": ("trainmon_device_memory_peak_bytes", "Peak device memory during the latest step."),
 }
 
+
+def _extreme_name(base: str, which: str) -> str:
+    """``trainmon_loss`` -> ``trainmon_loss_max``; the unit stays last: ``trainmon_step_time_max_seconds``."""
+    return base[: -len("_seconds")] + f"_{which}_seconds" if base.endswith("_seconds") else f"{base}_{which}"
+
+
+_EXTREME_NOUNS = {"loss": "training loss", "grad_norm": "pre-clip gradient norm", "step_time": "step time"}
+_EXTREME_GAUGES = {
+    # SCRAPE_EXTREMES field -> ((lowest's metric, help), (highest's metric, help))
+    key: tuple(
+        (
+            _extreme_name(_STEP_GAUGES[key][0], which),
+            f"{word} {_EXTREME_NOUNS[key]} of the steps since the previous scrape (and of the value current "
+            "before them), so a one-step spike between two scrapes is seen. Reset by each scrape: one "
+            "Prometheus scrapes the collector (each member of an HA pair would see only its share).",
+        )
+        for which, word in (("min", "Lowest"), ("max", "Highest"))
+    )
+    for key in SCRAPE_EXTREMES
+}
 
 _GPU_GAUGES = {
     # health event GPU field -> (metric name, help)
@@ -280,6 +300,7 @@ class TrainingCollector(Collector):
             _PerRank(G, "trainmon_last_step_timestamp_seconds", "Wall time of the latest step (hang alerts)."),
             _PerRank(G, "trainmon_last_seen_timestamp_seconds", "Wall time of the latest event of any kind."),
             *(_PerRank(G, name, doc) for name, doc in _STEP_GAUGES.values()),
+            *(_PerRank(G, name, doc) for pair in _EXTREME_GAUGES.values() for name, doc in pair),
             _PerRank(G, "trainmon_learning_rate", "Learning rate per param group.", ("group",)),
             _PerRank(
                 G,
@@ -336,6 +357,14 @@ class TrainingCollector(Collector):
                 put("trainmon_tokens_per_second", rank_id, r.tokens_per_second)
                 for key, (name, _) in _STEP_GAUGES.items():
                     put(name, rank_id, r.last.get(key))
+                for key, ((lowest, _), (highest, _)) in _EXTREME_GAUGES.items():
+                    span = r.extremes.pop(key, None)
+                    if span is not None:
+                        put(lowest, rank_id, span[0])
+                        put(highest, rank_id, span[1])
+                    latest = _number(r.last.get(key))
+                    if latest is not None:  # the next interval starts from the value current now
+                        r.extremes[key] = [latest, latest]
                 for i, value in enumerate(r.last.get("lr") or ()):
                     put("trainmon_learning_rate", rank_id, value, (str(i),))
                 for phase, secs in (r.last.get("phases") or {}).items():

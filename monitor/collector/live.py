@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,11 @@ from trainmon.monitor.analysis.budget import mfu_from_throughput
 from trainmon.monitor.analysis.escape import visible_controls
 from trainmon.monitor.analysis.goodput import Ledger, hang_open
 
-__all__ = ["LiveState", "RankState", "RunState"]
+__all__ = ["SCRAPE_EXTREMES", "LiveState", "RankState", "RunState"]
+
+SCRAPE_EXTREMES = ("loss", "grad_norm", "step_time")
+"""Step fields whose lowest and highest value since the previous scrape are exported (``_min``/``_max``):
+the signals a human plots, where a one-step spike between two scrapes must not vanish (issue 26)."""
 
 log = logging.getLogger("trainmon.collector")
 
@@ -36,6 +41,8 @@ class RankState:
     health: dict[str, Any] = field(default_factory=dict)  # fields of the latest health event
     seqs: dict[str, int] = field(default_factory=dict)  # highest seq seen per producer stream
     missing_events: int = 0  # sequence gaps: events the producer dropped
+    # SCRAPE_EXTREMES field -> [lowest, highest] since the exporter's previous scrape (it resets them)
+    extremes: dict[str, list[float]] = field(default_factory=dict)
 
     def expected_lr(self) -> float | None:
         """The declared schedule's LR for the latest step (param group 0)."""
@@ -64,6 +71,22 @@ class RunState:
     anomalies_active: collections.Counter = field(default_factory=collections.Counter)
     received_at: float = field(default_factory=time.monotonic)  # collector clock of the latest event (eviction)
     goodput: Ledger = field(default_factory=Ledger)  # fed rank 0's events
+
+
+def _widen(extremes: dict[str, list[float]], fields: dict[str, Any]) -> None:
+    """Fold a step's values into the interval's [lowest, highest]; a NaN is the highest and stays so."""
+    for key in SCRAPE_EXTREMES:
+        v = fields.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        span = extremes.get(key)
+        if span is None:
+            extremes[key] = [v, v]
+            continue
+        if math.isnan(span[0]) or v < span[0]:
+            span[0] = v
+        if math.isnan(v) or v > span[1]:
+            span[1] = v
 
 
 class LiveState:
@@ -104,6 +127,7 @@ class LiveState:
         if event.kind == "step":
             rank.step = f["step"]
             rank.last = f
+            _widen(rank.extremes, f)
             rank.last_step_time = event.time
             tokens = f.get("tokens")
             if tokens is not None:
