@@ -338,7 +338,8 @@ class TrainingCollector(Collector):
 
     @staticmethod
     def _rank_samples(run: RunState, families: list[_PerRank]) -> dict[_PerRank, list[_Sample]]:
-        """Every rank's samples, family by family."""
+        """Every rank's samples, family by family; takes the scrape interval's extremes and starts the next one
+        (under the live lock, like the ingest that widens them)."""
         out: dict[_PerRank, list[_Sample]] = {fam: [] for fam in families}
         by_name = {fam.name: out[fam] for fam in families}
 
