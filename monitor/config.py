@@ -48,6 +48,7 @@ __all__ = [
     "NotifyConfig",
     "NotifyTargetConfig",
     "ReplicaDivergenceConfig",
+    "SeriesLimits",
     "StragglerConfig",
     "ThroughputCollapseConfig",
     "detectors_config",
@@ -921,6 +922,22 @@ class NotifyConfig:
 
 
 @dataclass
+class SeriesLimits:
+    """How many series ``/metrics`` holds, whatever the world size (issue 27: five runs of 1,000 ranks were
+    92,653 series, 6.4 MB a scrape; Prometheus' guidance is the low hundreds of thousands per target)."""
+
+    rank_detail: int = 64
+    """A run of up to this many ranks is exported one series per rank. A wider one is exported as cross-rank
+    aggregates (``rank="min"``, ``"median"``, ``"max"``: the series of the rank holding that value, with its
+    ``node`` and ``gpu``; counters as ``rank="all"``, their sum) plus one series per rank for the ranks its
+    open findings name (at most ``open_findings.MAX_FINDINGS``), and ``trainmon_rank_holding_max`` says
+    which rank holds each maximum. Per-rank detail of every rank stays in the API and the post-mortem."""
+    max_series: int = 200_000
+    """Training series a scrape holds at most. Runs are taken most recently heard from first; a run that
+    would not fit is left out whole, and ``trainmon_exporter_series_left_out`` counts its series."""
+
+
+@dataclass
 class CollectorConfig:
     db: str = "trainmon.sqlite"
     """SQLite file path or SQLAlchemy URL (``postgresql+psycopg://...``)."""
@@ -972,6 +989,8 @@ class CollectorConfig:
     """A connection must send its request headers within this long, or it is closed (slow-header)."""
     body_timeout_seconds: float = 30.0
     """A request body must arrive within this long, or it is answered 408 and dropped (slow-body)."""
+    series: SeriesLimits = field(default_factory=SeriesLimits)
+    """What ``/metrics`` exports of wide runs (``[series]`` in the TOML)."""
     detectors: DetectorsConfig = field(default_factory=DetectorsConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 

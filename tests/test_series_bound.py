@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainmon.hooks.wire import Event
 from trainmon.monitor.collector.engine import AnomalyChange
-from trainmon.monitor.collector.exporter import SeriesLimits, TrainingCollector
+from trainmon.monitor.collector.exporter import TrainingCollector
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.open_findings import OpenFindings
+from trainmon.monitor.config import SeriesLimits
 from trainmon.monitor.detectors import Finding
 
 RUNS, RANKS, GPUS_PER_NODE = 5, 1000, 8
@@ -176,3 +177,33 @@ def test_the_global_cap_leaves_whole_runs_out_and_says_how_many_series(
     exported = scraped["trainmon_exporter_series"][0].value
     assert exported <= 2.5 * per_run
     assert scraped["trainmon_exporter_series_left_out"][0].value == full["trainmon_exporter_series"][0].value - exported
+
+
+def test_the_collector_takes_its_series_limits_from_the_config(tmp_path) -> None:
+    """``[series]`` in the config reaches the exporter the collector serves: three ranks past a
+    ``rank_detail`` of 2 are exported as aggregates, within it one series per rank."""
+    from tests.conftest import start_collector
+    from tests.events import batch, event, step_events
+
+    def scrape(rank_detail: int) -> set[str]:
+        lc = start_collector(tmp_path / f"db{rank_detail}.sqlite", series=SeriesLimits(rank_detail=rank_detail))
+        try:
+            events = []
+            for rank in range(3):
+                events.append(event("run_start", {"world_size": 3}, run="w", rank=rank, stream=f"s{rank}", seq=0))
+                events += step_events(3, run="w", rank=rank, stream=f"s{rank}")
+            assert lc.post(batch(events))[0] == 200
+            status, body = lc.get("/metrics")
+            assert status == 200
+            return {
+                s.labels["rank"]
+                for f in text_string_to_metric_families(body.decode())
+                if f.name == "trainmon_loss"
+                for s in f.samples
+                if s.labels.get("run") == "w"
+            }
+        finally:
+            lc.stop()
+
+    assert scrape(2) == {"min", "median", "max"}
+    assert scrape(64) == {"0", "1", "2"}

@@ -17,7 +17,8 @@ from prometheus import REPO, free_port, needs_prometheus, start_prometheus, wait
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tests.test_series_bound import _fleet
-from trainmon.monitor.collector.exporter import SeriesLimits, TrainingCollector
+from trainmon.monitor.collector.exporter import TrainingCollector
+from trainmon.monitor.config import SeriesLimits
 
 RANKS = 100  # past the default 64-rank limit: the aggregated shape
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -22,13 +21,13 @@ from trainmon.monitor.analysis.goodput import hang_open
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
 from trainmon.monitor.collector.live import SCRAPE_EXTREMES, LiveState, RunState
 from trainmon.monitor.collector.open_findings import OpenFindings
+from trainmon.monitor.config import SeriesLimits
 from trainmon.monitor.detectors import SEVERITIES
 
 __all__ = [
     "FINISHED_RUN_TTL_SECONDS",
     "CollectorMetrics",
     "DetectionCollector",
-    "SeriesLimits",
     "TrainingCollector",
 ]
 
@@ -77,22 +76,6 @@ _GPU_GAUGES = {
     "power_w": ("trainmon_gpu_power_watts", "GPU power draw."),
     "sm_clock_hz": ("trainmon_gpu_sm_clock_hertz", "GPU SM clock."),
 }
-
-
-@dataclass(frozen=True)
-class SeriesLimits:
-    """How many series ``/metrics`` holds, whatever the world size (issue 27: five runs of 1,000 ranks were
-    92,653 series, 6.4 MB a scrape; Prometheus' guidance is the low hundreds of thousands per target)."""
-
-    rank_detail: int = 64
-    """A run of up to this many ranks is exported one series per rank. A wider one is exported as cross-rank
-    aggregates (``rank="min"``, ``"median"``, ``"max"``: the series of the rank holding that value, with its
-    ``node`` and ``gpu``; counters as ``rank="all"``, their sum) plus one series per rank for the ranks its
-    open findings name (at most ``open_findings.MAX_FINDINGS``), and ``trainmon_rank_holding_max`` says
-    which rank holds each maximum. Per-rank detail of every rank stays in the API and the post-mortem."""
-    max_series: int = 200_000
-    """Training series a scrape holds at most. Runs are taken most recently heard from first; a run that
-    would not fit is left out whole, and ``trainmon_exporter_series_left_out`` counts its series."""
 
 
 def _number(value: Any) -> float | None:
@@ -144,12 +127,12 @@ class TrainingCollector(Collector):
         live: LiveState,
         clock=time.time,
         findings: OpenFindings | None = None,
-        limits: SeriesLimits = SeriesLimits(),
+        limits: SeriesLimits | None = None,
     ) -> None:
         self._live = live
         self._clock = clock
         self._findings = findings
-        self._limits = limits
+        self._limits = limits or SeriesLimits()
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()

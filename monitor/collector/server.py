@@ -129,7 +129,7 @@ class Collector:
                 )
             )
         registry = CollectorRegistry()
-        registry.register(TrainingCollector(live))
+        registry.register(TrainingCollector(live, findings=findings, limits=config.series))
         notifier = Notifier(config.notify, registry, open_anomalies(storage) if config.notify.targets else ())
 
         def publish(changes: list[AnomalyChange]) -> None:
