@@ -844,7 +844,7 @@ class InstabilityPrecursorConfig:
     """Growth to this many times the level is critical: attention is collapsing now (the loss follows
     within tens of steps on the tiny GPT)."""
     lr_headroom: float = 2.0
-    """A growth seen while the declared schedule's peak LR is at least this many times the step's LR is a
+    """A growth seen in the declared schedule's warmup, its peak LR at least this many times the step's LR, is a
     warning: the LR that made the logits grow is still going up (the growth follows the LR, Wortsman et al.
     2023). At the peak, or with no declared schedule, a growth is info until ``critical_ratio``: at a peak
     of 3e-2 the tiny GPT's bound grows 17-27x and its loss trains as the clean runs' (1.17 after 400 steps)."""

@@ -17,10 +17,14 @@ def _ev(kind: str, fields: dict) -> Event:
     return Event(kind, "run", 0, "host", "s", 0, 0.0, fields)
 
 
-def _run(bounds: list[dict[str, float]], every: int = 10, lr: float = 0.1, peak: float | None = 0.3) -> list:
-    """Sampled bounds every ``every`` steps at LR ``lr``, the declared schedule peaking at ``peak`` (None: none)."""
+def _run(
+    bounds: list[dict[str, float]], every: int = 10, lr: float = 0.1, peak: float | None = 0.3, warmup: int = 200
+) -> list:
+    """Sampled bounds every ``every`` steps at LR ``lr``, the declared schedule peaking at ``peak`` (None: none)
+    after ``warmup`` steps."""
     det = InstabilityPrecursor(InstabilityPrecursorConfig())
-    start = {"vocab_size": 64} | ({"schedule": {"name": "cosine", "peak_lr": peak}} if peak else {})
+    schedule = {"name": "cosine", "peak_lr": peak, "warmup_steps": warmup}
+    start = {"vocab_size": 64} | ({"schedule": schedule} if peak else {})
     out = det.observe(_ev("run_start", start), 0)
     for i, b in enumerate(bounds):
         out += det.observe(_ev("step", {"step": i * every, "loss": 2.0, "lr": [lr], "attn_logit_max": b}), 0)
@@ -56,11 +60,13 @@ def test_sustained_growth_warns_names_the_layer_then_escalates_and_resolves() ->
     assert found[-1].resolved and found[-1].step == 100
 
 
-@pytest.mark.parametrize("peak", [0.1, 0.15, None], ids=["at-peak", "near-peak", "no-schedule"])
-def test_growth_at_the_peak_lr_is_info_until_it_collapses(peak: float | None) -> None:
-    # The tiny GPT at a peak of 3e-2: the bound grows 17-27x and the loss trains normally.
+@pytest.mark.parametrize(
+    ("peak", "warmup"), [(0.1, 200), (0.15, 200), (None, 200), (0.3, 10)], ids=["at-peak", "near", "none", "decay"]
+)
+def test_growth_at_the_peak_lr_is_info_until_it_collapses(peak: float | None, warmup: int) -> None:
+    # The tiny GPT at a peak of 3e-2: the bound grows 17-27x and the loss trains normally, also as the LR decays.
     series = [0.3, 1.4, 2.0, 2.4, 2.1, 30.0, 40.0, 45.0, 400.0]
-    found = _run([{"blocks.1.attn": v} for v in series], lr=0.1, peak=peak)
+    found = _run([{"blocks.1.attn": v} for v in series], lr=0.1, peak=peak, warmup=warmup)
     assert [f.severity for f in found] == ["info", "info", "critical"]
     assert "worth watching" in found[0].message and "100x" in found[0].message
 

@@ -22,8 +22,8 @@ Why the rule is what it is ("How a finding earns trust" in DESIGN.md):
   0.3-8 on clean runs at every stable peak LR tried (1e-3 to 1e-2, several seeds), and passes 20 at
   a peak of 0.3 in the warmup, 50-120 steps before the first loss-based finding (``bench/early_warning.py``).
 * **Severity follows what is still to come.** The growth follows the LR (Wortsman et al. 2023). A
-  growth while the declared schedule's peak LR is still ``lr_headroom`` x the step's LR or more is a
-  warning: the LR that made it will rise further (the ``lr_too_high`` runs, warned at LR 0.06 on the
+  growth in the declared schedule's warmup, its peak LR still ``lr_headroom`` x the step's LR or more, is
+  a warning: the LR that made it will rise further (the ``lr_too_high`` runs, warned at LR 0.06 on the
   way to 0.3). At the peak, or with no declared schedule, it is info: at a peak of 3e-2 the bound
   grows 17-27x and the loss trains as the clean runs' do, so a warning there would be wrong. Either
   becomes critical once the bound reaches ``critical_ratio`` x its level (attention collapsing now).
@@ -85,6 +85,7 @@ class InstabilityPrecursor(Detector):
         self.config = config
         self._series: dict[str, _Series] = {}
         self._peak_lr: float | None = None  # the declared schedule's peak
+        self._warmup = 0  # and its warmup steps: the LR rises only then (the declared shapes decay after it)
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
@@ -92,6 +93,8 @@ class InstabilityPrecursor(Detector):
             schedule = event.fields.get("schedule")
             peak = schedule.get("peak_lr") if isinstance(schedule, dict) else None
             self._peak_lr = float(peak) if finite(peak) and peak > 0 else None
+            warmup = schedule.get("warmup_steps") if isinstance(schedule, dict) else None
+            self._warmup = warmup if isinstance(warmup, int) else 0
             return []
         if event.kind != "step":
             return []
@@ -139,7 +142,12 @@ class InstabilityPrecursor(Detector):
         if s.run < cfg.sustain:
             return None
         lrs = [x for x in lr if finite(x)] if isinstance(lr, list) else []
-        rising = self._peak_lr is not None and bool(lrs) and self._peak_lr >= cfg.lr_headroom * max(lrs)
+        rising = (
+            step < self._warmup
+            and self._peak_lr is not None
+            and bool(lrs)
+            and self._peak_lr >= cfg.lr_headroom * max(lrs)
+        )
         severity = "critical" if ratio >= cfg.critical_ratio else ("warning" if rising else "info")
         if s.open:
             severity = max(severity, s.severity, key=SEVERITIES.index)  # an episode never de-escalates
