@@ -82,7 +82,9 @@ def _tiny_loop(mon: TrainMonitor, steps: int, nan_at: int | None, jump_at: int |
     mon.start(planned_steps=steps)
     last = -1
     for step in range(steps):
-        x = torch.randn(4, 8)
+        # 64 samples: a loss of 4 is heavy-tailed enough for a 6x jump over its first four values, which
+        # the spike detector's early rule rightly flags, and the stop then raced the jump this test is about.
+        x = torch.randn(64, 8)
         loss = model(x).pow(2).mean()
         if nan_at is not None and step >= nan_at:
             loss = loss * float("nan")
