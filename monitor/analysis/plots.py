@@ -59,6 +59,7 @@ LOSS_KINDS = (
     "bad_resume",
     "init_loss",
     "loss_scale_collapse",
+    "instability_precursor",  # what came before the loss moved
 )
 GRAD_KINDS = ("grad_explosion", "loss_spike", "nan_inf", "divergence")
 LR_KINDS = ("lr_schedule_drift", "bad_resume")

@@ -67,6 +67,7 @@ PRIORITY = (
     "loss_scale_collapse",
     "memory_leak",
     "grad_explosion",
+    "instability_precursor",
     "node_health",
 )
 

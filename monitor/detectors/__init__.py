@@ -8,6 +8,7 @@ from trainmon.monitor.detectors.eval_regression import EvalRegression
 from trainmon.monitor.detectors.grad_explosion import GradExplosion
 from trainmon.monitor.detectors.hang import Hang
 from trainmon.monitor.detectors.init_loss import InitLoss
+from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor
 from trainmon.monitor.detectors.loss_noise import LossNoise
 from trainmon.monitor.detectors.loss_scale_collapse import LossScaleCollapse
 from trainmon.monitor.detectors.loss_spike import LossSpike
@@ -31,6 +32,7 @@ __all__ = [
     "GradExplosion",
     "Hang",
     "InitLoss",
+    "InstabilityPrecursor",
     "LossNoise",
     "LossScaleCollapse",
     "LossSpike",
@@ -54,6 +56,7 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     MemoryLeak,
     LossSpike,
     GradExplosion,
+    InstabilityPrecursor,
     Divergence,
     InitLoss,
     LossScaleCollapse,
