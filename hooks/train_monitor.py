@@ -786,7 +786,12 @@ class TrainMonitor:
                 "status": status,
                 "step": self._last_step if self._last_step >= 0 else None,
                 "error": error,
-                "dropped_events": self.transport.dropped + self.transport.dropped_spool + self._readback.dropped,
+                # Every event is stored or counted here: refused by the collector (a malformed one loses its
+                # batch), dropped on a full queue or spool, or on the device side's full read-back.
+                "dropped_events": self.transport.dropped
+                + self.transport.dropped_spool
+                + self.transport.rejected
+                + self._readback.dropped,
             },
         )
         self.transport.close(max(0.0, deadline - time.monotonic()))

@@ -282,3 +282,22 @@ def test_spool_folder_is_created_on_first_use_and_removed_once_drained(tmp_path:
     assert holder["spooled"], "the outage did not spool"
     assert mon.transport.dropped_spool == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db.sqlite"]  # the spool and the parents it made: gone
+
+
+def test_events_the_collector_refuses_are_counted_in_dropped_events(live_collector, tmp_path: Path) -> None:
+    """Issue 27's invariant, every step stored or counted: a batch the collector answers 422 (one event it
+    cannot take refuses its whole batch) is neither stored nor retried, so ``run_end`` counts it."""
+    mon = TrainMonitor("refused", collector=live_collector.url, spool_dir=tmp_path / "spool", flush_interval=0.05)
+    for step in range(10):
+        mon.emit("step", {"step": step, "loss": 1.0})
+    mon.transport.flush(5.0)
+    mon.emit("step", {"step": 10, "loss": "not a number"})  # a loop's own field of the wrong type
+    mon.transport.flush(5.0)
+    for step in range(11, 20):
+        mon.emit("step", {"step": step, "loss": 1.0})
+    mon.close()
+    with live_collector.collector.storage.connect() as conn:
+        stored = len(conn.execute(select(steps.c.step)).all())
+        (dropped,) = conn.execute(select(streams.c.dropped_events)).one()
+    assert mon.transport.rejected >= 1 and dropped == mon.transport.rejected
+    assert stored + dropped >= 20 and stored < 20
