@@ -121,3 +121,35 @@ def test_grad_scaler_fp16_syncs_only_in_its_step(tmp_path: Path) -> None:
     scales = [r["loss_scale"] for r in records]
     assert scales[0] == 2.0**10 and scales[-1] == 2.0**13  # grew every 5 clean steps: the scale each step used
     assert all(r["skipped"] is False for r in records)
+
+
+def test_precursor_capture_never_syncs(tmp_path: Path) -> None:
+    """Issue 28's capture (attention-logit bound, output log Z) runs on sampled steps inside the model's
+    forward; its reductions must stay on the device and cross with the step's read-back. (Checked on CPU
+    for its values and steps; the sync-debug part needs a GPU.)"""
+    from trainmon.reference_trainer.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(dropout=0.0)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = TrainMonitor("gpu-pre", collector=f"file://{tmp_path / 'e.jsonl'}", detail_every=5, checksum_every=0)
+    mon.watch(model, opt)
+    mon.start(planned_steps=STEPS, vocab_size=64)
+    x = torch.randint(64, (8, 64), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(STEPS):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = model(x, x)
+            loss.backward()
+            mon.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mon.step_end(i, loss=loss, tokens=x.numel())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    mon.close()
+    sampled = [r for r in _steps(tmp_path / "e.jsonl") if "attn_logit_max" in r]
+    assert [r["step"] for r in sampled] == [0, 5, 10, 15]
+    assert all(set(r["attn_logit_max"]) == {"blocks.0.attn", "blocks.1.attn"} and r["output_logz"] > 0 for r in sampled)
