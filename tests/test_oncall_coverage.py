@@ -114,10 +114,6 @@ def test_the_verdict_lists_what_was_not_checked() -> None:
     assert "not checked" not in bare
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="until postmortem.analyse puts coverage.not_checked(summary, bins, eval_df, row.config) in the summary",
-)
 def test_the_json_carries_what_was_not_checked(tmp_path: Path) -> None:
     a, _ = _analysed(_hook_run(tmp_path, with_eval=False))
     assert [g["signal"] for g in a.summary["not_checked"]] == ["eval metric", "GPU health"]

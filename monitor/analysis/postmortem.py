@@ -64,8 +64,9 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, and_, bindparam, case, func, select
 
+from trainmon.hooks.flops import declared_flops_per_token
 from trainmon.hooks.schedules import Schedule
-from trainmon.monitor.analysis import budget, goodput
+from trainmon.monitor.analysis import budget, coverage, goodput
 from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.verdict import attempt_failed, attempt_status, clusters
 from trainmon.monitor.config import CollectorConfig
@@ -268,6 +269,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         "sample": {"stride": stride, "offset": offset, "rows": len(sample)},
         "notes": notes,
     }
+    summary["not_checked"] = coverage.not_checked(summary, bins, eval_df, row.config)
     return Analysis(summary, bins, sample, eval_df, health_df, schedule, notes)
 
 
@@ -1110,7 +1112,7 @@ def _mfu(meta: dict[str, Any], tokens_per_second: float | None, world: int) -> f
     """Model FLOPs utilisation: achieved FLOP/s over the devices' peak, when the run declared
     the FLOPs per token (or a parameter count: 6N) and the peak FLOP/s of one device."""
     peak = meta.get("peak_flops")
-    fpt = meta.get("flops_per_token") or (6 * meta["n_params"] if meta.get("n_params") else None)
+    fpt = declared_flops_per_token(meta)
     if not peak or not fpt or not tokens_per_second:
         return None
     return budget.mfu_from_throughput(tokens_per_second / world, fpt, peak)  # per device

@@ -154,9 +154,8 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     )
     if not ck.get("failures") and not opt and "checkpoint.optimal_interval_seconds" not in (s.get("unknown") or {}):
         optimal = "-"  # Young/Daly has no failure to weigh: a line that says nothing
-    mfu = _unknown(s, "mfu") or (
-        pct(s["mfu"]) if s.get("mfu") is not None else "- (needs flops_per_token or n_params, and peak_flops)"
-    )
+    needs = "peak_flops" if s.get("n_params") else "flops_per_token or n_params, and peak_flops"  # what is missing
+    mfu = _unknown(s, "mfu") or (pct(s["mfu"]) if s.get("mfu") is not None else f"- (needs {needs})")
     from trainmon.monitor.analysis import goodput  # numpy: only when a post-mortem is shown
 
     rows = [
