@@ -43,14 +43,12 @@ def _step(i: int, run: str = "h") -> dict:
     }
 
 
-class _BadServer:
-    """A TCP server on loopback that accepts and then never answers (``trickle=None``), or reads the
-    request and answers one byte every ``trickle`` seconds."""
+class _LoopbackServer:
+    """A TCP server on loopback that hands each connection it accepts to ``_accepted`` (on its thread)."""
 
-    def __init__(self, trickle: float | None = None) -> None:
+    def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.trickle = trickle
         self.conns: list[socket.socket] = []
         self._stop = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
@@ -63,8 +61,29 @@ class _BadServer:
             except OSError:
                 continue
             self.conns.append(conn)
-            if self.trickle is not None:
-                threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+            self._accepted(conn)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+class _BadServer(_LoopbackServer):
+    """Accepts and then never answers (``trickle=None``), or reads the request and answers one byte every
+    ``trickle`` seconds."""
+
+    def __init__(self, trickle: float | None = None) -> None:
+        self.trickle = trickle
+        super().__init__()
+
+    def _accepted(self, conn: socket.socket) -> None:
+        if self.trickle is not None:
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
 
     def _drip(self, conn: socket.socket) -> None:
         answer = b'HTTP/1.1 200 OK\r\nContent-Length: 32\r\n\r\n{"accepted": 300, "duplicates":0}'
@@ -76,12 +95,6 @@ class _BadServer:
                 conn.sendall(bytes([b]))
         except OSError:
             return
-
-    def close(self) -> None:
-        self._stop.set()
-        for c in self.conns:
-            c.close()
-        self.sock.close()
 
 
 @pytest.fixture
@@ -224,36 +237,23 @@ def test_sigterm_is_not_delayed_by_a_hung_collector(hung: _BadServer, tmp_path: 
     assert _spooled_lines(spool) >= 51  # the steps and run_end, kept for the next process
 
 
-class _CutServer:
+class _CutServer(_LoopbackServer):
     """Reads each request, sends the first bytes of a 200 answer, then closes, or trickles one more header
     byte every 50 ms (never a whole line) until the request's budget cuts the connection."""
 
     def __init__(self, prefix: bytes, then_close: bool) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
         self.prefix, self.then_close = prefix, then_close
-        self._stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
+    def _accepted(self, conn: socket.socket) -> None:
+        with conn:
             try:
-                conn, _ = self.sock.accept()
+                conn.recv(1 << 20)
+                conn.sendall(self.prefix)
+                while not self.then_close and not self._stop.wait(0.05):
+                    conn.sendall(b"a")
             except OSError:
-                continue
-            with conn:
-                try:
-                    conn.recv(1 << 20)
-                    conn.sendall(self.prefix)
-                    while not self.then_close and not self._stop.wait(0.05):
-                        conn.sendall(b"a")
-                except OSError:
-                    continue
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
+                return
 
 
 @pytest.mark.parametrize(
