@@ -188,6 +188,7 @@ DIAGNOSIS: dict[str, Diagnosis] = {  # fault kind (labels.json "kind") -> what i
         evidence=_nan_cause, says=(r"setup|initiali[sz]ation|no build-up",), not_says=(r"numerical instability",)
     ),
     "divergence": Diagnosis(says=(r"slow divergence|not learning",)),
+    "lr_too_high": Diagnosis(says=(r"attention logits",)),  # the mechanism and its module, before the loss moves
     "grad_explosion": Diagnosis(  # the norm alone spiked: the loss did not follow
         says=(r"grad[- ]norm|spikes passed",), not_says=(r"the loss rose after the spike", _LR_CAUSE)
     ),

@@ -90,10 +90,12 @@ def _hostile_run() -> list[dict[str, Any]]:
             out.append(event("eval", {"step": 35, "loss": 3.7, "metrics": {"acc\x1b[2J[/]": 0.5}}, run="hostile",
                              stream=stream, seq=seq + 1))  # fmt: skip
             gpus = [{"index": 0, "temperature_c": 60.0, "ecc_uncorrected": 3}]
-            health = event("health", {"gpus": gpus}, run="hostile", stream=stream, seq=seq + 2)
-            health["host"] = HOST
-            out.append(health)
-            seq += 2
+            for n in (2, 3):  # two samples: the health plot draws a trend, and a trend needs two
+                health = event("health", {"gpus": gpus}, run="hostile", stream=stream, seq=seq + n)
+                health["host"] = HOST
+                health["time"] += n
+                out.append(health)
+            seq += 3
         out.append(event("run_end", end, run="hostile", stream=stream, seq=seq + 1))
     return out
 
