@@ -75,3 +75,30 @@ def test_anomalies_persist_with_their_evidence(store: Storage) -> None:
         (row,) = conn.execute(select(anomalies)).all()
     assert (row.kind, row.first_step, row.status) == ("nan_inf", 7, "open")
     assert row.evidence["loss"] == "nan"
+
+
+def test_collectors_opening_a_fresh_postgres_database_at_once_all_start(request: pytest.FixtureRequest) -> None:
+    """Collectors of one job's node groups share one PostgreSQL database and may start together: the
+    migration is serialised (an advisory lock), so neither fails creating the schema the other creates."""
+    import threading
+
+    url = request.getfixturevalue("postgres_url")
+    errors: list[BaseException] = []
+    opened: list[Storage] = []
+    start = threading.Barrier(4)
+
+    def open_store() -> None:
+        start.wait()
+        try:
+            opened.append(Storage(url))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for store in opened:
+        store.close()
+    assert errors == [] and len(opened) == 4

@@ -41,6 +41,7 @@ from sqlalchemy import (
     create_engine,
     event,
     select,
+    text,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -366,6 +367,9 @@ class Storage:
         self.engine.dispose()
 
 
+_MIGRATION_LOCK = 0x7472_6D6F_6E  # "trmon": the advisory lock a migration holds, until its transaction ends
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to the latest revision (Alembic), so an upgrade never needs a wipe."""
     from alembic import command
@@ -374,6 +378,10 @@ def migrate(engine: Engine) -> None:
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            # Collectors that open one database at once (one per node group) take turns: the first migrates,
+            # the others find the schema at head. Without it two raced to create alembic_version and one failed.
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
