@@ -139,6 +139,8 @@ class Precursors:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for a in self.attention:
+            a.q_out = None  # a query output whose key hook never came is not held until the next sampled step
         values, self._values = self._values, []
         if not values:
             return None

@@ -57,6 +57,19 @@ def _monitor_kwargs(path: Path) -> dict[str, Any]:
     return {"collector": f"file://{path}", "health_interval": 0, "heartbeat_interval": 0, "spool_dir": path.parent}
 
 
+def _lightning_trainer(root: Path, callbacks: list[Any], **kw: Any) -> Any:
+    """A Lightning trainer on CPU that prints and saves nothing of its own (no bar, summary or logger)."""
+    return lightning.Trainer(
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        accelerator="cpu",
+        default_root_dir=str(root),
+        callbacks=callbacks,
+        **kw,
+    )
+
+
 def _gpt2() -> Any:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32)
@@ -197,22 +210,18 @@ def _lightning(
 
     path = tmp_path / run / "events.jsonl"
     path.parent.mkdir(exist_ok=True)
-    trainer = lightning.Trainer(
+    trainer = _lightning_trainer(
+        tmp_path / f"{run}-out",
+        [
+            TrainmonCallback(run=run, **_monitor_kwargs(path), **callback_kw),
+            ModelCheckpoint(dirpath=str(tmp_path / f"{run}-out" / "ckpt"), every_n_train_steps=6, save_top_k=-1),
+        ],
         max_steps=STEPS,
         accumulate_grad_batches=ACCUM,
         gradient_clip_val=MAX_NORM,
         val_check_interval=6 * ACCUM,  # batches: after every 6 optimizer steps
         limit_val_batches=1,
         num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        accelerator="cpu",
-        default_root_dir=str(tmp_path / f"{run}-out"),
-        callbacks=[
-            TrainmonCallback(run=run, **_monitor_kwargs(path), **callback_kw),
-            ModelCheckpoint(dirpath=str(tmp_path / f"{run}-out" / "ckpt"), every_n_train_steps=6, save_top_k=-1),
-        ],
     )
     train = torch.utils.data.DataLoader(_tokens(STEPS * ACCUM * BATCH), batch_size=BATCH)
     val = torch.utils.data.DataLoader(_tokens(8, seed=2), batch_size=8)
@@ -359,16 +368,12 @@ def test_a_failing_run_ends_with_status_failed(tmp_path: Path) -> None:
 
     lit_path = tmp_path / "lit.jsonl"
     module = Failing()
-    trainer = lightning.Trainer(
+    trainer = _lightning_trainer(
+        tmp_path,
+        [LitCallback(run="lit-fail", **_monitor_kwargs(lit_path))],
         max_steps=STEPS,
         accumulate_grad_batches=ACCUM,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         enable_checkpointing=False,
-        logger=False,
-        accelerator="cpu",
-        default_root_dir=str(tmp_path),
-        callbacks=[LitCallback(run="lit-fail", **_monitor_kwargs(lit_path))],
     )
     with pytest.raises(_Boom):
         trainer.fit(module, torch.utils.data.DataLoader(_tokens(64), batch_size=BATCH))
@@ -429,15 +434,8 @@ def test_lightning_counts_tokens_of_the_input_not_the_labels(tmp_path: Path) -> 
 
     def fit(run: str, module: lightning.LightningModule, data: torch.utils.data.Dataset) -> list[dict[str, Any]]:
         path = tmp_path / f"{run}.jsonl"
-        trainer = lightning.Trainer(
-            max_steps=3,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            logger=False,
-            accelerator="cpu",
-            default_root_dir=str(tmp_path),
-            callbacks=[TrainmonCallback(run=run, **_monitor_kwargs(path))],
+        trainer = _lightning_trainer(
+            tmp_path, [TrainmonCallback(run=run, **_monitor_kwargs(path))], max_steps=3, enable_checkpointing=False
         )
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH))
         return _fields(_events(path), "step")
