@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.synthetic import Trace, clean_controls, fault_traces
-from trainmon.hooks.wire import validate_event
+from trainmon.wire import validate_event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor

@@ -5,8 +5,8 @@
 # the daemon's sqlalchemy, fastapi, uvicorn, orjson, alembic; no network), from the repository root:
 #     bash bench/gpu_check.sh            # writes under $OUT (or --out DIR); about 3 minutes
 #     bash bench/gpu_check.sh --cpu      # the same steps where CUDA is absent (tests/test_gpu_check.py runs it)
-# The trainer side runs from the source tree with PYTHONPATH alone: a temporary `trainmon` package of symlinks
-# (pyproject.toml's package-dir) comes first on it, behind stubs that make the daemon's packages unimportable
+# The trainer side runs from the source tree with PYTHONPATH alone: a temporary folder holding only a `trainmon`
+# symlink to the source package comes first on it, behind stubs that make the daemon's packages unimportable
 # even where they are installed, so the dry run proves the device machine needs nothing more.
 # Steps (each one's full output in $OUT/<step>.log):
 #   1 tests     tests/test_hooks_gpu.py and every test that skips with reason="needs a CUDA GPU..." (no host sync in
@@ -48,17 +48,10 @@ T0=$(date +%s)
 SHIM=$(mktemp -d /tmp/gpu_check_shim.XXXXXX)
 trap 'rm -rf "$SHIM"' EXIT
 "$PYTHON" - "$ROOT" "$SHIM" <<'EOF' || { echo "gpu_check: cannot build the package shim" >&2; exit 2; }
-import os, sys, tomllib
+import os, sys
 root, shim = sys.argv[1:]
-dirs = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["tool"]["setuptools"]["package-dir"]
-os.makedirs(os.path.join(shim, "pkg", "trainmon"))
-for pkg, folder in dirs.items():
-    if pkg == "trainmon":
-        for f in os.listdir(os.path.join(root, folder)):
-            if f.endswith(".py"):
-                os.symlink(os.path.join(root, folder, f), os.path.join(shim, "pkg", "trainmon", f))
-    else:
-        os.symlink(os.path.join(root, folder), os.path.join(shim, "pkg", *pkg.split(".")))
+os.makedirs(os.path.join(shim, "pkg"))
+os.symlink(os.path.join(root, "trainmon"), os.path.join(shim, "pkg", "trainmon"))
 for mod in ("sqlalchemy", "fastapi", "uvicorn", "orjson", "alembic"):
     os.makedirs(os.path.join(shim, "block", mod))
     with open(os.path.join(shim, "block", mod, "__init__.py"), "w") as f:

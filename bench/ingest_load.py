@@ -80,7 +80,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainmon.hooks.transport import Transport
-from trainmon.hooks.wire import MAX_EVENTS_PER_BATCH, VERSION
+from trainmon.wire import MAX_EVENTS_PER_BATCH, VERSION
 
 RUN = "load"
 SAMPLE_FIELDS = 19  # numeric leaves of the step below, ``step`` itself not counted

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.hooks.schedules import Schedule
+from trainmon.schedules import Schedule
 
 __all__ = ["Trace", "clean_controls", "fault_traces"]
 

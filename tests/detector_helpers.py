@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainer_helpers import run_trainer
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.store.storage import Storage

@@ -21,8 +21,8 @@ import torch
 
 from trainmon.hooks import TrainMonitor
 from trainmon.hooks.fingerprint import compare_fingerprints, state_fingerprint
-from trainmon.hooks.schedules import Schedule
-from trainmon.hooks.wire import validate_event
+from trainmon.schedules import Schedule
+from trainmon.wire import validate_event
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
@@ -462,7 +462,7 @@ def test_live_mfu_counts_the_models_parameters(streams: dict[str, Any], name: st
     (declared by the callback on a known GPU; here as a user would declare it) the collector's live
     MFU (``trainmon_mfu``) is 6·N FLOPs per token at the rank's tokens/s; it asked for
     ``flops_per_token``, which no callback sends."""
-    from trainmon.hooks.wire import validate_event
+    from trainmon.wire import validate_event
     from trainmon.monitor.collector.live import LiveState
 
     peak = 1e12

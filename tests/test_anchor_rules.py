@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import anchors
 from trainmon.monitor.detectors.loss_spike import LossSpike

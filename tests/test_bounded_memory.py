@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
-from trainmon.hooks.wire import validate_batch
+from trainmon.wire import validate_batch
 from trainmon.monitor.collector.detection_process import LocalDetection
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trainmon.hooks import TrainMonitor
-from trainmon.hooks.schedules import Schedule
+from trainmon.schedules import Schedule
 
 transformers = pytest.importorskip("transformers")
 

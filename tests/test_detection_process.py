@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
-from trainmon.hooks.wire import Event, validate_batch
+from trainmon.wire import Event, validate_batch
 from trainmon.monitor.collector.detection import Detection
 from trainmon.monitor.collector.detection_process import DetectionProcess
 from trainmon.monitor.collector.engine import Engine
@@ -148,7 +148,7 @@ def test_a_script_without_a_main_guard_can_open_a_collector(tmp_path: Path) -> N
     and a collector that was never closed does not keep its script from exiting."""
     script = tmp_path / "embed.py"
     script.write_text(
-        "from trainmon.hooks.wire import validate_batch\n"
+        "from trainmon.wire import validate_batch\n"
         "from trainmon.monitor.config import CollectorConfig\n"
         "from trainmon.monitor.collector.server import Collector\n"
         "from tests.events import batch, event, step_events\n"

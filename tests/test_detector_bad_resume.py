@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import BadResumeConfig
 from trainmon.monitor.detectors import BadResume, Finding

@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, SEVERITIES, Detector, Finding
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.divergence import Divergence
 

@@ -10,7 +10,7 @@ import pytest
 from detector_helpers import curve, ev, run_reference, start
 
 from tests.real_log_types import REAL_LOGS
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.eval_regression import EvalRegression
 

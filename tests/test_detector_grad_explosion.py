@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.grad_explosion import GradExplosion

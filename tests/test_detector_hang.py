@@ -11,7 +11,7 @@ from trainer_helpers import TINY, read_labels, torchrun
 
 from tests.conftest import start_collector
 from tests.events import batch, event
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import CollectorConfig, DetectorsConfig, HangConfig
 from trainmon.monitor.detectors.hang import Hang

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from detector_helpers import ev, feed, run_reference, start
 
-from trainmon.hooks.schedules import Schedule
-from trainmon.hooks.wire import Event
+from trainmon.schedules import Schedule
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.loss_noise import LossNoise
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from detector_helpers import ev, feed, run_reference, start
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.loss_scale_collapse import LossScaleCollapse
 

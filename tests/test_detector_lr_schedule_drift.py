@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from trainmon.hooks.schedules import SCHEDULE_NAMES, Schedule
-from trainmon.hooks.wire import Event
+from trainmon.schedules import SCHEDULE_NAMES, Schedule
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import LrScheduleDriftConfig
 from trainmon.monitor.detectors import Finding, LrScheduleDrift

@@ -8,7 +8,7 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import MemoryLeakConfig
 from trainmon.monitor.detectors.memory_leak import MemoryLeak, theil_sen

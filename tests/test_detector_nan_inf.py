@@ -8,7 +8,7 @@ import math
 
 from detector_helpers import ev, feed, start
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.nan_inf import NanInf
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import TINY, of_kind, read_events, run_trainer
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import NodeHealthConfig
 from trainmon.monitor.detectors.node_health import NodeHealth, decode_throttle

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer, torchrun
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import ReplicaDivergenceConfig
 from trainmon.monitor.detectors.base import Finding

@@ -9,7 +9,7 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, torchrun
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import StragglerConfig
 from trainmon.monitor.detectors.straggler import Straggler

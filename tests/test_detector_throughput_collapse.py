@@ -8,7 +8,7 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import ThroughputCollapseConfig
 from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse

@@ -18,7 +18,7 @@ from trainmon.hooks.fingerprint import (
     scheduler_summary,
     state_fingerprint,
 )
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import BadResumeConfig
 from trainmon.monitor.detectors import BadResume
 

@@ -8,7 +8,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainmon.hooks import wire
+from trainmon import wire
 from trainmon.hooks.transport import encode_event
 
 json_scalars = st.one_of(

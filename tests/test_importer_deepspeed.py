@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.importers import detect_format, read_events
 from trainmon.monitor.importers.deepspeed import parse_deepspeed
 

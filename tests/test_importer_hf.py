@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.store.storage import Storage

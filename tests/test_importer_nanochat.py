@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.importers.nanochat import parse_nanochat

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.real_log_types import REAL_LOGS
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import ImportFormatError, detect_format, read_events
 from trainmon.monitor.importers.textlog import parse_textlog

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.importers import detect_format, read_events
 from trainmon.monitor.importers.torchtitan import looks_like_torchtitan, parse_torchtitan
 

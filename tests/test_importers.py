@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.cli import main
 from trainmon.monitor.importers import ImportFormatError, detect_format, read_events
@@ -406,7 +406,7 @@ def test_detection_by_content_not_extension(tmp_path: Path) -> None:
 
 
 def _raw(e: Event) -> dict:
-    from trainmon.hooks.wire import json_safe
+    from trainmon.wire import json_safe
 
     return json_safe(
         {

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.events import batch, event
-from trainmon.hooks.wire import Event, validate_batch
+from trainmon.wire import Event, validate_batch
 from trainmon.monitor.collector.detection import Detection
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import IngestError, IngestLimits, Ingestor, IngestResult, LimitError

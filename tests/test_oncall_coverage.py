@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from tests.events import event, step_events
 from tests.real_log_types import REAL_LOGS
-from trainmon.hooks.wire import json_safe
+from trainmon.wire import json_safe
 from trainmon.monitor.analysis.coverage import not_checked
 from trainmon.monitor.analysis.postmortem import Analysis, analyse, import_file
 from trainmon.monitor.analysis.report import print_summary, render_html

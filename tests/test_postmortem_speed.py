@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.detectors import GradExplosion
 from trainmon.monitor.detectors.rolling import RollingWindow

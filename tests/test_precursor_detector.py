@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig, InstabilityPrecursorConfig
 from trainmon.monitor.detectors.base import SEVERITIES
 from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor

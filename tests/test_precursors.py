@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from trainmon.hooks import TrainMonitor
 from trainmon.hooks.precursors import Precursors
-from trainmon.hooks.wire import validate_event
+from trainmon.wire import validate_event
 from trainmon.reference_trainer.model import GPT, GPTConfig
 
 

@@ -24,7 +24,7 @@ from trainer_helpers import (
 )
 
 from trainmon.hooks.fingerprint import compare_fingerprints
-from trainmon.hooks.schedules import Schedule
+from trainmon.schedules import Schedule
 from trainmon.reference_trainer.config import TrainConfig
 from trainmon.reference_trainer.data import MarkovSource
 from trainmon.reference_trainer.faults import CATALOG, FaultError, FaultPlan, parse_fault

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainmon.hooks.schedules import Schedule, declared_schedule
+from trainmon.schedules import Schedule, declared_schedule
 
 
 def test_cosine_warms_up_linearly_from_zero_then_decays_to_the_floor() -> None:

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainmon.hooks.wire import Event
+from trainmon.wire import Event
 from trainmon.monitor.collector.engine import AnomalyChange
 from trainmon.monitor.collector.exporter import TrainingCollector
 from trainmon.monitor.collector.live import LiveState

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from tests.events import batch, event, step_events
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
-from trainmon.hooks.wire import validate_batch
+from trainmon.wire import validate_batch
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState

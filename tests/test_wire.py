@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.events import batch, event, step_events
-from trainmon.hooks import wire
+from trainmon import wire
 
 
 def test_every_kind_round_trips_through_validation() -> None:
@@ -104,7 +104,7 @@ def test_json_schema_covers_every_kind_and_field() -> None:
 
 def test_wire_module_does_not_import_torch() -> None:
     code = (
-        "import sys, trainmon, trainmon.hooks.wire, trainmon.hooks.schedules, trainmon.monitor.collector.server, "
+        "import sys, trainmon, trainmon.wire, trainmon.schedules, trainmon.monitor.collector.server, "
         "trainmon.monitor.cli; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -6,7 +6,7 @@ In a training loop::
 
 Framework callbacks are ``trainmon.hf.TrainmonCallback`` and ``trainmon.lightning.TrainmonCallback``;
 the collector and the CLI live in ``trainmon.monitor``. Names are loaded on first use, so
-importing the daemon side (or ``trainmon.hooks.wire``) never pulls torch in.
+importing the daemon side (or ``trainmon.wire``) never pulls torch in.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["Schedule", "TrainMonitor", "TrainingStopped"]
 
 if TYPE_CHECKING:
     from trainmon.hooks.policy import TrainingStopped
-    from trainmon.hooks.schedules import Schedule
+    from trainmon.schedules import Schedule
     from trainmon.hooks.train_monitor import TrainMonitor
 
 
@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
 
         return TrainingStopped
     if name == "Schedule":
-        from trainmon.hooks.schedules import Schedule
+        from trainmon.schedules import Schedule
 
         return Schedule
     raise AttributeError(f"module 'trainmon' has no attribute {name!r}")

@@ -1,0 +1,379 @@
+"""Detection in a child process, so the collector's two halves run on two cores.
+
+One collector process runs under one GIL: decoding, validating and committing a thousand
+ranks' batches, and running fourteen detectors over every event, took turns on one core, and
+batches queued behind each other (issue 7: p99 ingest-to-anomaly above 2 s at 100k samples/s).
+Detection is pure computation over the committed events, so it moves to a child process: the
+writer thread commits group N+1 while the child looks at group N.
+
+The child is ``python -m trainmon.monitor.collector.detection_process``, talking over its stdin and stdout in
+length-prefixed frames. Not ``multiprocessing``: its spawn and forkserver methods re-run the
+parent's ``__main__`` in the child (a user script that opens a collector without a
+``__main__`` guard would start it again), and fork is unsafe in a process with threads. The
+parent sends events (JSON: the internal pipe carries NaN and Infinity tokens, which the
+detectors must see) and gets findings back; storage, the anomaly table and notifications stay
+in the parent (``trainmon.monitor.collector.engine``). The child ignores SIGINT and SIGTERM and exits when its
+stdin closes, so it never outlives the collector, and a signal to the collector (or, since it
+runs in a session of its own, to the collector's process group) cannot kill it half-way through
+a group. If it dies anyway, the parent answers what was in flight with no findings
+(the events are stored; only their detection is lost, and logged), starts a new child, and
+re-primes it from storage as after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainmon.wire import Event
+from trainmon.monitor.collector.detection import Detection, Found
+from trainmon.monitor.config import DetectorsConfig, detectors_config
+from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+
+__all__ = ["DetectionProcess", "LocalDetection"]
+
+log = logging.getLogger("trainmon.collector")
+
+Items = list[tuple[Event, int]]
+
+
+class LocalDetection:
+    """Detection in the caller's thread (imports, tests, benchmarks): callbacks run before return."""
+
+    generation = 0
+    inflight = 0
+
+    def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
+        self.detection = Detection(config, detectors)
+
+    def feed_rank(self, run: str, rank: int, history: Items) -> None:
+        self.detection.feed_rank(run, rank, history)
+
+    def feed_run(self, run: str, history: Items) -> None:
+        self.detection.feed_run(run, history)
+
+    def observe(self, items: Items, done: Callable[[list[Found]], None]) -> None:
+        done(self.detection.observe(items))
+
+    def tick(self, now: float, done: Callable[[list[Found]], None]) -> None:
+        done(self.detection.tick(now))
+
+    def forget(self, run: str) -> None:
+        self.detection.forget(run)
+
+    def close(self, timeout: float = 0.0) -> None:
+        pass
+
+
+class DetectionProcess:
+    """A :class:`Detection` in a child process, driven over a pipe; results come back by callback.
+
+    Calls are sent in order and answered in order. ``observe`` blocks once ``max_inflight``
+    groups wait for their findings, so a child that falls behind slows the writer (and the
+    collector's queue turns producers away with 503) instead of buffering without bound.
+    ``generation`` counts the children started: when it changes, the detectors fed so far are
+    gone and the engine feeds their history again. A child that answers nothing for
+    ``stuck_after`` seconds while a call waits (a detector in an endless loop, a stopped process)
+    is killed and replaced like a dead one: otherwise the collector would stop acknowledging.
+    The default leaves room for priming a thousand ranks' history after a restart.
+
+    Three threads touch the pipes, and only one of them may ever block on the child's stdin: a
+    sender (the writer or the ticker) writes under ``_write_lock``; the reader drains stdout and
+    takes nothing but the short ``_lock`` of the pending table; callbacks run on a dispatcher
+    thread of their own. So the child can always hand its replies over and go back to reading
+    its stdin, whatever locks the callbacks need (they take the engine's lock, which a sender may
+    hold while it writes a rank's history). Holding a lock across a blocking write that the
+    reader also needed froze the collector for good under load (both pipes full).
+    """
+
+    def __init__(self, config: DetectorsConfig, max_inflight: int = 8, stuck_after: float = 120.0) -> None:
+        self._config = json.dumps(dataclasses.asdict(config)).encode()
+        self._stuck_after = stuck_after
+        self.generation = 0
+        self._lock = threading.Lock()  # the pending table, ``_closing``; never held across I/O
+        self._write_lock = threading.Lock()  # the child's stdin, and the swap to a new child
+        # call id -> (callback, monotonic time sent)
+        self._pending: dict[int, tuple[Callable[[list[Found]], None], float]] = {}
+        self._ids = itertools.count()
+        self._slots = threading.Semaphore(max_inflight)
+        self._closing = False
+        self._answers: queue.SimpleQueue[tuple[Callable[[list[Found]], None], list[Found]] | None] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(target=self._dispatch, name="trainmon-detection-callbacks", daemon=True)
+        self._dispatcher.start()
+        self._start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def inflight(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._pending)
+
+    def _start(self) -> None:
+        # The parent's import path, so the child finds this package wherever the collector found it; none
+        # of its secrets (the bearer token, notification URLs): the child only computes.
+        env = {k: v for k, v in os.environ.items() if not _secret(k)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            start_new_session=True,  # Ctrl-C or a TERM to the collector's process group does not reach it
+        )
+        self._proc, self._started = proc, time.monotonic()
+        with contextlib.suppress(OSError):  # died at once: the reader sees it and starts another
+            _write_frame(proc.stdin.fileno(), self._config)
+        self._reader = threading.Thread(target=self._read, args=(proc,), name="trainmon-detection-reader", daemon=True)
+        self._reader.start()
+
+    def feed_rank(self, run: str, rank: int, history: Items) -> None:
+        self._send(["feed_rank", run, rank, _events(history)])
+
+    def feed_run(self, run: str, history: Items) -> None:
+        self._send(["feed_run", run, _events(history)])
+
+    def observe(self, items: Items, done: Callable[[list[Found]], None]) -> None:
+        self._slots.acquire()
+        self._send(["observe", _events(items)], done)
+
+    def tick(self, now: float, done: Callable[[list[Found]], None]) -> None:
+        self._slots.acquire()
+        self._send(["tick", now], done)
+
+    def forget(self, run: str) -> None:
+        self._send(["forget", run])
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Let the child answer what it was sent within ``timeout`` seconds, then stop it.
+
+        Bounded whatever the child does: one that is stuck (or stopped) is killed at the deadline,
+        and the calls it never answered get no findings (their events are stored; only their
+        detection is lost, and logged)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        proc = self._proc
+        # From a thread of its own: the write blocks if the child does not read, and must not hold up the deadline.
+        threading.Thread(target=self._write, args=(b'["stop"]',), name="trainmon-detection-stop", daemon=True).start()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.error("detection process %s did not finish within %.0f s of shutdown; killing it", proc.pid, timeout)
+            proc.kill()
+            proc.wait(5)
+        self._reader.join(5)  # it has read every answer the child wrote
+        with self._lock:
+            lost, self._pending = [done for done, _ in self._pending.values()], {}
+        if lost:
+            log.error("shutdown: %d groups lost their detection (their events are stored)", len(lost))
+        for done in lost:
+            self._answers.put((done, []))
+        self._answers.put(None)
+        self._dispatcher.join(timeout)  # the last answers' callbacks have run
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def _send(self, message: list[Any], done: Callable[[list[Found]], None] | None = None) -> None:
+        key = None
+        if done is not None:
+            key = next(self._ids)
+            message.insert(1, key)
+        data = json.dumps(message).encode()  # outside any lock: the tick thread sends too
+        if key is not None:
+            with self._lock:
+                closing = self._closing
+                if not closing:
+                    self._pending[key] = (done, time.monotonic())  # before the write: the answer may come first
+            if closing:  # the dispatcher may be gone: answer here, with no findings
+                self._slots.release()
+                done([])
+                return
+        if self._write(data) or key is None:
+            return
+        with self._lock:  # the child is gone; the reader is replacing it and may have answered this call already
+            lost = self._pending.pop(key, None)
+        if lost is not None:
+            self._answers.put((lost[0], []))
+
+    def _write(self, data: bytes) -> bool:
+        """One frame to the child; False if it is gone. Blocks while the child is a pipe-full behind."""
+        with self._write_lock:
+            try:
+                _write_frame(self._proc.stdin.fileno(), data)
+                return True
+            except (OSError, ValueError):  # a dead child's pipe (EPIPE), or one closed at shutdown
+                return False
+
+    def _dispatch(self) -> None:
+        while (answer := self._answers.get()) is not None:
+            done, found = answer
+            self._slots.release()
+            try:
+                done(found)
+            except Exception:  # a callback bug must not stop later groups from being answered
+                log.exception("detection callback failed")
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        frames = _Frames(proc.stdout.fileno())
+        while True:
+            try:
+                frame = frames.read(timeout=1.0)
+                if frame is None:
+                    if self._stuck(proc):
+                        break
+                    continue
+                key, found = json.loads(frame)
+                findings = [(run, rank, Finding(*f)) for run, rank, f in found]
+            except (EOFError, OSError):
+                break
+            except Exception:  # a reply this side cannot read: start over rather than leave groups unanswered
+                log.exception("unreadable reply from the detection process; replacing it")
+                break
+            with self._lock:
+                entry = self._pending.pop(key, None)
+            if entry is not None:
+                self._answers.put((entry[0], findings))
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # dead already, or unreadable: a sender blocked on its stdin gets EPIPE now
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        if self._closing:
+            return
+        if time.monotonic() - self._started < 1.0:
+            time.sleep(1.0)  # a child that cannot even start: retry once a second, not in a tight loop
+        with self._write_lock, self._lock:
+            if self._closing or self._proc is not proc:
+                return
+            lost, self._pending = [done for done, _ in self._pending.values()], {}
+            log.error(
+                "detection process %s died (exit code %s); %d groups in flight lost their detection; restarting",
+                proc.pid,
+                proc.returncode,
+                len(lost),
+            )
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+            self._start()
+            self.generation += 1
+        for done in lost:
+            self._answers.put((done, []))
+
+    def _stuck(self, proc: subprocess.Popen) -> bool:
+        with self._lock:
+            oldest = min((sent for _, sent in self._pending.values()), default=None)
+        if oldest is None or time.monotonic() - oldest < self._stuck_after:
+            return False
+        log.error("detection process %s answered nothing for %.0f s; replacing it", proc.pid, self._stuck_after)
+        return True
+
+
+def _secret(name: str) -> bool:
+    """Environment variables the detection child must not inherit."""
+    upper = name.upper()
+    return upper.startswith("TRAINMON_") or any(w in upper for w in ("TOKEN", "SECRET", "PASSWORD", "WEBHOOK"))
+
+
+def _events(items: Items) -> list[list[Any]]:
+    return [[e.kind, e.run, e.rank, e.host, e.stream, e.seq, e.time, e.fields, a] for e, a in items]
+
+
+def _items(rows: list[list[Any]]) -> Items:
+    return [(Event(*row[:8]), row[8]) for row in rows]
+
+
+def _found(found: list[Found]) -> list[list[Any]]:
+    return [
+        [run, rank, [f.kind, f.severity, f.step, f.message, f.hint, f.evidence, f.resolved, f.rank]]
+        for run, rank, f in found
+    ]
+
+
+class _Frames:
+    """Length-prefixed frames from a pipe (4 bytes big-endian, then the payload)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+
+    def read(self, timeout: float | None = None) -> bytes | None:
+        """The next frame; None when nothing arrived for ``timeout`` seconds. Raises EOFError."""
+        while True:
+            if len(self._buf) >= 4:
+                n = int.from_bytes(self._buf[:4], "big")
+                if len(self._buf) >= 4 + n:
+                    frame = bytes(self._buf[4 : 4 + n])
+                    del self._buf[: 4 + n]
+                    return frame
+            if timeout is not None and not select.select([self._fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
+
+
+def _write_frame(fd: int, data: bytes) -> None:
+    view = memoryview(len(data).to_bytes(4, "big") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _serve() -> None:
+    """The child: a Detection, fed over stdin until ``stop`` or the parent's end closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out = os.dup(1)  # frames go to the real stdout; anything printed goes to stderr instead
+    os.dup2(2, 1)
+    frames = _Frames(0)
+    try:
+        detection = Detection(detectors_config(json.loads(frames.read())))
+    except EOFError:
+        return
+    while True:
+        try:
+            message = json.loads(frames.read())
+        except EOFError:
+            return
+        op = message[0]
+        if op == "stop":
+            return
+        found: list[Found] = []
+        try:
+            if op == "observe":
+                found = detection.observe(_items(message[2]))
+            elif op == "tick":
+                found = detection.tick(message[2])
+            elif op == "feed_rank":
+                detection.feed_rank(message[1], message[2], _items(message[3]))
+            elif op == "feed_run":
+                detection.feed_run(message[1], _items(message[2]))
+            elif op == "forget":
+                detection.forget(message[1])
+        except Exception:  # a detector bug costs this group's findings, not the process
+            log.exception("detection (%s) failed", op)
+        if op in ("observe", "tick"):  # the calls the parent waits for
+            _write_frame(out, json.dumps([message[1], _found(found)]).encode())
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,446 @@
+"""Validated events → storage (one transaction per group of batches) → live state and detectors.
+
+Ingest is idempotent: each producer stream's events carry sequence numbers and the collector
+remembers which ones it committed (``seqs.SeqSet``), so a batch that arrives again (a retry
+after a lost response, a spool replay) is recognised and not stored twice, while events that
+arrive after newer ones (a resent batch, a reversed one) are stored: a duplicate is only an
+event already stored. A batch is
+committed whole or not at all, and only a committed batch is acknowledged.
+
+The collector assigns attempts: the first stream seen for a (run, rank) is attempt 0, the
+next one (the process restarted, usually resuming from a checkpoint) attempt 1, and so on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, func, select, update
+
+from trainmon.wire import Event
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.live import LiveState
+from trainmon.monitor.collector.seqs import SeqSet
+from trainmon.monitor.store.storage import (
+    PHASE_COLUMNS,
+    STEP_FIELDS,
+    Storage,
+    checkpoints,
+    evals,
+    health,
+    layer_stats,
+    resumes,
+    runs,
+    steps,
+    streams,
+)
+
+__all__ = ["IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
+
+
+class IngestError(ValueError):
+    """Events that are well-formed but contradict what the collector already knows."""
+
+
+class LimitError(IngestError):
+    """A batch that would take the collector past one of its limits (answered 429: retry later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestLimits:
+    """What one collector holds in memory at most (see ``CollectorConfig`` for why each exists)."""
+
+    max_live_runs: int
+    max_ranks_per_run: int
+    max_runs_per_batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+
+
+@dataclass(slots=True)
+class _Stream:
+    run: str
+    rank: int
+    attempt: int
+    seqs: SeqSet  # stored sequence numbers; a group works on a copy, kept only if it commits
+    missing: int  # seqs below the highest that never arrived
+    new: bool = False
+
+
+class _Slot:
+    """A batch of a group being committed, and what became of it."""
+
+    __slots__ = ("error", "events", "fresh")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.fresh: list[tuple[Event, int]] = []
+        self.error: BaseException | None = None
+
+
+def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
+    return {"run": ev.run, "rank": ev.rank, "attempt": attempt, "step": step, "time": ev.time}
+
+
+_PHASE_KEYS = tuple((f"phase_{p}", p) for p in PHASE_COLUMNS)
+
+
+def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
+    f = ev.fields
+    lrs = f.get("lr")
+    phases = f.get("phases") or {}
+    row = _key(ev, attempt, f["step"])
+    for name in STEP_FIELDS:
+        row[name] = f.get(name)
+    row["lr"] = lrs[0] if lrs else None
+    row["lrs"] = lrs
+    for column, phase in _PHASE_KEYS:
+        row[column] = phases.get(phase)
+    return row
+
+
+class Ingestor:
+    """The collector's write path. Thread-safe: groups are committed one at a time."""
+
+    def __init__(self, storage: Storage, engine: Engine, live: LiveState, limits: IngestLimits | None = None) -> None:
+        self.storage = storage
+        self.engine = engine
+        self.live = live
+        self.limits = limits  # None: unlimited (imports, tests)
+        self._lock = threading.Lock()  # held while a group is committed
+        self._streams: dict[str, _Stream] = {}
+
+    def ingest(self, events: list[Event]) -> IngestResult:
+        """Store one validated batch and wait for its detection. Raises ``IngestError`` on a conflict."""
+        results: list[IngestResult | IngestError] = []
+        ready = threading.Event()
+
+        def done(out: list[IngestResult | IngestError]) -> None:
+            results.extend(out)
+            ready.set()
+
+        self.ingest_group([events], done)
+        ready.wait()
+        (result,) = results
+        if isinstance(result, IngestError):
+            raise result
+        return result
+
+    def ingest_group(
+        self, batches: list[list[Event]], done: Callable[[list[IngestResult | IngestError]], None]
+    ) -> None:
+        """Store validated batches in one transaction (group commit); ``done`` gets one result per batch
+        once the group is durable and the detectors have seen it (on another thread when detection
+        runs in a child process: this returns as soon as the group is committed).
+
+        Each batch is still all or nothing: one that contradicts stored data gets its
+        ``IngestError`` and the others are stored. A thousand ranks cost a few fsyncs a second
+        instead of one per batch (``synchronous=FULL`` makes the fsync the limit otherwise).
+        Raises (and stores nothing, calls nothing) when the database fails.
+        """
+        group = [_Slot(events) for events in batches]
+        with self._lock:
+            self._commit(group)
+            results: list[IngestResult | IngestError] = []
+            fresh: list[tuple[Event, int]] = []
+            for slot in group:
+                if slot.error is not None:
+                    assert isinstance(slot.error, IngestError)
+                    results.append(slot.error)
+                else:
+                    results.append(IngestResult(len(slot.fresh), len(slot.events) - len(slot.fresh)))
+                    fresh.extend(slot.fresh)
+            if fresh:
+                self.live.apply(fresh)
+                # Under the lock: the detectors must see groups in commit order.
+                self.engine.submit(fresh, lambda: done(results))
+        if not fresh:
+            done(results)
+
+    def _commit(self, group: list[_Slot]) -> None:
+        """One transaction for the group; a batch that conflicts is refused alone."""
+        if self.limits is not None:
+            admitted: dict[str, set[int]] = {}
+            for slot in group:
+                try:
+                    self._check_limits(slot.events, admitted)
+                except LimitError as exc:
+                    slot.error = exc
+        try:  # priming a run is the costly part of a new one: only for batches within the limits
+            self.engine.prime({(ev.run, ev.rank) for slot in group if slot.error is None for ev in slot.events})
+            known: dict[str, _Stream] = {}
+            fresh_all: list[tuple[Event, int]] = []
+            with self.storage.begin() as conn:
+                for slot in group:
+                    if slot.error is not None:
+                        continue
+                    try:
+                        self._load_streams(conn, slot.events, known)
+                    except IngestError as exc:
+                        slot.error = exc
+                        continue
+                    fresh: list[tuple[Event, int]] = []
+                    for ev in slot.events:
+                        st = known[ev.stream]
+                        highest = st.seqs.last
+                        if not st.seqs.add(ev.seq):
+                            continue  # stored before: a duplicate
+                        st.missing += ev.seq - highest - 1 if ev.seq > highest else -1  # a gap, or one filled
+                        fresh.append((ev, st.attempt))
+                    slot.fresh = fresh
+                    fresh_all.extend(fresh)
+                if fresh_all:
+                    self._write(conn, fresh_all, known)
+        except BaseException as exc:  # the transaction rolled back: no batch of the group was stored
+            for slot in group:
+                if slot.error is None:
+                    slot.error = exc
+            raise
+        for st in known.values():  # the group's own copies become the cache
+            st.new = False
+        self._streams.update(known)
+
+    def _check_limits(self, events: list[Event], admitted: dict[str, set[int]]) -> None:
+        """Refuse a batch that would take memory past the limits; ``admitted`` holds the group's earlier batches."""
+        limits = self.limits
+        assert limits is not None
+        ranks: dict[str, set[int]] = {}
+        for ev in events:
+            ranks.setdefault(ev.run, set()).add(ev.rank)
+        if len(ranks) > limits.max_runs_per_batch:
+            raise LimitError(
+                f"{len(ranks)} runs in one batch, at most {limits.max_runs_per_batch} (max_runs_per_batch)"
+            )
+        live = self.live.runs
+        new = {run for run in (*ranks, *admitted) if run not in live}
+        if new and len(live) + len(new) > limits.max_live_runs:
+            raise LimitError(
+                f"the collector holds {len(live)} live runs, at most {limits.max_live_runs} (max_live_runs); "
+                "finished runs leave memory after evict_after_seconds: retry later"
+            )
+        # Counted from the batch's own ranks, not by a union with the run's: a 16,384-rank job sends
+        # 16,384 batches a second, and a union per batch made the check grow with the square of the ranks.
+        joining: dict[str, set[int]] = {}
+        for run, rs in ranks.items():
+            state = live.get(run)
+            known = state.ranks if state is not None else {}
+            earlier = admitted.get(run, set())  # joined in this group before this batch (none of them known)
+            joining[run] = {r for r in rs if r not in known and r not in earlier}
+            total = len(known) + len(earlier) + len(joining[run])
+            if total > limits.max_ranks_per_run:
+                raise LimitError(f"run {run} would have {total} ranks, at most {limits.max_ranks_per_run}")
+        for run, rs in joining.items():
+            admitted.setdefault(run, set()).update(rs)
+
+    def evict(self, ended_after: float, idle_after: float) -> list[str]:
+        """Forget runs that ended (or went silent) long enough ago: detectors, live values, stream cache.
+
+        Held under the ingest lock, so a batch of the run cannot interleave; if the run sends
+        again, it is primed from storage like after a restart.
+        """
+        with self._lock:
+            gone = self.live.idle_runs(ended_after, idle_after)
+            if not gone:
+                return []
+            dropped = set(gone)
+            for key in [k for k, st in self._streams.items() if st.run in dropped]:
+                del self._streams[key]
+            for run in gone:
+                self.engine.forget(run)
+                self.live.forget(run)
+            return gone
+
+    def _load_streams(self, conn: Connection, events: list[Event], known: dict[str, _Stream]) -> None:
+        """Add the batch's streams to ``known`` (the group's); on a conflict, take them out again."""
+        added: list[str] = []
+        try:
+            self._add_streams(conn, events, known, added)
+        except IngestError:
+            for stream in added:
+                del known[stream]
+            raise
+
+    def _add_streams(self, conn: Connection, events: list[Event], known: dict[str, _Stream], added: list[str]) -> None:
+        for ev in events:
+            if ev.stream in known:
+                st = known[ev.stream]
+            else:
+                cached = self._streams.get(ev.stream)
+                # A copy the group can change and drop on a rollback (built directly: ``replace`` costs more).
+                st = (
+                    _Stream(cached.run, cached.rank, cached.attempt, cached.seqs.copy(), cached.missing)
+                    if cached
+                    else self._fetch(conn, ev.stream)
+                )
+                if st is None:
+                    attempt = conn.execute(
+                        select(func.count())
+                        .select_from(streams)
+                        .where(streams.c.run == ev.run, streams.c.rank == ev.rank)
+                    ).scalar_one()
+                    attempt += sum(1 for s in known.values() if s.new and s.run == ev.run and s.rank == ev.rank)
+                    st = _Stream(ev.run, ev.rank, attempt, SeqSet(), 0, new=True)
+                known[ev.stream] = st
+                added.append(ev.stream)
+            if (st.run, st.rank) != (ev.run, ev.rank):
+                raise IngestError(
+                    f"stream {ev.stream} belongs to run {st.run!r} rank {st.rank}, not run {ev.run!r} rank {ev.rank}"
+                )
+
+    @staticmethod
+    def _fetch(conn: Connection, stream: str) -> _Stream | None:
+        row = conn.execute(select(streams).where(streams.c.stream == stream)).first()
+        if row is None:
+            return None
+        seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
+        return _Stream(row.run, row.rank, row.attempt, seqs, row.missing)
+
+    def _write(self, conn: Connection, fresh: list[tuple[Event, int]], known: dict[str, _Stream]) -> None:
+        rows: dict[Any, list[dict]] = {t: [] for t in (steps, layer_stats, evals, checkpoints, resumes, health)}
+        stream_updates: dict[str, dict[str, Any]] = {}
+        run_updates: dict[str, dict[str, Any]] = {}
+        for ev, attempt in fresh:
+            f = ev.fields
+            t = ev.time
+            su = stream_updates.get(ev.stream)  # not setdefault: its default dict would be built every time
+            if su is None:
+                su = stream_updates[ev.stream] = {"host": ev.host, "last_time": t, "events": 0}
+            elif t > su["last_time"]:
+                su["last_time"] = t
+            su["events"] += 1
+            ru = run_updates.get(ev.run)
+            if ru is None:
+                ru = run_updates[ev.run] = {"updated_at": t, "first": t}
+            elif t > ru["updated_at"]:
+                ru["updated_at"] = t
+            elif t < ru["first"]:
+                ru["first"] = t
+            if ev.kind == "step":
+                rows[steps].append(_step_row(ev, attempt))
+                if f.get("layer_grad_norms"):
+                    rows[layer_stats].append({**_key(ev, attempt, f["step"]), "grad_norms": f["layer_grad_norms"]})
+            elif ev.kind == "eval":
+                rows[evals].append(
+                    {
+                        **_key(ev, attempt, f["step"]),
+                        "loss": f["loss"],
+                        "metrics": f.get("metrics"),
+                        "duration": f.get("duration"),
+                    }
+                )
+            elif ev.kind == "checkpoint":
+                rows[checkpoints].append(
+                    {
+                        **_key(ev, attempt, f["step"]),
+                        "path": f.get("path"),
+                        "duration": f.get("duration"),
+                        "bytes": f.get("bytes"),
+                        "fingerprint": f.get("fingerprint"),
+                    }
+                )
+            elif ev.kind == "resume":
+                rows[resumes].append(
+                    {
+                        **_key(ev, attempt, f["step"]),
+                        "path": f.get("path"),
+                        "duration": f.get("duration"),
+                        "fingerprint": f.get("fingerprint"),
+                    }
+                )
+            elif ev.kind == "health":
+                rows[health].append(
+                    {"run": ev.run, "rank": ev.rank, "attempt": attempt, "host": ev.host, "time": ev.time, "data": f}
+                )
+            elif ev.kind == "run_start":
+                su["start"] = f
+                su["started_at"] = ev.time
+                if ev.rank == 0:
+                    ru["start"] = f
+                    ru["status"] = "running"
+            elif ev.kind == "run_end":
+                su.update(
+                    end_status=f["status"],
+                    end_step=f.get("step"),
+                    end_error=f.get("error"),
+                    dropped_events=f.get("dropped_events"),
+                )
+                if ev.rank == 0:
+                    ru["status"] = f["status"]
+        for table, batch in rows.items():
+            if batch:
+                self.storage.insert_ignore(conn, table, batch)
+        self._write_streams(conn, stream_updates, known)
+        self._write_runs(conn, run_updates)
+
+    @staticmethod
+    def _write_streams(conn: Connection, updates: dict[str, dict[str, Any]], known: dict[str, _Stream]) -> None:
+        # Existing streams are updated with one executemany per set of changed columns (usually one
+        # set: host, last_time, seq counters), not one statement per stream: a group holds hundreds.
+        changed: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for stream, su in updates.items():
+            st = known[stream]
+            values = {
+                k: su[k]
+                for k in ("host", "last_time", "start", "end_status", "end_step", "end_error", "dropped_events")
+                if k in su
+            }
+            values.update(last_seq=st.seqs.last, missing=st.missing, received=st.seqs.ranges())
+            if st.new:
+                conn.execute(
+                    streams.insert().values(
+                        stream=stream,
+                        run=st.run,
+                        rank=st.rank,
+                        attempt=st.attempt,
+                        started_at=su.get("started_at", su["last_time"]),
+                        events=su["events"],
+                        **values,
+                    )
+                )
+            else:
+                values.update(b_stream=stream, b_events=su["events"])
+                changed.setdefault(tuple(sorted(values)), []).append(values)
+        for columns, rows in changed.items():
+            stmt = (
+                update(streams)
+                .where(streams.c.stream == bindparam("b_stream"))
+                .values(
+                    events=streams.c.events + bindparam("b_events"),
+                    **{c: bindparam(c) for c in columns if not c.startswith("b_")},
+                )
+            )
+            conn.execute(stmt, rows)
+
+    @staticmethod
+    def _write_runs(conn: Connection, updates: dict[str, dict[str, Any]]) -> None:
+        for run, ru in updates.items():
+            values: dict[str, Any] = {}
+            start = ru.get("start")
+            if start is not None:
+                values.update(
+                    world_size=start.get("world_size"),
+                    planned_steps=start.get("planned_steps"),
+                    vocab_size=start.get("vocab_size"),
+                    config=start.get("config"),
+                    schedule=start.get("schedule"),
+                    meta={k: v for k, v in start.items() if k not in ("config", "schedule")},
+                )
+            if "status" in ru:
+                values["status"] = ru["status"]
+            exists = conn.execute(select(runs.c.updated_at).where(runs.c.run == run)).first()
+            if exists is None:
+                conn.execute(
+                    runs.insert().values(
+                        run=run, created_at=ru["first"], updated_at=ru["updated_at"], **{"status": "running", **values}
+                    )
+                )
+            else:
+                values["updated_at"] = max(exists.updated_at, ru["updated_at"])
+                conn.execute(update(runs).where(runs.c.run == run).values(**values))

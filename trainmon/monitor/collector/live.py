@@ -1,0 +1,202 @@
+"""The latest values of every run and rank, held in memory for ``/metrics`` and live views."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmon.hooks.flops import declared_flops_per_token
+from trainmon.schedules import Schedule
+from trainmon.wire import Event
+from trainmon.monitor.analysis.budget import mfu_from_throughput
+from trainmon.monitor.analysis.escape import visible_controls
+from trainmon.monitor.analysis.goodput import Ledger, hang_open
+
+__all__ = ["SCRAPE_EXTREMES", "LiveState", "RankState", "RunState"]
+
+SCRAPE_EXTREMES = ("loss", "grad_norm", "step_time")
+"""Step fields whose lowest and highest value since the previous scrape are exported (``_min``/``_max``):
+the signals a human plots, where a one-step spike between two scrapes must not vanish (issue 26)."""
+
+log = logging.getLogger("trainmon.collector")
+
+
+@dataclass
+class RankState:
+    host: str = ""
+    attempt: int = 0
+    step: int = -1
+    last: dict[str, Any] = field(default_factory=dict)  # fields of the latest step event
+    tokens_total: int = 0
+    tokens_per_second: float | None = None
+    last_step_time: float = 0.0  # wall time of the latest step
+    last_seen: float = 0.0  # wall time of any event (heartbeats included)
+    start: dict[str, Any] = field(default_factory=dict)  # run_start fields of the current attempt
+    schedule: Schedule | None = None  # the declared LR schedule, for the expected LR
+    health: dict[str, Any] = field(default_factory=dict)  # fields of the latest health event
+    seqs: dict[str, int] = field(default_factory=dict)  # highest seq seen per producer stream
+    missing_events: int = 0  # sequence gaps: events the producer dropped
+    # SCRAPE_EXTREMES field -> [lowest, highest] since the exporter's previous scrape (it resets them)
+    extremes: dict[str, list[float]] = field(default_factory=dict)
+
+    def expected_lr(self) -> float | None:
+        """The declared schedule's LR for the latest step (param group 0)."""
+        if self.schedule is None or self.step < 0:
+            return None
+        return self.schedule.lr(self.step)
+
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation of this rank's device, when the run declared what it needs: the
+        FLOPs per token (or the model's parameter count) and the device's peak FLOP/s."""
+        fpt, peak = declared_flops_per_token(self.start), self.start.get("peak_flops")
+        if not fpt or not peak or self.tokens_per_second is None:
+            return None
+        return mfu_from_throughput(self.tokens_per_second, fpt, peak)
+
+
+@dataclass
+class RunState:
+    run: str
+    status: str = "running"
+    world_size: int | None = None
+    planned_steps: int | None = None
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    eval_loss: float | None = None
+    anomalies_total: collections.Counter = field(default_factory=collections.Counter)  # (kind, severity)
+    anomalies_active: collections.Counter = field(default_factory=collections.Counter)
+    received_at: float = field(default_factory=time.monotonic)  # collector clock of the latest event (eviction)
+    goodput: Ledger = field(default_factory=Ledger)  # fed rank 0's events
+
+
+def _widen(extremes: dict[str, list[float]], fields: dict[str, Any]) -> None:
+    """Fold a step's values into the interval's [lowest, highest]; a NaN is the highest and stays so."""
+    for key in SCRAPE_EXTREMES:
+        v = fields.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        span = extremes.get(key)
+        if span is None:
+            extremes[key] = [v, v]
+            continue
+        if math.isnan(span[0]) or v < span[0]:
+            span[0] = v
+        if math.isnan(v) or v > span[1]:
+            span[1] = v
+
+
+class LiveState:
+    """Updated by ingest, read by the exporter; one lock keeps the two threads apart."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: dict[str, RunState] = {}
+
+    def apply(self, items: list[tuple[Event, int]]) -> None:
+        """Fold stored events (with their attempt) into the live values, under one lock per batch."""
+        with self.lock:
+            for event, attempt in items:
+                self._apply(event, attempt)
+
+    def _apply(self, event: Event, attempt: int) -> None:
+        run = self.runs.get(event.run)
+        if run is None:
+            run = self.runs[event.run] = RunState(event.run)
+        rank = run.ranks.get(event.rank)
+        if rank is None:
+            rank = run.ranks[event.rank] = RankState()
+        run.received_at = time.monotonic()
+        rank.host = event.host
+        rank.last_seen = max(rank.last_seen, event.time)
+        last_seq = rank.seqs.get(event.stream, -1)
+        if event.seq > last_seq + 1:
+            rank.missing_events += event.seq - last_seq - 1
+        elif event.seq < last_seq and rank.missing_events > 0:  # fresh, so a gap being filled (a resent batch)
+            rank.missing_events -= 1
+        rank.seqs[event.stream] = max(last_seq, event.seq)
+        if attempt < rank.attempt:
+            return  # a late replay of an earlier attempt must not roll the gauges back
+        rank.attempt = attempt
+        f = event.fields
+        if event.rank == 0:
+            run.goodput.observe(event.kind, f, event.time, attempt, hang_open(run.anomalies_active))
+        if event.kind == "step":
+            rank.step = f["step"]
+            rank.last = f
+            _widen(rank.extremes, f)
+            rank.last_step_time = event.time
+            tokens = f.get("tokens")
+            if tokens is not None:
+                rank.tokens_total += tokens
+                if f.get("step_time"):
+                    rank.tokens_per_second = tokens / f["step_time"]
+        elif event.kind == "health":
+            rank.health = f
+        elif event.kind == "run_start":
+            rank.start = f
+            try:
+                rank.schedule = Schedule.from_dict(f["schedule"]) if f.get("schedule") else None
+            except (TypeError, ValueError):
+                rank.schedule = None  # a schedule we cannot rebuild is simply not compared
+            if event.rank == 0:  # rank 0 speaks for the run, as for run_end
+                run.status = "running"
+            run.world_size = f.get("world_size", run.world_size)
+            run.planned_steps = f.get("planned_steps", run.planned_steps)
+            if event.rank == 0:
+                log.info(
+                    "run %s %s: attempt %d, %s rank(s), %s planned steps, host %s",
+                    visible_controls(event.run),
+                    "resumed" if f.get("resumed") else "started",
+                    attempt + 1,
+                    run.world_size or "?",
+                    run.planned_steps or "?",
+                    visible_controls(event.host),
+                )
+        elif event.kind == "eval":
+            run.eval_loss = f["loss"]
+        elif event.kind == "run_end" and event.rank == 0:
+            run.status = f["status"]
+            log.info("run %s %s at step %s", visible_controls(event.run), f["status"], f.get("step", "?"))
+
+    def idle_runs(self, ended_after: float, idle_after: float, now: float | None = None) -> list[str]:
+        """Runs to evict: ended ones quiet for ``ended_after`` seconds, any quiet for ``idle_after``."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            return [
+                r.run
+                for r in self.runs.values()
+                if now - r.received_at > (ended_after if r.status != "running" else idle_after)
+            ]
+
+    def forget(self, run: str) -> None:
+        """Drop a run's live values (bounded memory); its stored history is untouched."""
+        with self.lock:
+            self.runs.pop(run, None)
+
+    def load_anomalies(self, rows: list[tuple[str, str, str, str]]) -> None:
+        """Restore anomaly counters from storage: (run, kind, severity, status) per anomaly."""
+        with self.lock:
+            for run, kind, severity, status in rows:
+                state = self.runs.setdefault(run, RunState(run))
+                state.anomalies_total[(kind, severity)] += 1
+                if status == "open":
+                    state.anomalies_active[(kind, severity)] += 1
+
+    def anomaly(self, run: str, kind: str, action: str, severity: str, previous: str | None = None) -> None:
+        """Count an anomaly change; the active count moves with the anomaly's stored severity."""
+        with self.lock:
+            state = self.runs.setdefault(run, RunState(run))
+            active = state.anomalies_active
+            if action == "opened":
+                state.anomalies_total[(kind, severity)] += 1
+                active[(kind, severity)] += 1
+            elif (
+                previous is not None and active[(kind, previous)] > 0 and (action == "resolved" or previous != severity)
+            ):
+                active[(kind, previous)] -= 1
+                if action == "updated":
+                    active[(kind, severity)] += 1

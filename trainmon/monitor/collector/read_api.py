@@ -1,0 +1,75 @@
+"""What the reading commands need from a collector beyond the status: the post-mortem.
+
+``trainmon postmortem RUN --url URL`` prints the same report as ``trainmon postmortem RUN --db
+STORE``: the collector runs the same :func:`~trainmon.monitor.analysis.postmortem.analyse` on its
+own store and answers the summary as JSON (``GET /v1/runs/{run}/postmortem``), which the command
+renders exactly as it renders a local one; with ``--out`` it saves the report file the collector
+renders (``GET /v1/runs/{run}/report``: the HTML report with its plots inline, as a file: no
+reload, no link back to the web view). A run held by a remote collector, or by a PostgreSQL
+store whose URL the on-call engineer does not have, can then be explained from anywhere the
+collector answers.
+
+The analysis reads a run's whole history (seconds on a million steps): the route is a plain
+function, so the server runs it on its thread pool, never on the event loop that acknowledges the
+producers' batches, and one analysis runs at a time (a lock), so a burst of requests costs one
+analysis after another rather than all at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from trainmon.wire import json_safe
+from trainmon.monitor.collector.web import html_response
+from trainmon.monitor.store.storage import Storage
+
+__all__ = ["register"]
+
+
+class _HasStorage(Protocol):
+    storage: Storage
+
+
+def register(app: FastAPI, collector: _HasStorage) -> None:
+    """Add the reading routes to ``app`` (the collector's FastAPI application)."""
+    one_at_a_time = threading.Lock()
+
+    @app.get(
+        "/v1/runs/{run}/postmortem",
+        summary="The post-mortem of a run: the JSON `trainmon postmortem RUN --db STORE --json` prints",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_postmortem(run: str) -> dict[str, Any]:
+        from trainmon.monitor.analysis.postmortem import analyse  # pandas: on first use
+
+        with one_at_a_time:
+            try:
+                return json_safe(analyse(collector.storage, run).summary)
+            except KeyError as exc:  # its message names the store's URL: not for the network
+                raise HTTPException(404, {"error": f"no run {run!r}"}) from exc
+
+    @app.get(
+        "/v1/runs/{run}/report",
+        response_class=HTMLResponse,
+        summary="The post-mortem of a run as one self-contained HTML file (plots inline): "
+        "what `trainmon postmortem RUN --url URL --out DIR` saves",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_report(run: str) -> HTMLResponse:
+        from trainmon.monitor.analysis.plots import render_plots  # matplotlib: on first use
+        from trainmon.monitor.analysis.postmortem import analyse
+        from trainmon.monitor.analysis.report import render_html
+
+        with one_at_a_time:
+            try:
+                analysis = analyse(collector.storage, run)
+            except KeyError as exc:
+                raise HTTPException(404, {"error": f"no run {run!r}"}) from exc
+            page = render_html(
+                json_safe(analysis.summary), render_plots(analysis), generated_by="the trainmon collector"
+            )
+        return html_response(page)

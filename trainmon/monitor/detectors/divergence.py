@@ -1,0 +1,675 @@
+"""``divergence``: the loss trends up over many steps and stays well above its best.
+
+Why the rule is what it is (failure-modes.md S2): slow divergence ("diverged slowly without any
+spikes", bigscience tr8b-104B) is a sustained rise, not a jump. The rule is "after warmup, the
+slope of a robust EMA of the loss over a long window is significantly > 0", made concrete:
+
+* a running median of ``median_of`` steps removes single spikes, an EMA on top removes noise;
+* over the last ``window`` logged entries the smoothed loss must rise by ``min_rise_rel`` of its
+  level, by ``min_rise_sigma`` sigma of the *raw* per-entry loss noise (MAD of successive raw
+  differences) and by ``min_rise_abs`` nats, with most of the increments positive (a trend, not a
+  wander). The noise is measured on the raw loss because the smoothed series is what is tested:
+  its own step-to-step differences are tiny even when the batches are very noisy, and a 20-entry
+  rise of one raw sigma is routine in a noisy fine-tune (real logs: a clean SFT with ~10 % per-step
+  noise rose 16 % over 20 entries three times in 4,000 steps; a multimodal LoRA run +30 %; a
+  24-epoch QLoRA run's periodic 5-entry sawtooth +22 %; all at most 1.3 raw sigma; the
+  benchmark's slow divergences pass 2 within a few entries of crossing the other gates). The
+  absolute floor keeps a memorised loss (0.008 -> 0.016 nats, a doubling worth nothing) from
+  reading as a divergence, as ``loss_spike``'s ``min_abs`` does;
+* no single increment of the median-filtered loss may carry more than ``max_jump_share`` of the
+  rise: a step jump that stays up is a non-recovered spike (``loss_spike`` escalates that), not
+  a trend;
+* the smoothed loss must sit ``above_min_rel`` above its running minimum (so a wiggle on a
+  plateau never fires), and nothing fires before ``min_steps`` or the declared warmup's end.
+
+What a person can trust (issue 14, "a wrong finding is worse than silence"):
+
+* **The rise must leave the run's own band.** Per-entry noise is not the only noise: a loss on a
+  plateau also *wanders* (0.09-0.12 around 0.105 for hundreds of steps), and the increments of a
+  slow wander are as one-sided as a divergence's for a while (+21 % over 200 entries, 95 % of them
+  up). So the detector keeps an envelope of how far the smoothed loss has strayed above its
+  running minimum, forgetting with a half-life of ``band_halflife`` entries, and a rise measured
+  over a window must take the loss ``band_factor`` times as far as the envelope stood when that
+  window began. A healthy falling run sits at its minimum (an envelope of its smoothed noise, a
+  few percent); a wandering one has already been 20-30 % above it and back. The first excursion
+  of a wander, before the run has shown any, cannot be told from the onset of a divergence; it is
+  at most a warning that resolves, and later ones are measured against it.
+* **Relative size has a floor in nats**: ``min_rise_abs`` (0.05, 5 % in perplexity). A loss of 0.1
+  wandering by 0.03 nats is +30 % and worth nothing.
+* **Sustained**: the long window's rise spans ``long_window`` entries with most lagged pairs up; a
+  rise only the short window sees must hold for ``short_sustain`` consecutive entries.
+* **Rollback advice names a healthy step**: the last step at which the loss (median-filtered,
+  dated at the middle of its window: the EMA lags a few entries) was within ``healthy_rel`` of its
+  best since the run's first logged loss (not since the detector's gate), and the last checkpoint
+  the run reported at or before it. When that step is the start (the first logged loss is the
+  lowest the run ever had: it never learned), no checkpoint is healthy and the hint says so
+  instead of naming one.
+* **Severity**: ``warning`` when it opens; ``critical`` once the loss has stayed ``critical_rel``
+  above its minimum for ``critical_entries`` entries (a large, sustained rise: someone should act
+  now); back to ``warning`` below ``critical_release`` x that; resolved when the loss is back in
+  its band. While open, a finding is sent again when the severity changes, when the level moved
+  by ``update_rel`` or every ``update_every`` entries, so the anomaly's message, evidence (how far
+  above, its peak, since when) and last step follow the condition.
+* **Sparse logs** (most entries ``sparse_min_interval`` or more steps apart, e.g. Hugging Face
+  ``logging_steps=500``): each logged loss is already a mean over hundreds of steps, there are too
+  few for the median/EMA/window machinery (five points in a whole run, real log 59), and a jump
+  between two points cannot be told from a trend within the gap. For them the rule is on the
+  logged points: the last ``sparse_points`` points all ``sparse_rise_rel`` above the best earlier
+  point (and ``min_rise_abs``; and ``sparse_rise_sigma`` sigma of the points' own scatter once
+  there are enough to measure it): the run spent that many logging windows far above its best
+  without coming back.
+
+Issue 23 (DESIGN.md, "How a finding earns trust"):
+
+* **The task metric outranks the loss.** Eval events carry the metric the run is for (a task metric
+  such as WER or accuracy, read in its own direction by ``eval_regression.metric_direction``; else
+  the eval loss). While its latest value is at least as good as its best up to the step at which the
+  training loss was last at its best, there is no divergence claim: none opens, and an open one
+  closes (info) on such an eval. A memorised fine-tune whose 100-step-mean loss swings 0.003-0.16 at
+  epoch boundaries while the WER improved at every eval got a critical "roll back ... lower the LR"
+  that would have thrown the best model away.
+* **Units of the log's own noise.** Noise is measured on the logged series itself, so a log of
+  interval means (N times less variance than one step) is judged in its own units; a rise is never
+  only relative: opening, staying open and turning critical each need ``min_rise_abs`` nats as well
+  (67 % of 0.006 is noise).
+* **Onset, not readiness.** A finding is dated where the rise started, found by looking back past the
+  gates and windows: the step after the last one at which the median-filtered loss was still within
+  its noise (``healthy_rel``, one raw sigma) of its lowest (sparse logs: the first of the points that
+  stayed far above the best); the step it was found at is ``detected_step`` in the evidence. Real log
+  97's rise starts at iteration 32 and was opened at 55.
+
+Windows count logged entries, not steps: the noise being averaged is per entry, so a log
+written every N steps gets windows N times longer in steps, and the detection delay in steps
+grows with N, bounded by the long window. What a finding *says* (extent, healthy step) is in
+steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmon.wire import Event
+from trainmon.monitor.config import DivergenceConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.eval_regression import metric_direction
+from trainmon.monitor.detectors.rolling import RollingWindow
+
+__all__ = ["Divergence"]
+
+_CAUSES = (
+    "Likely causes: LR too high for this stage (check the LR against the schedule), a shift in the data mix, "
+    "or optimizer state (Adam epsilon/beta2, a bad resume)."
+)
+
+
+def _opening(f: Finding, step: int) -> list[Finding]:
+    """An episode dated at its onset and found at ``step``: the anomaly spans both (its last step is where
+    the condition is known to hold now)."""
+    return [f] if f.step == step else [f, dataclasses.replace(f, step=step)]
+
+
+def _closing(f: Finding) -> list[Finding]:
+    """The last word on an episode, then its resolution: the anomaly keeps the message and hint of the last
+    finding that is not a resolution, so a closing message sent only with ``resolved`` would leave the
+    rollback advice of the open one in place."""
+    return [dataclasses.replace(f, resolved=False), f]
+
+
+class _Health:
+    """The best loss of a series since its first value, and the last step at its healthy level
+    (within ``rel`` of that best), with the last checkpoint reported at or before that step."""
+
+    __slots__ = ("best", "best_step", "ckpt", "first_step", "loss", "rel", "step")
+
+    def __init__(self, rel: float) -> None:
+        self.rel = rel
+        self.first_step: int | None = None
+        self.best: float | None = None
+        self.best_step = 0
+        self.step: int | None = None
+        self.loss: float | None = None
+        self.ckpt: tuple[int, str | None] | None = None
+
+    def add(self, step: int, loss: float, ckpts: collections.deque[tuple[int, str | None]]) -> None:
+        if self.first_step is None:
+            self.first_step = step
+        if self.best is None or loss < self.best:
+            self.best, self.best_step = loss, step
+        if loss <= self.best + self.rel * abs(self.best):
+            self.step, self.loss = step, loss
+            if ckpts:
+                self.ckpt = next((c for c in reversed(ckpts) if c[0] <= step), self.ckpt)
+
+    def checkpoint(self, ckpt: tuple[int, str | None]) -> None:
+        if self.step is not None and ckpt[0] <= self.step:
+            self.ckpt = ckpt
+
+
+@dataclass
+class _Episode:
+    """An open divergence: what was said last, and what it is measured against."""
+
+    source: str  # "trend" (smoothed loss, dense logs) or "sparse" (logged points)
+    opened: int
+    band: float  # how far above its best the run had strayed before this excursion
+    severity: str = "warning"
+    reported_level: float = 0.0  # 1 + above, when last said
+    reported_entry: int = 0
+    peak_above: float = 0.0
+    view: dict[str, Any] = field(default_factory=dict)  # the opening finding's trend numbers
+
+
+class Divergence(Detector):
+    """Sustained upward trend of a spike-free smoothed loss that leaves the run's own band."""
+
+    kind = "divergence"
+
+    def __init__(self, config: DivergenceConfig) -> None:
+        self.config = config
+        hist = config.long_window + 1
+        self._raw = RollingWindow(config.median_of)
+        self._filtered: collections.deque[float] = collections.deque(maxlen=hist)
+        self._smooth: collections.deque[float] = collections.deque(maxlen=hist)
+        self._steps: collections.deque[int] = collections.deque(maxlen=hist)  # step of each smoothed entry
+        self._noise = RollingWindow(64)  # |raw loss - previous raw loss| of the last entries
+        self._gaps: collections.deque[int] = collections.deque(maxlen=16)  # steps between logged entries
+        self._wide_gaps = 0  # how many of them are sparse_min_interval or more
+        self._prev_raw: float | None = None
+        self._prev_step: int | None = None
+        self._ema: float | None = None
+        self._entries = 0  # finite losses seen (logged entries)
+        # detection reference: running minimum of the smoothed loss after the gate
+        self._min: float | None = None
+        self._min_step = 0
+        self._envelope = 0.0  # how far above its best the loss has strayed, forgotten slowly
+        self._decay = 0.5 ** (1.0 / config.band_halflife)
+        self._envelopes: collections.deque[float] = collections.deque(maxlen=hist)  # band = the oldest
+        self._critical_run = 0  # consecutive entries at least critical_rel above the best
+        self._short_hits = 0  # consecutive entries on which the short window's trend held
+        # advice reference: the first logged loss, then the median-filtered loss at the middle step
+        # of its window (the EMA lags a few entries: a log every 25 steps would put the healthy
+        # step 100 steps into the rise)
+        self._health = _Health(config.healthy_rel)
+        self._recent_steps: collections.deque[int] = collections.deque(maxlen=config.median_of)
+        self._first_center: int | None = None  # middle step of the first median window
+        self._ckpts: collections.deque[tuple[int, str | None]] = collections.deque(maxlen=16)
+        # sparse logs: the logged points themselves (each a mean over a logging window)
+        self._points: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.sparse_points)
+        self._pt_health = _Health(config.healthy_rel)
+        self._pt_critical_run = 0
+        self._warmup_end = 0
+        self._ep: _Episode | None = None
+        self._grad_norms: collections.deque[float] = collections.deque(maxlen=hist)
+        self._centers: collections.deque[int] = collections.deque(maxlen=hist)  # middle step of each filtered one
+        # the task metric (eval events): the metric the run optimises for outranks the training loss
+        self._evals: dict[str, collections.deque[tuple[int, float]]] = {}
+        self._eval_sign: dict[str, int] = {}
+        self._metric: str | None = None  # the one judged: a task metric (WER, accuracy), else the eval loss
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        if event.kind == "run_start":
+            if not event.fields.get("resumed", False):
+                self.__init__(self.config)  # a fresh run: forget the previous one's minimum
+            sched = event.fields.get("schedule")
+            if isinstance(sched, dict) and isinstance(sched.get("warmup_steps"), int):
+                self._warmup_end = sched["warmup_steps"]
+            return []
+        if event.kind == "checkpoint":
+            step = event.fields.get("step")
+            if isinstance(step, int):
+                path = event.fields.get("path")
+                ckpt = (step, path if isinstance(path, str) else None)
+                self._ckpts.append(ckpt)
+                self._health.checkpoint(ckpt)
+                self._pt_health.checkpoint(ckpt)
+            return []
+        if event.kind == "eval":
+            return self._on_eval(event.fields)
+        if event.kind != "step":
+            return []
+        f = event.fields
+        loss = f.get("loss")
+        if not finite(loss):
+            return []
+        return self._on_loss(f["step"], float(loss), f.get("grad_norm"))
+
+    # -- the task metric -------------------------------------------------------------------------
+
+    def _on_eval(self, f: dict[str, Any]) -> list[Finding]:
+        step = f.get("step")
+        if not isinstance(step, int):
+            return []
+        values: dict[str, float] = {}
+        if finite(f.get("loss")):
+            values["eval loss"] = float(f["loss"])
+            self._eval_sign.setdefault("eval loss", -1)
+        metrics = f.get("metrics")
+        if isinstance(metrics, dict):
+            for name, v in list(metrics.items())[:32]:
+                if not finite(v) or not isinstance(name, str):
+                    continue
+                if name not in self._eval_sign:
+                    sign, task = metric_direction(name)
+                    if sign == 0 or not task:
+                        continue
+                    self._eval_sign[name] = sign
+                    if self._metric in (None, "eval loss"):
+                        self._metric = name  # the first task metric the run logs
+                values[name] = float(v)
+        if self._metric is None and "eval loss" in values:
+            self._metric = "eval loss"
+        for name, v in values.items():
+            self._evals.setdefault(name, collections.deque(maxlen=64)).append((step, v))
+        ep = self._ep
+        if ep is None or self._metric not in values:
+            return []
+        since = ep.view.get("best_step", ep.opened)
+        better = self._metric_improved(since)
+        if better is None:
+            return []
+        self._ep = None
+        name, was, was_step, now, now_step = better
+        return _closing(
+            Finding(
+                kind=self.kind,
+                severity="info",
+                step=now_step,
+                message=(
+                    f"the {name} improved to {now:.4g} at step {now_step} (from {was:.4g} at step {was_step}) "
+                    f"while the training loss was up: not a divergence (open since step {ep.opened}, it peaked "
+                    f"{ep.peak_above:.0%} above its best)"
+                ),
+                hint="The task metric outranks the training loss: the model is getting better on what the run is for.",
+                evidence={"metric": name, "metric_before": was, "metric_before_step": was_step, "metric_now": now},
+                resolved=True,
+            )
+        )
+
+    def _metric_improved(self, since: int) -> tuple[str, float, int, float, int] | None:
+        """(metric, best value at or before ``since``, its step, latest value, its step) when the latest eval
+        after ``since`` is at least as good as every eval up to it; None otherwise or when it cannot tell."""
+        name = self._metric
+        if name is None:
+            return None
+        evals = self._evals.get(name)
+        sign = self._eval_sign.get(name, -1)
+        if not evals:
+            return None
+        before = [(v, s) for s, v in evals if s <= since]
+        now_step, now = evals[-1]
+        if not before or now_step <= since:
+            return None
+        was, was_step = max(before, key=lambda vs: sign * vs[0])
+        if sign * now < sign * was:
+            return None
+        return name, was, was_step, now, now_step
+
+    def _on_loss(self, step: int, loss: float, gn: Any) -> list[Finding]:
+        cfg = self.config
+        self._entries += 1
+        if self._prev_step is not None and step > self._prev_step:
+            if len(self._gaps) == self._gaps.maxlen:
+                self._wide_gaps -= self._gaps[0] >= cfg.sparse_min_interval
+            self._gaps.append(step - self._prev_step)
+            self._wide_gaps += step - self._prev_step >= cfg.sparse_min_interval
+        self._prev_step = step
+        if self._prev_raw is not None:
+            self._noise.add(abs(loss - self._prev_raw))
+        self._prev_raw = loss
+        if self._health.first_step is None:  # the run's start: the reference for "did it ever learn"
+            self._health.add(step, loss, self._ckpts)
+        gated = step >= max(cfg.min_steps, self._warmup_end)
+        out = self._on_point(step, loss, gated)
+        self._raw.add(loss)
+        self._recent_steps.append(step)
+        if len(self._raw) < cfg.median_of:
+            return out
+        m = self._raw.median()
+        center = self._recent_steps[len(self._recent_steps) // 2]
+        self._centers.append(center)
+        if self._first_center is None:
+            self._first_center = center
+        self._health.add(center, m, self._ckpts)
+        self._filtered.append(m)
+        self._ema = m if self._ema is None else self._ema + cfg.ema_alpha * (m - self._ema)
+        s = self._ema
+        self._smooth.append(s)
+        self._steps.append(step)
+        if finite(gn):
+            self._grad_norms.append(gn)
+        if not gated:
+            return out
+        if self._min is None or s < self._min:
+            self._min, self._min_step = s, step
+        above = (s - self._min) / abs(self._min) if self._min else 0.0
+        big = above >= cfg.critical_rel and s - self._min >= cfg.min_rise_abs  # 67% of 0.006 is noise
+        self._critical_run = self._critical_run + 1 if big else 0
+        self._envelope = max(above, self._envelope * self._decay)
+        self._envelopes.append(self._envelope)
+        if self._ep is not None:
+            if self._ep.source == "trend":
+                out += self._follow(step, s, self._min, self._min_step, above, self._critical_run)
+            return out
+        if out:
+            return out
+        return self._open_trend(step, s, above)
+
+    # -- dense logs: the trend rule --------------------------------------------------------------
+
+    def _open_trend(self, step: int, s: float, above: float) -> list[Finding]:
+        cfg = self.config
+        if above < cfg.above_min_rel:
+            self._short_hits = 0
+            return []
+        # Per-entry noise of the raw loss (robust: MAD of successive differences / sqrt 2).
+        sigma = 1.4826 * self._noise.median() / math.sqrt(2.0) if len(self._noise) >= 8 else 0.0
+        hit = None
+        band = 0.0
+        env = self._envelopes
+        for w, rel in ((cfg.long_window, cfg.long_min_rise_rel), (cfg.window, cfg.min_rise_rel)):
+            # The run's own band as it was before the rise being measured began.
+            band = env[-w - 1] if len(env) > w else env[0]
+            if above < cfg.band_factor * band:
+                continue
+            hit = self._trend(w, rel, sigma)
+            if hit is not None:
+                break
+        if hit is None:
+            self._short_hits = 0
+            return []
+        if hit[0] == cfg.window:  # a fast rise: sustained only once it has held for a few entries
+            self._short_hits += 1
+            if self._short_hits < cfg.short_sustain:
+                return []
+        w, start, rise, up = hit
+        span = step - self._steps[-w - 1]
+        view: dict[str, Any] = {
+            "window_entries": w,
+            "window_steps": span,
+            "window_start": round(start, 6),
+            "rise_rel": round(rise / abs(start), 4),
+            "up_fraction": round(up, 3),
+            "noise_sigma": round(sigma, 6),
+        }
+        gns = list(self._grad_norms)
+        if len(gns) > w and gns[-w - 1] > 0:
+            view["grad_norm_ratio"] = round(gns[-1] / gns[-w - 1], 3)
+        assert self._min is not None
+        view["best_step"] = self._health.best_step
+        if self._metric_improved(self._health.best_step) is not None:
+            return []  # the task metric improved since the loss was at its best: no divergence claim
+        onset = self._onset(sigma)
+        view["detected_step"] = step
+        self._ep = _Episode("trend", onset, band, view=view)
+        return _opening(self._finding(onset, s, self._min, self._min_step, above, opening=True), step)
+
+    def _onset(self, sigma: float) -> int:
+        """Where the rise started, looking back past the detector's gates: the step after the last one at which
+        the median-filtered loss was still within its noise (``healthy_rel``, and one raw sigma) of its lowest."""
+        fl, cs = list(self._filtered), list(self._centers)
+        i_min = min(range(len(fl)), key=fl.__getitem__)
+        lo = fl[i_min]
+        band = max(sigma, self.config.healthy_rel * abs(lo))
+        last_in = max(i for i in range(i_min, len(fl)) if fl[i] <= lo + band)
+        return cs[min(last_in + 1, len(cs) - 1)]
+
+    def _trend(self, w: int, min_rel: float, sigma: float) -> tuple[int, float, float, float] | None:
+        """The rise over the last ``w`` entries if it is a trend: (w, start, rise, up share), else None.
+
+        Cheap tests first; the O(w) pair and jump tests run only when the rise is already large.
+        """
+        cfg = self.config
+        sm = self._smooth
+        if len(sm) <= w:
+            return None
+        start = sm[-w - 1]
+        rise = sm[-1] - start
+        if rise <= 0 or rise < min_rel * abs(start) or rise < cfg.min_rise_sigma * sigma or rise < cfg.min_rise_abs:
+            return None
+        fl = list(self._filtered)[-w - 1 :]
+        if fl[-1] - fl[0] <= 0:
+            return None
+        # A jump that stays up puts most of the rise into a few steps of the smoothed series;
+        # a trend spreads it. (Checked on the EMA: single filtered increments are too noisy.)
+        ss = list(sm)[-w - 1 :]
+        k = min(5, w // 4)
+        if max(ss[i + k] - ss[i] for i in range(len(ss) - k)) > cfg.max_jump_share * rise:
+            return None
+        lag = max(1, w // 2)
+        pairs = len(fl) - lag
+        up = sum(1 for i in range(pairs) if fl[i + lag] > fl[i]) / pairs
+        if up < cfg.up_fraction:
+            return None
+        return w, start, rise, up
+
+    # -- sparse logs: the logged points ----------------------------------------------------------
+
+    def _sparse(self) -> bool:
+        """Most entries are ``sparse_min_interval`` or more steps apart (True before there is a gap:
+        the first point of a sparse log must be kept, it is often its best)."""
+        return 2 * self._wide_gaps >= len(self._gaps)
+
+    def _on_point(self, step: int, loss: float, gated: bool) -> list[Finding]:
+        """The rule for logs whose entries are far apart; it also follows an episode it opened."""
+        cfg = self.config
+        following = self._ep is not None and self._ep.source == "sparse"
+        if not gated or not (following or self._sparse()):
+            return []
+        health = self._pt_health
+        health.add(step, loss, self._ckpts)
+        assert health.best is not None
+        best = (health.best_step, health.best)
+        self._points.append((step, loss))
+        above = (loss - best[1]) / abs(best[1]) if best[1] else 0.0
+        big = above >= cfg.critical_rel and loss - best[1] >= cfg.min_rise_abs  # 67% of 0.006 is noise
+        self._pt_critical_run = self._pt_critical_run + 1 if big else 0
+        if following:
+            return self._follow(step, loss, best[1], best[0], above, self._pt_critical_run)
+        if self._ep is not None or best[1] <= 0 or len(self._points) < cfg.sparse_points:
+            return []
+        bar = max(best[1] * (1 + cfg.sparse_rise_rel), best[1] + cfg.min_rise_abs)
+        if len(self._noise) >= 6:  # enough points to measure their own noise: the rise must stand out of it
+            bar = max(bar, best[1] + cfg.sparse_rise_sigma * 1.4826 * self._noise.median() / math.sqrt(2.0))
+        if any(p[0] <= best[0] or p[1] < bar for p in self._points):
+            return []
+        if self._metric_improved(best[0]) is not None:
+            return []  # the task metric improved since the loss was at its best: no divergence claim
+        view = {
+            "points": [[p[0], round(p[1], 6)] for p in self._points],
+            "log_interval_steps": round(statistics.median(self._gaps)),
+            "best_step": best[0],
+            "detected_step": step,
+        }
+        onset = self._points[0][0]  # the first of the points that stayed far above the best
+        self._ep = _Episode("sparse", onset, 0.0, view=view)
+        return _opening(self._finding(onset, loss, best[1], best[0], above, opening=True), step)
+
+    # -- the open episode -------------------------------------------------------------------------
+
+    def _follow(
+        self, step: int, level: float, best: float, best_step: int, above: float, critical_run: int
+    ) -> list[Finding]:
+        cfg = self.config
+        ep = self._ep
+        assert ep is not None
+        if above < max(cfg.above_min_rel / 2, ep.band) or level - best < cfg.min_rise_abs / 2:
+            self._ep = None
+            what = "logged loss" if ep.source == "sparse" else "smoothed loss"
+            return _closing(
+                Finding(
+                    kind=self.kind,
+                    severity=ep.severity,
+                    step=step,
+                    message=(
+                        f"{what} back to {level:.4g}, near its best {best:.4g} (step {best_step}), at step {step}; "
+                        f"open since step {ep.opened}, it peaked {ep.peak_above:.0%} above it"
+                    ),
+                    hint="The upward trend has reversed.",
+                    evidence={
+                        "loss": round(level, 6),
+                        "best_loss": round(best, 6),
+                        "best_step": best_step,
+                        "above_rel": round(above, 4),
+                        "peak_above_rel": round(ep.peak_above, 4),
+                        "opened_step": ep.opened,
+                    },
+                    resolved=True,
+                )
+            )
+        severity = ep.severity
+        need = cfg.sparse_points if ep.source == "sparse" else cfg.critical_entries
+        if (
+            severity == "warning"
+            and above >= cfg.critical_rel
+            and critical_run >= need
+            and level - best >= cfg.min_rise_abs
+        ):
+            severity = "critical"
+        elif severity == "critical" and above < cfg.critical_release * cfg.critical_rel:
+            severity = "warning"
+        ep.peak_above = max(ep.peak_above, above)
+        moved = abs(math.log((1 + above) / ep.reported_level)) >= math.log(1 + cfg.update_rel)
+        if severity == ep.severity and not moved and self._entries - ep.reported_entry < cfg.update_every:
+            return []
+        ep.severity = severity
+        return [self._finding(step, level, best, best_step, above, opening=False)]
+
+    def _finding(self, step: int, level: float, best: float, best_step: int, above: float, *, opening: bool) -> Finding:
+        cfg = self.config
+        ep = self._ep
+        assert ep is not None
+        sparse = ep.source == "sparse"
+        if opening and (
+            self._pt_critical_run >= cfg.sparse_points if sparse else self._critical_run >= cfg.critical_entries
+        ):
+            ep.severity = "critical"  # already far above its best for long: a large, sustained rise
+        ep.reported_level = 1 + above
+        ep.reported_entry = self._entries
+        ep.peak_above = max(ep.peak_above, above)
+        health = self._pt_health if sparse else self._health
+        healthy_step, healthy_loss, ckpt, never = self._rollback(sparse)
+        v = ep.view
+        ev: dict[str, Any] = {
+            "loss": round(level, 6),
+            "best_loss": round(best, 6),
+            "best_step": best_step,
+            "above_rel": round(above, 4),
+            "peak_above_rel": round(ep.peak_above, 4),
+            "opened_step": ep.opened,
+            "steps_open": step - ep.opened,
+            "band_rel": round(ep.band, 4),
+            "healthy_step": healthy_step,
+            "healthy_loss": round(healthy_loss, 6) if healthy_loss is not None else None,
+            "never_learned": never,
+            "checkpoint_step": ckpt[0] if ckpt else None,
+            "source": "logged points" if sparse else "smoothed loss",
+        }
+        if opening:
+            ev.update(v)  # the rise that opened it
+        else:
+            ev["opened_with"] = v
+        if sparse and opening:
+            pts = ", ".join(f"{p[1]:.4g} at {p[0]}" for p in v["points"])
+            message = (
+                f"loss far above its best on a sparse log: the last {len(v['points'])} logged losses ({pts}) are all "
+                f"{cfg.sparse_rise_rel:.0%} or more above the best logged one, {best:.4g} at step {best_step} (each "
+                f"a mean over about {v['log_interval_steps']} steps)"
+            )
+        elif sparse:
+            message = (
+                f"logged loss {level:.4g} at step {step} is {above:.0%} above the best logged one ({best:.4g} at step "
+                f"{best_step}); peak {ep.peak_above:.0%} above, open since step {ep.opened}"
+            )
+        elif opening:
+            message = (
+                f"loss trending up since step {ep.opened}: smoothed {v['window_start']:.4g} -> {level:.4g} "
+                f"(+{v['rise_rel']:.0%}) over the "
+                f"last {v['window_steps']} steps ({v['window_entries']} logged entries), {above:.0%} above its lowest "
+                f"smoothed level {best:.4g} (step {best_step})"
+            )
+        else:
+            message = (
+                f"loss {above:.0%} above its lowest smoothed level {best:.4g} (step {best_step}): smoothed "
+                f"{level:.4g} at step {step}; peak {ep.peak_above:.0%} above, open since step {ep.opened}"
+            )
+        held = self._pt_critical_run if sparse else self._critical_run
+        if ep.severity == "critical" and held >= (cfg.sparse_points if sparse else cfg.critical_entries):
+            message += (
+                f"; {cfg.critical_rel:.0%} or more above it for {held} logged {'points' if sparse else 'entries'}"
+            )
+        grad_note = ""
+        if v.get("grad_norm_ratio", 0.0) > 1.5:
+            grad_note = f" The grad norm grew {v['grad_norm_ratio']:.1f}x over the same window"
+            grad_note += ", as in slow LR-driven divergence."
+        what = (
+            "The loss jumped between logged points and stayed up; the log is too sparse to tell a slow divergence "
+            "from a jump, but either way the run is not learning at this setting."
+            if sparse
+            else "A sustained rise without a single jump: slow divergence."
+        )
+        advice = self._advice(health, healthy_step, healthy_loss, ckpt, never, sparse)
+        hint = f"{what} {_CAUSES}{grad_note} {advice}"
+        return Finding(kind=self.kind, severity=ep.severity, step=step, message=message, hint=hint, evidence=ev)
+
+    def _rollback(self, sparse: bool) -> tuple[int | None, float | None, tuple[int, str | None] | None, bool]:
+        """(healthy step, loss there, last checkpoint at or before it, never learned)."""
+        h = self._pt_health if sparse else self._health
+        if h.step is None:
+            return None, None, None, False
+        # Never learned: the run's healthiest state is its first logged loss (for a dense log, within
+        # the first median window: nothing after the start was ever as low).
+        start = h.first_step if sparse else self._first_center
+        never = start is not None and h.step <= start
+        return h.step, h.loss, h.ckpt, never
+
+    def _advice(
+        self,
+        health: _Health,
+        healthy_step: int | None,
+        healthy_loss: float | None,
+        ckpt: tuple[int, str | None] | None,
+        never: bool,
+        sparse: bool,
+    ) -> str:
+        if healthy_step is None or healthy_loss is None or health.best is None:
+            return "Lower the LR; the log shows no step at which the run was at a healthy level."
+        if never and not sparse:
+            gap = statistics.median(self._gaps) if self._gaps else 1
+            first = health.first_step if health.first_step is not None else 0
+            if first > max(self.config.min_steps, 2 * gap):  # the log starts mid-run (a resumed run's own log)
+                return (
+                    f"No checkpoint after the start of this log is healthier: its lowest loss was at its first step "
+                    f"({health.best:.4g} at step {health.best_step}) and it has been higher ever since. Go back to the "
+                    f"checkpoint the run started this log from (step {first} or earlier) with a lower LR."
+                )
+            return (
+                f"No checkpoint of this run is healthier than its start: its lowest loss was at the start "
+                f"({health.best:.4g} at step {health.best_step}) and it has been higher ever since, so the run never "
+                "learned and rolling back cannot help. Restart from the initial weights (or the pretrained model) with "
+                "a lower LR, and check the data and the loss on the first batches."
+            )
+        if never:  # sparse: the best point is the first one, a mean over the steps before it
+            where = (
+                f"The best logged loss is the first one ({healthy_loss:.4g} at step {healthy_step}, a mean over the "
+                f"steps before it) and the loss never came back to it: roll back to a checkpoint from step "
+                f"{healthy_step} or earlier if one exists, or restart from the initial weights, with a lower LR."
+            )
+        else:
+            what = "logged loss" if sparse else f"loss (median of {self.config.median_of} entries)"
+            where = (
+                f"Roll back to a checkpoint from step {healthy_step} or earlier: the {what} was last at its best level "
+                f"there ({healthy_loss:.4g}; best {health.best:.4g} at step {health.best_step}). Lower the LR; check "
+                "the data order after it."
+            )
+        if ckpt is not None:
+            where += f" The last checkpoint reported at or before it: step {ckpt[0]}" + (
+                f" ({ckpt[1]})." if ckpt[1] else "."
+            )
+        return where

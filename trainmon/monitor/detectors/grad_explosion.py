@@ -1,0 +1,696 @@
+"""``grad_explosion``: the pre-clip gradient norm jumps, or clipping becomes the rule.
+
+Why the rule is what it is (failure-modes.md S1): in BLOOM-176B's first spike the grad norm
+went 0.17 → 0.95 → 2.4 → 15.9 → 145 → 960 before the loss peaked, and OLMo 2 reports the same
+ordering, so the pre-clip norm is the earliest first-level signal of an instability. Norms are
+log-normal-ish and span decades, so the rule works on log(norm): a value more than ``z`` robust
+sigma (MAD of accepted step-to-step differences, which a warmup trend does not inflate) above the
+median of the last ``window`` accepted values, and at least ``min_ratio`` times that median.
+Spikes are never admitted to the window, so an earlier explosion does not blind the rule (the
+failure of a mean/std over a window that contains the outlier). The value must also be
+``tail_ratio`` times the ``tail_quantile`` of *all* recent norms, spikes included: some runs have
+a heavy upper mode (real log 15, a multimodal LoRA fine-tune: a fifth of the batches at 3-7x the
+median norm), and a norm inside the run's own tail is not an explosion however many sigma of the
+main mode it is; since rejected values never enter the baseline, without this the whole upper
+mode would read as a stream of spikes. The listed spikes of the real logs sit 3.6-15x above that
+quantile, log 15's early 12.2 (7x its median) 1.5x. Known limit: mode switches inflate the
+difference-based sigma (0.46 on log 15), so on such runs only spikes beyond ~e^(z sigma) fire.
+
+What a spike *means* is decided by what happens next, so spikes are reported as **episodes**, one
+anomaly per incident (issue 14: a healthy long run raised 26 near-identical warnings, another 10
+anomalies, 7 of them critical, for spikes that were back at the next step and that the loss never
+noticed). The first spike opens the episode at its step; later spikes within ``quiet_entries`` of
+the last one join it, and every update keeps the message current: how many, the largest, whether
+the norm is back, whether the loss followed. After each spike the loss is watched for
+``follow_entries`` entries against its median before the spike. The severity is graded by
+magnitude *and* consequence, and moves both ways while the episode is open:
+
+* info: the spikes stay below ``warn_ratio`` x the median, or are no larger than what this run has
+  already had and survived (a repeat), and the loss did not follow;
+* warning: a spike of ``warn_ratio`` x or more, a new largest for the run, with no consequence; or
+  a smaller one followed by the loss, or one that lasts ``sustain_entries`` entries;
+* critical ("act now"): ``warn_ratio`` x or more *and* the loss followed, or it lasted
+  ``sustain_entries`` entries in a row and is not yet over (still up, or its loss watch still
+  running). Once such a burst has passed and the loss did not follow, it settles to a warning; so
+  does one whose loss followed and then came back into its band before the spike with the norm in
+  band too: the consequence passed, there is nothing to roll back (82: a 49x spike lifted the loss
+  1.6 -> 2.9 for a few steps at 401, and 13 spikes over 200 steps were one critical to the end).
+
+The hint says only what the data supports: while the loss watch runs it says the loss *may*
+follow; afterwards it says whether it did. An episode ends, ``resolved``, after ``quiet_entries``
+in-band entries or at the run's end (one that ends with the norm still up stays open). Its
+evidence lists the spikes (the ``max_listed`` largest, with the count of all), so a spike inside
+an episode is as findable as one that opens it. While the loss is degenerate (exactly 0.0 or
+constant on most recent entries: nothing learned, labels all masked, NaNs logged as 0) the
+gradients are ~0 and their spikes are not judged; the first one raises one plain note instead.
+
+**A level that stays is not back in band** (issue 23; DESIGN.md "onset, extent, persistence"). The
+tail test lets a new level stop reading as spikes after a few entries, which used to end the episode
+as "back in band ... nothing to do" while the norm sat 4x higher with clipping on every step (gradient
+accumulation that stopped dividing the loss by the number of micro-batches). So, from the episode's
+first spike, the norm is also compared with its median *before* the episode: while it stays above
+sqrt(``min_ratio``) x that, the episode is not calm; ``shift_entries`` entries in a row at ``min_ratio`` x
+or more, a new level below ``warn_ratio`` x that the loss did not feel, make it a level shift: a
+warning dated at its onset, naming its likely causes (accumulation scaling, a loss-reduction change,
+an LR or weight-decay change) and the clip rate since against before; it stays open while the level
+holds (also at the run's end) and says when the norm came back down. An episode whose norm came back
+down before that is a spike episode and is judged spike by spike, as before.
+
+Clipping hides explosions from the update but not from the pre-clip norm; a clip rate climbing
+far above its own baseline is the slow version of the same story and is reported separately. When the step carries
+``layer_grad_norms`` the hint names the parameter whose norm grew most since the last sample.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmon.wire import Event
+from trainmon.monitor.config import GradExplosionConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import RollingWindow
+
+__all__ = ["GradExplosion"]
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:.0f}x"
+
+
+@dataclass(slots=True)
+class _Spike:
+    step: int
+    norm: float
+    ratio: float
+    median: float
+
+
+@dataclass(slots=True)
+class _Episode:
+    """One incident: spikes with less than ``quiet_entries`` between them, and what followed."""
+
+    first: _Spike
+    largest: _Spike
+    record: tuple[float, int | None]  # the run's largest spike before this episode (ratio, step)
+    last_step: int = 0
+    count: int = 0
+    listed: list[_Spike] = field(default_factory=list)  # the largest ``max_listed`` spikes
+    run: int = 0  # consecutive spike entries up to the current one
+    longest: int = 0  # the longest such run in the episode
+    burst: int = 0  # the longest run since the current loss watch began
+    burst_peak: float = 0.0  # the largest ratio since the current loss watch began
+    burst_start: int = 0  # the step of the spike that began the current loss watch
+    calm: int = 0  # in-band entries since the last spike
+    watch: int = 0  # entries of the loss watch left
+    watched: int = 0  # entries watched since the last spike
+    loss_ref: tuple[float, float] | None = None  # loss median and robust sigma before the watch began
+    blind: int = 0  # spikes with no loss history to watch against
+    followed: dict[str, Any] | None = None  # the loss consequence, once seen
+    followed_peak: float = 0.0  # the largest spike ratio before the loss followed
+    cut: int | None = None  # the run ended this many entries into a loss watch
+    ended: bool = False  # the run ended while the episode was open
+    median: float = 0.0  # the norm baseline median now
+    sigma: float = 0.0
+    layer: dict[str, Any] | None = None  # the layer that grew most at the largest spike
+    said: tuple[str, str] | None = None  # (severity, message) last reported
+    # Opened at a step whose loss spiked too: one bad batch (or a scaled loss) drives both, the loss
+    # first. Unless the norm stays up past that entry, it is loss_spike's incident (which names the
+    # norm as evidence), and "the loss did not follow" beside it would contradict it: not reported.
+    with_loss: bool = False
+    # A level shift: the norm stays min_ratio x above the median it had before the episode (``first.median``)
+    high: int = 0  # consecutive entries that far above it, spikes or not
+    highs: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=32))
+    shift: bool = False  # high for shift_entries in a row: a new level, not spikes that pass
+    broke: bool = False  # the norm came back down before that: a spike episode, whatever follows in it
+    down_step: int | None = None  # the step the norm came back down after a shift
+    clip_before: float | None = None  # share of clipped steps before the episode
+    clip_n: int = 0  # steps with a clip coefficient since the episode opened
+    clip_hits: int = 0  # ... of which clipped
+
+
+class GradExplosion(Detector):
+    """Pre-clip grad-norm spike episodes (log-norm robust z, graded by consequence) and a rising clip rate."""
+
+    kind = "grad_explosion"
+
+    def __init__(self, config: GradExplosionConfig) -> None:
+        self.config = config
+        self._logs = RollingWindow(config.window)
+        self._all = RollingWindow(config.window)  # every recent log norm, spikes included: the tail
+        self._diffs = RollingWindow(config.window)
+        self._prev: float | None = None
+        self._layers: dict[str, float] | None = None
+        self._ep: _Episode | None = None
+        self._record: tuple[float, int | None] = (0.0, None)  # largest spike of this run's closed episodes
+        # losses outside loss watches, the reference a spike's loss watch compares with (its median and
+        # spread are computed only when a spike needs them: spikes are rare, steps are not)
+        self._losses: collections.deque[float] = collections.deque(maxlen=config.window)
+        self._last_loss: float | None = None  # last logged loss (degenerate test)
+        self._flat: collections.deque[bool] = collections.deque(maxlen=config.window)
+        self._n_flat = 0
+        self._noted = False  # the degenerate-loss note was given
+        self._clip_open = False
+        self._clips: collections.deque[bool] = collections.deque(maxlen=config.clip_recent + config.clip_baseline)
+        self._recent_clipped = 0  # clipped steps among the last clip_recent
+        self._base_clipped = 0  # clipped steps among the clip_baseline before them
+
+    # -- baselines -------------------------------------------------------------------------------
+
+    def _sigma(self) -> float:
+        if len(self._diffs) < 4:
+            return 0.1
+        return max(1.4826 * self._diffs.median() / math.sqrt(2.0), 0.01)
+
+    def _accept(self, x: float) -> None:
+        if self._prev is not None:
+            self._diffs.add(abs(x - self._prev))
+        self._prev = x
+        self._logs.add(x)
+
+    def _track_loss(self, loss: Any) -> None:
+        if not finite(loss):
+            return
+        flat = loss == 0.0 or loss == self._last_loss
+        if len(self._flat) == self._flat.maxlen:
+            self._n_flat -= self._flat[0]
+        self._flat.append(flat)
+        self._n_flat += flat
+        self._last_loss = loss
+        if self._ep is None or self._ep.watch == 0:  # watched losses (and a spike's own) stay out
+            self._losses.append(loss)
+
+    def _loss_ref(self) -> tuple[float, float] | None:
+        """(median, robust sigma from the MAD of entry-to-entry differences) of the reference losses."""
+        losses = list(self._losses)
+        if len(losses) < self.config.min_history // 2:
+            return None
+        diffs = [abs(b - a) for a, b in itertools.pairwise(losses)]
+        return statistics.median(losses), 1.4826 * statistics.median(diffs) / math.sqrt(2.0)
+
+    def _degenerate(self) -> bool:
+        n = len(self._flat)
+        return n >= self.config.min_history and self._n_flat >= self.config.degenerate_share * n
+
+    def _push_clip(self, clipped: bool) -> None:
+        cfg = self.config
+        d = self._clips
+        if len(d) == d.maxlen:
+            self._base_clipped -= d[0]
+        d.append(clipped)
+        self._recent_clipped += clipped
+        if len(d) > cfg.clip_recent:
+            moved = d[-cfg.clip_recent - 1]  # left the recent window, joined the baseline
+            self._recent_clipped -= moved
+            self._base_clipped += moved
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        if event.kind == "run_start":
+            out: list[Finding] = []
+            if not event.fields.get("resumed", False):
+                if self._ep is not None:  # restarted from scratch: the old episode belongs to the old run
+                    out = self._close(self._ep.last_step, "a new run started")
+                self.__init__(self.config)  # a fresh run: a new baseline
+            self._prev = None
+            return out
+        if event.kind == "run_end":
+            return self._end()
+        if event.kind != "step":
+            return []
+        f = event.fields
+        step = f["step"]
+        loss = f.get("loss")
+        out = []
+        ep = self._ep
+        changed = False
+        if ep is not None and ep.watch > 0:
+            changed = self._watch(ep, step, loss)
+        elif ep is not None:
+            changed = self._loss_back(ep, step, loss)
+        norm = f.get("grad_norm")
+        layers = f.get("layer_grad_norms")
+        if finite(norm) and norm > 0:  # non-finite norms are nan_inf's business
+            changed |= self._norm(step, norm, layers, out, loss)
+        ep = self._ep
+        if ep is not None and changed:
+            out.extend(self._report(ep))
+        if ep is not None and ep.said is None and ep.with_loss and ep.watch == 0 and ep.run == 0 and not ep.high:
+            self._ep = None  # the loss spike's incident is over: later spikes start their own episode
+        elif ep is not None and ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
+            out.extend(self._close(step, f"in band since step {ep.last_step}"))
+        self._track_loss(loss)
+        if isinstance(layers, dict):
+            self._layers = {k: v for k, v in layers.items() if finite(v)}
+        coef = f.get("clip_coef")
+        if finite(coef):
+            if self._ep is not None:
+                self._ep.clip_n += 1
+                self._ep.clip_hits += coef < 1.0
+            self._push_clip(coef < 1.0)
+            if self._ep is None:
+                out.extend(self._clip_rate(step))
+        return out
+
+    def _above(self, loss: float, ref: tuple[float, float]) -> bool:
+        """``loss`` far above the reference losses (median, sigma): the one test of a loss consequence."""
+        med, sd = ref
+        return loss - med > max(self.config.loss_z * sd, self.config.loss_rise * abs(med))
+
+    def _loss_spiked(self, loss: Any) -> bool:
+        """The loss of this very step is far above its reference, as ``_watch`` judges a consequence."""
+        ref = self._loss_ref()
+        return ref is not None and finite(loss) and self._above(loss, ref)
+
+    def _norm(self, step: int, norm: float, layers: Any, out: list[Finding], loss: Any) -> bool:
+        """Judge one norm (``loss``: this step's); True when the open episode changed."""
+        cfg = self.config
+        x = math.log(norm)
+        spike = changed = False
+        if len(self._logs) >= cfg.min_history:
+            med = self._logs.median()
+            sigma = self._sigma()
+            tail = self._all.quantile(cfg.tail_quantile)
+            spike = x - med > max(cfg.z * sigma, math.log(cfg.min_ratio)) and x - tail > math.log(cfg.tail_ratio)
+            ep = self._ep
+            if spike and ep is None and self._degenerate():
+                out.extend(self._note(step, norm, math.exp(med)))
+            elif spike:
+                # Whether the loss spiked with it is asked only of a spike that opens an episode: judging
+                # the reference losses every step was most of this detector's cost on a long log.
+                with_loss = ep is None and self._loss_spiked(loss)
+                self._spike(_Spike(step, norm, math.exp(x - med), math.exp(med)), sigma, layers, with_loss)
+                changed = True
+            elif ep is not None and not self._still_high(ep, x):
+                ep.median = math.exp(med)
+                changed = ep.run > 0  # back in band: the message says so
+                ep.run = 0
+                ep.calm += 1
+            if self._ep is not None:
+                changed |= self._level(self._ep, step, x)
+        if not spike:
+            self._accept(x)
+        self._all.add(x)
+        return changed
+
+    def _still_high(self, ep: _Episode, x: float) -> bool:
+        """Not a spike any more (the run's tail caught up with it), yet not back down either: above the
+        square root of ``min_ratio`` x the median before the episode (hysteresis: noise around a new
+        level dips below min_ratio now and then)."""
+        if ep.broke and not ep.shift:
+            return False  # it came down once: a spike episode, judged spike by spike
+        return x - math.log(ep.first.median) >= 0.5 * math.log(self.config.min_ratio)
+
+    def _level(self, ep: _Episode, step: int, x: float) -> bool:
+        """Follow whether the norm stays far above its level before the episode; True when that is news."""
+        cfg = self.config
+        if ep.broke and not ep.shift:
+            return False
+        if self._still_high(ep, x):
+            if x - math.log(ep.first.median) >= math.log(cfg.min_ratio):
+                ep.high += 1
+                ep.highs.append(math.exp(x))
+            ep.calm = 0  # not back: the run's tail caught up with the new level, the norm did not come down
+            ep.down_step = None
+            if ep.shift:
+                ep.last_step = step  # the extent of the condition
+            level = statistics.median(ep.highs) / ep.first.median if ep.highs else 0.0
+            # a new level the loss did not feel; one ``warn_ratio`` x up, or that the loss followed, is an explosion
+            if (
+                not ep.shift
+                and not ep.broke
+                and ep.high >= cfg.shift_entries
+                and level < cfg.warn_ratio
+                and ep.followed is None
+            ):
+                ep.shift = True
+                ep.last_step = step
+                return True
+            return False
+        ep.high = 0
+        ep.broke = ep.broke or not ep.shift
+        if ep.shift and ep.down_step is None:
+            ep.down_step = step
+            return True
+        return False
+
+    def _spike(self, s: _Spike, sigma: float, layers: Any, with_loss: bool = False) -> None:
+        cfg = self.config
+        ep = self._ep
+        if ep is None:
+            self._clip_open = False  # the episode takes over an anomaly the clip rate opened
+            ep = self._ep = _Episode(first=s, largest=s, record=self._record, with_loss=with_loss)
+            if self._clips:
+                ep.clip_before = (self._recent_clipped + self._base_clipped) / len(self._clips)
+        if ep.watch == 0:  # a new loss watch, against the loss before this spike
+            ep.loss_ref = self._loss_ref()
+            ep.burst, ep.burst_peak, ep.burst_start = 0, 0.0, s.step
+        ep.count += 1
+        ep.last_step = s.step
+        ep.run += 1
+        ep.longest = max(ep.longest, ep.run)
+        ep.burst = max(ep.burst, ep.run)
+        ep.burst_peak = max(ep.burst_peak, s.ratio)
+        ep.calm = 0
+        ep.watch, ep.watched = cfg.follow_entries, 0
+        ep.blind += ep.loss_ref is None
+        ep.median, ep.sigma = s.median, sigma
+        if s.ratio > ep.largest.ratio or ep.count == 1:
+            ep.largest = s
+            ep.layer = self._layer(layers)
+        ep.listed.append(s)
+        if len(ep.listed) > cfg.max_listed:
+            ep.listed.remove(min(ep.listed, key=lambda v: v.ratio))
+
+    def _watch(self, ep: _Episode, step: int, loss: Any) -> bool:
+        """One entry of the loss watch after a spike; True when what the episode says changed."""
+        ep.watch -= 1
+        ep.watched += 1
+        changed = ep.watch == 0  # the verdict is in
+        if ep.followed is not None and ep.followed.get("loss") is None:
+            return changed  # already non-finite: nothing worse to say
+        if loss is not None and not finite(loss):
+            ref = ep.loss_ref[0] if ep.loss_ref else None
+            ep.followed = {"step": step, "loss": None, "median": ref, "after_spike": ep.burst_start}
+            ep.followed_peak = max(ep.followed_peak, ep.burst_peak)
+            return True
+        if not finite(loss) or ep.loss_ref is None:
+            return changed
+        med = ep.loss_ref[0]
+        if not self._above(loss, ep.loss_ref):
+            return changed
+        ep.followed_peak = max(ep.followed_peak, ep.burst_peak)
+        if ep.followed is None:
+            ep.followed = {"step": step, "loss": loss, "median": med, "max_loss": loss, "max_step": step}
+            ep.followed["after_spike"] = ep.burst_start
+            return True
+        ep.followed.pop("back_step", None)  # up again after a later spike: not back any more
+        if loss > ep.followed["max_loss"]:
+            ep.followed.update(max_loss=loss, max_step=step)
+            return True
+        return changed
+
+    def _loss_back(self, ep: _Episode, step: int, loss: Any) -> bool:
+        """After the watch: the loss that followed is back in its band before the spike; True when that is news."""
+        fo = ep.followed
+        if fo is None or fo.get("loss") is None or fo.get("back_step") is not None or ep.loss_ref is None:
+            return False
+        if not finite(loss) or self._above(loss, ep.loss_ref):
+            return False
+        fo["back_step"] = step
+        return True
+
+    def _end(self) -> list[Finding]:
+        ep = self._ep
+        if ep is None:
+            return []
+        ep.ended = True
+        if ep.watch > 0:
+            ep.cut, ep.watch = ep.watched, 0
+        out = self._report(ep)
+        if ep.run == 0 and (not ep.shift or ep.down_step is not None):  # the norm still up: it stays open
+            out.extend(self._close(ep.last_step, "the run ended"))
+        return out
+
+    def _close(self, step: int, why: str) -> list[Finding]:
+        ep = self._ep
+        assert ep is not None
+        self._ep = None
+        if ep.largest.ratio > self._record[0]:
+            self._record = (ep.largest.ratio, ep.largest.step)
+        if ep.said is None:
+            return []  # never reported (the loss spike's incident): nothing to resolve
+        severity = self._severity(ep)
+        return [
+            Finding(
+                kind=self.kind,
+                severity=severity,
+                step=step,
+                message=f"{self._message(ep)}; over ({why})",
+                hint=self._hint(ep),
+                evidence=self._evidence(ep),
+                resolved=True,
+            )
+        ]
+
+    # -- what the episode says -------------------------------------------------------------------
+
+    def _severity(self, ep: _Episode) -> str:
+        cfg = self.config
+        if ep.followed is not None:
+            passed = ep.followed.get("back_step") is not None and ep.run == 0 and ep.watch == 0
+            return "critical" if ep.followed_peak >= cfg.warn_ratio and not passed else "warning"
+        if ep.shift:
+            return "warning"
+        if (ep.run > 0 or ep.watch > 0) and ep.burst >= cfg.sustain_entries:
+            return "critical" if ep.burst_peak >= cfg.warn_ratio else "warning"
+        if ep.largest.ratio >= cfg.warn_ratio and ep.largest.ratio > ep.record[0]:
+            return "warning"
+        return "info"
+
+    def _shift_message(self, ep: _Episode) -> str:
+        before = ep.first.median
+        level = statistics.median(ep.highs) if ep.highs else ep.largest.norm
+        parts = [
+            f"grad norm shifted up at step {ep.first.step} and stayed there: about {level:.3g} since, "
+            f"{_x(level / before)} its median of {before:.3g} before"
+        ]
+        if ep.down_step is not None:
+            parts.append(f"back down at step {ep.down_step}")
+        elif ep.ended:
+            parts.append("the run ended at that level")
+        else:
+            parts.append(f"{ep.high} entries in a row so far")
+        if ep.clip_n:
+            was = f" (was {ep.clip_before:.0%} before)" if ep.clip_before is not None else ""
+            parts.append(f"clipping on {ep.clip_hits / ep.clip_n:.0%} of the steps since{was}")
+        fo = ep.followed
+        if fo is not None and fo["loss"] is not None:
+            parts.append(f"the loss rose with it: {fo['loss']:.4g} at step {fo['step']} against {fo['median']:.4g}")
+        return "; ".join(parts)
+
+    def _message(self, ep: _Episode) -> str:
+        cfg = self.config
+        if ep.shift:
+            return self._shift_message(ep)
+        big = ep.largest
+        if ep.count == 1:
+            parts = [
+                f"grad-norm spike at step {big.step}: {big.norm:.4g}, {_x(big.ratio)} its median of {big.median:.3g}"
+            ]
+        else:
+            parts = [
+                f"{ep.count} grad-norm spikes in steps {ep.first.step}-{ep.last_step}, the largest {big.norm:.4g} "
+                f"at step {big.step} ({_x(big.ratio)} its median of {big.median:.3g})"
+            ]
+        if ep.run > 0 and ep.ended:
+            parts.append(f"the run ended with the norm still above its band ({ep.run} entries in a row)")
+        elif ep.run > 1:
+            parts.append(f"above its band for {ep.run} entries in a row so far")
+        elif ep.run == 0 and ep.longest == 1:
+            parts.append(
+                "each back to normal at the next entry" if ep.count > 1 else "back to normal at the next entry"
+            )
+        elif ep.run == 0:
+            parts.append(f"back in band (the longest run of spikes lasted {ep.longest} entries)")
+        fo = ep.followed
+        if fo is not None and fo["loss"] is None:
+            parts.append(f"the loss followed the spike at step {fo['after_spike']}: non-finite at step {fo['step']}")
+        elif fo is not None:
+            peak = f", up to {fo['max_loss']:.4g} at step {fo['max_step']}" if fo["max_step"] != fo["step"] else ""
+            back = f", back in its band at step {fo['back_step']}" if fo.get("back_step") is not None else ""
+            parts.append(
+                f"the loss followed the spike at step {fo['after_spike']}: {fo['loss']:.4g} at step {fo['step']} "
+                f"against a median of {fo['median']:.4g} before it{peak}{back}"
+            )
+        elif ep.blind == ep.count:
+            parts.append("no loss history to tell whether the loss followed")
+        elif ep.cut is not None:
+            parts.append(f"the loss had not followed when the run ended {ep.cut} entries after the last spike")
+        elif ep.watch > 0:
+            parts.append(f"watching the loss for {cfg.follow_entries} entries")
+        else:
+            parts.append(
+                f"the loss did not follow (within {cfg.follow_entries} entries of {'each' if ep.count > 1 else 'it'})"
+            )
+        if ep.record[1] is not None:
+            parts.append(f"this run's largest so far: {_x(ep.record[0])} at step {ep.record[1]}")
+        return "; ".join(parts)
+
+    def _hint(self, ep: _Episode) -> str:
+        cfg = self.config
+        where = ""
+        if ep.layer is not None:
+            where = " " + ep.layer["text"]
+        if ep.shift:
+            clip = ""
+            if ep.clip_n and ep.clip_hits >= 0.5 * ep.clip_n:
+                clip = (
+                    " With clipping on most steps, each update is now scaled down to max_norm: the run trains "
+                    "with a different effective LR than the one set."
+                )
+            return (
+                f"A step change of the gradient norm that persists is a change of scale at step {ep.first.step}, "
+                "not an instability that passes. Likely causes: gradient accumulation that does not divide the "
+                "loss by the number of micro-batches, a loss-reduction change (sum instead of mean, longer "
+                "sequences or a bigger batch summed), or an LR or weight-decay change there." + clip + " Check what "
+                "changed at that step; if it was meant, re-tune max_norm." + where
+            )
+        if ep.followed is not None and ep.followed.get("back_step") is not None:
+            at, back = ep.followed["after_spike"], ep.followed["back_step"]
+            return (
+                f"The loss rose after the spike at step {at} and was back in its band by step {back}: the updates "
+                "absorbed it, nothing to roll back. If such spikes keep coming, look at the batches at the listed "
+                "steps and at the LR (a peak LR this run barely tolerates), or tighten clipping." + where
+            )
+        if ep.followed is not None:
+            at = ep.followed["after_spike"]
+            return (
+                f"The loss rose after the spike at step {at}: that update (or the batch behind it) hurt the model. "
+                "Check the LR of each group there, the batch and the fp16 loss scale; if the loss stays up, roll "
+                f"back to a checkpoint from before step {at} and lower the LR or tighten clipping." + where
+            )
+        if (ep.run > 0 or ep.watch > 0) and ep.burst >= cfg.sustain_entries:
+            return (
+                f"The grad norm has been far above its median for {ep.burst} entries in a row: an instability "
+                "building up rather than one bad batch, which often comes before a loss spike or divergence. "
+                f"Keep a checkpoint from before step {ep.first.step}, lower the LR or tighten clipping now, and "
+                "watch the loss." + where
+            )
+        if ep.run > 0 or ep.watch > 0:
+            return (
+                "A grad-norm spike can come before a loss spike: watch the loss over the next steps. Common causes: "
+                "an unusual batch, an LR too high for this stage, fp16 overflow, attention-logit growth." + where
+            )
+        if ep.blind == ep.count or ep.cut is not None:
+            return (
+                "The spikes passed; whether the updates hurt is not known from the loss here: compare the eval "
+                "metrics before and after them." + where
+            )
+        return (
+            "The spikes passed and the loss did not react: the updates absorbed them (clipping, or Adam's "
+            "per-parameter scaling). Nothing to do now; if they keep recurring, look at the batches at the "
+            "listed steps (outliers, very long or corrupt samples)." + where
+        )
+
+    def _evidence(self, ep: _Episode) -> dict[str, Any]:
+        listed = sorted(ep.listed, key=lambda v: v.step)
+        evidence: dict[str, Any] = {
+            "count": ep.count,
+            "spike_steps": [s.step for s in listed],  # the same key as loss_spike's episodes
+            "spikes": [{"step": s.step, "grad_norm": s.norm, "ratio": round(s.ratio, 2)} for s in listed],
+            "largest": {
+                "step": ep.largest.step,
+                "grad_norm": ep.largest.norm,
+                "ratio": round(ep.largest.ratio, 2),
+                "median": round(ep.largest.median, 6),
+            },
+            "median": round(ep.median, 6),
+            "log_sigma": round(ep.sigma, 4),
+            "longest_run": ep.longest,
+            "recovered": ep.run == 0,
+            "loss_followed": None if ep.followed is None else dict(ep.followed),
+        }
+        if ep.layer is not None:
+            evidence.update({k: v for k, v in ep.layer.items() if k != "text"})
+        return evidence
+
+    def _report(self, ep: _Episode) -> list[Finding]:
+        """The episode's current state, if what it says changed (the step is its last spike: its extent)."""
+        if ep.with_loss and ep.count == 1 and ep.burst < 2 and not ep.shift:
+            return []  # the loss spike's incident, unless the norm stays up
+        severity, message = self._severity(ep), self._message(ep)
+        if ep.said == (severity, message):
+            return []
+        ep.said = (severity, message)
+        return [Finding(self.kind, severity, ep.last_step, message, self._hint(ep), self._evidence(ep))]
+
+    def _layer(self, layers: Any) -> dict[str, Any] | None:
+        if isinstance(layers, dict) and self._layers:
+            best = None
+            for name, v in layers.items():
+                was = self._layers.get(name)
+                if finite(v) and was and was > 0:
+                    r = v / was
+                    if best is None or r > best[1]:
+                        best = (name, r, was, v)
+            if best is not None:
+                return {
+                    "layer": best[0],
+                    "layer_ratio": round(best[1], 2),
+                    "text": f"The largest growth is in {best[0]} ({best[2]:.3g} -> {best[3]:.3g}, {best[1]:.0f}x).",
+                }
+        elif isinstance(layers, dict) and layers:
+            name, v = max(((k, v) for k, v in layers.items() if finite(v)), key=lambda kv: kv[1], default=("", 0))
+            if name:
+                return {"layer": name, "text": f"The largest per-parameter norm is {name} ({v:.3g})."}
+        return None
+
+    def _note(self, step: int, norm: float, med: float) -> list[Finding]:
+        """One plain note per run: a spike not judged because the loss is degenerate."""
+        if self._noted or self._clip_open:
+            return []
+        self._noted = True
+        n = len(self._flat)
+        message = (
+            f"grad-norm spike at step {step} ({norm:.3g}, {_x(norm / med)} its median of {med:.3g}) not judged: "
+            f"the loss is 0.0 or repeats its previous value on {self._n_flat} of the last {n} entries, so the "
+            "gradients carry no signal"
+        )
+        hint = (
+            "A loss stuck at 0.0 (or at one value) means these batches teach nothing: check that the labels are not "
+            "all masked (-100), that the loss is connected to the trainable parameters, and whether NaN losses are "
+            "logged as 0.0 (HF Trainer's logging_nan_inf_filter)."
+        )
+        evidence = {"grad_norm": norm, "median": round(med, 6), "flat_losses": self._n_flat, "entries": n}
+        return [
+            Finding(self.kind, "info", step, message, hint, evidence),
+            Finding(self.kind, "info", step, message, hint, evidence, resolved=True),
+        ]
+
+    def _clip_rate(self, step: int) -> list[Finding]:
+        cfg = self.config
+        if len(self._clips) < cfg.clip_recent + cfg.clip_baseline:
+            return []
+        recent = self._recent_clipped / cfg.clip_recent
+        base = self._base_clipped / cfg.clip_baseline
+        rising = recent >= cfg.clip_min_rate and recent - base >= cfg.clip_rise
+        ev = {"clip_rate_recent": round(recent, 3), "clip_rate_baseline": round(base, 3)}
+        if rising and not self._clip_open:
+            self._clip_open = True
+            return [
+                Finding(
+                    kind=self.kind,
+                    severity="warning",
+                    step=step,
+                    message=(
+                        f"gradient clipping on {recent:.0%} of the last {cfg.clip_recent} steps at step {step}, "
+                        f"up from {base:.0%} before"
+                    ),
+                    hint=(
+                        "The pre-clip grad norm is drifting up; that can lead to a loss spike or divergence. "
+                        "Check the LR (too high for this stage?), the fp16 loss scale and per-layer grad norms; "
+                        "consider lowering the LR before the loss moves."
+                    ),
+                    evidence=ev,
+                )
+            ]
+        if self._clip_open and recent - base < cfg.clip_rise / 2:
+            self._clip_open = False
+            return [
+                Finding(
+                    kind=self.kind,
+                    severity="info",
+                    step=step,
+                    message=f"clip rate back to {recent:.0%} at step {step}",
+                    hint="Clipping is back to its usual rate.",
+                    evidence=ev,
+                    resolved=True,
+                )
+            ]
+        return []

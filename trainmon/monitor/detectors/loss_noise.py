@@ -1,0 +1,228 @@
+"""``loss_noise``: the loss got noisier step to step, and stayed so, while the LR held.
+
+SmolLM3's incident (seeds 004): after a dataloader change the loss became noticeably noisier; the
+new loader read each document's sequences in order, so one long or odd document could fill a
+whole batch. Nothing spiked for long and nothing diverged: the run was quietly worse. Why the
+rule is what it is:
+
+* **Noise is measured on first differences**, as the MAD around their median: differences cancel
+  the loss's trend, the median cancels a steady slope, the MAD ignores single spikes (those are
+  ``loss_spike``'s) and the one-step drops of epoch boundaries.
+* **Relative and absolute, both.** Differences of the log loss factor the level out; differences
+  of the loss itself do not. A loss falling towards zero (memorising fine-tunes) raises only the
+  relative noise, a diverging loss only the absolute one; batches of less mixed data raise both.
+* **Against the attempt's own baseline.** Entries leave the recent window into a baseline window,
+  but only while the noise is not already rising (a rise is judged against the noise before it,
+  a slow drift is followed), after the declared warmup, and not while the loss descends faster
+  than its noise (the first fast fall makes differences look quiet). A resume starts afresh.
+* **At a steady LR.** A higher LR is noisier by itself: no finding while the recent LR is above
+  the baseline's (warmup, restarts, re-warming); a decay only makes the loss quieter.
+* **Sustained.** The rise must hold for ``sustain`` consecutive entries, it is a warning (the run
+  learns worse, nothing is burning), and it resolves when the noise is back near its baseline.
+
+The hint names sequence-level shuffling and batch composition; batch fingerprints, when the run
+sends them, tell replayed batches (repeats) from new but less mixed ones. State is bounded: a
+few fixed windows.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+from trainmon.wire import Event
+from trainmon.monitor.config import LossNoiseConfig
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import RollingWindow
+
+__all__ = ["LossNoise", "shuffling_hint"]
+
+
+def shuffling_hint(since: int | None, than: str = "before") -> str:
+    """What a noisier loss at a steady LR usually means, and what to check (also used by ``compare``,
+    with ``than="in A"``)."""
+    where = f" around step {since}" if since is not None else ""
+    return (
+        f"Batches look less diverse than {than}: check sequence-level shuffling. A loader that reads each "
+        "document's sequences in order lets one long or odd document fill a whole batch (SmolLM3's noisier "
+        "loss; they pre-shuffled the tokenized sequences offline, per node and epoch). Check any data loader, "
+        f"mixture or packing change{where}, and the batch size per step."
+    )
+
+
+def _fingerprint_note(prints: list[Any]) -> tuple[str, dict[str, int]]:
+    sent = [p for p in prints if isinstance(p, str)]
+    if not sent:
+        return (
+            " The run sends no batch fingerprints, so replayed batches cannot be ruled out "
+            "(TrainMonitor.step_end(batch_fingerprint=...)).",
+            {},
+        )
+    repeated = len(sent) - len(set(sent))
+    counts = {"sent": len(sent), "repeated": repeated}
+    if repeated:
+        return (
+            f" {repeated} of the last {len(sent)} batch fingerprints repeat: batches are being replayed "
+            "(check the sampler's seed and epoch and the restored data position).",
+            counts,
+        )
+    return (
+        f" The last {len(sent)} batch fingerprints are all distinct: the batches are new data, not replays, "
+        "so their mixing is what changed.",
+        counts,
+    )
+
+
+class LossNoise(Detector):
+    """A sustained rise of the loss's step-to-step noise over the attempt's own baseline, at a steady LR."""
+
+    kind = "loss_noise"
+
+    def __init__(self, config: LossNoiseConfig) -> None:
+        self.config = config
+        self._open = False
+        self._reset(warmup_end=0)
+
+    def _reset(self, warmup_end: int) -> None:
+        c = self.config
+        self._warmup_end = warmup_end
+        self._prev: float | None = None
+        self._recent: collections.deque[tuple[float, float, float, float | None, int]] = collections.deque()
+        self._levels: collections.deque[float] = collections.deque(maxlen=c.baseline)  # the baseline's losses
+        self._settled = False  # the noise was once near the baseline's: a rise after it is an onset
+        self._rd, self._ra = RollingWindow(c.window), RollingWindow(c.window)
+        self._bd, self._ba = RollingWindow(c.baseline), RollingWindow(c.baseline)
+        self._rlr, self._blr = RollingWindow(c.window), RollingWindow(c.baseline)
+        self._prints: collections.deque[Any] = collections.deque(maxlen=c.window)
+        self._hits = 0
+        self._calm = 0
+        self._since: int | None = None  # step at which the noise first rose past admit_ratio
+        self._reported = 0  # step of the last finding of the open anomaly
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        if event.kind == "run_start":
+            out = []
+            if self._open:
+                out.append(self._finding(None, "a new attempt: its noise is judged afresh", {}, resolved=True))
+                self._open = False
+            sched = event.fields.get("schedule")
+            warmup = sched.get("warmup_steps") if isinstance(sched, dict) else None
+            self._reset(warmup_end=warmup if isinstance(warmup, int) else 0)
+            return out
+        if event.kind != "step":
+            return []
+        f = event.fields
+        loss, step = f.get("loss"), f["step"]
+        if not finite(loss) or loss <= 0:
+            self._prev = None  # no difference across a gap in the losses
+            return []
+        prev, self._prev = self._prev, float(loss)
+        if prev is None:
+            return []
+        lrs = f.get("lr")
+        lr = lrs[0] if isinstance(lrs, list) and lrs and finite(lrs[0]) else None
+        return self._add(step, float(loss), math.log(loss / prev), loss - prev, lr, f.get("batch_fingerprint"))
+
+    # -- the rule --------------------------------------------------------------------------------
+
+    def _ratios(self) -> tuple[float, float] | None:
+        """(relative, absolute) noise of the recent window over the baseline's, once both are judged."""
+        if len(self._recent) < self.config.window or not self._bd.full:
+            return None
+        bd, ba = self._bd.mad(), self._ba.mad()
+        if bd <= 0 or ba <= 0:
+            return None  # a baseline with no measurable noise (a quantised or constant log)
+        return self._rd.mad() / bd, self._ra.mad() / ba
+
+    def _lr_steady(self) -> bool:
+        if not len(self._rlr) or not len(self._blr):
+            return True  # no LR logged: nothing says it rose
+        return self._rlr.median() <= self._blr.median() * (1 + self.config.lr_rise)
+
+    def _level_steady(self) -> bool:
+        """The oldest third of the baseline and the recent window at about the same loss."""
+        old = sorted(list(self._levels)[: len(self._levels) // 3])
+        now = sorted(x[0] for x in self._recent)
+        a, b = old[len(old) // 2], now[len(now) // 2]
+        return max(a, b) <= min(a, b) * (1 + self.config.level_drift)
+
+    def _add(self, step: int, loss: float, d: float, a: float, lr: float | None, fingerprint: Any) -> list[Finding]:
+        c = self.config
+        ratios = self._ratios()
+        self._recent.append((loss, d, a, lr, step))
+        self._rd.add(d)
+        self._ra.add(a)
+        if lr is not None:
+            self._rlr.add(lr)
+        self._prints.append(fingerprint)
+        rising = self._settled and ratios is not None and min(ratios) >= c.admit_ratio
+        if len(self._recent) > c.window:
+            old_loss, old_d, old_a, old_lr, old_step = self._recent.popleft()
+            descending = abs(self._rd.median()) > c.trend_max * self._rd.mad()
+            if not (rising or self._open or descending or old_step < self._warmup_end):
+                self._levels.append(old_loss)
+                self._bd.add(old_d)
+                self._ba.add(old_a)
+                if old_lr is not None:
+                    self._blr.add(old_lr)
+        ratios = self._ratios()
+        if ratios is None:
+            return []
+        rel, ab = ratios
+        noise = min(rel, ab)
+        if noise < c.admit_ratio:
+            self._since, self._settled = None, True
+        elif self._since is None and self._settled:
+            self._since = step
+        if not self._open:
+            # A streak starts at ``ratio`` and holds while the noise stays ``admit_ratio`` up (hysteresis).
+            judged = noise >= c.admit_ratio and self._settled and self._lr_steady() and self._level_steady()
+            self._hits = self._hits + 1 if judged and (self._hits or rel >= c.ratio) else 0
+            if self._hits < c.sustain or rel < c.ratio:
+                return []
+            self._open, self._calm, self._reported = True, 0, step
+            return [self._report(step, rel, ab)]
+        self._calm = self._calm + 1 if noise < c.release_ratio else 0
+        if self._calm >= c.sustain:
+            self._open = False
+            msg = f"loss noise back to {noise:.1f}x its baseline (relative {rel:.1f}x, absolute {ab:.1f}x)"
+            return [self._finding(step, msg, {"relative_ratio": rel, "absolute_ratio": ab}, resolved=True)]
+        if step - self._reported >= c.window:
+            self._reported = step
+            return [self._report(step, rel, ab)]
+        return []
+
+    def _report(self, step: int, rel: float, ab: float) -> Finding:
+        c = self.config
+        note, prints = _fingerprint_note(list(self._prints))
+        lr = f"at a steady LR ({self._rlr.median():.3g})" if len(self._rlr) else "(the run logs no LR)"
+        since = f"first seen at step {self._since}" if self._since is not None else "rising"
+        msg = (
+            f"loss noise {rel:.1f}x its baseline for {c.sustain}+ entries {lr}, {since}: step-to-step MAD "
+            f"{self._rd.mad():.3g} vs {self._bd.mad():.3g} of the log loss ({rel:.1f}x), "
+            f"{self._ra.mad():.3g} vs {self._ba.mad():.3g} of the loss ({ab:.1f}x)"
+        )
+        evidence = {
+            "relative_ratio": rel,
+            "absolute_ratio": ab,
+            "recent_mad_log": self._rd.mad(),
+            "baseline_mad_log": self._bd.mad(),
+            "recent_mad": self._ra.mad(),
+            "baseline_mad": self._ba.mad(),
+            "window": c.window,
+            "baseline_entries": len(self._bd),
+            "rise_first_seen": self._since,
+            "lr_recent": self._rlr.median() if len(self._rlr) else None,
+            "lr_baseline": self._blr.median() if len(self._blr) else None,
+        }
+        if prints:
+            evidence["batch_fingerprints"] = prints
+        return self._finding(step, msg, evidence, hint=shuffling_hint(self._since) + note)
+
+    def _finding(
+        self, step: int | None, message: str, evidence: dict[str, Any], *, hint: str = "", resolved: bool = False
+    ) -> Finding:
+        return Finding(self.kind, "warning", step, message, hint, evidence, resolved=resolved)

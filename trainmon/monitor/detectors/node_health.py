@@ -1,0 +1,222 @@
+"""``node_health``: NVML and psutil thresholds and counters from ``health`` events.
+
+Why the rule is what it is (``failure-modes.md`` H1, P7, P4): most interruptions at scale are
+hardware (Llama 3: faulty GPUs and HBM are half of them) and their precursors are weak, so the
+few cheap, reliable ones are worth reporting the moment they appear:
+
+- uncorrected (double-bit) ECC errors > 0 (H1: "any double-bit error") - critical;
+- corrected ECC errors rising by ``ecc_corrected_rise`` within ``ecc_window`` samples (H1: "a
+  rising single-bit rate") - warning;
+- NVML clock-event (throttle) reasons in ``throttle_mask``: HW slowdown, SW/HW thermal slowdown,
+  HW power brake (P7: annotate when they are set). SW power cap and idle are routine and ignored;
+- GPU temperature above ``gpu_temp_warning_c`` / ``gpu_temp_critical_c`` (P7);
+- GPU memory near full, host memory above ``host_mem_fraction`` of the total, process RSS near the
+  host total (P4: the OOM killer is next).
+
+Level conditions must hold for ``sustain`` consecutive samples (one hot reading is noise);
+counters fire at once. One anomaly per rank lists every active condition; it is updated when the
+set of conditions or the severity changes and resolved after ``resolve_after`` clean samples.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from trainmon.wire import Event
+from trainmon.monitor.config import NodeHealthConfig
+from trainmon.monitor.detectors.base import Detector, Finding
+
+__all__ = ["THROTTLE_REASONS", "NodeHealth", "decode_throttle"]
+
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+"""NVML ``nvmlClocksEventReasons`` (formerly ``nvmlClocksThrottleReasons``) bits and their names."""
+
+_HINTS = {
+    "ecc_uncorrected": (
+        "uncorrected ECC errors: the GPU's memory returned corrupt data (HBM fault, H1). Expect a crash "
+        "or silent corruption: drain the node, run the vendor diagnostics (dcgmi diag -r 3), check "
+        "`nvidia-smi -q -d ECC,ROW_REMAPPER` for pending row remaps, restart from the last checkpoint"
+    ),
+    "ecc_corrected": (
+        "corrected ECC errors are rising: a degrading HBM region often precedes an uncorrectable error "
+        "(H1). Schedule the node for diagnostics and check pending row remaps"
+    ),
+    "throttle": (
+        "the GPU is throttling its clocks: check cooling and airflow, power delivery and the PSU "
+        "(`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`); a throttled GPU makes this rank a straggler"
+    ),
+    "gpu_temp": "the GPU runs hot: check fans, airflow, inlet temperature and the thermal interface (P7)",
+    "gpu_mem": (
+        "GPU memory is nearly full: an out-of-memory error is close. Check for growing activations or "
+        "caches (memory_leak), fragmentation (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), batch size"
+    ),
+    "host_mem": (
+        "host memory is nearly exhausted: the OOM killer is next. Check dataloader workers' memory "
+        "(copy-on-access of Python objects, P4), pinned-memory buffers and other processes on the host"
+    ),
+    "rss": (
+        "this training process holds most of the host's memory: look for a host-side leak (lists of "
+        "tensors kept with their graphs, growing caches) before the OOM killer ends the run"
+    ),
+}
+
+
+def decode_throttle(mask: int) -> list[str]:
+    """Names of the NVML clock-event reason bits set in ``mask``."""
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+class NodeHealth(Detector):
+    """Thresholds on one rank's health samples; one anomaly lists every active condition."""
+
+    kind = "node_health"
+
+    def __init__(self, config: NodeHealthConfig) -> None:
+        self.config = config
+        self._streak: dict[str, int] = collections.defaultdict(int)
+        self._ecc: dict[Any, collections.deque[int]] = {}
+        self._open: dict[str, str] = {}  # condition -> severity, as last reported
+        self._clean = 0
+        self._last_step: int | None = None
+
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        if event.kind == "step":
+            self._last_step = event.fields["step"]
+            return []
+        if event.kind != "health":
+            return []
+        found = self._conditions(event.fields)
+        active: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        for key, (severity, text, evidence, level) in found.items():
+            self._streak[key] += 1
+            if not level or self._streak[key] >= self.config.sustain:
+                active[key] = (severity, text, evidence)
+        for key in list(self._streak):
+            if key not in found:
+                del self._streak[key]
+        if not active:
+            if not self._open:
+                return []
+            self._clean += 1
+            if self._clean < self.config.resolve_after:
+                return []
+            self._open = {}
+            return [
+                Finding(
+                    kind=self.kind,
+                    severity="info",
+                    step=self._last_step,
+                    message=f"node health back to normal on {event.host}",
+                    hint="No action needed; keep an eye on the node if it recurs.",
+                    evidence={},
+                    resolved=True,
+                )
+            ]
+        self._clean = 0
+        now = {k: v[0] for k, v in active.items()}
+        if now == self._open or (set(now) <= set(self._open) and _rank_of(now) <= _rank_of(self._open)):
+            return []  # nothing new or worse: the open anomaly already says it
+        self._open = now
+        severity = max((v[0] for v in active.values()), key=_SEVERITY.index)
+        order = sorted(active, key=lambda k: -_SEVERITY.index(active[k][0]))
+        return [
+            Finding(
+                kind=self.kind,
+                severity=severity,
+                step=self._last_step,
+                message=f"{event.host}: " + "; ".join(active[k][1] for k in order),
+                hint="Likely cause: " + "; ".join(_HINTS[k.split(":")[0]] for k in dict.fromkeys(order)) + ".",
+                evidence={k: active[k][2] for k in order},
+            )
+        ]
+
+    def _conditions(self, f: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, Any], bool]]:
+        """Condition key -> (severity, message, evidence, is a level condition)."""
+        cfg = self.config
+        out: dict[str, tuple[str, str, dict[str, Any], bool]] = {}
+        for gpu in f.get("gpus") or []:
+            idx = gpu.get("index", 0)
+            tag = f"GPU {idx}"
+            unc = gpu.get("ecc_uncorrected")
+            if isinstance(unc, int) and unc > 0:
+                out[f"ecc_uncorrected:{idx}"] = (
+                    "critical",
+                    f"{tag}: {unc} uncorrected ECC errors",
+                    {"gpu": idx, "ecc_uncorrected": unc},
+                    False,
+                )
+            cor = gpu.get("ecc_corrected")
+            if isinstance(cor, int):
+                hist = self._ecc.setdefault(idx, collections.deque(maxlen=cfg.ecc_window))
+                hist.append(cor)
+                rise = cor - hist[0]
+                if rise >= cfg.ecc_corrected_rise:
+                    out[f"ecc_corrected:{idx}"] = (
+                        "warning",
+                        f"{tag}: corrected ECC errors rose by {rise} over the last {len(hist)} samples (now {cor})",
+                        {"gpu": idx, "ecc_corrected": cor, "rise": rise},
+                        False,
+                    )
+            mask = gpu.get("throttle_reasons")
+            if isinstance(mask, int) and mask & cfg.throttle_mask:
+                names = decode_throttle(mask & cfg.throttle_mask)
+                severe = mask & 0xC8  # HW slowdown, HW thermal, power brake: the hardware protecting itself
+                out[f"throttle:{idx}"] = (
+                    "critical" if severe else "warning",
+                    f"{tag}: clocks throttled ({', '.join(names)}; reasons 0x{mask:x})",
+                    {"gpu": idx, "throttle_reasons": mask, "names": names, "sm_clock_hz": gpu.get("sm_clock_hz")},
+                    True,
+                )
+            temp = gpu.get("temperature_c")
+            if isinstance(temp, (int, float)) and temp >= cfg.gpu_temp_warning_c:
+                out[f"gpu_temp:{idx}"] = (
+                    "critical" if temp >= cfg.gpu_temp_critical_c else "warning",
+                    f"{tag}: {temp:.0f} C (warning at {cfg.gpu_temp_warning_c:.0f} C)",
+                    {"gpu": idx, "temperature_c": temp},
+                    True,
+                )
+            used, total = gpu.get("mem_used_bytes"), gpu.get("mem_total_bytes")
+            if isinstance(used, int) and isinstance(total, int) and total > 0 and used / total >= cfg.gpu_mem_fraction:
+                out[f"gpu_mem:{idx}"] = (
+                    "warning",
+                    f"{tag}: memory {used / total:.1%} full ({used / 2**30:.1f} of {total / 2**30:.1f} GiB)",
+                    {"gpu": idx, "mem_used_bytes": used, "mem_total_bytes": total},
+                    True,
+                )
+        used, total = f.get("host_mem_used_bytes"), f.get("host_mem_total_bytes")
+        if isinstance(used, int) and isinstance(total, int) and total > 0:
+            share = used / total
+            if share >= cfg.host_mem_fraction:
+                out["host_mem"] = (
+                    "critical" if share >= cfg.host_mem_critical_fraction else "warning",
+                    f"host memory {share:.1%} used ({used / 2**30:.1f} of {total / 2**30:.1f} GiB)",
+                    {"host_mem_used_bytes": used, "host_mem_total_bytes": total},
+                    True,
+                )
+            rss = f.get("rss_bytes")
+            if isinstance(rss, int) and rss / total >= cfg.rss_fraction:
+                out["rss"] = (
+                    "critical",
+                    f"process RSS {rss / 2**30:.1f} GiB is {rss / total:.0%} of the host's memory",
+                    {"rss_bytes": rss, "host_mem_total_bytes": total},
+                    True,
+                )
+        return out
+
+
+_SEVERITY = ("info", "warning", "critical")
+
+
+def _rank_of(conditions: dict[str, str]) -> int:
+    return max((_SEVERITY.index(s) for s in conditions.values()), default=0)

@@ -1,0 +1,62 @@
+"""Stored rows back into wire-format events.
+
+Detectors keep streaming state (baselines, windows). When the collector restarts, that state is
+rebuilt by replaying the tail of each stream from storage, so a restart does not blind a
+detector for a window; the same functions let stored runs be re-analysed offline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from trainmon.wire import Event
+from trainmon.monitor.store.storage import PHASE_COLUMNS, STEP_FIELDS, checkpoints, evals, resumes, steps, streams
+
+__all__ = ["recent_events", "step_fields"]
+
+
+def step_fields(row: Any) -> dict[str, Any]:
+    """The ``step`` event fields of a stored step row."""
+    m = row._mapping
+    fields = {k: m[k] for k in STEP_FIELDS if m[k] is not None}
+    fields["step"] = m["step"]
+    if m["lrs"] is not None:
+        fields["lr"] = m["lrs"]
+    phases = {p: m[f"phase_{p}"] for p in PHASE_COLUMNS if m[f"phase_{p}"] is not None}
+    if phases:
+        fields["phases"] = phases
+    return fields
+
+
+def recent_events(conn: Connection, run: str, rank: int, window: int = 512) -> list[tuple[Event, int]]:
+    """The tail of a rank's history, oldest first, as (event, attempt) pairs.
+
+    Holds every attempt's ``run_start``, the resumes, checkpoints and evaluations, and the
+    last ``window`` steps: what the detectors need to rebuild their state.
+    """
+    hosts: dict[int, tuple[str, str]] = {}
+    out: list[tuple[Event, int]] = []
+
+    def add(kind: str, attempt: int, t: float, fields: dict[str, Any]) -> None:
+        host, stream = hosts.get(attempt, ("", "replay"))
+        out.append((Event(kind, run, rank, host, stream, 0, t, fields), attempt))
+
+    for s in conn.execute(select(streams).where(streams.c.run == run, streams.c.rank == rank)):
+        hosts[s.attempt] = (s.host, s.stream)
+        if s.start is not None:
+            add("run_start", s.attempt, s.started_at, s.start)
+    key = (steps.c.run == run) & (steps.c.rank == rank)
+    rows = conn.execute(select(steps).where(key).order_by(steps.c.time.desc()).limit(window)).all()
+    first_time = rows[-1].time if rows else float("-inf")
+    for r in rows:
+        add("step", r.attempt, r.time, step_fields(r))
+    for table, kind in ((resumes, "resume"), (checkpoints, "checkpoint"), (evals, "eval")):
+        cond = (table.c.run == run) & (table.c.rank == rank) & (table.c.time >= first_time)
+        for r in conn.execute(select(table).where(cond)):
+            m = dict(r._mapping)
+            fields = {k: v for k, v in m.items() if k not in ("run", "rank", "attempt", "time") and v is not None}
+            add(kind, r.attempt, r.time, fields)
+    out.sort(key=lambda pair: (pair[0].time, pair[0].kind != "run_start"))
+    return out
