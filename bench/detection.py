@@ -52,13 +52,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.synthetic import Trace, clean_controls, fault_traces
-from trainmon.wire import validate_event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import CollectorConfig, DetectorsConfig, HangConfig
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import validate_event
 
 MAX_DELAY = {  # steps after the fault's last step within which a detection still counts
     "nan_inf": 1,

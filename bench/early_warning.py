@@ -46,10 +46,10 @@ from typing import Any
 import torch
 
 from trainmon.hooks.precursors import Precursors
-from trainmon.wire import validate_event
 from trainmon.monitor.config import InstabilityPrecursorConfig
 from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor
 from trainmon.reference_trainer.model import GPT, GPTConfig
+from trainmon.wire import validate_event
 
 LOSS_KINDS = ("loss_spike", "divergence", "nan_inf", "grad_explosion")
 STEPS = 400

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from trainmon.monitor.collector.server import Collector, ServerThread, create_app
 from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.web.server import Collector, ServerThread, create_app
 
 
 @dataclass

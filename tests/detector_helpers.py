@@ -9,10 +9,10 @@ from pathlib import Path
 
 from trainer_helpers import run_trainer
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 
 def ev(kind: str, fields: dict, t: float = 0.0) -> Event:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from trainmon.fingerprint import compare_fingerprints, state_fingerprint
 from trainmon.hooks import TrainMonitor
-from trainmon.hooks.fingerprint import compare_fingerprints, state_fingerprint
 from trainmon.schedules import Schedule
 from trainmon.wire import validate_event
 
@@ -462,8 +462,8 @@ def test_live_mfu_counts_the_models_parameters(streams: dict[str, Any], name: st
     (declared by the callback on a known GPU; here as a user would declare it) the collector's live
     MFU (``trainmon_mfu``) is 6·N FLOPs per token at the rank's tokens/s; it asked for
     ``flops_per_token``, which no callback sends."""
-    from trainmon.wire import validate_event
     from trainmon.monitor.collector.live import LiveState
+    from trainmon.wire import validate_event
 
     peak = 1e12
     events = [dict(e) for e in streams[name]]

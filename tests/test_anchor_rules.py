@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import anchors
 from trainmon.monitor.detectors.loss_spike import LossSpike
+from trainmon.wire import Event
 
 
 def _toy_trace() -> list[float]:

@@ -19,13 +19,13 @@ from sqlalchemy import select
 
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
-from trainmon.wire import validate_batch
 from trainmon.monitor.collector.detection_process import LocalDetection
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.store.storage import Storage, anomalies
+from trainmon.wire import validate_batch
 
 
 def _run_events(run: str, rank: int, n_steps: int, *, nan_at: int | None = None, end: bool = True) -> list[dict]:

@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import LiveCollector
 from tests.events import batch, step_events
-from trainmon.monitor.collector.server import check_bind
 from trainmon.monitor.config import CollectorConfig, ConfigError
+from trainmon.monitor.web.server import check_bind
 
 
 def _request(

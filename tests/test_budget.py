@@ -1,4 +1,4 @@
-"""``trainmon.monitor.analysis.budget`` and ``trainmon budget``: every worked number of the seeds, reproduced.
+"""``trainmon.monitor.core.budget`` and ``trainmon budget``: every worked number of the seeds, reproduced.
 
 Seeds: 001 the theory notebook, 002 "Infra math for LLM training", 003 "Planning LLM
 training" (GPT-2 XL), 004 "How to train an LLM" (the 8B Megatron example).
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.hooks.flops import peak_flops_for, training_flops_per_token
-from trainmon.monitor.analysis import budget as b
+from trainmon.flops import peak_flops_for, training_flops_per_token
 from trainmon.monitor.cli import main
+from trainmon.monitor.core import budget as b
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_XL = {"layers": 48, "d_model": 1600, "vocab": 50257, "heads": 25, "seq": 1024}

@@ -30,10 +30,10 @@ import pytest
 from sqlalchemy import select
 
 from tests.events import batch, event, step_events
-from trainmon.wire import Event
 from trainmon.monitor.collector.detection_process import DetectionProcess
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.store.storage import Storage, steps
+from trainmon.wire import Event
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,6 @@ import pytest
 
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
-from trainmon.wire import Event, validate_batch
 from trainmon.monitor.collector.detection import Detection
 from trainmon.monitor.collector.detection_process import DetectionProcess
 from trainmon.monitor.collector.engine import Engine
@@ -26,6 +25,7 @@ from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig, detectors_config
 from trainmon.monitor.detectors import LossSpike, NanInf
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event, validate_batch
 
 
 def _trace(run: str, nan_at: set[int], n: int = 60, rank: int = 0, start_seq: int = 1) -> list[dict]:
@@ -150,7 +150,7 @@ def test_a_script_without_a_main_guard_can_open_a_collector(tmp_path: Path) -> N
     script.write_text(
         "from trainmon.wire import validate_batch\n"
         "from trainmon.monitor.config import CollectorConfig\n"
-        "from trainmon.monitor.collector.server import Collector\n"
+        "from trainmon.monitor.web.server import Collector\n"
         "from tests.events import batch, event, step_events\n"
         f"c = Collector.open(CollectorConfig(db={str(tmp_path / 'e.sqlite')!r}))\n"
         "nan_at_3 = step_events(5, loss=lambda i: 'NaN' if i == 3 else 2.0)\n"

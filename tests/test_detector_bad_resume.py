@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import BadResumeConfig
 from trainmon.monitor.detectors import BadResume, Finding
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 KIND = "bad_resume"
 

@@ -7,9 +7,9 @@ import tracemalloc
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, SEVERITIES, Detector, Finding
+from trainmon.wire import Event
 
 
 def _ev(kind: str, fields: dict, t: float, rank: int = 0) -> Event:

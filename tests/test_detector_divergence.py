@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.divergence import Divergence
+from trainmon.wire import Event
 
 
 def _steps(losses) -> list[Event]:

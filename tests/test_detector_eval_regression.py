@@ -10,9 +10,9 @@ import pytest
 from detector_helpers import curve, ev, run_reference, start
 
 from tests.real_log_types import REAL_LOGS
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.eval_regression import EvalRegression
+from trainmon.wire import Event
 
 
 def _run(train, evals, every: int, resume_at: int | None = None) -> list[Event]:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.grad_explosion import GradExplosion
+from trainmon.wire import Event
 
 _LEVEL = {"info": 0, "warning": 1, "critical": 2}
 

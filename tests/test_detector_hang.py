@@ -11,11 +11,11 @@ from trainer_helpers import TINY, read_labels, torchrun
 
 from tests.conftest import start_collector
 from tests.events import batch, event
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import CollectorConfig, DetectorsConfig, HangConfig
 from trainmon.monitor.detectors.hang import Hang
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 KIND = "hang"
 T0 = 1e9

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from detector_helpers import ev, feed, run_reference, start
 
-from trainmon.schedules import Schedule
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.loss_noise import LossNoise
+from trainmon.schedules import Schedule
+from trainmon.wire import Event
 
 STEPS = 1200
 SCHEDULE = Schedule("cosine", 1e-3, STEPS, 50)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from detector_helpers import ev, feed, run_reference, start
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.loss_scale_collapse import LossScaleCollapse
+from trainmon.wire import Event
 
 
 def _steps(scales, skips=None, first=0) -> list[Event]:

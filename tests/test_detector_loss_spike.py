@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from detector_helpers import curve, ev, feed, run_reference, start
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.loss_spike import LossSpike
+from trainmon.wire import Event
 
 
 def _steps(losses, norms=None, fingerprint=True, lr=None, end=False) -> list[Event]:

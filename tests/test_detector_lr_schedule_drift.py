@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from trainmon.schedules import SCHEDULE_NAMES, Schedule
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import LrScheduleDriftConfig
 from trainmon.monitor.detectors import Finding, LrScheduleDrift
 from trainmon.monitor.store.storage import Storage
+from trainmon.schedules import SCHEDULE_NAMES, Schedule
+from trainmon.wire import Event
 
 KIND = "lr_schedule_drift"
 REAL_LOGS = Path("/work/shared/real-logs")

@@ -8,11 +8,11 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import MemoryLeakConfig
 from trainmon.monitor.detectors.memory_leak import MemoryLeak, theil_sen
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 MIB = 1 << 20
 GIB = 1 << 30

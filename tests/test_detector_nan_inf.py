@@ -8,9 +8,9 @@ import math
 
 from detector_helpers import ev, feed, start
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.nan_inf import NanInf
+from trainmon.wire import Event
 
 
 def _det() -> NanInf:

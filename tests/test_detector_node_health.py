@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import TINY, of_kind, read_events, run_trainer
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import NodeHealthConfig
 from trainmon.monitor.detectors.node_health import NodeHealth, decode_throttle
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 GIB = 1 << 30
 

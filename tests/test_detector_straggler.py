@@ -9,11 +9,11 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, torchrun
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import StragglerConfig
 from trainmon.monitor.detectors.straggler import Straggler
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 KIND = "straggler"
 

@@ -8,11 +8,11 @@ import random
 import pytest
 from trainer_helpers import TINY, read_labels, run_trainer
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.config import ThroughputCollapseConfig
 from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 KIND = "throughput_collapse"
 

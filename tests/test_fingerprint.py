@@ -18,9 +18,9 @@ from trainmon.hooks.fingerprint import (
     scheduler_summary,
     state_fingerprint,
 )
-from trainmon.wire import Event
 from trainmon.monitor.config import BadResumeConfig
 from trainmon.monitor.detectors import BadResume
+from trainmon.wire import Event
 
 
 def _setup(seed: int = 0):
@@ -125,9 +125,10 @@ def test_compare_fingerprints_rules():
     assert compare_fingerprints(a, b, ignore=["nested", "only_a", "only_b"]) == {}
 
 
-def test_import_does_not_pull_torch():
+def test_import_does_not_pull_torch_or_the_trainer_side():
     code = (
-        "import sys, trainmon.hooks.fingerprint as f; f.compare_fingerprints({}, {}); assert 'torch' not in sys.modules"
+        "import sys, trainmon.fingerprint as f; f.compare_fingerprints({}, {}); "
+        "assert not {'torch', 'trainmon.hooks'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -21,8 +21,8 @@ import pytest
 
 from tests.conftest import LiveCollector
 from tests.events import event
-from trainmon.monitor.analysis.goodput import CAUSES, MARKS, Ledger, headline
 from trainmon.monitor.analysis.postmortem import import_file, summarize
+from trainmon.monitor.core.goodput import CAUSES, MARKS, Ledger, headline
 from trainmon.monitor.store.storage import Storage
 
 NORMAL = {"data": 0.01, "forward": 0.5, "backward": 0.4}

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.importers import detect_format, read_events
 from trainmon.monitor.importers.deepspeed import parse_deepspeed
+from trainmon.wire import Event
 
 T0 = "2023-04-18 01:46:"  # stamps below are T0 + seconds
 

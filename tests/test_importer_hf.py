@@ -6,10 +6,10 @@ import json
 import math
 from pathlib import Path
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 
 def _state(tmp_path: Path, history: list[dict], **top: object) -> Path:

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.importers.nanochat import parse_nanochat
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 LOGS = Path(__file__).resolve().parents[2] / "shared" / "real-logs"
 _MANIFEST_FILE = LOGS / "manifest.json"

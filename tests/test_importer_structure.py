@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 
 def _events(path: Path, **kw: Any) -> list[Event]:

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from tests.real_log_types import REAL_LOGS
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import ImportFormatError, detect_format, read_events
 from trainmon.monitor.importers.textlog import parse_textlog
 from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.store.storage import runs as runs_table
+from trainmon.wire import Event
 
 LOGS = REAL_LOGS
 _MANIFEST_FILE = LOGS / "manifest.json"

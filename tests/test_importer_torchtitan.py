@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.importers import detect_format, read_events
 from trainmon.monitor.importers.torchtitan import looks_like_torchtitan, parse_torchtitan
+from trainmon.wire import Event
 
 RED, GREEN, YELLOW, BLUE, MAGENTA, CYAN, RESET = (f"\033[{c}m" for c in (31, 32, 33, 34, 35, 36, 39))
 ORANGE, TURQUOISE = "\033[38;2;180;60;0m", "\033[38;2;54;234;195m"

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.cli import main
 from trainmon.monitor.importers import ImportFormatError, detect_format, read_events
 from trainmon.monitor.importers.store import import_log
 from trainmon.monitor.importers.tensorboard import read_scalars
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.events import batch, event
-from trainmon.wire import Event, validate_batch
 from trainmon.monitor.collector.detection import Detection
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import IngestError, IngestLimits, Ingestor, IngestResult, LimitError
@@ -25,6 +24,7 @@ from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import Detector, Finding
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event, validate_batch
 
 
 @pytest.fixture

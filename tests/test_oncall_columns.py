@@ -21,9 +21,9 @@ import pytest
 
 from tests.conftest import LiveCollector
 from tests.events import batch, event, step_events
-from trainmon.monitor.analysis.fmt import fmt
-from trainmon.monitor.collector.server import Collector, ServerThread, create_app
 from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.core.fmt import fmt
+from trainmon.monitor.web.server import Collector, ServerThread, create_app
 
 TRAINMON = [sys.executable, "-m", "trainmon"]
 BROKEN = "llama3-8b-sft-lr3e-5-bs256-20261126-nan-at-step-300-of-400xx"

@@ -17,11 +17,11 @@ from sqlalchemy import select
 
 from tests.events import event, step_events
 from tests.real_log_types import REAL_LOGS
-from trainmon.wire import json_safe
 from trainmon.monitor.analysis.coverage import not_checked
 from trainmon.monitor.analysis.postmortem import Analysis, analyse, import_file
 from trainmon.monitor.analysis.report import print_summary, render_html
 from trainmon.monitor.store.storage import Storage, runs
+from trainmon.wire import json_safe
 
 SMALL = 250_000  # bytes: the real logs read here (about 40 of them, a few seconds)
 # The HF importer keeps no eval that has generation metrics and no eval_loss (BLEU/ROUGE only): the

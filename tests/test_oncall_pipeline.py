@@ -20,8 +20,8 @@ import pytest
 
 from tests.conftest import LiveCollector
 from tests.events import batch, event, step_events
-from trainmon.monitor.collector.server import Collector, ServerThread, create_app
 from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.web.server import Collector, ServerThread, create_app
 
 TRAINMON = [sys.executable, "-m", "trainmon"]
 

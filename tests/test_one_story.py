@@ -20,8 +20,8 @@ from trainmon.monitor.analysis.live_view import render_status, run_status, run_t
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.analysis.report import print_runs
 from trainmon.monitor.analysis.verdict import health, verdict
-from trainmon.monitor.collector.web import WebView
 from trainmon.monitor.store.storage import Storage
+from trainmon.monitor.web.pages import WebView
 
 RUN = "story"
 

@@ -105,7 +105,7 @@ def test_json_contract_and_the_run_summary(faulted_run: Any) -> None:
     assert (resume["attempt"], resume["step"]) == (1, 49)
     ck = s["checkpoint"]
     assert ck["count"] >= 4 and 0 < ck["overhead_fraction"] < 1 and ck["interval_steps"] == 25
-    # one failure in the run's wall time: MTBF = wall time; Young/Daly from trainmon.monitor.analysis.budget
+    # one failure in the run's wall time: MTBF = wall time; Young/Daly from trainmon.monitor.core.budget
     assert ck["mtbf_seconds"] == pytest.approx(s["duration_seconds"])
     expected = optimal_checkpoint_interval(ck["mean_seconds"], ck["mtbf_seconds"])
     assert ck["optimal_interval_seconds"] == pytest.approx(expected["daly_seconds"])

@@ -16,13 +16,13 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainmon.wire import Event
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.detectors import GradExplosion
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.monitor.importers.common import to_float
 from trainmon.monitor.importers.csv import _column_floats, parse_csv
 from trainmon.monitor.importers.hf import _policy_reward
+from trainmon.wire import Event
 
 # Integers make ties (equal deviations on both sides of the median), which is where a selection
 # of the k-th deviation from two sorted runs can go wrong.

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig, InstabilityPrecursorConfig
 from trainmon.monitor.detectors.base import SEVERITIES
 from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor
+from trainmon.wire import Event
 
 
 def _ev(kind: str, fields: dict) -> Event:

@@ -11,8 +11,8 @@ import torch.nn as nn
 
 from trainmon.hooks import TrainMonitor
 from trainmon.hooks.precursors import Precursors
-from trainmon.wire import validate_event
 from trainmon.reference_trainer.model import GPT, GPTConfig
+from trainmon.wire import validate_event
 
 
 class HFStyleAttention(nn.Module):

@@ -11,10 +11,10 @@ import pytest
 import torch
 from trainer_helpers import ROOT, TINY, attempts, losses, of_kind, read_events, run_trainer, trainer_env
 
-from trainmon.hooks.fingerprint import compare_fingerprints
-from trainmon.wire import validate_event
+from trainmon.fingerprint import compare_fingerprints
 from trainmon.reference_trainer.config import ConfigError, TrainConfig, build_parser, config_from_args, load_toml
 from trainmon.reference_trainer.data import Loader, MarkovSource, TokenFileSource
+from trainmon.wire import validate_event
 
 
 @pytest.mark.slow

@@ -23,11 +23,11 @@ from trainer_helpers import (
     trainer_env,
 )
 
-from trainmon.hooks.fingerprint import compare_fingerprints
-from trainmon.schedules import Schedule
+from trainmon.fingerprint import compare_fingerprints
 from trainmon.reference_trainer.config import TrainConfig
 from trainmon.reference_trainer.data import MarkovSource
 from trainmon.reference_trainer.faults import CATALOG, FaultError, FaultPlan, parse_fault
+from trainmon.schedules import Schedule
 
 LN_V = math.log(TrainConfig().vocab_size)
 FLOOR = MarkovSource(64, 1337, 4).entropy_floor

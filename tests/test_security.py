@@ -30,9 +30,9 @@ from sqlalchemy import func, select
 
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
-from trainmon.monitor.collector.server import _Ingress, check_bind
 from trainmon.monitor.config import CollectorConfig, ConfigError, load_config
 from trainmon.monitor.store.storage import Storage, steps
+from trainmon.monitor.web.server import _Ingress, check_bind
 
 TOKEN = "tm-s3cret-Zq8x1vK0pL"
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]

@@ -16,13 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainmon.wire import Event
 from trainmon.monitor.collector.engine import AnomalyChange
 from trainmon.monitor.collector.exporter import TrainingCollector
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.open_findings import OpenFindings
 from trainmon.monitor.config import SeriesLimits
 from trainmon.monitor.detectors import Finding
+from trainmon.wire import Event
 
 RUNS, RANKS, GPUS_PER_NODE = 5, 1000, 8
 

@@ -1,8 +1,8 @@
-"""Grouping the ranks' stacks by signature and naming the odd ones out (trainmon.monitor.analysis.stacks)."""
+"""Grouping the ranks' stacks by signature and naming the odd ones out (trainmon.monitor.core.stacks)."""
 
 from __future__ import annotations
 
-from trainmon.monitor.analysis.stacks import group_stacks, rank_ranges
+from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 
 
 def frames(*where: tuple[str, int, str, str]) -> list[dict]:

@@ -12,12 +12,12 @@ from sqlalchemy import func, select
 
 from tests.events import batch, event, step_events
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
-from trainmon.wire import validate_batch
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.store.storage import Storage, anomalies, metadata, steps, streams
+from trainmon.wire import validate_batch
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

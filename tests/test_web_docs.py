@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from tests.conftest import LiveCollector, start_collector
-from trainmon.monitor.collector.web import api_page, register_docs
+from trainmon.monitor.web.pages import api_page, register_docs
 
 # src=, href=, action=, srcset= and CSS url(...): everything a browser would fetch or follow.
 _REFERENCE = re.compile(

@@ -104,7 +104,7 @@ def test_json_schema_covers_every_kind_and_field() -> None:
 
 def test_wire_module_does_not_import_torch() -> None:
     code = (
-        "import sys, trainmon, trainmon.wire, trainmon.schedules, trainmon.monitor.collector.server, "
+        "import sys, trainmon, trainmon.wire, trainmon.schedules, trainmon.monitor.web.server, "
         "trainmon.monitor.cli; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -17,8 +17,8 @@ __all__ = ["Schedule", "TrainMonitor", "TrainingStopped"]
 
 if TYPE_CHECKING:
     from trainmon.hooks.policy import TrainingStopped
-    from trainmon.schedules import Schedule
     from trainmon.hooks.train_monitor import TrainMonitor
+    from trainmon.schedules import Schedule
 
 
 def __getattr__(name: str) -> Any:

@@ -709,7 +709,7 @@ def fleet_dashboard() -> dict[str, Any]:
         w=12,
         unit="percentunit",
         description="Share of wall time (rank 0's clock, all attempts) that trained the model; "
-        "the rest is badput, by cause on the right (trainmon.monitor.analysis.goodput).",
+        "the rest is badput, by cause on the right (trainmon.monitor.core.goodput).",
         options=TS,
         defaults={"min": 0, "max": 1},
     )

@@ -9,7 +9,8 @@ the bug directly (``optimizer.adam_step_max`` 151 → 0: optimizer state not res
 moves after such bugs on small models, so these state-level checks are what catches them.
 
 The module imports only the standard library at import time (torch is imported inside the
-functions that need it), so the collector can use :func:`compare_fingerprints` without torch.
+functions that need it). How two fingerprints compare is shared with the collector, so it lives
+beside the wire format: :func:`trainmon.fingerprint.compare_fingerprints`.
 
 Cost: every function here reads state that lives on the host, except where a docstring says
 ``SYNC``; those are meant for checkpoint and resume time, never for the per-step hot path.
@@ -22,12 +23,11 @@ import math
 import pickle
 import random
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "batch_fingerprint",
-    "compare_fingerprints",
     "model_summary",
     "optimizer_summary",
     "rng_hashes",
@@ -198,7 +198,7 @@ def state_fingerprint(
 
     ``next_step`` is the step the trainer will run next (the checkpointed step + 1 after a
     correct resume). The same call after saving and after loading yields equal dicts for a
-    correct resume; feed both to :func:`compare_fingerprints` to list what differs.
+    correct resume; feed both to :func:`trainmon.fingerprint.compare_fingerprints` to list what differs.
     """
     fp: dict[str, Any] = {"next_step": int(next_step)}
     for key, value in (
@@ -225,47 +225,3 @@ def state_fingerprint(
         if unused:
             fp["rng_unused"] = unused  # never moved: the resume check skips them
     return fp
-
-
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
-def _same(a: Any, b: Any, rel_tol: float) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, rel_tol) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        try:
-            x, y = float(a), float(b)
-        except (TypeError, ValueError):
-            return a == b
-        if math.isnan(x) and math.isnan(y):
-            return True
-        return math.isclose(x, y, rel_tol=rel_tol, abs_tol=1e-12)
-    return a == b
-
-
-def compare_fingerprints(
-    saved: Mapping[str, Any], restored: Mapping[str, Any], *, rel_tol: float = 1e-6, ignore: Iterable[str] = ()
-) -> dict[str, tuple[Any, Any]]:
-    """Keys (dotted, e.g. ``optimizer.adam_step_max``) whose values differ: ``{key: (saved, restored)}``.
-
-    Keys present on one side only are reported with ``None`` on the other. Floats compare with
-    ``rel_tol``. Standard library only, for the collector's bad-resume check.
-    """
-    a, b = _flatten(saved), _flatten(restored)
-    skip = set(ignore)
-    diff = {}
-    for key in sorted(set(a) | set(b)):
-        if key in skip or any(key.startswith(s + ".") for s in skip):
-            continue
-        if not _same(a.get(key), b.get(key), rel_tol):
-            diff[key] = (a.get(key), b.get(key))
-    return diff

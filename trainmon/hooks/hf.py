@@ -59,11 +59,11 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from trainmon.flops import model_peak_flops
 from trainmon.hooks.fingerprint import state_fingerprint
-from trainmon.hooks.flops import model_peak_flops
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
-from trainmon.schedules import declared_schedule
 from trainmon.hooks.train_monitor import TrainMonitor
+from trainmon.schedules import declared_schedule
 
 __all__ = ["TrainmonCallback"]
 
@@ -380,7 +380,7 @@ def _calling_trainer(callback: TrainerCallback) -> tuple[Trainer | None, str | N
 
 def _compute_precision(args: TrainingArguments) -> str:
     """The precision of the matmuls (``bf16``, ``fp16``, ``fp32``), the key of
-    :data:`trainmon.hooks.flops.PEAK_FLOPS`."""
+    :data:`trainmon.flops.PEAK_FLOPS`."""
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 

@@ -60,11 +60,11 @@ except ImportError:  # pragma: no cover - the older distribution
     from pytorch_lightning.plugins.precision import Precision as _BasePrecision  # type: ignore[no-redef]
     from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
 
+from trainmon.flops import model_peak_flops
 from trainmon.hooks.fingerprint import state_fingerprint
-from trainmon.hooks.flops import model_peak_flops
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
-from trainmon.schedules import declared_schedule
 from trainmon.hooks.train_monitor import TrainMonitor
+from trainmon.schedules import declared_schedule
 
 __all__ = ["TrainmonCallback"]
 
@@ -445,7 +445,7 @@ def _planned_steps(trainer: pl.Trainer) -> int | None:
 
 def _compute_precision(precision: Any) -> str:
     """Lightning's precision setting (``"bf16-mixed"``, ``"16-true"``, ``"32"``...) as the precision
-    of the matmuls, the key of :data:`trainmon.hooks.flops.PEAK_FLOPS`."""
+    of the matmuls, the key of :data:`trainmon.flops.PEAK_FLOPS`."""
     text = str(precision)
     if text.startswith("bf16"):
         return "bf16"

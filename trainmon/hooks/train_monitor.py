@@ -60,9 +60,9 @@ from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.precursors import Precursors
 from trainmon.hooks.readback import Readback, read
-from trainmon.schedules import Schedule, declared_schedule
 from trainmon.hooks.stacks import StackWatch
 from trainmon.hooks.transport import Transport
+from trainmon.schedules import Schedule, declared_schedule
 from trainmon.wire import PHASES
 
 __all__ = ["TrainMonitor"]

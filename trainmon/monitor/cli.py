@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmon.wire import json_safe
-from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.config import ConfigError, load_config
+from trainmon.monitor.core.escape import escape_for_terminal, visible_controls
+from trainmon.wire import json_safe
 
 __all__ = ["main"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from trainmon.monitor.collector.server import serve
+    from trainmon.monitor.web.server import serve
 
     # Flag, then environment, then the config file; the token is never echoed back.
     token = args.token or os.environ.get("TRAINMON_TOKEN") or None
@@ -246,7 +246,7 @@ def _cmd_grafana_provision(args: argparse.Namespace) -> int:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from trainmon.monitor.analysis.budget import BudgetError, plan, render
+    from trainmon.monitor.core.budget import BudgetError, plan, render
 
     names = [a.dest for a in _budget_actions]
     try:
@@ -391,7 +391,7 @@ _budget_actions: list[argparse.Action] = []
 
 
 def _add_budget(sub: argparse._SubParsersAction) -> None:
-    from trainmon.monitor.analysis.budget import RECIPES
+    from trainmon.monitor.core.budget import RECIPES
 
     p = sub.add_parser(
         "budget",

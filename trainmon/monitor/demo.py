@@ -19,13 +19,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.analysis.live_view import render_status, run_status
 from trainmon.monitor.analysis.postmortem import analyse
 from trainmon.monitor.analysis.report import fmt, print_summary, write_report
-from trainmon.monitor.collector.server import Collector, ServerThread, create_app
 from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.core.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.store.storage import Storage
+from trainmon.monitor.web.server import Collector, ServerThread, create_app
 
 __all__ = ["DEFAULT_FAULTS", "default_injects", "run_demo"]
 

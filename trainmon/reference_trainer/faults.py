@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from trainmon.schedules import Schedule
 from trainmon.reference_trainer.data import one_document_batches
+from trainmon.schedules import Schedule
 
 __all__ = ["CATALOG", "Fault", "FaultError", "FaultPlan", "catalog_help", "parse_fault", "write_labels"]
 

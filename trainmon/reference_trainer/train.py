@@ -32,9 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainmon.flops import peak_flops_for, training_flops_per_token
 from trainmon.hooks.fingerprint import batch_fingerprint, state_fingerprint
-from trainmon.hooks.flops import peak_flops_for, training_flops_per_token
-from trainmon.schedules import Schedule
 from trainmon.hooks.train_monitor import TrainMonitor
 from trainmon.reference_trainer.checkpoint import (
     capture_rng,
@@ -48,6 +47,7 @@ from trainmon.reference_trainer.data import Loader, MarkovSource, TokenFileSourc
 from trainmon.reference_trainer.faults import FaultPlan, write_labels
 from trainmon.reference_trainer.model import GPT, GPTConfig
 from trainmon.reference_trainer.precision import autocast_for, make_scaler, resolve_precision
+from trainmon.schedules import Schedule
 
 __all__ = ["train"]
 
@@ -311,7 +311,7 @@ def train(cfg: TrainConfig) -> str:
         resumed=resuming,
         resume_path=str(ckpt_dir) if ckpt_dir else None,
         config_hash=cfg.config_hash(),
-        # MFU inputs (trainmon.hooks.flops, shared with the budget arithmetic): lookups (wte, wpe) cost no FLOPs,
+        # MFU inputs (trainmon.flops, shared with the budget arithmetic): lookups (wte, wpe) cost no FLOPs,
         # the head does.
         flops_per_token=training_flops_per_token(
             sum(p.numel() for p in model.parameters()) - model.wte.weight.numel() - model.wpe.weight.numel(),

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
-from trainmon.monitor.analysis.escape import escape_for_terminal
+from trainmon.monitor.core.escape import escape_for_terminal
 from trainmon.monitor.detectors.loss_noise import shuffling_hint
 from trainmon.monitor.importers.common import BOOKKEEPING_KEYS
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps

@@ -29,18 +29,15 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Connection, select
 
-from trainmon.hooks.flops import declared_flops_per_token
-from trainmon.monitor.analysis import budget
-from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
-from trainmon.monitor.analysis.fmt import fmt as _fmt
-from trainmon.monitor.analysis.fmt import steps_text
-from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
+from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.analysis.termfit import FittedTable
-from trainmon.monitor.analysis.verdict import (  # the one number format: 31,470, not 3.147e+04
-    SEVERITY_ORDER,
-    failed_attempts,
-    health,
-)
+from trainmon.monitor.analysis.verdict import SEVERITY_ORDER, health
+from trainmon.monitor.core import budget
+from trainmon.monitor.core.attempts import failed_attempts
+from trainmon.monitor.core.escape import escape_for_terminal, visible_controls
+from trainmon.monitor.core.fmt import fmt as _fmt
+from trainmon.monitor.core.fmt import steps_text
+from trainmon.monitor.core.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
 
@@ -235,7 +232,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
 
 
 def newest_streams(conn: Connection, run: str) -> list[dict[str, Any]]:
-    """A run's streams (``attempt``, ``end_status``): what :func:`verdict.failed_attempts` counts."""
+    """A run's streams (``attempt``, ``end_status``): what :func:`attempts.failed_attempts` counts."""
     return [
         dict(s._mapping)
         for s in conn.execute(select(streams.c.attempt, streams.c.end_status).where(streams.c.run == run))

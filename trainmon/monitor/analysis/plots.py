@@ -27,10 +27,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.postmortem import Analysis, expected_lr
-from trainmon.monitor.analysis.report import attempt_label
 from trainmon.monitor.analysis.verdict import finding_numbers, verdict
+from trainmon.monitor.core.fmt import attempt_label, fmt
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = ["PLOTS", "render_plots"]

@@ -64,12 +64,13 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, and_, bindparam, case, func, select
 
-from trainmon.hooks.flops import declared_flops_per_token
-from trainmon.schedules import Schedule
-from trainmon.monitor.analysis import budget, coverage, goodput
-from trainmon.monitor.analysis.fmt import fmt
-from trainmon.monitor.analysis.verdict import attempt_failed, attempt_status, clusters
+from trainmon.flops import declared_flops_per_token
+from trainmon.monitor.analysis import coverage
+from trainmon.monitor.analysis.verdict import clusters
 from trainmon.monitor.config import CollectorConfig
+from trainmon.monitor.core import budget, goodput
+from trainmon.monitor.core.attempts import attempt_failed, attempt_status
+from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.store.queries import anomaly_rows, step_base
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
@@ -83,6 +84,7 @@ from trainmon.monitor.store.storage import (
     steps,
     streams,
 )
+from trainmon.schedules import Schedule
 
 __all__ = ["Analysis", "analyse", "import_file", "optimal_checkpoint_interval", "summarize"]
 
@@ -1035,7 +1037,7 @@ def expected_lr(schedule: Schedule, step_values: Iterable[int]) -> np.ndarray:
 
 
 def optimal_checkpoint_interval(checkpoint_seconds: float, mtbf_seconds: float) -> dict[str, float]:
-    """Young's and Daly's optimal compute time between checkpoints, from :mod:`trainmon.monitor.analysis.budget`
+    """Young's and Daly's optimal compute time between checkpoints, from :mod:`trainmon.monitor.core.budget`
     (one definition of the arithmetic for the CLI, the live view and the post-mortem)."""
     return {
         "young_seconds": budget.young_interval_seconds(checkpoint_seconds, mtbf_seconds),

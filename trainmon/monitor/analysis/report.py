@@ -3,7 +3,7 @@
 Both open with the verdict (:mod:`trainmon.monitor.analysis.verdict`): healthy, or the findings
 that matter with when, how bad, what to do, and what it cost. The details follow. The HTML page
 embeds its plots as base64 PNGs and carries its own CSS, so it can be mailed, attached to a ticket
-or opened offline; the collector's web view (:mod:`trainmon.monitor.collector.web`) serves the same
+or opened offline; the collector's web view (:mod:`trainmon.monitor.web.pages`) serves the same
 page, with a refresh while the run is live.
 
 Human-facing conventions, kept in one place so every view agrees: numbers through :func:`fmt`
@@ -30,11 +30,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainmon.monitor.analysis.escape import escape_for_terminal, visible_controls
-from trainmon.monitor.analysis.fmt import fmt
-from trainmon.monitor.analysis.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.analysis.termfit import FittedTable
 from trainmon.monitor.analysis.verdict import finding_numbers, problems_line, verdict
+from trainmon.monitor.core.escape import escape_for_terminal, visible_controls
+from trainmon.monitor.core.fmt import attempt_label, fmt
+from trainmon.monitor.core.stacks import hang_stacks, rank_ranges
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = [
@@ -48,11 +48,6 @@ __all__ = [
     "write_html",
     "write_report",
 ]
-
-
-def attempt_label(attempt: int | None) -> str:
-    """An attempt as people count it: the store's attempt 0 is attempt 1."""
-    return "-" if attempt is None else str(attempt + 1)
 
 
 def duration(seconds: float | None) -> str:
@@ -156,7 +151,7 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         optimal = "-"  # Young/Daly has no failure to weigh: a line that says nothing
     needs = "peak_flops" if s.get("n_params") else "flops_per_token or n_params, and peak_flops"  # what is missing
     mfu = _unknown(s, "mfu") or (pct(s["mfu"]) if s.get("mfu") is not None else f"- (needs {needs})")
-    from trainmon.monitor.analysis import goodput  # numpy: only when a post-mortem is shown
+    from trainmon.monitor.core import goodput  # numpy: only when a post-mortem is shown
 
     rows = [
         ("goodput", goodput.headline(s) or "-"),
@@ -793,8 +788,8 @@ def write_html(summary: dict[str, Any], images: dict[str, bytes], path: Path) ->
 
 def write_report(analysis: Any, out: Path, progress: Callable[[str], Any] | None = None) -> Path:
     """PNG plots and ``report.html`` under ``out``; returns the HTML path."""
-    from trainmon.wire import json_safe
     from trainmon.monitor.analysis.plots import render_plots  # matplotlib only when plots are asked for
+    from trainmon.wire import json_safe
 
     out.mkdir(parents=True, exist_ok=True)
     images = render_plots(analysis, progress)

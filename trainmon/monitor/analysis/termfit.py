@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from trainmon.monitor.analysis.escape import visible_controls
+from trainmon.monitor.core.escape import visible_controls
 
 __all__ = ["FittedTable"]
 

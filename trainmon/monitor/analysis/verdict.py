@@ -15,12 +15,8 @@ runs``, ``trainmon status``, the collector's web index and run page, the post-mo
 healthy when none of its first-level findings is a warning or critical, *open or recovered*, and
 no attempt failed: a recovered loss spike is still a problem the post-mortem reports, so a list
 that called the run "healthy, 0 open findings" told a different story. Which findings are
-first-level is decided here too (:func:`clusters`), and so is whether an attempt failed
-(:func:`attempt_status`, :func:`attempt_failed`). An attempt that crashed, or went silent and was
-followed by another, failed; so did one stopped from outside (``interrupted``: a preemption's
-SIGTERM, a node drain) that a later attempt had to take over, since its work since the last
-checkpoint was lost. The last attempt's interruption (a person's Ctrl-C or scancel, the scheduler's
-time limit) is how the run ended, shown as its status: not a failed attempt. This module stays free
+first-level is decided here too (:func:`clusters`); whether an attempt failed is decided in
+:mod:`trainmon.monitor.core.attempts`, which goodput's accounting shares. This module stays free
 of pandas: the collector imports it.
 """
 
@@ -29,15 +25,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainmon.monitor.analysis.fmt import steps_text
+from trainmon.monitor.core.fmt import steps_text
 
 __all__ = [
     "PRIORITY",
     "TOP",
-    "attempt_failed",
-    "attempt_status",
     "clusters",
-    "failed_attempts",
     "finding_numbers",
     "first_level",
     "health",
@@ -113,36 +106,6 @@ def first_level(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if anomalies and all("level" in a for a in anomalies):
         return [a for a in anomalies if a["level"] == 1]
     return [c[0] for c in clusters(list(anomalies))]
-
-
-def attempt_status(ends: set[str | None], newest: bool) -> str:
-    """How an attempt ended, from its ranks' ``run_end`` statuses (None: no run_end): failed or
-    interrupted when any rank said so; without a run_end, running if it is the newest attempt and
-    lost otherwise; finished when every rank finished; else unknown (an imported log that just
-    ends, which is not a failure)."""
-    if ends & {"failed", "interrupted"}:
-        return "failed" if "failed" in ends else "interrupted"
-    if None in ends:
-        return "running" if newest else "lost"
-    if ends == {"finished"}:
-        return "finished"
-    return "unknown"
-
-
-def attempt_failed(status: str, newest: bool) -> bool:
-    """Whether an attempt that ended with ``status`` (:func:`attempt_status`) counts as a failed one: it crashed
-    or was lost, or it was interrupted and a later attempt took over; the last attempt's interruption is how
-    the run ended, not a failure (module docstring)."""
-    return status in ("failed", "lost") or (status == "interrupted" and not newest)
-
-
-def failed_attempts(stream_rows: list[dict[str, Any]]) -> int:
-    """Attempts that failed (:func:`attempt_failed`), from ``streams`` rows (``attempt, end_status``)."""
-    ends: dict[int, set[str | None]] = {}
-    for s in stream_rows:
-        ends.setdefault(s["attempt"], set()).add(s.get("end_status"))
-    newest = max(ends, default=-1)
-    return sum(attempt_failed(attempt_status(e, a == newest), a == newest) for a, e in ends.items())
 
 
 def health(anomalies: list[dict[str, Any]], failures: int = 0, steps: int | None = None) -> dict[str, Any]:
@@ -276,7 +239,7 @@ def _cost(summary: dict[str, Any], found: list[dict[str, Any]]) -> list[str]:
                 out.append(line)
     good = summary.get("goodput") if isinstance(summary.get("goodput"), dict) else None
     if good:
-        from trainmon.monitor.analysis import goodput  # numpy: only for a summary that has a goodput
+        from trainmon.monitor.core import goodput  # numpy: only for a summary that has a goodput
 
         fraction, wall = good.get("fraction"), good.get("wall_seconds")
         if isinstance(fraction, int | float) and isinstance(wall, int | float):  # else unknown: said in the overview

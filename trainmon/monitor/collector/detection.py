@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.wire import Event
 
 __all__ = ["RUN_WIDE", "Detection", "Found"]
 

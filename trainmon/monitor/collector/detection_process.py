@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.collector.detection import Detection, Found
 from trainmon.monitor.config import DetectorsConfig, detectors_config
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.wire import Event
 
 __all__ = ["DetectionProcess", "LocalDetection"]
 

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, select, update
 
-from trainmon.wire import Event
 from trainmon.monitor.collector.detection import RUN_WIDE, Found
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 from trainmon.monitor.store.replay import recent_events
 from trainmon.monitor.store.storage import Storage, anomalies, streams
+from trainmon.wire import Event
 
 __all__ = ["RUN_WIDE", "AnomalyChange", "Engine"]
 

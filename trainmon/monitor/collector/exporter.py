@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from trainmon.monitor.analysis.goodput import hang_open
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
 from trainmon.monitor.collector.live import SCRAPE_EXTREMES, LiveState, RunState
 from trainmon.monitor.collector.open_findings import OpenFindings
 from trainmon.monitor.config import SeriesLimits
+from trainmon.monitor.core.goodput import hang_open
 from trainmon.monitor.detectors import SEVERITIES
 
 __all__ = [
@@ -244,7 +244,7 @@ class TrainingCollector(Collector):
             ),
             "badput": GaugeMetricFamily(
                 "trainmon_badput_seconds",
-                "Wall time of the run lost, by cause (trainmon.monitor.analysis.goodput); a cause can shrink "
+                "Wall time of the run lost, by cause (trainmon.monitor.core.goodput); a cause can shrink "
                 "when a resume turns earlier steps into recomputation.",
                 labels=["run", "cause"],
             ),

@@ -20,7 +20,6 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
-from trainmon.wire import Event
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.seqs import SeqSet
@@ -37,6 +36,7 @@ from trainmon.monitor.store.storage import (
     steps,
     streams,
 )
+from trainmon.wire import Event
 
 __all__ = ["IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
 

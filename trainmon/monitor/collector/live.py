@@ -10,12 +10,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.hooks.flops import declared_flops_per_token
+from trainmon.flops import declared_flops_per_token
+from trainmon.monitor.core.budget import mfu_from_throughput
+from trainmon.monitor.core.escape import visible_controls
+from trainmon.monitor.core.goodput import Ledger, hang_open
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
-from trainmon.monitor.analysis.budget import mfu_from_throughput
-from trainmon.monitor.analysis.escape import visible_controls
-from trainmon.monitor.analysis.goodput import Ledger, hang_open
 
 __all__ = ["SCRAPE_EXTREMES", "LiveState", "RankState", "RunState"]
 

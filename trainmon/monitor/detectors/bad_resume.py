@@ -53,10 +53,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.hooks.fingerprint import compare_fingerprints
-from trainmon.wire import Event, json_safe
+from trainmon.fingerprint import compare_fingerprints
 from trainmon.monitor.config import BadResumeConfig
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.wire import Event, json_safe
 
 __all__ = ["BadResume"]
 

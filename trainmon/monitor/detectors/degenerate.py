@@ -56,10 +56,10 @@ import re
 import statistics
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DegenerateConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["Degenerate"]
 

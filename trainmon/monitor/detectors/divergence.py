@@ -93,11 +93,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import DivergenceConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.eval_regression import metric_direction
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["Divergence"]
 

@@ -68,10 +68,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import EvalRegressionConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["EvalRegression", "metric_direction"]
 

@@ -70,10 +70,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import GradExplosionConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["GradExplosion"]
 

@@ -27,7 +27,7 @@ been, not how long it was when it opened.
 
 Where the ranks wait: the hooks send the training thread's stack (``stack`` events) when a rank
 stops stepping. The stacks of the run's ranks that are current (taken after their latest step)
-are grouped by signature (``trainmon.monitor.analysis.stacks``) and go into the evidence and the
+are grouped by signature (``trainmon.monitor.core.stacks``) and go into the evidence and the
 message of every open hang of the run, naming the odd ones out.
 
 Silence is checked two ways, both deterministic: :meth:`tick` with the caller's clock (the live
@@ -46,11 +46,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.wire import Event
-from trainmon.monitor.analysis.stacks import group_stacks, rank_ranges
 from trainmon.monitor.config import HangConfig
+from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["Hang"]
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import math
 
-from trainmon.wire import Event
 from trainmon.monitor.config import InitLossConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.wire import Event
 
 __all__ = ["InitLoss"]
 

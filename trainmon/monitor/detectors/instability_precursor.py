@@ -41,9 +41,9 @@ import collections
 import statistics
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import InstabilityPrecursorConfig
 from trainmon.monitor.detectors.base import SEVERITIES, Detector, Finding, finite
+from trainmon.wire import Event
 
 __all__ = ["InstabilityPrecursor"]
 

@@ -31,10 +31,10 @@ import collections
 import math
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import LossNoiseConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["LossNoise", "shuffling_hint"]
 

@@ -34,9 +34,9 @@ import collections
 import math
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import LossScaleCollapseConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.wire import Event
 
 __all__ = ["LossScaleCollapse"]
 

@@ -89,11 +89,11 @@ import math
 import statistics
 from typing import Any
 
-from trainmon.wire import Event
-from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.config import LossSpikeConfig
+from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["LossSpike"]
 

@@ -59,11 +59,11 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from trainmon.monitor.config import LrScheduleDriftConfig
+from trainmon.monitor.core.fmt import fmt
+from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
-from trainmon.monitor.analysis.fmt import fmt
-from trainmon.monitor.config import LrScheduleDriftConfig
-from trainmon.monitor.detectors.base import Detector, Finding
 
 __all__ = ["LrScheduleDrift"]
 

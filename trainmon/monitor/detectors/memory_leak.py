@@ -44,9 +44,9 @@ from __future__ import annotations
 import itertools
 import math
 
-from trainmon.wire import Event
 from trainmon.monitor.config import MemoryLeakConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.wire import Event
 
 __all__ = ["MemoryLeak", "theil_sen"]
 

@@ -27,9 +27,9 @@ import math
 import statistics
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import NanInfConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.wire import Event
 
 __all__ = ["NanInf"]
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import NodeHealthConfig
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.wire import Event
 
 __all__ = ["THROTTLE_REASONS", "NodeHealth", "decode_throttle"]
 

@@ -32,9 +32,9 @@ import math
 import statistics
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import ReplicaDivergenceConfig
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.wire import Event
 
 __all__ = ["ReplicaDivergence"]
 

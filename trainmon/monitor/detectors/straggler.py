@@ -37,10 +37,10 @@ from __future__ import annotations
 import bisect
 import statistics
 
-from trainmon.wire import Event
 from trainmon.monitor.config import StragglerConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["Straggler"]
 

@@ -68,12 +68,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.wire import Event
 from trainmon.monitor.config import ThroughputCollapseConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.intermittent import _WINDOW as _INTER_WINDOW
 from trainmon.monitor.detectors.intermittent import Intermittent
 from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.wire import Event
 
 __all__ = ["ThroughputCollapse"]
 

@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from trainmon.wire import RUN_ID_PATTERN, Event
 from trainmon.monitor.importers.common import ImportFormatError, build_events, file_digest, mtime_of, run_id_from_path
 from trainmon.monitor.importers.csv import looks_like_csv, parse_csv, parse_mapping
 from trainmon.monitor.importers.hf import looks_like_hf, parse_hf
@@ -58,6 +57,7 @@ from trainmon.monitor.importers.jsonlog import (
 from trainmon.monitor.importers.tensorboard import is_event_file, looks_like_tfrecord, parse_tensorboard
 from trainmon.monitor.importers.terminal import binary_evidence, clean_text
 from trainmon.monitor.importers.textlog import looks_like_textlog, parse_textlog, sniff_textlog
+from trainmon.wire import RUN_ID_PATTERN, Event
 
 __all__ = ["FORMATS", "ImportFormatError", "detect_format", "parse_mapping", "read_events"]
 

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmon.wire import Event
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import Event
 
 __all__ = ["ImportResult", "import_log"]
 

@@ -46,7 +46,6 @@ import math
 import re
 from pathlib import Path
 
-from trainmon.schedules import Schedule
 from trainmon.monitor.importers.common import (
     EvalPoint,
     ImportFormatError,
@@ -63,6 +62,7 @@ from trainmon.monitor.importers.modded_nanogpt import looks_like_modded_nanogpt,
 from trainmon.monitor.importers.nanochat import looks_like_nanochat, parse_nanochat
 from trainmon.monitor.importers.terminal import clean_text, terminal_lines, text_chunks
 from trainmon.monitor.importers.torchtitan import looks_like_torchtitan, parse_torchtitan
+from trainmon.schedules import Schedule
 
 __all__ = ["looks_like_textlog", "parse_textlog", "sniff_textlog"]
 

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
-from trainmon.wire import json_safe
 from trainmon.monitor.config import ConfigError, NotifyTargetConfig
+from trainmon.wire import json_safe
 
 __all__ = [
     "TARGET_TYPES",

@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from trainmon.wire import Event
 from trainmon.monitor.store.storage import PHASE_COLUMNS, STEP_FIELDS, checkpoints, evals, resumes, steps, streams
+from trainmon.wire import Event
 
 __all__ = ["recent_events", "step_fields"]
 

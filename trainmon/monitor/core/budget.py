@@ -3,7 +3,7 @@
 Plain functions, SI units in the names (``_bytes``, ``_seconds``, ``_flops``); ``GB`` means
 10⁹ bytes, as in the worked examples it is tested on (16 x 1,555,126,400 B = 24.88 GB). ``plan`` puts
 them together for ``trainmon budget``; the live MFU uses :func:`mfu_from_throughput` with the
-same FLOPs-per-token definition the trainer declares (:mod:`trainmon.hooks.flops`).
+same FLOPs-per-token definition the trainer declares (:mod:`trainmon.flops`).
 
 Sources, cited next to each formula where the output prints it: Kaplan et al. 2020 (parameter
 count, 6·N·D), Rajbhandari et al. 2020 (ZeRO model states), Korthikanti et al. 2022 (activation
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trainmon.hooks.flops import training_flops_per_token
+from trainmon.flops import training_flops_per_token
 
 __all__ = [
     "RECIPES",
@@ -236,7 +236,7 @@ def tokens_per_step(micro_batch: int, seq_len: int, data_parallel: int = 1, grad
 
 
 def train_flops(params: float, tokens: float) -> float:
-    """Training FLOPs ``6·N·D`` (seed 001 §10, seed 003 "6P per token"), via :mod:`trainmon.hooks.flops`."""
+    """Training FLOPs ``6·N·D`` (seed 001 §10, seed 003 "6P per token"), via :mod:`trainmon.flops`."""
     return training_flops_per_token(params) * tokens
 
 

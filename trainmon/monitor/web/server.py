@@ -28,20 +28,20 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from trainmon import wire
 from trainmon.monitor.analysis import live_view
-from trainmon.monitor.analysis.escape import visible_controls
-from trainmon.monitor.collector import read_api
 from trainmon.monitor.collector.engine import AnomalyChange, Engine
 from trainmon.monitor.collector.exporter import CollectorMetrics, DetectionCollector, TrainingCollector
 from trainmon.monitor.collector.ingest import IngestLimits, Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.open_findings import OpenFindings
-from trainmon.monitor.collector.web import WebView, html_response, register_docs
 from trainmon.monitor.collector.writer import IngestWriter, Reply
 from trainmon.monitor.config import CollectorConfig, ConfigError
+from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.detectors import SEVERITIES
 from trainmon.monitor.notify import Notifier, open_anomalies
 from trainmon.monitor.store.queries import anomaly_rows, run_rows
 from trainmon.monitor.store.storage import Storage, anomalies, runs
+from trainmon.monitor.web import read_api
+from trainmon.monitor.web.pages import WebView, html_response, register_docs
 
 __all__ = ["Collector", "check_bind", "create_app", "serve"]
 

@@ -1,7 +1,7 @@
 """Training FLOPs per token and the peak FLOP/s of common GPUs (standard library only).
 
 One definition shared by the trainer side (which fills ``run_start.flops_per_token`` and
-``run_start.peak_flops``; it must not import ``monitor``) and by ``trainmon.monitor.analysis.budget`` (the
+``run_start.peak_flops``; it must not import ``monitor``) and by ``trainmon.monitor.core.budget`` (the
 ``trainmon budget`` arithmetic and the live MFU): MFU is only comparable when both sides count
 FLOPs the same way.
 """

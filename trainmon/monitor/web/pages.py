@@ -27,12 +27,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from trainmon.wire import json_safe
-from trainmon.monitor.analysis.fmt import fmt
 from trainmon.monitor.analysis.live_view import RECENT_STEPS, run_table
 from trainmon.monitor.analysis.report import html_text, render_html, run_health, run_link
 from trainmon.monitor.analysis.verdict import problems_line
+from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.store.storage import Storage
+from trainmon.wire import json_safe
 
 __all__ = ["WebView", "api_page", "html_response", "register_docs"]
 

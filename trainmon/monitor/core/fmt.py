@@ -41,3 +41,8 @@ def steps_text(first: Any, last: Any, still_open: bool = False) -> str:
     if still_open:
         return f"since step {first}"
     return f"step {first}" if last in (None, first) else f"steps {first}-{last}"
+
+
+def attempt_label(attempt: int | None) -> str:
+    """An attempt as people count it: the store's attempt 0 is attempt 1."""
+    return "-" if attempt is None else str(attempt + 1)

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
-from trainmon.wire import json_safe
-from trainmon.monitor.collector.web import html_response
 from trainmon.monitor.store.storage import Storage
+from trainmon.monitor.web.pages import html_response
+from trainmon.wire import json_safe
 
 __all__ = ["register"]
 

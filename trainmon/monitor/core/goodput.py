@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection, select
 
-from trainmon.monitor.analysis.verdict import attempt_failed
+from trainmon.monitor.core.attempts import attempt_failed
 from trainmon.monitor.store.queries import step_timeline
 from trainmon.monitor.store.storage import checkpoints
 
@@ -375,7 +375,7 @@ class Ledger:
         recomputed = failures = 0
         for i, a in enumerate(self._attempts):
             # a failure costs the work since the last checkpoint and a restart; the last attempt's interruption
-            # (Ctrl-C, a time limit) is how the run ended (verdict.attempt_failed)
+            # (Ctrl-C, a time limit) is how the run ended (attempts.attempt_failed)
             failed = a.status is not None and attempt_failed(a.status, i + 1 == len(self._attempts))
             failures += failed
             end = a.last_time
