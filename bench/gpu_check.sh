@@ -9,7 +9,7 @@
 # symlink to the source package comes first on it, behind stubs that make the daemon's packages unimportable
 # even where they are installed, so the dry run proves the device machine needs nothing more.
 # Steps (each one's full output in $OUT/<step>.log):
-#   1 tests     tests/test_hooks_gpu.py and every test that skips with reason="needs a CUDA GPU..." (no host sync in
+#   1 tests     tests/hooks/test_hooks_gpu.py and every test that skips with reason="needs a CUDA GPU..." (no host sync in
 #               an instrumented step, bf16 autocast, GradScaler fp16 with its one documented sync)
 #   2 trainer   the reference trainer, bf16 on CUDA, with a data stall, a loss spike and a NaN injected; its
 #               JSONL checked on the spot (phases, read-back losses, checksums, GPU health), and the post-mortem
@@ -106,7 +106,7 @@ DEV=cpu
 [ $MODE = gpu ] && DEV=cuda
 
 # -- 1. tests that need CUDA -------------------------------------------------------------------------------
-mapfile -t TESTS < <(grep -l 'reason="needs a CUDA GPU' "$ROOT"/tests/test_*.py)
+mapfile -t TESTS < <(grep -rl --include='test_*.py' 'reason="needs a CUDA GPU' "$ROOT"/tests | sort)
 TAIL=6 step tests 120 env PYTHONPATH="$TRAINER_PATH" "$PYTHON" -m pytest -q -rs -p no:cacheprovider --noconftest \
     --rootdir "$ROOT" --junitxml "$DEST/tests.xml" "${TESTS[@]}"
 read -r PASSED FAILURES SKIPPED < <("$PYTHON" -c "

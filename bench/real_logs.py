@@ -1,7 +1,7 @@
 """The post-mortem on every real log in ``../shared/real-logs/``, scored against the manifest's readings.
 
 Each file is imported and analysed as ``trainmon postmortem FILE`` would, and its findings are compared
-with the reading of that file encoded in ``tests/test_real_logs.py`` (``EXPECT``: the anomalies the
+with the reading of that file encoded in ``tests/importers/test_real_logs.py`` (``EXPECT``: the anomalies the
 reading justifies, the incidents it says must be flagged, at which steps). One table row a log, then
 the headline line:
 
@@ -44,7 +44,7 @@ def _score(name: str) -> tuple[list[dict], list[str], str | None]:
     finally:
         storage.close()
     if exp is None:
-        return [], [], "no reading encoded in tests/test_real_logs.py"
+        return [], [], "no reading encoded in tests/importers/test_real_logs.py"
     false = [
         a
         for a in anomalies

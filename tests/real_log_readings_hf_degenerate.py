@@ -1,7 +1,7 @@
 """Readings of one family of real logs:
 HF trainer_state.json runs whose trouble is degenerate training (81-84, 88, 91, 94).
 
-Encoded from ``manifest.json`` as described in ``tests/test_real_logs.py``.
+Encoded from ``manifest.json`` as described in ``tests/importers/test_real_logs.py``.
 """
 
 from __future__ import annotations

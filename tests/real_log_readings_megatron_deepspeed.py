@@ -1,7 +1,7 @@
 """Readings of one family of real logs:
 Megatron-LM, Megatron-DeepSpeed and DeepSpeed(-Chat) stdout (96-100, 106-109).
 
-Encoded from ``manifest.json`` as described in ``tests/test_real_logs.py``.
+Encoded from ``manifest.json`` as described in ``tests/importers/test_real_logs.py``.
 """
 
 from __future__ import annotations

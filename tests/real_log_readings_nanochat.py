@@ -1,7 +1,7 @@
 """Readings of one family of real logs:
 nanochat and modded-nanogpt stdout (101-105, 110).
 
-Encoded from ``manifest.json`` as described in ``tests/test_real_logs.py``. A nanochat pipeline log
+Encoded from ``manifest.json`` as described in ``tests/importers/test_real_logs.py``. A nanochat pipeline log
 (base, mid, SFT) is one run per stage: ``runs`` and ``stage_entries`` say how many and how long, and
 the findings of all its runs are judged together (a step range names steps of any stage).
 """

@@ -1,7 +1,7 @@
 """Readings of one family of real logs:
 CSV, TensorBoard, ms-swift and LLaMA-Factory logs (85-87, 89, 90, 92, 93, 95).
 
-Encoded from ``manifest.json`` as described in ``tests/test_real_logs.py``.
+Encoded from ``manifest.json`` as described in ``tests/importers/test_real_logs.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shapes a reading of a real log is encoded in (``tests/test_real_logs.py`` explains each).
+"""The shapes a reading of a real log is encoded in (``tests/importers/test_real_logs.py`` explains each).
 
 The readings themselves live in ``test_real_logs.py`` (logs 01-60) and in one module per family
 of the newer logs (``real_log_readings_*.py``), so each family's importer and its readings change

@@ -2,7 +2,7 @@
 
 The JSON files are committed (Grafana provisioning and ``trainmon grafana provision`` read them),
 but they are written from here so that panel ids, grid positions and the datasource reference
-stay consistent by construction; ``tests/test_dashboards.py`` checks the committed files are what
+stay consistent by construction; ``tests/observability/test_dashboards.py`` checks the committed files are what
 this script produces. Every query reads series of ``monitor/collector/exporter.py`` or recording rules of
 ``alerts/trainmon.rules.yml``.
 """

@@ -54,7 +54,7 @@ def nccl_trace() -> dict[str, Any] | None:
             return None
         import torch
 
-        # The JSON form: no unpickling anywhere in the hooks (tests/test_security.py holds them to it).
+        # The JSON form: no unpickling anywhere in the hooks (tests/web/test_security.py holds them to it).
         dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
         if dump is None:
             return None
