@@ -58,6 +58,7 @@ from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import CollectorConfig, DetectorsConfig, HangConfig
 from trainmon.monitor.store.storage import Storage
+from trainmon.reference_trainer.command import trainer_command, trainer_env
 from trainmon.wire import validate_event
 
 MAX_DELAY = {  # steps after the fault's last step within which a detection still counts
@@ -399,24 +400,11 @@ QUICK_FAULTS = {
     "unshuffled@280",
 }
 
-_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+_ENV = trainer_env(threads=1)
 
 
 def _trainer(out: Path, run: str, steps: int, *args: str) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainmon.reference_trainer",
-        "--run",
-        run,
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-        "--threads",
-        "1",
-        *args,
-    ]
+    cmd = trainer_command(run, steps, out, extra=("--threads", "1", *args))
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=_ENV)
         cpu = _cpu_clock(proc, time.monotonic() + 900)
@@ -465,25 +453,7 @@ def _cpu_share(out: Path) -> list[tuple[float, float]]:
 
 
 def _torchrun(out: Path, run: str, steps: int, *args: str, nproc: int = 2) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "trainmon.reference_trainer",
-        "--run-id",
-        run,
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-        "--threads",
-        "1",
-        *args,
-    ]
+    cmd = trainer_command(run, steps, out, extra=("--threads", "1", *args), ranks=nproc)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_ENV, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from trainmon.reference_trainer import command
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: process start-up (importing torch) dominates these runs.
@@ -17,30 +16,15 @@ TINY = ["--seq-len", "32", "--batch-size", "8"]
 
 
 def trainer_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"  # keep CPU use modest; other tests run alongside
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    return env
+    """The environment of every trainer the tests start: one OpenMP thread, as other tests run alongside."""
+    return command.trainer_env(threads=1)
 
 
 def run_trainer(
     out: Path, *args: str, steps: int = 12, run: str = "t", check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess:
     """``python -m trainmon.reference_trainer --run RUN --steps N --out OUT ARGS...``; fails the test on error."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainmon.reference_trainer",
-        "--run",
-        run,
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-        *args,
-    ]
+    cmd = command.trainer_command(run, steps, out, extra=args)
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -48,10 +32,8 @@ def run_trainer(
 
 
 def torchrun(out: Path, *args: str, nproc: int = 2, steps: int = 8, run: str = "ddp", timeout: float = 180):
-    """The same through ``torchrun --standalone`` on CPU (gloo). ``--run-id``: torchrun owns ``--run``."""
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    cmd = [exe, "--standalone", "--nproc-per-node", str(nproc), "-m", "trainmon.reference_trainer"]
-    cmd += ["--run-id", run, "--steps", str(steps), "--out", str(out), *args]
+    """The same through ``torchrun --standalone`` on CPU (gloo)."""
+    cmd = command.trainer_command(run, steps, out, extra=args, ranks=nproc)
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.core.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.web.server import Collector, ServerThread, create_app
+from trainmon.reference_trainer.command import trainer_command, trainer_env
 
 __all__ = ["DEFAULT_FAULTS", "default_injects", "run_demo"]
 
@@ -38,20 +38,6 @@ DEFAULT_FAULTS = (
     ("nan", 0.9, ""),
 )
 PROGRESS_SECONDS = 10.0  # a progress line this often when the output is not a terminal (make, CI, a pipe)
-# A model big enough that a step takes tens of milliseconds on a laptop core: 400 steps take under a
-# minute on a quiet machine and about two on a busy 2-core one.
-TRAINER_ARGS = (
-    "--n-layer",
-    "4",
-    "--n-embd",
-    "128",
-    "--n-head",
-    "4",
-    "--eval-every",
-    "100",
-    "--checkpoint-every",
-    "250",
-)
 
 
 def _view(storage: Storage, run: str) -> RenderableType:
@@ -94,25 +80,13 @@ def run_demo(out: Path, steps: int = 400, injects: list[str] | None = None) -> i
     console.print(f"collector on {url} (metrics: {url}/metrics), store {escape_for_terminal(db)}", soft_wrap=True)
     console.print(f"web view: {url}/runs/{run} (open it now: it follows the run)", soft_wrap=True)
     run_dir = out / run
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainmon.reference_trainer",
-        "--run",
-        run,
-        "--steps",
-        str(steps),
-        "--out",
-        str(run_dir),
-        "--collector",
-        url,
-    ]
-    for spec in injects if injects is not None else default_injects(steps):
-        cmd += ["--inject", spec]
+    cmd = trainer_command(
+        run, steps, run_dir, collector=url, inject=injects if injects is not None else default_injects(steps)
+    )
     console.print("trainer: " + escape_for_terminal(" ".join(cmd[1:])), soft_wrap=True)
     log = open(run_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
     try:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=trainer_env())
         if console.is_terminal:
             with Live(_view(collector.storage, run), console=console, refresh_per_second=2) as view:
                 while proc.poll() is None:
