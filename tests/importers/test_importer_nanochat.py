@@ -27,9 +27,31 @@ needs_logs = pytest.mark.skipif(not MANIFEST, reason=f"{LOGS} (the real logs and
 _LOG = "2025-10-16 {t} - nanochat.{who} - \x1b[32m\x1b[1mINFO\x1b[0m - {what}\n"
 
 
+def _world(t: str) -> str:
+    """The line a launch opens with (nanochat's ``common`` logger)."""
+    return _LOG.format(t=t, who="common", what="Distributed world size: 8")
+
+
+def _loading(t: str, stage: str, step: int) -> str:
+    """A stage loading the checkpoint the stage before it saved (mid from base, SFT from mid)."""
+    what = f"Loading model from /root/.cache/nanochat/{stage}_checkpoints/d20 with step {step}"
+    return _LOG.format(t=t, who="checkpoint_manager", what=what)
+
+
+def _saved(t: str, stage: str, step: int) -> str:
+    """A stage saving its checkpoint at ``step``."""
+    what = f"Saved model file to: /root/.cache/nanochat/{stage}_checkpoints/d20/model_{step:06d}.pt"
+    return _LOG.format(t=t, who="checkpoint_manager", what=what)
+
+
+def _ended(minutes: str, bpb: str) -> list[str]:
+    """The summary a base or mid stage prints when it finishes."""
+    return ["Peak memory usage: 75422.02MiB\n", f"Total training time: {minutes}\n", f"Minimum validation bpb: {bpb}\n"]
+
+
 def _base(n: int = 4, planned: int = 4, end: bool = True, prefix: str = "", mfu: str = "mfu") -> str:
     rows = [
-        _LOG.format(t="17:12:02,081", who="common", what="Distributed world size: 8"),
+        _world("17:12:02,081"),
         "Total batch size 524,288 => gradient accumulation steps: 1\n",
         "Step 00000 | Validation bpb: 3.3013\n",
     ]
@@ -41,25 +63,15 @@ def _base(n: int = 4, planned: int = 4, end: bool = True, prefix: str = "", mfu:
     if end:
         rows.append(f"Step {n:05d} | Validation bpb: 1.2000\n")
         rows.append(f"Step {n:05d} | CORE metric: 0.2000\n")
-        rows.append(
-            _LOG.format(
-                t="17:12:10,000",
-                who="checkpoint_manager",
-                what=f"Saved model file to: /root/.cache/nanochat/base_checkpoints/d20/model_{n:06d}.pt",
-            )
-        )
-        rows += ["Peak memory usage: 75422.02MiB\n", "Total training time: 0.03m\n", "Minimum validation bpb: 1.2000\n"]
+        rows.append(_saved("17:12:10,000", "base", n))
+        rows += _ended("0.03m", "1.2000")
     return "".join(rows)
 
 
 def _mid(n: int = 3) -> str:
     rows = [
-        _LOG.format(t="17:20:00,000", who="common", what="Distributed world size: 8"),
-        _LOG.format(
-            t="17:20:00,500",
-            who="checkpoint_manager",
-            what="Loading model from /root/.cache/nanochat/base_checkpoints/d20 with step 4",
-        ),
+        _world("17:20:00,000"),
+        _loading("17:20:00,500", "base", 4),
         "Total batch size 524,288 => gradient accumulation steps: 1\n",
         "Step 00000 | Validation bpb: 0.6886\n",
     ]
@@ -69,25 +81,15 @@ def _mid(n: int = 3) -> str:
             f"tok/sec: 1,310,720 | mfu: 50.00 | total time: 0.00m\n"
         )
     rows.append(f"Step {n:05d} | Validation bpb: 0.3954\n")
-    rows.append(
-        _LOG.format(
-            t="17:21:00,000",
-            who="checkpoint_manager",
-            what=f"Saved model file to: /root/.cache/nanochat/mid_checkpoints/d20/model_{n:06d}.pt",
-        )
-    )
-    rows += ["Peak memory usage: 75422.02MiB\n", "Total training time: 0.02m\n", "Minimum validation bpb: 0.3954\n"]
+    rows.append(_saved("17:21:00,000", "mid", n))
+    rows += _ended("0.02m", "0.3954")
     return "".join(rows)
 
 
 def _sft(planned: int = 4) -> str:
     rows = [
-        _LOG.format(t="17:30:00,000", who="common", what="Distributed world size: 8"),
-        _LOG.format(
-            t="17:30:00,500",
-            who="checkpoint_manager",
-            what="Loading model from /root/.cache/nanochat/mid_checkpoints/d20 with step 3",
-        ),
+        _world("17:30:00,000"),
+        _loading("17:30:00,500", "mid", 3),
         "Step 00000 | Validation loss: 1.009291\n",
     ]
     for s in range(planned - 1):
@@ -97,13 +99,7 @@ def _sft(planned: int = 4) -> str:
         )
     rows.append(f"Step {planned - 1:05d} | Validation loss: 1.011768\n")
     rows.append(f"Step {planned - 1:05d} | mmlu_acc: 0.310547, arc_easy_acc: 0.393555\n")
-    rows.append(
-        _LOG.format(
-            t="17:31:00,000",
-            who="checkpoint_manager",
-            what=f"Saved model file to: /root/.cache/nanochat/chatsft_checkpoints/d20/model_{planned - 1:06d}.pt",
-        )
-    )
+    rows.append(_saved("17:31:00,000", "chatsft", planned - 1))
     return "".join(rows)
 
 
@@ -192,7 +188,7 @@ def test_a_launch_that_failed_before_its_first_step_is_not_a_crash_of_the_next(t
 def test_later_launches_that_failed_are_named_and_the_finished_run_stays_finished(tmp_path: Path) -> None:
     """102: base finished, then mid_train and chat_sft died at start-up (disk full): the base run is finished
     and its notes name the failed launches; they have no run of their own."""
-    text = _base() + _LOG.format(t="18:00:00,000", who="common", what="Distributed world size: 8")
+    text = _base() + _world("18:00:00,000")
     text += _failed("scripts.mid_train", "OSError: Not enough disk space.")
     text += _failed("scripts.chat_sft", "FileNotFoundError: no mid_checkpoints")
     events = list(read_events(_write(tmp_path, text)))
@@ -213,7 +209,7 @@ def test_a_relaunch_is_an_attempt_only_with_a_resume_line(tmp_path: Path) -> Non
     """nanochat prints ``Resuming optimization from step N`` when it restarts from a checkpoint: an attempt.
     A relaunch whose counter starts over without it is a separate run, not a resume."""
     first = _base(n=3, planned=6, end=False)
-    resumed = _LOG.format(t="18:00:00,000", who="common", what="Distributed world size: 8")
+    resumed = _world("18:00:00,000")
     resumed += "Resuming optimization from step 2\n"
     resumed += "".join(
         f"step {s:05d}/00006 ({100 * s / 6:.2f}%) | loss: {9.0 - s:.6f} | lrm: 1.00 | dt: 500.00ms "
@@ -226,7 +222,7 @@ def test_a_relaunch_is_an_attempt_only_with_a_resume_line(tmp_path: Path) -> Non
     assert [s["resumed"] for s in starts] == [False, True]
     assert events[-1].fields["status"] == "finished"
 
-    again = _LOG.format(t="18:00:00,000", who="common", what="Distributed world size: 8") + _base(n=4, planned=6)
+    again = _world("18:00:00,000") + _base(n=4, planned=6)
     runs = _runs(list(read_events(_write(tmp_path, first + again, "relaunch.log"))))
     assert list(runs) == ["relaunch-stage1", "relaunch-base"]
     assert all(_start(evs)["resumed"] is False for evs in runs.values())
@@ -293,7 +289,7 @@ def test_real_104_reads_bf16_mfu_and_splits_base_from_sft() -> None:
 
 
 def test_a_log_that_starts_at_a_resume_says_so(tmp_path: Path) -> None:
-    text = _LOG.format(t="18:00:00,000", who="common", what="Distributed world size: 8")
+    text = _world("18:00:00,000")
     text += "Resuming optimization from step 2\n"
     text += "".join(
         f"step {s:05d}/00004 ({100 * s / 4:.2f}%) | loss: {9.0 - s:.6f} | lrm: 1.00 | dt: 500.00ms "

@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -675,6 +675,21 @@ def to_count(value: Any) -> int | None:
     if x is None or not math.isfinite(x) or x < 0:
         return None
     return int(x)
+
+
+def pipe_fields(text: str, part: re.Pattern[str], key: Callable[[str], str]) -> dict[str, str]:
+    """The ``name: value`` fields of a ``|``-separated progress line (Megatron's iteration lines,
+    nanochat's step lines), keyed by ``key(name)``; the first of a repeated name wins.
+
+    ``part`` matches one field, its name in group 1 and its value in group 2: the formats differ in
+    what a name may hold and how it is normalised, not in how a line is cut into fields.
+    """
+    out: dict[str, str] = {}
+    for field_text in text.split("|"):
+        m = part.match(field_text)
+        if m is not None:
+            out.setdefault(key(m.group(1)), m.group(2))
+    return out
 
 
 EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")

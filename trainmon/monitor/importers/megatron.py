@@ -79,6 +79,7 @@ from trainmon.monitor.importers.common import (
     LogMeta,
     RunMark,
     TrainPoint,
+    pipe_fields,
 )
 from trainmon.monitor.importers.terminal import terminal_lines
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
@@ -111,10 +112,8 @@ _TRACEBACK = re.compile(rf"^{_RANK_PREFIX}Traceback \(most recent call last\):")
 _EXCEPTION = re.compile(rf"^{_RANK_PREFIX}(?P<err>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$")
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|-inf|-nan)$", re.IGNORECASE)
 
-# Arguments worth keeping in the run's config (the dump has a few hundred).
-_KEEP_ARGS = (
-    "train_iters",
-    "train_samples",
+# The LR schedule's arguments: kept with the others, and recorded apart (with train_iters) as lr_schedule_args.
+_LR_ARGS = (
     "lr",
     "min_lr",
     "lr_decay_style",
@@ -124,6 +123,13 @@ _KEEP_ARGS = (
     "lr_warmup_fraction",
     "lr_warmup_samples",
     "lr_warmup_init",
+)
+_SCHEDULE_ARGS = (*_LR_ARGS, "train_iters")
+# Arguments worth keeping in the run's config (the dump has a few hundred).
+_KEEP_ARGS = (
+    "train_iters",
+    "train_samples",
+    *_LR_ARGS,
     "log_interval",
     "eval_interval",
     "eval_iters",
@@ -147,18 +153,6 @@ _KEEP_ARGS = (
     "num_attention_heads",
     "load",
     "finetune",
-)
-_SCHEDULE_ARGS = (
-    "lr",
-    "min_lr",
-    "lr_decay_style",
-    "lr_decay_iters",
-    "lr_decay_samples",
-    "lr_warmup_iters",
-    "lr_warmup_fraction",
-    "lr_warmup_samples",
-    "lr_warmup_init",
-    "train_iters",
 )
 
 
@@ -361,19 +355,15 @@ def _cli_args(line: str) -> dict[str, Any]:
     return out
 
 
-def _parts(rest: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part in rest.split("|"):
-        m = _PART.match(part)
-        if m is not None:
-            out.setdefault(_KEY_SEP.sub(" ", m.group(1).strip().lower()), m.group(2))
-    return out
+def _key(name: str) -> str:
+    """A field name as Megatron's words, lower-cased (``lm-loss``, ``lm_loss`` -> ``lm loss``)."""
+    return _KEY_SEP.sub(" ", name.strip().lower())
 
 
 def _iteration(m: re.Match[str], runs: list[_Run], pre: _Preamble) -> None:
     it = int(m.group("it"))
     total = int(m.group("total"))
-    parts = _parts(m.group("rest"))
+    parts = pipe_fields(m.group("rest"), _PART, _key)
     run = runs[-1] if runs else None
     if run is not None and it == run.prev_iter and run.last_rest == m.group("rest"):
         return  # the same line printed twice (two ranks, or tee'd output)

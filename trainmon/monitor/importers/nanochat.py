@@ -86,6 +86,7 @@ from trainmon.monitor.importers.common import (
     ResumeMark,
     RunMark,
     TrainPoint,
+    pipe_fields,
 )
 from trainmon.monitor.importers.terminal import clean_text, drop_echoed
 from trainmon.monitor.importers.textclock import ISO_STAMP, Segment, iso_to_epoch, lay_out
@@ -266,21 +267,18 @@ def _step_line(line: str) -> tuple[str, int, int | None, float | None, dict[str,
     m = _STEP.match(line)
     if m is not None:
         shape = "total" if m.group(2) else "progress"
-        return shape, int(m.group(1)), int(m.group(2)) if m.group(2) else None, _num(m.group(3)), _parts(m.group(4))
+        return (
+            shape,
+            int(m.group(1)),
+            int(m.group(2)) if m.group(2) else None,
+            _num(m.group(3)),
+            pipe_fields(m.group(4), _PART, _key),
+        )
     m = _SFT.match(line)
     if m is not None and "training loss" in m.group(3).lower():
         step, total = int(m.group(1)), int(m.group(2))
-        return "sft", step, total, 100.0 * step / total if total else None, _parts(m.group(3))
+        return "sft", step, total, 100.0 * step / total if total else None, pipe_fields(m.group(3), _PART, _key)
     return None
-
-
-def _parts(text: str) -> dict[str, str]:
-    parts: dict[str, str] = {}
-    for part in text.split("|"):
-        pm = _PART.match(part)
-        if pm is not None:
-            parts.setdefault(_key(pm.group(1)), pm.group(2))
-    return parts
 
 
 def _add_step(
