@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,35 +80,25 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
 
 def _postmortem_of_file(args: argparse.Namespace, progress: Any) -> Any:
     """Import the log FILE (or folder) into memory and analyse it; None (said on stderr) when it cannot be."""
-    from trainmon.monitor.analysis.postmortem import analyse, import_file
-    from trainmon.monitor.store.storage import Storage
+    from trainmon.monitor.analysis.open_run import open_run
+    from trainmon.monitor.analysis.postmortem import analyse
 
-    path = Path(args.target)
-    storage = Storage("sqlite://")
-    name = escape_for_terminal(path.name)  # progress descriptions are rich markup
+    name = escape_for_terminal(Path(args.target).name)  # progress descriptions are rich markup
     task = progress.add_task(f"importing {name}", total=None)
     try:
-        found = import_file(
-            path,
-            storage,
-            load_config(args.config),
+        opened = open_run(
+            args.target,
+            run=args.run,
+            config=load_config(args.config),
             progress=lambda n: progress.update(task, description=f"importing {name}: {n:,} events"),
         )
-    except ValueError as exc:
+    except ValueError as exc:  # the file, the run asked for, or the configuration
         _error("postmortem", exc)
         return None
     progress.update(task, total=1, completed=1)
-    if args.run is None and len(found) > 1:
-        _error("postmortem", f"{path} holds runs {found}; choose one with --run")
-        return None
     task = progress.add_task("analysing", total=None)
-    try:
-        analysis = analyse(
-            storage, args.run or found[0], lambda st: progress.update(task, description=f"analysing: {st}")
-        )
-    except KeyError as exc:
-        _error("postmortem", exc.args[0])
-        return None
+    with opened:
+        analysis = analyse(opened.storage, opened.run, lambda st: progress.update(task, description=f"analysing: {st}"))
     progress.update(task, total=1, completed=1)
     return analysis
 
@@ -185,20 +176,24 @@ def _live_source(args: argparse.Namespace) -> Any:
     return default_source(token)
 
 
+def _print(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """``result`` on stdout: one JSON line with ``--json`` (NaN as null), else through ``render``."""
+    if as_json:
+        print(json.dumps(json_safe(result), allow_nan=False))
+    else:
+        render(result)
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from trainmon.monitor.analysis.live_view import SourceError
+    from trainmon.monitor.analysis.report import print_runs
 
     try:
         rows = _live_source(args).runs()
     except SourceError as exc:
         _error("runs", exc)
         return 2
-    if args.json:
-        print(json.dumps(json_safe(rows), allow_nan=False))
-    else:
-        from trainmon.monitor.analysis.report import print_runs
-
-        print_runs(rows)
+    _print(rows, args.json, print_runs)
     return 0
 
 
@@ -271,10 +266,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     except (CompareError, FileNotFoundError) as exc:
         _error("compare", exc)
         return 2
-    if args.json:
-        print(json.dumps(json_safe(result), allow_nan=False))
-    else:
-        render(result)
+    _print(result, args.json, render)
     return 0
 
 

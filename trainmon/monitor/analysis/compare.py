@@ -19,7 +19,7 @@ The report names:
 * the configuration keys whose values differ.
 
 Runs come from a store (``--db``) or from log files/folders, which are imported into an
-in-memory store first (:func:`trainmon.monitor.analysis.postmortem.import_file`), so both paths share one query.
+in-memory store first (:func:`trainmon.monitor.analysis.open_run.open_run`), so both paths share one query.
 Runs are aligned by optimizer step, or by tokens consumed (a run with a different batch size).
 """
 
@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
 
+from trainmon.monitor.analysis.open_run import OpenRunError, open_run
 from trainmon.monitor.core.escape import escape_for_terminal
 from trainmon.monitor.detectors.loss_noise import shuffling_hint
 from trainmon.monitor.importers.common import BOOKKEEPING_KEYS
-from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps
+from trainmon.monitor.store.event_reads import eval_losses
+from trainmon.monitor.store.queries import run_row
+from trainmon.monitor.store.step_reads import lowest_step_rank, step_series
+from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage
 
 __all__ = ["CompareError", "RunSeries", "compare", "load_run", "noise_sigma", "render", "series_from_arrays"]
 
@@ -114,20 +116,14 @@ def series_from_arrays(
 
 def _from_storage(storage: Storage, run: str, label: str) -> RunSeries:
     with storage.connect() as conn:
-        row = conn.execute(select(runs).where(runs.c.run == run)).first()
+        row = run_row(conn, run)
         if row is None:
             raise CompareError(f"{label}: no run {run!r} in {storage.url}")
-        rank = conn.execute(select(steps.c.rank).where(steps.c.run == run).order_by(steps.c.rank).limit(1)).scalar()
+        rank = lowest_step_rank(conn, run)
         if rank is None:
             raise CompareError(f"{label}: run {run!r} has no steps")
-        cols = [steps.c.step, steps.c.attempt, steps.c.loss, steps.c.lr, steps.c.tokens, steps.c.step_time]
-        cols += [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
-        rows = conn.execute(
-            select(*cols).where(steps.c.run == run, steps.c.rank == rank).order_by(steps.c.step, steps.c.attempt)
-        ).all()
-        eval_rows = conn.execute(
-            select(evals.c.step, evals.c.loss).where(evals.c.run == run).order_by(evals.c.step, evals.c.attempt)
-        ).all()
+        rows = step_series(conn, run, rank)
+        eval_rows = eval_losses(conn, run)
     latest: dict[int, Any] = {}
     for r in rows:  # a resumed run re-does steps: the latest attempt is the one that counts
         latest[r.step] = r
@@ -163,33 +159,12 @@ def load_run(spec: str, db: str | None = None, run: str | None = None) -> RunSer
 
     ``run`` picks one run of a multi-run file.
     """
-    if db is not None:
-        storage = Storage(db, create=False)
-        try:
-            if spec in storage.run_ids():
-                return _from_storage(storage, spec, spec)
-        finally:
-            storage.close()
-    path = Path(spec)
-    if not path.exists():
-        where = f"a run in {db} nor " if db else ""
-        raise CompareError(f"{spec}: not {where}a log file or folder" + ("" if db else " (give --db for run ids)"))
-    from trainmon.monitor.analysis.postmortem import import_file
-
-    storage = Storage("sqlite://")
     try:
-        found = import_file(path, storage)
-    except ValueError as exc:
+        opened = open_run(spec, db, run, choose="--run-a/--run-b")
+    except OpenRunError as exc:
         raise CompareError(str(exc)) from None
-    if run is None and len(found) > 1:
-        raise CompareError(f"{spec} holds runs {found}; choose one with --run-a/--run-b")
-    chosen = run or found[0]
-    if chosen not in found:
-        raise CompareError(f"{spec} holds runs {found}, not {chosen!r}")
-    try:
-        return _from_storage(storage, chosen, spec)
-    finally:
-        storage.close()
+    with opened:
+        return _from_storage(opened.storage, opened.run, spec)
 
 
 # -- statistics ------------------------------------------------------------------------------------

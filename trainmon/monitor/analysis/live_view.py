@@ -27,7 +27,6 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import Connection, select
 
 from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.analysis.termfit import FittedTable
@@ -38,8 +37,19 @@ from trainmon.monitor.core.escape import escape_for_terminal, visible_controls
 from trainmon.monitor.core.fmt import fmt as _fmt
 from trainmon.monitor.core.fmt import steps_text
 from trainmon.monitor.core.stacks import hang_stacks, rank_ranges
-from trainmon.monitor.store.queries import anomaly_rows, latest_step, run_rows, step_base
-from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, evals, runs, steps, streams
+from trainmon.monitor.store.event_reads import latest_eval
+from trainmon.monitor.store.queries import (
+    anomaly_rows,
+    newest_attempt,
+    run_exists,
+    run_row,
+    run_rows,
+    step_base,
+    stream_ends,
+    stream_rows,
+)
+from trainmon.monitor.store.step_reads import latest_step, recent_steps, steps_after
+from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage
 
 __all__ = [
     "DbSource",
@@ -53,7 +63,6 @@ __all__ = [
     "steps_since",
 ]
 
-_RECENT_COLS = ("step", "time", "loss", "grad_norm", "lr", "step_time", "tokens")
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -78,17 +87,6 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _recent(conn: Connection, run: str, rank: int, attempt: int, window: int) -> list[dict[str, Any]]:
-    cols = [steps.c[c] for c in _RECENT_COLS] + [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
-    rows = conn.execute(
-        select(*cols)
-        .where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt)
-        .order_by(steps.c.step.desc())
-        .limit(window)
-    ).all()
-    return [dict(r._mapping) for r in reversed(rows)]
-
-
 RECENT_STEPS = 10  # the steps a "now" figure is taken over (tokens/s in status, runs and the web view)
 
 
@@ -109,20 +107,20 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
     window = max(2, min(window, 2000))
     now = time.time() if now is None else now
     with storage.connect() as conn:
-        row = conn.execute(select(runs).where(runs.c.run == run)).first()
+        row = run_row(conn, run)
         if row is None:
             raise KeyError(f"no run {run!r}")
         newest: dict[int, dict[str, Any]] = {}
-        for s in conn.execute(select(streams).where(streams.c.run == run).order_by(streams.c.attempt)):
-            newest[s.rank] = dict(s._mapping)  # each rank's newest attempt
+        for s in stream_rows(conn, run):
+            newest[s["rank"]] = s  # each rank's newest attempt
         attempts = 1 + max((s["attempt"] for s in newest.values()), default=-1)
         ranks = sorted(newest)
         lead = next((r for r in ranks if newest[r]["attempt"] == attempts - 1), ranks[0] if ranks else None)
-        recent = _recent(conn, run, lead, newest[lead]["attempt"], window) if lead is not None else []
+        recent = recent_steps(conn, run, lead, newest[lead]["attempt"], window) if lead is not None else []
         per_rank = []
         rank_window = window if len(ranks) <= 64 else 20
         for r in ranks:
-            rows = recent if r == lead else _recent(conn, run, r, newest[r]["attempt"], rank_window)
+            rows = recent if r == lead else recent_steps(conn, run, r, newest[r]["attempt"], rank_window)
             if not rows:
                 per_rank.append({"rank": r, "host": newest[r]["host"], "step": None})
                 continue
@@ -145,12 +143,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
                     "ended": newest[r]["end_status"],
                 }
             )
-        ev = conn.execute(
-            select(evals.c.step, evals.c.loss)
-            .where(evals.c.run == run)
-            .order_by(evals.c.attempt.desc(), evals.c.step.desc())
-            .limit(1)
-        ).first()
+        ev = latest_eval(conn, run)
         stored = anomaly_rows(conn, run)
         open_anomalies = [
             {k: a[k] for k in ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")}
@@ -164,7 +157,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
             for a in stored
             if a["status"] != "open" and a["severity"] in ("critical", "warning")
         ]
-        stream_ends = newest_streams(conn, run)
+        ends = stream_ends(conn, run)
     world = row.world_size or len(ranks) or 1
     meta = row.meta or {}
     last = recent[-1] if recent else None
@@ -192,7 +185,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         if tps_now and fpt and meta.get("peak_flops")
         else None
     )
-    run_health = health(stored, failed_attempts(stream_ends), done)
+    run_health = health(stored, failed_attempts(ends), done)
     step_times = [r["step_time"] for r in per_rank if r.get("step_time")]
     mid = statistics.median(step_times) if step_times else None
     for r in per_rank:
@@ -231,14 +224,6 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
     }
 
 
-def newest_streams(conn: Connection, run: str) -> list[dict[str, Any]]:
-    """A run's streams (``attempt``, ``end_status``): what :func:`attempts.failed_attempts` counts."""
-    return [
-        dict(s._mapping)
-        for s in conn.execute(select(streams.c.attempt, streams.c.end_status).where(streams.c.run == run))
-    ]
-
-
 def _heads(a: dict[str, Any], h: dict[str, Any]) -> bool:
     """``a`` is one of the first-level problems :func:`verdict.health` counted."""
     return any(
@@ -254,13 +239,13 @@ def run_table(storage: Storage) -> list[dict[str, Any]]:
         for r in rows:
             last = latest_step(conn, r["run"])
             world = r["world_size"] or 1
-            recent = [] if last is None else _recent(conn, r["run"], last["rank"], last["attempt"], RECENT_STEPS)
+            recent = [] if last is None else recent_steps(conn, r["run"], last["rank"], last["attempt"], RECENT_STEPS)
             r["tokens_per_second"] = tokens_per_second(recent, world)
             stored = anomaly_rows(conn, r["run"])
             opened = [a for a in stored if a["status"] == "open"]
             r["open_kinds"] = sorted({a["kind"] for a in opened})
             r["open_severities"] = sorted({a["severity"] for a in opened})
-            r["health"] = health(stored, failed_attempts(newest_streams(conn, r["run"])), r.get("steps_done"))
+            r["health"] = health(stored, failed_attempts(stream_ends(conn, r["run"])), r.get("steps_done"))
     return rows
 
 
@@ -270,25 +255,10 @@ def steps_since(storage: Storage, run: str, since: int = -1, rank: int = 0, limi
     Raises ``KeyError`` for an unknown run."""
     limit = max(1, min(limit, 10_000))
     with storage.connect() as conn:
-        if conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is None:
+        if not run_exists(conn, run):
             raise KeyError(f"no run {run!r}")
-        attempt = conn.execute(
-            select(streams.c.attempt)
-            .where(streams.c.run == run, streams.c.rank == rank)
-            .order_by(streams.c.attempt.desc())
-            .limit(1)
-        ).scalar()
-        if attempt is None:
-            return []
-        cols = [steps.c[c] for c in _RECENT_COLS] + [steps.c.grad_norm_clipped, steps.c.attempt]
-        cols += [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
-        rows = conn.execute(
-            select(*cols)
-            .where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt, steps.c.step > since)
-            .order_by(steps.c.step)
-            .limit(limit)
-        ).all()
-    return [dict(r._mapping) for r in rows]
+        attempt = newest_attempt(conn, run, rank)
+        return [] if attempt is None else steps_after(conn, run, rank, attempt, since, limit)
 
 
 # -- where the numbers come from --------------------------------------------------------------

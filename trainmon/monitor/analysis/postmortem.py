@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, and_, bindparam, case, func, select
+from sqlalchemy import Connection
 
 from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.analysis import coverage
@@ -71,24 +71,24 @@ from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.core import budget, goodput
 from trainmon.monitor.core.attempts import attempt_failed, attempt_status
 from trainmon.monitor.core.fmt import fmt
-from trainmon.monitor.store.queries import anomaly_rows, step_base
-from trainmon.monitor.store.storage import (
-    PHASE_COLUMNS,
-    Storage,
-    checkpoints,
-    evals,
-    health,
-    layer_stats,
-    resumes,
-    runs,
-    steps,
-    streams,
+from trainmon.monitor.store.event_reads import (
+    CHECKPOINT_COLUMNS,
+    EVAL_COLUMNS,
+    checkpoint_rows,
+    eval_rows,
+    health_count,
+    health_samples,
+    layer_norms_at,
+    layer_norms_before,
+    resume_rows,
 )
+from trainmon.monitor.store.queries import anomaly_rows, run_row, step_base, stream_rows
+from trainmon.monitor.store.step_reads import SAMPLE_COLUMNS, sampled_steps, step_bins, step_extent, step_row
+from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage
 from trainmon.schedules import Schedule
 
 __all__ = ["Analysis", "analyse", "import_file", "optimal_checkpoint_interval", "summarize"]
 
-_BATCH = 5000
 BINS = 200  # step ranges of the lowest rank: plot resolution and the unit of the phase breakdown
 SAMPLE_ROWS = 60_000  # rows of the all-rank sample
 HEALTH_ROWS = 20_000  # health samples read before thinning
@@ -141,14 +141,14 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
     notes: list[str] = []
     with storage.connect() as conn:
         say("run and attempts")
-        row = conn.execute(select(runs).where(runs.c.run == run)).first()
+        row = run_row(conn, run)
         if row is None:
             raise KeyError(f"no run {run!r} in {storage.url}")
         meta = dict(row.meta or {})
         world = row.world_size or 1
         schedule = _schedule(row.schedule)
-        stream_rows = _streams(conn, run)
-        extents = _extents(conn, run, stream_rows)
+        streams = stream_rows(conn, run)
+        extents = _extents(conn, run, streams)
         rank0 = min((e["rank"] for e in extents), default=None)
         lead = [e for e in extents if e["rank"] == rank0]
         say("step aggregates and per-rank sample")
@@ -161,7 +161,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
             bins = pending.result() if pending is not None else _bins(conn, run, lead)
         say("checkpoints, resumes and evaluations")
         ckpts = _checkpoints(conn, run, rank0)
-        resume_rows = _resumes(conn, run, rank0)
+        resumed = resume_rows(conn, run, rank0 or 0)
         eval_df = _evals(conn, run)
         last = _last_step(conn, run, extents)
         say("anomalies")
@@ -169,7 +169,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         local = {a["id"]: _localise(conn, run, a, rank0) for a in found if a["kind"] in LOCALISED}
         say("goodput")
         synthetic = _import_facts(row.config)["clock_unknown"]
-        good = goodput.from_store(conn, run, rank0, _attempts(stream_rows, extents), found, synthetic)
+        good = goodput.from_store(conn, run, rank0, _attempts(streams, extents), found, synthetic)
         say("node health")
         health_df, health_note = _health(conn, run)
     notes.extend(_import_notes(row.config))
@@ -185,8 +185,8 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
     facts = _import_facts(row.config)
     clock = facts["clock_unknown"]  # why times are unknown (a synthetic clock), or None
     unknown: dict[str, str] = {}
-    wall = None if clock else _wall(stream_rows)
-    attempts = _attempts(stream_rows, extents)
+    wall = None if clock else _wall(streams)
+    attempts = _attempts(streams, extents)
     if clock:
         for a in attempts:
             a["started_at"] = a["ended_at"] = None
@@ -259,14 +259,14 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         "tokens_per_second": tps,
         "mfu": mfu,
         "n_params": meta.get("n_params"),
-        "resumes": resume_rows,
+        "resumes": resumed,
         "attempts_detail": attempts,
         "failures": failures,
         "checkpoint": ckpt_summary,
         "timeline": timeline,
         "phases": phases,
-        "ranks": _rank_table(sample, stream_rows, found),
-        "health": _health_table(health_df, stream_rows, found),
+        "ranks": _rank_table(sample, streams, found),
+        "health": _health_table(health_df, streams, found),
         "lr": _lr_summary(sample, schedule, rank0),
         "sample": {"stride": stride, "offset": offset, "rows": len(sample)},
         "notes": notes,
@@ -417,22 +417,13 @@ def _schedule(raw: Any) -> Schedule | None:
         return None  # a schedule we cannot rebuild is simply not compared
 
 
-def _streams(conn: Connection, run: str) -> list[dict[str, Any]]:
-    rows = conn.execute(select(streams).where(streams.c.run == run).order_by(streams.c.attempt, streams.c.rank))
-    return [dict(r._mapping) for r in rows]
-
-
-def _extents(conn: Connection, run: str, stream_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """First and last step of each (rank, attempt), two index probes each (a min and a max in one
-    SQLite query would scan the range)."""
+def _extents(conn: Connection, run: str, streams: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """First and last step of each (rank, attempt) that has steps."""
     out = []
-    for s in stream_rows:
-        where = and_(steps.c.run == run, steps.c.rank == s["rank"], steps.c.attempt == s["attempt"])
-        first = conn.execute(select(func.min(steps.c.step)).where(where)).scalar()
-        if first is None:
-            continue
-        last = conn.execute(select(func.max(steps.c.step)).where(where)).scalar()
-        out.append({"rank": s["rank"], "attempt": s["attempt"], "first": int(first), "last": int(last)})
+    for s in streams:
+        extent = step_extent(conn, run, s["rank"], s["attempt"])
+        if extent is not None:
+            out.append({"rank": s["rank"], "attempt": s["attempt"], "first": extent[0], "last": extent[1]})
     return out
 
 
@@ -441,50 +432,18 @@ def _bins_on(storage: Storage, run: str, extents: list[dict[str, Any]]) -> pd.Da
         return _bins(conn, run, extents)
 
 
-def _finite(col: Any) -> Any:
-    """The value when finite, else NULL: NaN is the text 'NaN' on SQLite, a float on PostgreSQL;
-    both fail the BETWEEN, as do infinities."""
-    return case((col.between(-1e308, 1e308), col), else_=None)
-
-
 def _bins(conn: Connection, run: str, extents: list[dict[str, Any]]) -> pd.DataFrame:
     """Exact aggregates over ~BINS step ranges of one rank (all its attempts), one range query each."""
     span = sum(e["last"] - e["first"] + 1 for e in extents)
     if not span:
         return pd.DataFrame(columns=["attempt", "lo", "hi", "count"])
     width = max(1, math.ceil(span / BINS))
-    loss, gn = _finite(steps.c.loss), _finite(steps.c.grad_norm)
-    cols = [
-        func.count().label("count"),
-        func.sum(steps.c.step_time).label("step_time"),
-        func.count(steps.c.step_time).label("timed"),
-        func.sum(steps.c.tokens).label("tokens"),
-        func.count(steps.c.tokens).label("tokens_n"),
-        *[func.sum(steps.c[f"phase_{p}"]).label(f"phase_{p}") for p in PHASE_COLUMNS],
-        func.avg(loss).label("loss"),
-        func.min(loss).label("loss_min"),
-        func.max(loss).label("loss_max"),
-        func.sum(case((loss.is_(None) & steps.c.loss.is_not(None), 1), else_=0)).label("nonfinite"),
-        func.avg(gn).label("grad_norm"),
-        func.max(gn).label("grad_norm_max"),
-        func.avg(_finite(steps.c.grad_norm_clipped)).label("grad_norm_clipped"),
-        func.avg(steps.c.lr).label("lr"),
-        func.min(steps.c.time).label("t_first"),
-        func.max(steps.c.time).label("t_last"),
+    ranges = [
+        (e["attempt"], lo, min(lo + width, e["last"] + 1))
+        for e in sorted(extents, key=lambda e: e["attempt"])
+        for lo in range(e["first"], e["last"] + 1, width)
     ]
-    rank = extents[0]["rank"]
-    lo_p, hi_p, att_p = bindparam("lo"), bindparam("hi"), bindparam("att")
-    stmt = select(*cols).where(
-        steps.c.run == run, steps.c.rank == rank, steps.c.attempt == att_p, steps.c.step >= lo_p, steps.c.step < hi_p
-    )
-    records = []
-    for e in sorted(extents, key=lambda e: e["attempt"]):
-        for lo in range(e["first"], e["last"] + 1, width):
-            hi = min(lo + width, e["last"] + 1)
-            r = conn.execute(stmt, {"lo": lo, "hi": hi, "att": e["attempt"]}).one()
-            if r.count:
-                records.append({"attempt": e["attempt"], "lo": lo, "hi": hi, **r._mapping})
-    df = pd.DataFrame.from_records(records)
+    df = pd.DataFrame.from_records(step_bins(conn, run, extents[0]["rank"], ranges))
     for c in df.columns:
         if c not in ("attempt", "lo", "hi", "count"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
@@ -526,54 +485,20 @@ def _stride(rows: int) -> tuple[int, int]:
     return k, k // 2
 
 
-_SAMPLE_COLS = (
-    "rank",
-    "attempt",
-    "step",
-    "time",
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
-    "lr",
-    "step_time",
-    "tokens",
-    *[f"phase_{p}" for p in PHASE_COLUMNS],
-)
-
-
 def _sample(conn: Connection, run: str, extents: list[dict[str, Any]], stride: int, offset: int) -> pd.DataFrame:
-    """Every rank's steps at ``step % stride == offset``, through the primary key (IN lists).
-
-    Rows come straight from the DB-API cursor: SQLAlchemy rows and their float processors cost
-    more than SQLite's own work here (60k rows x 17 columns)."""
-    base = f"SELECT {', '.join(_SAMPLE_COLS)} FROM steps WHERE run = ? AND rank = ? AND attempt = ?"
+    """Every rank's steps at ``step % stride == offset`` (plain tuples from the DB-API cursor:
+    SQLAlchemy rows would cost more than SQLite's own work here, 60k rows x 17 columns)."""
     rows: list[tuple] = []
     for e in extents:
-        params = (run, e["rank"], e["attempt"])
-        if stride == 1:
-            rows.extend(_raw(conn, base, params))
-            continue
-        start = e["first"] + (offset - e["first"]) % stride
-        wanted = list(range(start, e["last"] + 1, stride))
-        for i in range(0, len(wanted), 900):
-            chunk = wanted[i : i + 900]
-            rows.extend(_raw(conn, base + f" AND step IN ({', '.join('?' * len(chunk))})", (*params, *chunk)))
-    df = pd.DataFrame(rows, columns=list(_SAMPLE_COLS))
-    for c in _SAMPLE_COLS[4:]:
+        wanted = None
+        if stride > 1:
+            start = e["first"] + (offset - e["first"]) % stride
+            wanted = list(range(start, e["last"] + 1, stride))
+        rows.extend(sampled_steps(conn, run, e["rank"], e["attempt"], wanted))
+    df = pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+    for c in SAMPLE_COLUMNS[4:]:
         df[c] = pd.to_numeric(df[c], errors="coerce")  # 'NaN' text on SQLite -> NaN
     return df
-
-
-def _raw(conn: Connection, sql: str, params: tuple) -> list[tuple]:
-    """Run ``sql`` (qmark placeholders) on the DB-API connection under ``conn``; plain tuples back."""
-    if conn.dialect.paramstyle in ("format", "pyformat"):
-        sql = sql.replace("?", "%s")
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(sql, params)
-        return cur.fetchall()
-    finally:
-        cur.close()
 
 
 def _last_step(conn: Connection, run: str, extents: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -582,63 +507,35 @@ def _last_step(conn: Connection, run: str, extents: list[dict[str, Any]]) -> dic
         return None
     newest = max(e["attempt"] for e in extents)
     e = min((e for e in extents if e["attempt"] == newest), key=lambda e: e["rank"])
-    row = conn.execute(
-        select(steps).where(
-            steps.c.run == run, steps.c.rank == e["rank"], steps.c.attempt == e["attempt"], steps.c.step == e["last"]
-        )
-    ).first()
-    return None if row is None else dict(row._mapping)
+    return step_row(conn, run, e["rank"], e["attempt"], e["last"])
 
 
 def _checkpoints(conn: Connection, run: str, rank: int | None) -> pd.DataFrame:
-    cols = ["attempt", "step", "time", "duration", "bytes"]
-    if rank is None:
-        rank = 0
-    rows = conn.execute(
-        select(*[checkpoints.c[c] for c in cols])
-        .where(checkpoints.c.run == run, checkpoints.c.rank == rank)
-        .order_by(checkpoints.c.attempt, checkpoints.c.step)
-    ).all()
-    return pd.DataFrame.from_records(rows, columns=cols)
-
-
-def _resumes(conn: Connection, run: str, rank: int | None) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        select(resumes.c.attempt, resumes.c.step, resumes.c.time, resumes.c.path, resumes.c.duration)
-        .where(resumes.c.run == run, resumes.c.rank == (rank or 0))
-        .order_by(resumes.c.attempt)
-    ).all()
-    return [dict(r._mapping) for r in rows]
+    rows = checkpoint_rows(conn, run, 0 if rank is None else rank)
+    return pd.DataFrame.from_records(rows, columns=list(CHECKPOINT_COLUMNS))
 
 
 def _evals(conn: Connection, run: str) -> pd.DataFrame:
-    rank = conn.execute(select(func.min(evals.c.rank)).where(evals.c.run == run)).scalar()
-    cols = ["attempt", "step", "time", "loss"]
-    if rank is None:
-        return pd.DataFrame(columns=cols)
-    rows = conn.execute(
-        select(evals.c.attempt, evals.c.step, evals.c.time, evals.c.loss)
-        .where(evals.c.run == run, evals.c.rank == rank)
-        .order_by(evals.c.attempt, evals.c.step)
-    ).all()
-    return pd.DataFrame.from_records(rows, columns=cols)
+    rows = eval_rows(conn, run)
+    if not rows:
+        return pd.DataFrame(columns=list(EVAL_COLUMNS))
+    return pd.DataFrame.from_records(rows, columns=list(EVAL_COLUMNS))
 
 
 def _health(conn: Connection, run: str) -> tuple[pd.DataFrame, str | None]:
     """One row per GPU per sample (or per host sample when there is no GPU), thinned past HEALTH_ROWS."""
-    total = conn.execute(select(func.count()).select_from(health).where(health.c.run == run)).scalar_one()
+    total = health_count(conn, run)
     cols = ["time", "rank", "host", "gpu", "temperature_c", "utilization_ratio", "sm_clock_hz", "power_w"]
     cols += ["ecc_corrected", "ecc_uncorrected", "host_mem_ratio"]
     if not total:
         return pd.DataFrame(columns=cols), None  # said once, by coverage.not_checked ("GPU health")
-    stmt = select(health.c.time, health.c.rank, health.c.host, health.c.data).where(health.c.run == run)
     note = None
+    k = 1
     if total > HEALTH_ROWS:
         k = math.ceil(total / HEALTH_ROWS)
-        stmt = stmt.where(health.c.id % k == 0)
         note = f"node-health plots and table use every {k}th of {total:,} samples; node_health anomalies saw them all"
     records = []
-    for t, rank, host, data in conn.execute(stmt.order_by(health.c.time)):
+    for t, rank, host, data in health_samples(conn, run, k):
         used, total_mem = data.get("host_mem_used_bytes"), data.get("host_mem_total_bytes")
         mem = used / total_mem if used is not None and total_mem else None
         gpus = data.get("gpus") or [{}]
@@ -675,32 +572,11 @@ def _localise(conn: Connection, run: str, anomaly: dict[str, Any], rank0: int | 
     if step is None:
         return []
     rank = anomaly["rank"] if anomaly["rank"] >= 0 else (rank0 or 0)
-    at = conn.execute(
-        select(layer_stats.c.attempt, layer_stats.c.step, layer_stats.c.grad_norms)
-        .where(
-            layer_stats.c.run == run,
-            layer_stats.c.rank == rank,
-            layer_stats.c.step >= step,
-            layer_stats.c.step <= step + 2,
-        )
-        .order_by(layer_stats.c.attempt, layer_stats.c.step)
-        .limit(1)
-    ).first()
+    at = layer_norms_at(conn, run, rank, step)
     if at is None or not at.grad_norms:
         return []
-    before = conn.execute(
-        select(layer_stats.c.grad_norms)
-        .where(
-            layer_stats.c.run == run,
-            layer_stats.c.rank == rank,
-            layer_stats.c.attempt == at.attempt,
-            layer_stats.c.step < step,
-        )
-        .order_by(layer_stats.c.step.desc())
-        .limit(50)
-    ).all()
     history: dict[str, list[float]] = {}
-    for (norms,) in before:
+    for norms in layer_norms_before(conn, run, rank, at.attempt, step):
         for name, v in (norms or {}).items():
             if isinstance(v, int | float) and math.isfinite(v):
                 history.setdefault(name, []).append(float(v))
@@ -831,18 +707,18 @@ def _g(v: float | None) -> str:
 # -- tables --------------------------------------------------------------------------------
 
 
-def _wall(stream_rows: list[dict[str, Any]]) -> float | None:
-    if not stream_rows:
+def _wall(streams: list[dict[str, Any]]) -> float | None:
+    if not streams:
         return None
-    return max(s["last_time"] for s in stream_rows) - min(s["started_at"] for s in stream_rows)
+    return max(s["last_time"] for s in streams) - min(s["started_at"] for s in streams)
 
 
-def _attempts(stream_rows: list[dict[str, Any]], extents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _attempts(streams: list[dict[str, Any]], extents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per attempt: when, how far, how it ended. An attempt failed when any rank ended it
     failed or interrupted, or when it ended silently (no run_end) and a later attempt followed;
     an end the producer reported as ``unknown`` is not a failure."""
     by: dict[int, list[dict[str, Any]]] = {}
-    for s in stream_rows:
+    for s in streams:
         by.setdefault(s["attempt"], []).append(s)
     spans: dict[int, list[dict[str, Any]]] = {}
     for e in extents:
@@ -920,7 +796,7 @@ def _phase_breakdown(bins: pd.DataFrame, parts: int = 10) -> dict[str, Any] | No
 
 
 def _rank_table(
-    sample: pd.DataFrame, stream_rows: list[dict[str, Any]], found: list[dict[str, Any]]
+    sample: pd.DataFrame, streams: list[dict[str, Any]], found: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Median step, compute, comm-wait and data time per rank, and each relative to the median
     rank: a slow rank computes longer while the others wait for it in comm."""
@@ -933,7 +809,7 @@ def _rank_table(
     counts = s.groupby("rank").size()
     ref = med.median()
     hosts: dict[int, str] = {}
-    for st in stream_rows:
+    for st in streams:
         hosts[st["rank"]] = st["host"]  # newest attempt wins (rows come in attempt order)
     kinds: dict[int, list[str]] = {}
     for a in found:
@@ -968,9 +844,7 @@ def _num(v: Any) -> float | None:
     return float(v) if v is not None and pd.notna(v) else None
 
 
-def _health_table(
-    df: pd.DataFrame, stream_rows: list[dict[str, Any]], found: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def _health_table(df: pd.DataFrame, streams: list[dict[str, Any]], found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (host, rank): the worst readings of its GPU and host, and the node_health anomalies on it."""
     events: dict[int, list[dict[str, Any]]] = {}
     for a in found:
@@ -978,7 +852,7 @@ def _health_table(
             events.setdefault(a["rank"], []).append(
                 {k: a[k] for k in ("severity", "first_step", "last_step", "message", "hint", "status")}
             )
-    hosts = {s["rank"]: s["host"] for s in stream_rows}
+    hosts = {s["rank"]: s["host"] for s in streams}
     out = []
     keys = set(events)
     if not df.empty:

@@ -26,14 +26,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection
 
 from trainmon.monitor.collector.detection import RUN_WIDE, Found
 from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.monitor.store.queries import open_anomaly_keys, stream_ranks
 from trainmon.monitor.store.replay import recent_events
-from trainmon.monitor.store.storage import Storage, anomalies, streams
+from trainmon.monitor.store.storage import Storage
+from trainmon.monitor.store.writes import insert_anomaly, update_anomaly
 from trainmon.wire import Event
 
 __all__ = ["RUN_WIDE", "AnomalyChange", "Engine"]
@@ -82,14 +84,9 @@ class Engine:
         self._primed_runs: set[str] = set()
         self._generation = 0  # of the detection process the primed sets were fed to
         with storage.connect() as conn:
-            rows = conn.execute(
-                select(anomalies.c.id, anomalies.c.run, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity).where(
-                    anomalies.c.status == "open"
-                )
-            )
             # (run, kind, rank) -> (id, stored severity) of each open anomaly
             self._open: dict[tuple[str, str, int], tuple[int, str]] = {
-                (r.run, r.kind, r.rank): (r.id, r.severity) for r in rows
+                (r.run, r.kind, r.rank): (r.id, r.severity) for r in open_anomaly_keys(conn)
             }
         if process:
             if detectors is not ALL_DETECTORS:
@@ -117,11 +114,7 @@ class Engine:
             new_runs = sorted({run for run, _ in new_ranks if run not in self._primed_runs})
             with self._storage.connect() as conn:
                 for run in new_runs:  # a run evicted earlier comes back with its open anomalies
-                    rows = conn.execute(
-                        select(anomalies.c.id, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity).where(
-                            anomalies.c.run == run, anomalies.c.status == "open"
-                        )
-                    )
+                    rows = open_anomaly_keys(conn, run)
                     self._open.update({(run, r.kind, r.rank): (r.id, r.severity) for r in rows})
                 for run, rank in new_ranks:
                     self._detection.feed_rank(run, rank, recent_events(conn, run, rank, self._config.replay_window))
@@ -131,7 +124,7 @@ class Engine:
             self._primed_runs.update(new_runs)
 
     def _run_history(self, conn: Connection, run: str) -> list[tuple[Event, int]]:
-        ranks = conn.execute(select(streams.c.rank).where(streams.c.run == run).distinct()).scalars().all()
+        ranks = stream_ranks(conn, run)
         window = max(16, self._config.replay_window // max(1, len(ranks)))
         history = [pair for rank in ranks for pair in recent_events(conn, run, rank, window)]
         history.sort(key=lambda pair: pair[0].time)
@@ -226,32 +219,26 @@ class Engine:
         if current is None and f.resolved:
             return None
         if current is None:
-            result = conn.execute(
-                anomalies.insert().values(
-                    run=run,
-                    kind=f.kind,
-                    rank=rank,
-                    severity=f.severity,
-                    status="open",
-                    first_step=f.step,
-                    last_step=f.step,
-                    opened_at=now,
-                    updated_at=now,
-                    message=f.message,
-                    hint=f.hint,
-                    evidence=f.evidence,
-                )
+            new_id = insert_anomaly(
+                conn,
+                run=run,
+                kind=f.kind,
+                rank=rank,
+                severity=f.severity,
+                status="open",
+                first_step=f.step,
+                last_step=f.step,
+                opened_at=now,
+                updated_at=now,
+                message=f.message,
+                hint=f.hint,
+                evidence=f.evidence,
             )
-            new_id = result.inserted_primary_key[0]
             self._open[key] = (new_id, f.severity)
             return AnomalyChange("opened", new_id, run, rank, f, f.severity)
         open_id, severity = current
         if f.resolved:
-            conn.execute(
-                update(anomalies)
-                .where(anomalies.c.id == open_id)
-                .values(status="resolved", resolved_at=now, updated_at=now)
-            )
+            update_anomaly(conn, open_id, status="resolved", resolved_at=now, updated_at=now)
             del self._open[key]
             return AnomalyChange("resolved", open_id, run, rank, f, severity, severity)
         values = {
@@ -263,6 +250,6 @@ class Engine:
         }
         if f.step is not None:
             values["last_step"] = f.step
-        conn.execute(update(anomalies).where(anomalies.c.id == open_id).values(**values))
+        update_anomaly(conn, open_id, **values)
         self._open[key] = (open_id, f.severity)
         return AnomalyChange("updated", open_id, run, rank, f, f.severity, severity)

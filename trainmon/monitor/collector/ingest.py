@@ -18,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select, update
+from sqlalchemy import Connection
 
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.seqs import SeqSet
+from trainmon.monitor.store.queries import run_updated_at, stream_count, stream_of
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     STEP_FIELDS,
@@ -32,10 +33,9 @@ from trainmon.monitor.store.storage import (
     health,
     layer_stats,
     resumes,
-    runs,
     steps,
-    streams,
 )
+from trainmon.monitor.store.writes import insert_run, insert_stream, update_run, update_streams
 from trainmon.wire import Event
 
 __all__ = ["IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
@@ -280,11 +280,7 @@ class Ingestor:
                     else self._fetch(conn, ev.stream)
                 )
                 if st is None:
-                    attempt = conn.execute(
-                        select(func.count())
-                        .select_from(streams)
-                        .where(streams.c.run == ev.run, streams.c.rank == ev.rank)
-                    ).scalar_one()
+                    attempt = stream_count(conn, ev.run, ev.rank)
                     attempt += sum(1 for s in known.values() if s.new and s.run == ev.run and s.rank == ev.rank)
                     st = _Stream(ev.run, ev.rank, attempt, SeqSet(), 0, new=True)
                 known[ev.stream] = st
@@ -296,7 +292,7 @@ class Ingestor:
 
     @staticmethod
     def _fetch(conn: Connection, stream: str) -> _Stream | None:
-        row = conn.execute(select(streams).where(streams.c.stream == stream)).first()
+        row = stream_of(conn, stream)
         if row is None:
             return None
         seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
@@ -393,30 +389,21 @@ class Ingestor:
             }
             values.update(last_seq=st.seqs.last, missing=st.missing, received=st.seqs.ranges())
             if st.new:
-                conn.execute(
-                    streams.insert().values(
-                        stream=stream,
-                        run=st.run,
-                        rank=st.rank,
-                        attempt=st.attempt,
-                        started_at=su.get("started_at", su["last_time"]),
-                        events=su["events"],
-                        **values,
-                    )
+                insert_stream(
+                    conn,
+                    stream=stream,
+                    run=st.run,
+                    rank=st.rank,
+                    attempt=st.attempt,
+                    started_at=su.get("started_at", su["last_time"]),
+                    events=su["events"],
+                    **values,
                 )
             else:
                 values.update(b_stream=stream, b_events=su["events"])
                 changed.setdefault(tuple(sorted(values)), []).append(values)
         for columns, rows in changed.items():
-            stmt = (
-                update(streams)
-                .where(streams.c.stream == bindparam("b_stream"))
-                .values(
-                    events=streams.c.events + bindparam("b_events"),
-                    **{c: bindparam(c) for c in columns if not c.startswith("b_")},
-                )
-            )
-            conn.execute(stmt, rows)
+            update_streams(conn, columns, rows)
 
     @staticmethod
     def _write_runs(conn: Connection, updates: dict[str, dict[str, Any]]) -> None:
@@ -434,13 +421,10 @@ class Ingestor:
                 )
             if "status" in ru:
                 values["status"] = ru["status"]
-            exists = conn.execute(select(runs.c.updated_at).where(runs.c.run == run)).first()
-            if exists is None:
-                conn.execute(
-                    runs.insert().values(
-                        run=run, created_at=ru["first"], updated_at=ru["updated_at"], **{"status": "running", **values}
-                    )
-                )
+            updated_at = run_updated_at(conn, run)
+            if updated_at is None:
+                values = {"status": "running", **values}
+                insert_run(conn, run=run, created_at=ru["first"], updated_at=ru["updated_at"], **values)
             else:
-                values["updated_at"] = max(exists.updated_at, ru["updated_at"])
-                conn.execute(update(runs).where(runs.c.run == run).values(**values))
+                values["updated_at"] = max(updated_at, ru["updated_at"])
+                update_run(conn, run, **values)

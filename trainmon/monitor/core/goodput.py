@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
 from trainmon.monitor.core.attempts import attempt_failed
-from trainmon.monitor.store.queries import step_timeline
-from trainmon.monitor.store.storage import checkpoints
+from trainmon.monitor.store.event_reads import checkpoint_rows
+from trainmon.monitor.store.step_reads import step_timeline
 
 __all__ = ["BATCH", "CAUSES", "CLOCK_KEYS", "MARKS", "WINDOW", "Ledger", "from_store", "hang_open", "headline"]
 
@@ -447,13 +447,8 @@ def from_store(
 
     saves: dict[int, list[tuple[int, float | None, float]]] = {}
     if rank is not None:
-        rows = conn.execute(
-            select(checkpoints.c.attempt, checkpoints.c.step, checkpoints.c.duration, checkpoints.c.time)
-            .where(checkpoints.c.run == run, checkpoints.c.rank == rank)
-            .order_by(checkpoints.c.attempt, checkpoints.c.step)
-        )
-        for att, step, dur, t in rows:
-            saves.setdefault(att, []).append((step, dur, t))
+        for r in checkpoint_rows(conn, run, rank):
+            saves.setdefault(r.attempt, []).append((r.step, r.duration, r.time))
     ledger = Ledger(batch=OFFLINE_BATCH)
     for a in attempts:
         att = a["attempt"]

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
-from sqlalchemy import select
 
 from trainmon.monitor.collector.engine import AnomalyChange
 from trainmon.monitor.config import ConfigError, NotifyConfig
 from trainmon.monitor.detectors.base import SEVERITIES
 from trainmon.monitor.notify.targets import Alert, Target, make_target
-from trainmon.monitor.store.storage import Storage, anomalies
+from trainmon.monitor.store.queries import open_anomaly_rows
+from trainmon.monitor.store.storage import Storage
 
 __all__ = ["Notifier", "open_anomalies"]
 
@@ -490,7 +490,7 @@ class Notifier:
 def open_anomalies(storage: Storage) -> list[Alert]:
     """The anomalies stored as open, as the notifier's starting point after a restart."""
     with storage.connect() as conn:
-        rows = conn.execute(select(anomalies).where(anomalies.c.status == "open").order_by(anomalies.c.id)).all()
+        rows = open_anomaly_rows(conn)
     return [
         Alert(
             id=r.id,

@@ -1,15 +1,52 @@
-"""Read-side queries shared by the HTTP API, the CLI and the post-mortem."""
+"""Read-side queries about runs, streams and anomalies, shared by the HTTP API, the CLI, the
+collector and the post-mortem. Each returns what its name says; the step table's reads are in
+:mod:`trainmon.monitor.store.step_reads`, the other per-step tables' in
+:mod:`trainmon.monitor.store.event_reads`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Row, func, select
 
-from trainmon.monitor.store.storage import anomalies, runs, steps, streams
+from trainmon.monitor.store.step_reads import latest_step
+from trainmon.monitor.store.storage import anomalies, runs, streams
 
-__all__ = ["anomaly_rows", "latest_step", "run_rows", "step_base", "step_timeline"]
+__all__ = [
+    "anomaly_rows",
+    "newest_attempt",
+    "open_anomaly_keys",
+    "open_anomaly_rows",
+    "open_findings_of_running_runs",
+    "run_anomaly_states",
+    "run_exists",
+    "run_row",
+    "run_rows",
+    "run_updated_at",
+    "step_base",
+    "stream_count",
+    "stream_ends",
+    "stream_of",
+    "stream_ranks",
+    "stream_rows",
+]
+
+
+def run_row(conn: Connection, run: str) -> Row | None:
+    """The run's row of ``runs`` (None if unknown)."""
+    return conn.execute(select(runs).where(runs.c.run == run)).first()
+
+
+def run_exists(conn: Connection, run: str) -> bool:
+    """Whether the store holds ``run``."""
+    return conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is not None
+
+
+def run_updated_at(conn: Connection, run: str) -> float | None:
+    """When the run last changed (None if unknown): what an ingest merges its own times with."""
+    row = conn.execute(select(runs.c.updated_at).where(runs.c.run == run)).first()
+    return None if row is None else row.updated_at
 
 
 def anomaly_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
@@ -34,15 +71,87 @@ def anomaly_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
     ]
 
 
-def latest_step(conn: Connection, run: str) -> dict[str, Any] | None:
-    """Rank 0's newest step of the newest attempt (or the lowest rank that has steps)."""
-    row = conn.execute(
-        select(steps)
-        .where(steps.c.run == run)
-        .order_by(steps.c.attempt.desc(), steps.c.rank, steps.c.step.desc())
+def open_anomaly_rows(conn: Connection) -> Sequence[Row]:
+    """Every open anomaly's whole row, in the order they were stored (the notifier's starting point)."""
+    return conn.execute(select(anomalies).where(anomalies.c.status == "open").order_by(anomalies.c.id)).all()
+
+
+def open_anomaly_keys(conn: Connection, run: str | None = None) -> Sequence[Row]:
+    """``(id, run, kind, rank, severity)`` of the open anomalies (of ``run``, or of every run): the
+    detector engine's index of what a finding updates."""
+    cond = anomalies.c.status == "open"
+    if run is not None:
+        cond = (anomalies.c.run == run) & cond
+    cols = (anomalies.c.id, anomalies.c.run, anomalies.c.kind, anomalies.c.rank, anomalies.c.severity)
+    return conn.execute(select(*cols).where(cond)).all()
+
+
+def run_anomaly_states(conn: Connection) -> Sequence[Row]:
+    """``(run, kind, severity, status)`` of every anomaly of the runs still running: the exported
+    counters a collector restart must not reset."""
+    return conn.execute(
+        select(anomalies.c.run, anomalies.c.kind, anomalies.c.severity, anomalies.c.status)
+        .join(runs, runs.c.run == anomalies.c.run)
+        .where(runs.c.status == "running")
+    ).all()
+
+
+def open_findings_of_running_runs(conn: Connection) -> Sequence[Row]:
+    """``(run, kind, rank, severity, first_step, last_step, message)`` of the open anomalies of the
+    runs still running (what acknowledgements to trainers carry)."""
+    cols = (
+        anomalies.c.run,
+        anomalies.c.kind,
+        anomalies.c.rank,
+        anomalies.c.severity,
+        anomalies.c.first_step,
+        anomalies.c.last_step,
+        anomalies.c.message,
+    )
+    return conn.execute(
+        select(*cols)
+        .join(runs, runs.c.run == anomalies.c.run)
+        .where(runs.c.status == "running", anomalies.c.status == "open")
+    ).all()
+
+
+def stream_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
+    """Every producer stream of ``run`` (one per process and rank), by attempt, then rank."""
+    rows = conn.execute(select(streams).where(streams.c.run == run).order_by(streams.c.attempt, streams.c.rank))
+    return [dict(r._mapping) for r in rows]
+
+
+def stream_ends(conn: Connection, run: str) -> list[dict[str, Any]]:
+    """A run's streams (``attempt``, ``end_status``): what :func:`attempts.failed_attempts` counts."""
+    rows = conn.execute(select(streams.c.attempt, streams.c.end_status).where(streams.c.run == run))
+    return [dict(s._mapping) for s in rows]
+
+
+def stream_of(conn: Connection, stream: str) -> Row | None:
+    """One stream's row by its id (None if never stored)."""
+    return conn.execute(select(streams).where(streams.c.stream == stream)).first()
+
+
+def stream_count(conn: Connection, run: str, rank: int) -> int:
+    """How many streams (attempts) ``rank`` of ``run`` has stored: the next stream's attempt."""
+    return conn.execute(
+        select(func.count()).select_from(streams).where(streams.c.run == run, streams.c.rank == rank)
+    ).scalar_one()
+
+
+def stream_ranks(conn: Connection, run: str) -> list[int]:
+    """The ranks that have reported for ``run``."""
+    return list(conn.execute(select(streams.c.rank).where(streams.c.run == run).distinct()).scalars().all())
+
+
+def newest_attempt(conn: Connection, run: str, rank: int) -> int | None:
+    """``rank``'s newest attempt of ``run`` (None if it never reported)."""
+    return conn.execute(
+        select(streams.c.attempt)
+        .where(streams.c.run == run, streams.c.rank == rank)
+        .order_by(streams.c.attempt.desc())
         .limit(1)
-    ).first()
-    return None if row is None else dict(row._mapping)
+    ).scalar()
 
 
 def step_base(config: Any) -> int:
@@ -80,24 +189,3 @@ def run_rows(conn: Connection) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterator[list[tuple]]:
-    """One rank's steps of one attempt in step order, in chunks of ``(step, time, step_time,
-    phase_data, phase_checkpoint, phase_eval)`` tuples (the goodput ledger's input).
-
-    Read through the DB-API cursor along the primary key: a million-step run is one index range,
-    never sorted, never held whole in memory, and no SQLAlchemy row is built."""
-    sql = (
-        "SELECT step, time, step_time, phase_data, phase_checkpoint, phase_eval FROM steps "
-        "WHERE run = ? AND rank = ? AND attempt = ? ORDER BY step"
-    )
-    if conn.dialect.paramstyle in ("format", "pyformat"):
-        sql = sql.replace("?", "%s")
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(sql, (run, rank, attempt))
-        while chunk := cur.fetchmany(10_000):
-            yield chunk
-    finally:
-        cur.close()

@@ -355,6 +355,11 @@ class Storage:
         ]
         return str(compiled), names, processors if any(processors) else None
 
+    def ping(self) -> None:
+        """One round trip to the database; raises what the driver raises when it cannot answer."""
+        with self.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
     def run_ids(self) -> list[str]:
         with self.connect() as conn:
             return [r.run for r in conn.execute(select(runs.c.run).order_by(runs.c.created_at))]

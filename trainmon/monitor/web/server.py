@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -23,7 +23,6 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from sqlalchemy import select, text
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from trainmon import wire
@@ -38,8 +37,14 @@ from trainmon.monitor.config import CollectorConfig, ConfigError
 from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.detectors import SEVERITIES
 from trainmon.monitor.notify import Notifier, open_anomalies
-from trainmon.monitor.store.queries import anomaly_rows, run_rows
-from trainmon.monitor.store.storage import Storage, anomalies, runs
+from trainmon.monitor.store.queries import (
+    anomaly_rows,
+    open_findings_of_running_runs,
+    run_anomaly_states,
+    run_exists,
+    run_rows,
+)
+from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.web import read_api
 from trainmon.monitor.web.pages import WebView, html_response, register_docs
 
@@ -105,29 +110,9 @@ class Collector:
         live = LiveState()
         with storage.connect() as conn:
             # Counters of runs still going survive a restart; ended runs are no longer exported.
-            live.load_anomalies(
-                conn.execute(
-                    select(anomalies.c.run, anomalies.c.kind, anomalies.c.severity, anomalies.c.status)
-                    .join(runs, runs.c.run == anomalies.c.run)
-                    .where(runs.c.status == "running")
-                ).all()
-            )
+            live.load_anomalies(run_anomaly_states(conn))
             findings = OpenFindings()
-            findings.load(
-                conn.execute(
-                    select(
-                        anomalies.c.run,
-                        anomalies.c.kind,
-                        anomalies.c.rank,
-                        anomalies.c.severity,
-                        anomalies.c.first_step,
-                        anomalies.c.last_step,
-                        anomalies.c.message,
-                    )
-                    .join(runs, runs.c.run == anomalies.c.run)
-                    .where(runs.c.status == "running", anomalies.c.status == "open")
-                )
-            )
+            findings.load(open_findings_of_running_runs(conn))
         registry = CollectorRegistry()
         registry.register(TrainingCollector(live, findings=findings, limits=config.series))
         notifier = Notifier(config.notify, registry, open_anomalies(storage) if config.notify.targets else ())
@@ -547,6 +532,14 @@ def _events_openapi() -> dict[str, Any]:
     }
 
 
+def _json_or_404(read: Callable[[], Any]) -> Any:
+    """What ``read()`` answers, JSON-safe; an unknown run (``KeyError``) is a 404 saying which."""
+    try:
+        return wire.json_safe(read())
+    except KeyError as exc:
+        raise HTTPException(404, {"error": exc.args[0]}) from exc
+
+
 def create_app(collector: Collector) -> _Ingress:
     app = FastAPI(
         title="trainmon collector",
@@ -573,8 +566,7 @@ def create_app(collector: Collector) -> _Ingress:
     @app.get("/healthz", summary="Liveness, database reachability, and whether writes succeed")
     def healthz() -> dict[str, Any]:
         try:
-            with collector.storage.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            collector.storage.ping()
         except Exception as exc:  # report, do not crash: this endpoint exists to say what is wrong
             raise HTTPException(503, {"status": "unhealthy", "error": f"database: {exc}"}) from exc
         if (failing := collector.writer.write_failure) is not None:  # readable is not writable (a full disk)
@@ -598,10 +590,7 @@ def create_app(collector: Collector) -> _Ingress:
         responses={404: {"description": "no such run"}},
     )
     def run_status(run: str, window: Annotated[int, Query(ge=2, le=2000)] = 120) -> dict[str, Any]:
-        try:
-            return wire.json_safe(live_view.run_status(collector.storage, run, window))
-        except KeyError as exc:
-            raise HTTPException(404, {"error": exc.args[0]}) from exc
+        return _json_or_404(lambda: live_view.run_status(collector.storage, run, window))
 
     @app.get(
         "/v1/runs/{run}/steps",
@@ -614,10 +603,7 @@ def create_app(collector: Collector) -> _Ingress:
         rank: Annotated[int, Query(ge=0, le=2**31)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[dict[str, Any]]:
-        try:
-            return wire.json_safe(live_view.steps_since(collector.storage, run, since, rank, limit))
-        except KeyError as exc:
-            raise HTTPException(404, {"error": exc.args[0]}) from exc
+        return _json_or_404(lambda: live_view.steps_since(collector.storage, run, since, rank, limit))
 
     @app.get(
         "/v1/runs/{run}/anomalies",
@@ -626,7 +612,7 @@ def create_app(collector: Collector) -> _Ingress:
     )
     def list_anomalies(run: str) -> list[dict[str, Any]]:
         with collector.storage.connect() as conn:
-            if conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is None:
+            if not run_exists(conn, run):
                 raise HTTPException(404, {"error": f"no run {run!r}"})
             return wire.json_safe(anomaly_rows(conn, run))
 

@@ -1,0 +1,216 @@
+"""Reads of the ``steps`` table, each through its ``(run, rank, attempt, step)`` primary key.
+
+A million-step run on eight ranks holds eight million rows, so no read here sorts them or holds
+them whole: extents are two index probes, aggregates are range queries, and the big reads (the
+post-mortem's sample, the goodput timeline) go through the DB-API cursor, where SQLAlchemy rows
+and their float processors would cost more than SQLite's own work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, case, func, select
+
+from trainmon.monitor.store.storage import PHASE_COLUMNS, steps
+
+__all__ = [
+    "RECENT_COLUMNS",
+    "SAMPLE_COLUMNS",
+    "SERIES_COLUMNS",
+    "latest_step",
+    "lowest_step_rank",
+    "recent_steps",
+    "sampled_steps",
+    "step_bins",
+    "step_extent",
+    "step_row",
+    "step_series",
+    "step_timeline",
+    "steps_after",
+]
+
+RECENT_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "step_time", "tokens")  # and every phase
+SAMPLE_COLUMNS = (
+    "rank",
+    "attempt",
+    "step",
+    "time",
+    "loss",
+    "grad_norm",
+    "grad_norm_clipped",
+    "lr",
+    "step_time",
+    "tokens",
+    *[f"phase_{p}" for p in PHASE_COLUMNS],
+)
+SERIES_COLUMNS = ("step", "attempt", "loss", "lr", "tokens", "step_time", *[f"phase_{p}" for p in PHASE_COLUMNS])
+_PHASES = [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
+
+
+def latest_step(conn: Connection, run: str) -> dict[str, Any] | None:
+    """Rank 0's newest step of the newest attempt (or the lowest rank that has steps)."""
+    row = conn.execute(
+        select(steps)
+        .where(steps.c.run == run)
+        .order_by(steps.c.attempt.desc(), steps.c.rank, steps.c.step.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+def step_row(conn: Connection, run: str, rank: int, attempt: int, step: int) -> dict[str, Any] | None:
+    """One stored step, every column (None if absent)."""
+    row = conn.execute(
+        select(steps).where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt, steps.c.step == step)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+def step_extent(conn: Connection, run: str, rank: int, attempt: int) -> tuple[int, int] | None:
+    """First and last step of one (rank, attempt), None without steps: two index probes (a min and
+    a max in one SQLite query would scan the range)."""
+    where = (steps.c.run == run) & (steps.c.rank == rank) & (steps.c.attempt == attempt)
+    first = conn.execute(select(func.min(steps.c.step)).where(where)).scalar()
+    if first is None:
+        return None
+    last = conn.execute(select(func.max(steps.c.step)).where(where)).scalar()
+    return int(first), int(last)
+
+
+def lowest_step_rank(conn: Connection, run: str) -> int | None:
+    """The lowest rank that logged a step (None without steps)."""
+    return conn.execute(select(steps.c.rank).where(steps.c.run == run).order_by(steps.c.rank).limit(1)).scalar()
+
+
+def _finite(col: Any) -> Any:
+    """The value when finite, else NULL: NaN is the text 'NaN' on SQLite, a float on PostgreSQL;
+    both fail the BETWEEN, as do infinities."""
+    return case((col.between(-1e308, 1e308), col), else_=None)
+
+
+def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """Exact aggregates of one rank's steps over each ``(attempt, lo, hi)`` range (``lo <= step <
+    hi``), one range query each; ranges without steps are left out. Each record holds ``attempt``,
+    ``lo``, ``hi``, ``count``, sums of ``step_time``, ``tokens`` and the phases (with ``timed`` and
+    ``tokens_n``, how many steps carry them), finite loss and grad-norm mean / min / max,
+    ``nonfinite`` (NaN or infinite losses), mean ``lr`` and ``t_first`` / ``t_last``."""
+    loss, gn = _finite(steps.c.loss), _finite(steps.c.grad_norm)
+    cols = [
+        func.count().label("count"),
+        func.sum(steps.c.step_time).label("step_time"),
+        func.count(steps.c.step_time).label("timed"),
+        func.sum(steps.c.tokens).label("tokens"),
+        func.count(steps.c.tokens).label("tokens_n"),
+        *[func.sum(steps.c[f"phase_{p}"]).label(f"phase_{p}") for p in PHASE_COLUMNS],
+        func.avg(loss).label("loss"),
+        func.min(loss).label("loss_min"),
+        func.max(loss).label("loss_max"),
+        func.sum(case((loss.is_(None) & steps.c.loss.is_not(None), 1), else_=0)).label("nonfinite"),
+        func.avg(gn).label("grad_norm"),
+        func.max(gn).label("grad_norm_max"),
+        func.avg(_finite(steps.c.grad_norm_clipped)).label("grad_norm_clipped"),
+        func.avg(steps.c.lr).label("lr"),
+        func.min(steps.c.time).label("t_first"),
+        func.max(steps.c.time).label("t_last"),
+    ]
+    lo_p, hi_p, att_p = bindparam("lo"), bindparam("hi"), bindparam("att")
+    stmt = select(*cols).where(
+        steps.c.run == run, steps.c.rank == rank, steps.c.attempt == att_p, steps.c.step >= lo_p, steps.c.step < hi_p
+    )
+    records = []
+    for attempt, lo, hi in ranges:
+        r = conn.execute(stmt, {"lo": lo, "hi": hi, "att": attempt}).one()
+        if r.count:
+            records.append({"attempt": attempt, "lo": lo, "hi": hi, **r._mapping})
+    return records
+
+
+def sampled_steps(conn: Connection, run: str, rank: int, attempt: int, wanted: list[int] | None) -> list[tuple]:
+    """``SAMPLE_COLUMNS`` of one (rank, attempt)'s steps numbered ``wanted`` (every step if None),
+    as plain tuples, through the primary key (IN lists of at most 900)."""
+    base = f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM steps WHERE run = ? AND rank = ? AND attempt = ?"
+    params = (run, rank, attempt)
+    if wanted is None:
+        return _fetchall(conn, base, params)
+    rows: list[tuple] = []
+    for i in range(0, len(wanted), 900):
+        chunk = wanted[i : i + 900]
+        rows.extend(_fetchall(conn, base + f" AND step IN ({', '.join('?' * len(chunk))})", (*params, *chunk)))
+    return rows
+
+
+def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterator[list[tuple]]:
+    """One rank's steps of one attempt in step order, in chunks of ``(step, time, step_time,
+    phase_data, phase_checkpoint, phase_eval)`` tuples (the goodput ledger's input).
+
+    Read through the DB-API cursor along the primary key: a million-step run is one index range,
+    never sorted, never held whole in memory, and no SQLAlchemy row is built."""
+    sql = (
+        "SELECT step, time, step_time, phase_data, phase_checkpoint, phase_eval FROM steps "
+        "WHERE run = ? AND rank = ? AND attempt = ? ORDER BY step"
+    )
+    cur = _cursor(conn, sql, (run, rank, attempt))
+    try:
+        while chunk := cur.fetchmany(10_000):
+            yield chunk
+    finally:
+        cur.close()
+
+
+def _fetchall(conn: Connection, sql: str, params: tuple) -> list[tuple]:
+    cur = _cursor(conn, sql, params)
+    try:
+        return cur.fetchall()
+    finally:
+        cur.close()
+
+
+def _cursor(conn: Connection, sql: str, params: tuple) -> Any:
+    """A DB-API cursor under ``conn`` that ran ``sql`` (written with qmark placeholders)."""
+    if conn.dialect.paramstyle in ("format", "pyformat"):
+        sql = sql.replace("?", "%s")
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql, params)
+    except BaseException:
+        cur.close()
+        raise
+    return cur
+
+
+def recent_steps(conn: Connection, run: str, rank: int, attempt: int, window: int) -> list[dict[str, Any]]:
+    """The last ``window`` steps of one (rank, attempt), oldest first: ``RECENT_COLUMNS`` and the phases."""
+    cols = [steps.c[c] for c in RECENT_COLUMNS] + _PHASES
+    rows = conn.execute(
+        select(*cols)
+        .where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt)
+        .order_by(steps.c.step.desc())
+        .limit(window)
+    ).all()
+    return [dict(r._mapping) for r in reversed(rows)]
+
+
+def steps_after(conn: Connection, run: str, rank: int, attempt: int, since: int, limit: int) -> list[dict[str, Any]]:
+    """One (rank, attempt)'s steps after ``since``, oldest first (at most ``limit``):
+    ``RECENT_COLUMNS``, ``grad_norm_clipped``, ``attempt`` and the phases."""
+    cols = [steps.c[c] for c in RECENT_COLUMNS] + [steps.c.grad_norm_clipped, steps.c.attempt] + _PHASES
+    rows = conn.execute(
+        select(*cols)
+        .where(steps.c.run == run, steps.c.rank == rank, steps.c.attempt == attempt, steps.c.step > since)
+        .order_by(steps.c.step)
+        .limit(limit)
+    ).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def step_series(conn: Connection, run: str, rank: int) -> list[Any]:
+    """``SERIES_COLUMNS`` of every step of one rank, all attempts, by step then attempt (a resumed
+    run's later attempt last)."""
+    rows = conn.execute(
+        select(*[steps.c[c] for c in SERIES_COLUMNS])
+        .where(steps.c.run == run, steps.c.rank == rank)
+        .order_by(steps.c.step, steps.c.attempt)
+    ).all()
+    return list(rows)
