@@ -60,19 +60,17 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainmon.flops import model_peak_flops
-from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.adapter import MonitorAdapter
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
 from trainmon.hooks.train_monitor import TrainMonitor
-from trainmon.schedules import declared_schedule
 
 __all__ = ["TrainmonCallback"]
 
 # Accelerate distributed types whose clip_grad_norm_ is "unscale_gradients(); torch clip".
 _SHARDED = {"FSDP", "DEEPSPEED", "XLA", "MEGATRON_LM"}
-_MISSING = object()
 
 
-class TrainmonCallback(TrainerCallback):
+class TrainmonCallback(MonitorAdapter, TrainerCallback):
     """Sends a ``Trainer`` run's signals to trainmon, with the same fields as a plain loop.
 
     Args:
@@ -106,27 +104,19 @@ class TrainmonCallback(TrainerCallback):
         stop_on: str = "critical",
         **monitor_kwargs: Any,
     ) -> None:
-        self.run = run
-        self.collector = collector
-        self.start_fields = dict(start_fields or {})
-        if self.start_fields.get("schedule") is not None:  # a bad one fails here, not when training starts
-            self.start_fields["schedule"] = declared_schedule(self.start_fields["schedule"])
-        self.fingerprint_model = fingerprint_model
-        self.on_critical = on_critical
-        self.stop_on = stop_on
-        self._stopping: CollectorFinding | None = None  # the finding that stops this train() call
-        self.monitor_kwargs = monitor_kwargs
-        self.monitor: TrainMonitor | None = None
+        super().__init__(
+            run,
+            collector,
+            start_fields=start_fields,
+            fingerprint_model=fingerprint_model,
+            on_critical=on_critical,
+            stop_on=stop_on,
+            monitor_kwargs=monitor_kwargs,
+        )
         self._trainer: Trainer | None = None
-        self._patched: list[tuple[Any, str, Any]] = []
-        self._loss: torch.Tensor | None = None
-        self._tokens = 0
-        self._samples = 0
         self._checkpoint_seconds: float | None = None
         self._resume_pending: str | None = None
-        self._model: Any = None
-        self._inner_optimizer: Any = None
-        self._scheduler: Any = None
+        self._model: torch.nn.Module | None = None
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -136,14 +126,11 @@ class TrainmonCallback(TrainerCallback):
         model, optimizer, scheduler = kwargs.get("model"), kwargs.get("optimizer"), kwargs.get("lr_scheduler")
         if self.monitor is not None:  # the previous train() raised (no on_train_end): end that run first
             self._close("failed", "train() did not reach on_train_end")
-        self._stopping = None
-        policy = self._on_finding if self.on_critical == "stop" else self.on_critical
-        mon = TrainMonitor(self.run, self.collector, on_critical=policy, stop_on=self.stop_on, **self.monitor_kwargs)
-        self.monitor = mon
+        mon = self._open()
         trainer, resume_path = _calling_trainer(self)
         self._trainer = trainer
         inner = getattr(optimizer, "optimizer", optimizer)  # AcceleratedOptimizer → torch optimizer
-        self._model, self._inner_optimizer, self._scheduler = model, inner, scheduler
+        self._model, self._optimizer, self._scheduler = model, inner, scheduler
         scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
         if model is not None:
             mon.watch(model, inner, scheduler, scaler=scaler)
@@ -155,7 +142,7 @@ class TrainmonCallback(TrainerCallback):
         config = getattr(model, "config", None)
         vocab = getattr(config, "vocab_size", None)
         fields: dict[str, Any] = {
-            "config": args.to_dict(),  # made JSON-safe by TrainMonitor.start
+            "config": args.to_dict(),  # type: ignore[no-untyped-call]  # made JSON-safe by TrainMonitor.start
             "planned_steps": state.max_steps or None,
             "accum_steps": args.gradient_accumulation_steps,
             "world_size": args.world_size,
@@ -167,12 +154,10 @@ class TrainmonCallback(TrainerCallback):
             "resumed": resumed,
             "resume_path": resume_path if resumed else None,
         }
-        fields.update(self.start_fields)
-        mon.start(**fields)
+        self._start(mon, fields)
         # The Trainer restores the RNG state inside the epoch loop, after this event: the resume
         # fingerprint is taken at the first on_step_begin, once everything is restored.
         self._resume_pending = resume_path if resumed else None
-        self._loss, self._tokens, self._samples = None, 0, 0
         atexit.register(self._close_at_exit)
 
     def _install(self, trainer: Trainer, mon: TrainMonitor) -> None:
@@ -186,8 +171,7 @@ class TrainmonCallback(TrainerCallback):
                 self._samples += x.shape[0] if x.dim() else 1
             loss = training_step(model, inputs, *args, **kw)
             if isinstance(loss, torch.Tensor):
-                loss = loss.detach()
-                self._loss = loss if self._loss is None else self._loss + loss  # on the device, async
+                loss = self._add_loss(loss)
             return loss
 
         self._patch(trainer, "training_step", counted_training_step)
@@ -231,20 +215,6 @@ class TrainmonCallback(TrainerCallback):
 
             self._patch(trainer, "_save_checkpoint", timed_save)
 
-    def _patch(self, obj: Any, name: str, fn: Any) -> None:
-        # An instance attribute shadows the class method for this object only; one that was
-        # already there is put back at the end.
-        self._patched.append((obj, name, vars(obj).get(name, _MISSING)))
-        setattr(obj, name, fn)
-
-    def _unpatch(self) -> None:
-        for obj, name, previous in reversed(self._patched):
-            if previous is not _MISSING:
-                setattr(obj, name, previous)
-            elif name in vars(obj):
-                delattr(obj, name)
-        self._patched.clear()
-
     # -- per step -------------------------------------------------------------------------
 
     def on_step_begin(
@@ -257,21 +227,10 @@ class TrainmonCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.monitor is None:
             return
-        self.monitor.step_end(
-            state.global_step - 1,
-            loss=self._loss,
-            tokens=self._tokens or None,
-            samples=self._samples or None,
-        )
-        self._loss, self._tokens, self._samples = None, 0, 0
+        self._step_end(self.monitor, state.global_step - 1, self._loss)
         if self._stopping is not None:  # the Trainer saves, then leaves its loop; on_train_end raises
             control.should_save = worth_saving(self._stopping)
             control.should_training_stop = True
-
-    def _on_finding(self, finding: CollectorFinding) -> None:
-        """``on_critical="stop"``: the first finding stops the run (from inside ``step_end``)."""
-        if self._stopping is None:
-            self._stopping = finding
 
     # -- occasional events ----------------------------------------------------------------
 
@@ -295,20 +254,12 @@ class TrainmonCallback(TrainerCallback):
             if k != key and k.startswith(prefix) and isinstance(v, (int, float)) and math.isfinite(v)
         }
         duration = others.pop("runtime", None)
-        self.monitor.emit(
-            "eval",
-            {
-                "step": max(state.global_step - 1, 0),
-                "loss": float(metrics[key]),
-                "metrics": others or None,
-                "duration": duration,
-            },
-        )
+        self._emit_eval(self.monitor, max(state.global_step - 1, 0), float(metrics[key]), others, duration)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.monitor is None:
             return
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        path = _checkpoint_path(args, state)
         nbytes = _dir_bytes(path)
         self.monitor.checkpoint(
             state.global_step - 1,
@@ -320,15 +271,12 @@ class TrainmonCallback(TrainerCallback):
         self._checkpoint_seconds = None
 
     def _fingerprint(self, args: TrainingArguments, state: TrainerState) -> dict[str, Any]:
-        # SYNC (checkpoint/resume time only): optimizer moment norms are read back once.
-        return state_fingerprint(
+        return self._state_fingerprint(
             next_step=state.global_step,
             world_size=args.world_size,
             accum_steps=args.gradient_accumulation_steps,
             tokens=state.num_input_tokens_seen or None,
-            optimizer=self._inner_optimizer,
-            scheduler=self._scheduler,
-            model=self._model if self.fingerprint_model else None,
+            model=self._model,
         )
 
     # -- the end --------------------------------------------------------------------------
@@ -339,17 +287,14 @@ class TrainmonCallback(TrainerCallback):
         if self._stopping is None:
             self._close("finished")
             return
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        path = _checkpoint_path(args, state)
         stopped = TrainingStopped(self._stopping, state.global_step - 1, path if os.path.isdir(path) else None)
         self._close("failed", str(stopped))
         raise stopped
 
     def _close(self, status: str, error: str | None = None) -> None:
         atexit.unregister(self._close_at_exit)
-        self._unpatch()
-        mon, self.monitor = self.monitor, None
-        if mon is not None:
-            mon.close(status, error)
+        super()._close(status, error)
 
     def _close_at_exit(self) -> None:
         # train() never reached on_train_end: it raised (the Trainer has no exception callback).
@@ -376,6 +321,12 @@ def _calling_trainer(callback: TrainerCallback) -> tuple[Trainer | None, str | N
     finally:
         del frame
     return None, None
+
+
+def _checkpoint_path(args: TrainingArguments, state: TrainerState) -> str:
+    """The folder the Trainer saves the checkpoint of ``state.global_step`` in (``output_dir`` is set
+    by then: ``TrainingArguments`` defaults it)."""
+    return os.path.join(str(args.output_dir), f"checkpoint-{state.global_step}")
 
 
 def _compute_precision(args: TrainingArguments) -> str:

@@ -57,18 +57,15 @@ try:
     from lightning.pytorch.utilities.model_helpers import is_overridden
 except ImportError:  # pragma: no cover - the older distribution
     import pytorch_lightning as pl  # type: ignore[no-redef]
-    from pytorch_lightning.plugins.precision import Precision as _BasePrecision  # type: ignore[no-redef]
-    from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
+    from pytorch_lightning.plugins.precision import Precision as _BasePrecision  # type: ignore[assignment]
+    from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from trainmon.flops import model_peak_flops
-from trainmon.hooks.fingerprint import state_fingerprint
+from trainmon.hooks.adapter import MonitorAdapter
 from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
 from trainmon.hooks.train_monitor import TrainMonitor
-from trainmon.schedules import declared_schedule
 
 __all__ = ["TrainmonCallback"]
-
-_MISSING = object()
 
 
 class _TrainingStep(torch.nn.Module):
@@ -77,7 +74,9 @@ class _TrainingStep(torch.nn.Module):
     ``module`` is the LightningModule itself, so ``watch`` sees its parameters and names.
     """
 
-    def __init__(self, pl_module: Any, step: Callable[..., Any], on_output: Callable[[Any, tuple], None]) -> None:
+    def __init__(
+        self, pl_module: Any, step: Callable[..., Any], on_output: Callable[[Any, tuple[Any, ...]], None]
+    ) -> None:
         super().__init__()
         self.module = pl_module
         self._step = step
@@ -89,7 +88,7 @@ class _TrainingStep(torch.nn.Module):
         return out
 
 
-class TrainmonCallback(pl.Callback):
+class TrainmonCallback(MonitorAdapter, pl.Callback):
     """Sends a Lightning run's signals to trainmon, with the same fields as a plain loop.
 
     Args:
@@ -128,45 +127,35 @@ class TrainmonCallback(pl.Callback):
         stop_on: str = "critical",
         **monitor_kwargs: Any,
     ) -> None:
-        self.run = run
-        self.collector = collector
-        self.start_fields = dict(start_fields or {})
-        if self.start_fields.get("schedule") is not None:  # a bad one fails here, not when training starts
-            self.start_fields["schedule"] = declared_schedule(self.start_fields["schedule"])
+        super().__init__(
+            run,
+            collector,
+            start_fields=start_fields,
+            fingerprint_model=fingerprint_model,
+            on_critical=on_critical,
+            stop_on=stop_on,
+            monitor_kwargs=monitor_kwargs,
+        )
         self.eval_loss_key = eval_loss_key
         self.tokens_fn = tokens_fn or _count_batch
-        self.fingerprint_model = fingerprint_model
-        self.on_critical = on_critical
-        self.stop_on = stop_on
-        self._stopping: CollectorFinding | None = None  # the finding that stops this fit()
         self._stop: TrainingStopped | None = None  # raised at on_train_end, once Lightning left its loop
-        self.monitor_kwargs = monitor_kwargs
-        self.monitor: TrainMonitor | None = None
-        self._patched: list[tuple[Any, str, Any]] = []
-        self._optimizer: Any = None
-        self._scheduler: Any = None
-        self._reset()
+        self._clips = False  # the precision plugin's clip_grad_by_norm is the one this callback wraps
         self._eval: contextlib.ExitStack | None = None
         self._eval_start = 0.0
 
-    def _reset(self) -> None:
-        self._loss: torch.Tensor | None = None
+    def _reset_step(self) -> None:
+        super()._reset_step()
         self._micro = 0
-        self._tokens = 0
-        self._samples = 0
         self._stepped = False
 
     # -- setup ----------------------------------------------------------------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stopping = self._stop = None
-        policy = self._on_finding if self.on_critical == "stop" else self.on_critical
-        mon = TrainMonitor(self.run, self.collector, on_critical=policy, stop_on=self.stop_on, **self.monitor_kwargs)
-        self.monitor = mon
+        self._stop = None
+        mon = self._open()
         self._optimizer = trainer.optimizers[0] if trainer.optimizers else None
         configs = getattr(trainer, "lr_scheduler_configs", None) or []
         self._scheduler = configs[0].scheduler if configs else None
-        self._reset()
 
         stand_in = _TrainingStep(pl_module, pl_module.training_step, self._on_training_step)
         self._patch(pl_module, "training_step", lambda *a, **k: stand_in(*a, **k))
@@ -209,27 +198,11 @@ class TrainmonCallback(pl.Callback):
             "resumed": resumed,
             "resume_path": str(trainer.ckpt_path) if resumed else None,
         }
-        fields.update(self.start_fields)
-        mon.start(**fields)
+        self._start(mon, fields)
         if resumed:
             # Lightning has restored optimizer, schedulers and loops by now (the global RNG is not
             # part of a Lightning checkpoint, so the fingerprint leaves it out).
             mon.resume(trainer.global_step - 1, path=str(trainer.ckpt_path), fingerprint=self._fingerprint(trainer))
-
-    def _patch(self, obj: Any, name: str, fn: Any) -> None:
-        # An instance attribute: this object only (object.__setattr__: never an nn.Module
-        # registration). An instance attribute already there (torch's LR scheduler wraps
-        # optimizer.step that way) is put back at the end.
-        self._patched.append((obj, name, vars(obj).get(name, _MISSING)))
-        object.__setattr__(obj, name, fn)
-
-    def _unpatch(self) -> None:
-        for obj, name, previous in reversed(self._patched):
-            if previous is not _MISSING:
-                object.__setattr__(obj, name, previous)
-            elif name in vars(obj):
-                object.__delattr__(obj, name)
-        self._patched.clear()
 
     def _clip_by_norm(self, precision: Any, mon: TrainMonitor) -> Callable[[Any, float], None]:
         def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
@@ -259,24 +232,20 @@ class TrainmonCallback(pl.Callback):
         return save_checkpoint
 
     def _fingerprint(self, trainer: pl.Trainer) -> dict[str, Any]:
-        # SYNC (checkpoint/resume time only): optimizer moment norms are read back once.
-        return state_fingerprint(
+        return self._state_fingerprint(
             next_step=trainer.global_step,
             world_size=trainer.world_size,
             accum_steps=trainer.accumulate_grad_batches,
-            optimizer=self._optimizer,
-            scheduler=self._scheduler,
-            model=trainer.lightning_module if self.fingerprint_model else None,
+            model=trainer.lightning_module,
             rng=False,
         )
 
     # -- per step -------------------------------------------------------------------------
 
-    def _on_training_step(self, out: Any, args: tuple) -> None:
+    def _on_training_step(self, out: Any, args: tuple[Any, ...]) -> None:
         loss = out.get("loss") if isinstance(out, dict) else out
         if isinstance(loss, torch.Tensor):
-            loss = loss.detach()
-            self._loss = loss if self._loss is None else self._loss + loss  # on the device, async
+            self._add_loss(loss)
         self._micro += 1
         if args:
             tokens, samples = self.tokens_fn(args[0])
@@ -305,13 +274,7 @@ class TrainmonCallback(pl.Callback):
         if mon is None or not self._stepped:
             return  # an accumulation micro-batch: the step continues
         loss = self._loss / self._micro if self._loss is not None and self._micro > 1 else self._loss
-        mon.step_end(
-            trainer.global_step - 1,
-            loss=loss,
-            tokens=self._tokens or None,
-            samples=self._samples or None,
-        )
-        self._reset()
+        self._step_end(mon, trainer.global_step - 1, loss)
         if self._stopping is not None and self._stop is None:
             step = trainer.global_step - 1
             ckpt = getattr(trainer, "checkpoint_callback", None)
@@ -322,11 +285,6 @@ class TrainmonCallback(pl.Callback):
                 trainer.save_checkpoint(path)  # through _timed_save: reported like any other save
             trainer.should_stop = True
             self._stop = TrainingStopped(self._stopping, step, path)
-
-    def _on_finding(self, finding: CollectorFinding) -> None:
-        """``on_critical="stop"``: the first finding stops the run (from inside ``step_end``)."""
-        if self._stopping is None:
-            self._stopping = finding
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -354,15 +312,8 @@ class TrainmonCallback(pl.Callback):
             for k, v in ((k, _scalar(v)) for k, v in metrics.items() if k != key and "val" in k)
             if v is not None and math.isfinite(v)
         }
-        self.monitor.emit(
-            "eval",
-            {
-                "step": max(trainer.global_step - 1, 0),
-                "loss": _scalar(metrics[key]),  # SYNC: once per evaluation
-                "metrics": others or None,
-                "duration": duration,
-            },
-        )
+        loss = _scalar(metrics[key])  # SYNC: once per evaluation
+        self._emit_eval(self.monitor, max(trainer.global_step - 1, 0), loss, others, duration)
 
     # -- the end --------------------------------------------------------------------------
 
@@ -384,10 +335,7 @@ class TrainmonCallback(pl.Callback):
         if self._eval is not None:
             self._eval.close()
             self._eval = None
-        self._unpatch()
-        mon, self.monitor = self.monitor, None
-        if mon is not None:
-            mon.close(status, error)
+        super()._close(status, error)
 
 
 def _closure_once(optimizer: Any) -> bool:
