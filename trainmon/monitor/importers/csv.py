@@ -68,8 +68,6 @@ from trainmon.monitor.importers.structure import (
     eval_sets_facts,
     eval_sets_notes,
     infer_step_base,
-    is_eval_name,
-    is_reward_name,
     loss_like,
     lr_groups,
     root_sum_squares,
@@ -367,12 +365,8 @@ def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str
         choice = LossChoice(terms=[named], how="named") if named is not None else LossChoice()
     else:
         free = [c for i, c in names.items() if i not in taken]
-        rewards = any(is_reward_name(c) and not is_eval_name(c) for c in free)
         choice = choose_loss(
-            named,
-            free,
-            {c: values(c) for c in ([named] if named else []) + free if loss_like(c) or c == named},
-            rewards=rewards,
+            named, free, {c: values(c) for c in ([named] if named else []) + free if loss_like(c) or c == named}
         )
     loss_idx = [by_name[c] for c in choice.terms]
     signed_idx = [by_name[c] for c in choice.signed]

@@ -174,19 +174,19 @@ def _rl_term(name: str) -> bool:
     return bool(set(_words(name)) & _RL_WORDS)
 
 
-def choose_loss(
-    named: str | None, candidates: Iterable[str], values: Mapping[str, Iterable[float]], *, rewards: bool = False
-) -> LossChoice:
+def choose_loss(named: str | None, candidates: Iterable[str], values: Mapping[str, Iterable[float]]) -> LossChoice:
     """The loss of a log: ``named`` (a series named as the training loss) or, without it, the
     loss-like ``candidates`` by structure (module docstring). ``values`` gives each series' values
-    for the sign test; ``rewards``: the log holds an RL reward or return on its training side."""
+    for the sign test. When a candidate is an RL reward or return on the training side, the RL
+    terms among the loss-like ones are left out: they are parts of a policy objective, not a loss."""
     if named is not None:
         if is_signed(values.get(named, ())):
             return LossChoice(how="not a loss curve", left_out={named: _SIGNED})
         return LossChoice(terms=[named], how="named")
+    candidates = list(candidates)
     cands = [c for c in candidates if loss_like(c)]
     left_out = {c: _SIGNED for c in cands if is_signed(values.get(c, ()))}
-    if rewards:
+    if any(is_reward_name(c) and not is_eval_name(c) for c in candidates):
         left_out.update({c: _RL_TERM for c in cands if c not in left_out and _rl_term(c)})
     kept = [c for c in cands if c not in left_out]
     totals = sorted((c for c in kept if _is_total(c)), key=lambda c: bool(set(_words(c)) & (_VIEW_WORDS - {"raw"})))

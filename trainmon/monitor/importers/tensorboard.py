@@ -55,8 +55,6 @@ from trainmon.monitor.importers.structure import (
     eval_sets_facts,
     eval_sets_notes,
     infer_step_base,
-    is_eval_name,
-    is_reward_name,
     loss_like,
     lr_groups,
     root_sum_squares,
@@ -308,8 +306,7 @@ class _Series:
 
 def _series(tags: set[str], mapping: dict[str, str], values: dict[str, list[float]]) -> _Series:
     free = sorted(t for t in tags if t not in mapping.values())
-    rewards = any(is_reward_name(t) and not is_eval_name(t) for t in free)
-    loss = choose_loss(mapping.get("loss"), free, values, rewards=rewards)
+    loss = choose_loss(mapping.get("loss"), free, values)
     gn, gn_how = choose_grad_norm(mapping.get("grad_norm"), free)
     lr = [mapping["lr"]] if "lr" in mapping else lr_groups(free)
     single = {k: v for k, v in mapping.items() if k in ("tokens", "step_time", "loss_scale")}
