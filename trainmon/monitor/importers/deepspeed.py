@@ -90,7 +90,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmon.monitor.importers.common import ANSI_ESCAPE, EvalPoint, ImportFormatError, Item, LogMeta, TrainPoint
+from trainmon.monitor.importers.common import (
+    ANSI_ESCAPE,
+    EvalPoint,
+    ImportFormatError,
+    Item,
+    LogMeta,
+    TrainPoint,
+    to_float,
+)
 from trainmon.monitor.importers.deepspeed_engine import (
     EXIT_BAD,
     EXIT_OK,
@@ -106,7 +114,6 @@ from trainmon.monitor.importers.deepspeed_engine import (
     ZERO_SCALE,
     Engine,
     Scale,
-    num,
     read_lrs,
 )
 from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
@@ -389,7 +396,7 @@ def _ppo_step(epoch: int, batch: int, rest: str, st: _State) -> None:
     st.ppo = True
     _flush_round(st)
     parts = {_term(k): v.strip() for k, _, v in (p.partition(":") for p in rest.split("|")) if k.strip()}
-    terms = {k: x for k, v in parts.items() if k.endswith("loss") and (x := num(v)) is not None}
+    terms = {k: x for k, v in parts.items() if k.endswith("loss") and (x := to_float(v)) is not None}
     step = epoch * st.per_epoch + batch if st.per_epoch else batch
     lrs: list[float] | None = None
     if st.ppo_lrs:
@@ -453,7 +460,7 @@ def _pipe_line(m: re.Match[str], st: _State) -> None:
     if st.dist_lines and st.dist_lines[-1][0] == step:
         _, skipped, lrs, _ = st.dist_lines[-1]
     point = TrainPoint(step=step, loss=float(m.group(2)), lr=lrs or None, time=st.stamp)
-    dt = num(m.group(4))
+    dt = to_float(m.group(4))
     if dt is not None and dt >= 0:
         point.step_time = dt  # the mean over the steps since the previous line
     prev = st.last_logged
@@ -593,7 +600,7 @@ def _other(line: str, st: _State) -> None:
         return
     m = _E2E.search(line)
     if m is not None and st.ppo and st.last_point is not None:
-        dt = num(m.group(1))
+        dt = to_float(m.group(1))
         if dt is not None and dt >= 0:
             st.last_point.step_time = dt
             st.ppo_clock += dt

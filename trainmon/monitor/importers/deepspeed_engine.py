@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from trainmon.monitor.importers.common import to_float
+
 __all__ = [
     "EXIT_BAD",
     "EXIT_OK",
@@ -36,7 +38,6 @@ __all__ = [
     "ZERO_SCALE",
     "Engine",
     "Scale",
-    "num",
     "read_lrs",
 ]
 
@@ -65,18 +66,10 @@ def read_lrs(text: str) -> list[float]:
     ``tensor(1e-05, device='cuda:0')``: the wrapper and any keyword after the value dropped)."""
     out = []
     for item in text.split(","):
-        x = num(_WRAPPER.sub("", item).replace(")", "").strip())
+        x = to_float(_WRAPPER.sub("", item).replace(")", "").strip())
         if x is not None:
             out.append(x)
     return out
-
-
-def num(text: str) -> float | None:
-    """A printed number, or None."""
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 @dataclass

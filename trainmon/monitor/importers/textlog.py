@@ -54,6 +54,7 @@ from trainmon.monitor.importers.common import (
     TrainPoint,
     apply_scheduler_end,
     read_scheduler_end,
+    to_float,
 )
 from trainmon.monitor.importers.deepspeed import looks_like_deepspeed, parse_deepspeed
 from trainmon.monitor.importers.megatron import looks_like_megatron, parse_megatron
@@ -88,13 +89,6 @@ _PIPE_PARTS = {
     "dt_s": re.compile(r"^dt[:\s]\s*(" + _NUM + r")\s*s$"),
     "tok_s": re.compile(r"^(?:tok/sec[:\s]\s*(" + _NUM + r")|(" + _NUM + r")\s*tok/s)$"),
 }
-
-
-def _f(s: str) -> float | None:
-    try:
-        return float(s)
-    except ValueError:
-        return None
 
 
 def _kind(line: str) -> str | None:
@@ -230,10 +224,10 @@ def _llmc_schedule(header: dict[str, str], meta: LogMeta) -> None:
     decays as 1 - sqrt, which trainmon's wsd does not: that one is recorded, not declared.
     """
     name = header.get("LR scheduler", "cosine" if "final LR fraction" in header else "")
-    lr = _f(header.get("learning rate (LR)", ""))
-    warmup = _f(header.get("warmup iterations", "0"))
-    frac = _f(header.get("final LR fraction", "1"))
-    total = _f(header.get("train_num_batches", "")) or meta.planned_steps
+    lr = to_float(header.get("learning rate (LR)", ""))
+    warmup = to_float(header.get("warmup iterations", "0"))
+    frac = to_float(header.get("final LR fraction", "1"))
+    total = to_float(header.get("train_num_batches", "")) or meta.planned_steps
     args = {"scheduler": name, "learning_rate": lr, "warmup_iterations": warmup, "final_lr_fraction": frac}
     meta.config["lr_schedule_args"] = {**args, "train_num_batches": total}
     if name not in ("cosine", "linear", "constant") or lr is None or warmup is None or frac is None or not total:
@@ -251,7 +245,7 @@ def _llmc_schedule(header: dict[str, str], meta: LogMeta) -> None:
 
 
 def _num(s: str, what: str) -> float:
-    x = _f(s)
+    x = to_float(s)
     if x is None:
         raise ValueError(f"{what} {s!r} is not a number")
     return x
@@ -285,8 +279,8 @@ def _parse_line(
         step, tag, value = int(m.group(1)), m.group(2), _num(m.group(3), m.group(2))
         if tag == "trl":
             kv = dict(_LLMC_KV.findall(m.group(4)))
-            lr = _f(kv["lr"]) if "lr" in kv else None
-            norm = _f(kv["norm"]) if "norm" in kv else None
+            lr = to_float(kv["lr"]) if "lr" in kv else None
+            norm = to_float(kv["norm"]) if "norm" in kv else None
             return TrainPoint(step=step, loss=value, lr=[lr] if lr is not None else None, grad_norm=norm)
         return _eval_or_hellaswag(step, tag == "tel", value, pending_eval, hella)
     if kind == "nanogpt_build_log":
