@@ -28,21 +28,21 @@ _MISSING = object()
 class MonitorAdapter:
     """The framework-neutral half of a trainmon callback (see the module docstring).
 
-    The arguments are the callbacks' own (``run``, ``collector``, ``start_fields``,
-    ``fingerprint_model``, ``on_critical``, ``stop_on``, ``**monitor_kwargs``), documented there.
+    Its arguments are the ones every callback takes, documented there: ``run``, ``collector``,
+    ``start_fields``, ``fingerprint_model``, ``on_critical``, ``stop_on`` and ``**monitor_kwargs``.
     ``monitor`` is the ``TrainMonitor`` of the training call in progress, else ``None``.
     """
 
     def __init__(
         self,
         run: str,
-        collector: str | None,
+        collector: str | None = None,
         *,
-        start_fields: dict[str, Any] | None,
-        fingerprint_model: bool,
-        on_critical: str | Callable[[CollectorFinding], Any] | None,
-        stop_on: str,
-        monitor_kwargs: dict[str, Any],
+        start_fields: dict[str, Any] | None = None,
+        fingerprint_model: bool = False,
+        on_critical: str | Callable[[CollectorFinding], Any] | None = None,
+        stop_on: str = "critical",
+        **monitor_kwargs: Any,
     ) -> None:
         self.run = run
         self.collector = collector

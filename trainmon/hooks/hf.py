@@ -53,7 +53,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,7 +60,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from trainmon.flops import model_peak_flops
 from trainmon.hooks.adapter import MonitorAdapter
-from trainmon.hooks.policy import CollectorFinding, TrainingStopped, worth_saving
+from trainmon.hooks.policy import TrainingStopped, worth_saving
 from trainmon.hooks.train_monitor import TrainMonitor
 
 __all__ = ["TrainmonCallback"]
@@ -93,30 +92,10 @@ class TrainmonCallback(MonitorAdapter, TrainerCallback):
     available as ``callback.monitor``.
     """
 
-    def __init__(
-        self,
-        run: str,
-        collector: str | None = None,
-        *,
-        start_fields: dict[str, Any] | None = None,
-        fingerprint_model: bool = False,
-        on_critical: str | Callable[[CollectorFinding], Any] | None = None,
-        stop_on: str = "critical",
-        **monitor_kwargs: Any,
-    ) -> None:
-        super().__init__(
-            run,
-            collector,
-            start_fields=start_fields,
-            fingerprint_model=fingerprint_model,
-            on_critical=on_critical,
-            stop_on=stop_on,
-            monitor_kwargs=monitor_kwargs,
-        )
-        self._trainer: Trainer | None = None
-        self._checkpoint_seconds: float | None = None
-        self._resume_pending: str | None = None
-        self._model: torch.nn.Module | None = None
+    # Set at on_train_begin, for the train() call in progress.
+    _model: torch.nn.Module | None = None
+    _resume_pending: str | None = None  # the checkpoint resumed from, fingerprinted at the first step
+    _checkpoint_seconds: float | None = None  # the last _save_checkpoint's duration, for on_save
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -128,7 +107,6 @@ class TrainmonCallback(MonitorAdapter, TrainerCallback):
             self._close("failed", "train() did not reach on_train_end")
         mon = self._open()
         trainer, resume_path = _calling_trainer(self)
-        self._trainer = trainer
         inner = getattr(optimizer, "optimizer", optimizer)  # AcceleratedOptimizer → torch optimizer
         self._model, self._optimizer, self._scheduler = model, inner, scheduler
         scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)

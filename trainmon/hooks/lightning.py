@@ -134,7 +134,7 @@ class TrainmonCallback(MonitorAdapter, pl.Callback):
             fingerprint_model=fingerprint_model,
             on_critical=on_critical,
             stop_on=stop_on,
-            monitor_kwargs=monitor_kwargs,
+            **monitor_kwargs,
         )
         self.eval_loss_key = eval_loss_key
         self.tokens_fn = tokens_fn or _count_batch
