@@ -49,11 +49,11 @@ def _same(a: Any, b: Any, rel_tol: float) -> bool:
         try:
             x, y = float(a), float(b)
         except (TypeError, ValueError):
-            return a == b
+            return bool(a == b)  # the caller tests it at once: same truth value
         if math.isnan(x) and math.isnan(y):
             return True
         return math.isclose(x, y, rel_tol=rel_tol, abs_tol=1e-12)
-    return a == b
+    return bool(a == b)
 
 
 def compare_fingerprints(

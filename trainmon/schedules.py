@@ -113,7 +113,7 @@ class Schedule:
     def lr(self, step: int) -> float:
         return self.peak_lr * self.factor(step)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -156,7 +156,7 @@ class Schedule:
 
 
 def declared_schedule(
-    schedule: Schedule | dict | None, scheduler: Any = None, planned_steps: int | None = None
+    schedule: Schedule | dict[str, Any] | None, scheduler: Any = None, planned_steps: int | None = None
 ) -> Schedule | None:
     """What ``run_start`` declares: the schedule given (a ``Schedule`` or its wire dict, validated),
     else the one ``scheduler`` follows exactly, else none."""
@@ -191,9 +191,10 @@ def _base0(scheduler: Any) -> float:
 def _lambda_lr(s: Any, planned: int | None) -> Schedule | None:
     # One factor function per param group (transformers repeats the same one): all must agree.
     shapes = {_factor_shape(fn, planned) for fn in s.lr_lambdas}
-    if len(shapes) != 1 or None in shapes:
+    if len(shapes) != 1:
         return None
-    return replace(shapes.pop(), peak_lr=_base0(s))
+    shape = shapes.pop()
+    return replace(shape, peak_lr=_base0(s)) if shape is not None else None
 
 
 def _factor_shape(fn: Any, planned: int | None) -> Schedule | None:
@@ -208,17 +209,17 @@ def _factor_shape(fn: Any, planned: int | None) -> Schedule | None:
     return None
 
 
-def _hf_constant(kw: dict, planned: int | None) -> Schedule:
+def _hf_constant(kw: dict[str, Any], planned: int | None) -> Schedule:
     w = _whole(kw["num_warmup_steps"])
     return Schedule("constant", 1.0, max(planned or 1, w, 1), w)
 
 
-def _hf_linear(kw: dict, planned: int | None) -> Schedule | None:
+def _hf_linear(kw: dict[str, Any], planned: int | None) -> Schedule | None:
     w, n = _whole(kw["num_warmup_steps"]), _whole(kw["num_training_steps"])
     return Schedule("linear", 1.0, n, w) if w < n else None  # n == w: transformers drops to 0 at once
 
 
-def _hf_cosine(kw: dict, planned: int | None) -> Schedule | None:
+def _hf_cosine(kw: dict[str, Any], planned: int | None) -> Schedule | None:
     # Also get_cosine_with_min_lr_schedule_with_warmup: the same function with min_lr_rate.
     w, n = _whole(kw["num_warmup_steps"]), _whole(kw["num_training_steps"])
     if kw.get("num_cycles") != 0.5 or w >= n:
@@ -226,21 +227,21 @@ def _hf_cosine(kw: dict, planned: int | None) -> Schedule | None:
     return Schedule("cosine", 1.0, n, w, float(kw.get("min_lr_rate") or 0.0))
 
 
-def _hf_polynomial(kw: dict, planned: int | None) -> Schedule | None:
+def _hf_polynomial(kw: dict[str, Any], planned: int | None) -> Schedule | None:
     w, n = _whole(kw["num_warmup_steps"]), _whole(kw["num_training_steps"])
     if kw["power"] != 1 or w >= n:
         return None
     return Schedule("linear", 1.0, n, w, kw["lr_end"] / kw["lr_init"])
 
 
-def _hf_inverse_sqrt(kw: dict, planned: int | None) -> Schedule | None:
+def _hf_inverse_sqrt(kw: dict[str, Any], planned: int | None) -> Schedule | None:
     w = _whole(kw["num_warmup_steps"])
     if w < 1 or kw.get("timescale") != w:  # get_inverse_sqrt_schedule sets timescale = warmup (10000 without)
         return None
     return Schedule("inverse_sqrt", 1.0, max(planned or 1, w), w)
 
 
-def _hf_wsd(kw: dict, planned: int | None) -> Schedule | None:
+def _hf_wsd(kw: dict[str, Any], planned: int | None) -> Schedule | None:
     w, stable, decay = (_whole(kw[k]) for k in ("num_warmup_steps", "num_stable_steps", "num_decay_steps"))
     if kw["decay_type"] != "linear" or kw["warmup_type"] not in WARMUP_SHAPES or decay < 1 or stable < 0:
         return None
@@ -281,7 +282,7 @@ def _linear_lr(s: Any, planned: int | None) -> Schedule | None:
 
 def _one_cycle(s: Any, planned: int | None) -> Schedule | None:
     phases = s._schedule_phases
-    shape = {"cos": "cosine", "linear": "linear"}.get(getattr(s, "_anneal_func_type", None))
+    shape = {"cos": "cosine", "linear": "linear"}.get(getattr(s, "_anneal_func_type", ""))
     if len(phases) != 2 or shape is None:  # three_phase, or a torch that keeps it elsewhere
         return None
     end = float(phases[0]["end_step"])  # pct_start * total_steps - 1, a float

@@ -447,13 +447,13 @@ def _check(value: Any, spec: Field) -> Any:
                 raise WireError(f"[{i}]", f"expected an object, got {_show(gpu)}")
             checked = {}
             for k, v in gpu.items():
-                spec = GPU_FIELDS.get(k)
-                if spec is None:
+                gpu_spec = GPU_FIELDS.get(k)
+                if gpu_spec is None:
                     raise WireError(f"[{i}].{_name(k)}", f"unknown GPU field, expected one of {list(GPU_FIELDS)}")
                 if v is None:
                     continue
                 try:
-                    checked[k] = _check(v, spec)
+                    checked[k] = _check(v, gpu_spec)
                 except WireError as exc:
                     raise WireError(f"[{i}].{k}{exc.path}", exc.problem) from None
             gpus.append(checked)
@@ -473,11 +473,11 @@ def validate_event(raw: Any, path: str = "event") -> Event:
         if key not in HEADER_FIELDS:
             raise WireError(f"{path}.{_name(key)}", "unknown field")
     header = {}
-    for key, spec in HEADER_FIELDS.items():
+    for key, header_spec in HEADER_FIELDS.items():
         if key not in raw:
             raise WireError(f"{path}.{key}", "missing required field")
         try:
-            header[key] = _check(raw[key], spec)
+            header[key] = _check(raw[key], header_spec)
         except WireError as exc:
             raise WireError(f"{path}.{key}{exc.path}", exc.problem) from None
     if not 0.0 <= header["time"] <= _MAX_TIME:
@@ -534,18 +534,19 @@ def validate_batch(raw: Any) -> list[Event]:
     return [validate_event(e, f"events[{i}]") for i, e in enumerate(events)]
 
 
-_JSON_TYPES = {
+_JSON_TYPES: dict[str, dict[str, Any]] = {
     "int": {"type": "integer", "minimum": 0, "maximum": _MAX_INT},
     "str": {"type": "string", "maxLength": _MAX_STR},
     "bool": {"type": "boolean"},
     "fields": {"type": "object"},
     "json": {"type": "object", "description": f"at most {_MAX_DEPTH} levels deep and {_MAX_NODES} values"},
 }
-_NUMBER = {"type": "number"}
-_NUMBER_OR_MARKER = {"anyOf": [{"type": "number"}, {"enum": list(_NONFINITE)}]}
+_NUMBER: dict[str, Any] = {"type": "number"}
+_NUMBER_OR_MARKER: dict[str, Any] = {"anyOf": [{"type": "number"}, {"enum": list(_NONFINITE)}]}
 
 
 def _field_schema(spec: Field) -> dict[str, Any]:
+    schema: dict[str, Any]
     if spec.type == "float":
         schema = dict(_NUMBER_OR_MARKER if spec.nonfinite else _NUMBER)
     elif spec.type == "float_list":

@@ -55,7 +55,8 @@ class EventPool:
         try:
             event = self._free.pop()
         except IndexError:
-            event = torch.cuda.Event(enable_timing=self._timing)
+            # torch.cuda.Event.__new__ has no annotations in torch's sources, so mypy calls it untyped.
+            event = torch.cuda.Event(enable_timing=self._timing)  # type: ignore[no-untyped-call]
         event.record(current_stream())
         return event
 

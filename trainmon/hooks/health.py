@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["HealthSampler", "gpu_uuid_of", "nvml_snapshot"]
 
@@ -32,14 +32,17 @@ log = logging.getLogger("trainmon.health")
 
 try:
     import psutil
+
+    _HAVE_PSUTIL = True
 except ImportError:  # optional on the trainer side
-    psutil = None
+    _HAVE_PSUTIL = False
 
 try:
     import pynvml
 except ImportError:
     pynvml = None
 
+_T = TypeVar("_T")
 _nvml_ready: bool | None = None
 _MAX_RSS_SAMPLES = 600  # memory samples between two health events at most (10 min at 1 s)
 
@@ -58,7 +61,7 @@ def _nvml() -> Any:
     return pynvml if _nvml_ready else None
 
 
-def _try(fn: Callable[[], Any]) -> Any:
+def _try(fn: Callable[[], _T]) -> _T | None:
     try:
         return fn()
     except Exception:  # a field a GPU does not support (ECC on consumer cards, ...)
@@ -70,34 +73,34 @@ def nvml_snapshot() -> list[dict[str, Any]]:
     nv = _nvml()
     if nv is None:
         return []
-    out = []
-    for i in range(nv.nvmlDeviceGetCount()):
-        h = nv.nvmlDeviceGetHandleByIndex(i)
-        mem = _try(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
-        util = _try(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
-        power = _try(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
-        clock = _try(lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-        gpu = {
-            "index": i,
-            "uuid": _try(lambda h=h: nv.nvmlDeviceGetUUID(h)),
-            "temperature_c": _try(lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            "utilization_ratio": None if util is None else util.gpu / 100.0,
-            "mem_used_bytes": None if mem is None else mem.used,
-            "mem_total_bytes": None if mem is None else mem.total,
-            "power_w": None if power is None else power / 1000.0,
-            "sm_clock_hz": None if clock is None else clock * 1_000_000,
-            "throttle_reasons": _try(lambda h=h: nv.nvmlDeviceGetCurrentClocksEventReasons(h)),
-            "ecc_corrected": _try(
-                lambda h=h: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
-            ),
-            "ecc_uncorrected": _try(
-                lambda h=h: nv.nvmlDeviceGetTotalEccErrors(
-                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
-                )
-            ),
-        }
-        out.append({k: v for k, v in gpu.items() if v is not None})
-    return out
+    return [_gpu_health(nv, i) for i in range(nv.nvmlDeviceGetCount())]
+
+
+def _gpu_health(nv: Any, i: int) -> dict[str, Any]:
+    """The health fields NVML gives for GPU ``i``; a field it cannot read is left out."""
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    mem = _try(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+    util = _try(lambda: nv.nvmlDeviceGetUtilizationRates(h))
+    power = _try(lambda: nv.nvmlDeviceGetPowerUsage(h))
+    clock = _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+    gpu = {
+        "index": i,
+        "uuid": _try(lambda: nv.nvmlDeviceGetUUID(h)),
+        "temperature_c": _try(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+        "utilization_ratio": None if util is None else util.gpu / 100.0,
+        "mem_used_bytes": None if mem is None else mem.used,
+        "mem_total_bytes": None if mem is None else mem.total,
+        "power_w": None if power is None else power / 1000.0,
+        "sm_clock_hz": None if clock is None else clock * 1_000_000,
+        "throttle_reasons": _try(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h)),
+        "ecc_corrected": _try(
+            lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
+        ),
+        "ecc_uncorrected": _try(
+            lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+        ),
+    }
+    return {k: v for k, v in gpu.items() if v is not None}
 
 
 class _Rss:
@@ -111,7 +114,7 @@ class _Rss:
             self._page = os.sysconf("SC_PAGE_SIZE")
         except (OSError, AttributeError, ValueError):  # not Linux
             self._fd = None
-        self._proc = psutil.Process() if self._fd is None and psutil is not None else None
+        self._proc = psutil.Process() if self._fd is None and _HAVE_PSUTIL else None
 
     def read(self) -> int | None:
         """Resident bytes now, or None when the platform offers no way to read them."""
@@ -206,7 +209,7 @@ class HealthSampler:
         self._heartbeat_interval = heartbeat_interval
         self._memory_interval = memory_interval if memory_interval > 0 and health_interval > 0 else float("inf")
         self._stop = threading.Event()
-        self._proc = psutil.Process() if psutil is not None else None
+        self._proc = psutil.Process() if _HAVE_PSUTIL else None
         if self._proc is not None:
             self._proc.cpu_percent(None)  # prime: the first call always returns 0
         self._rss = _Rss()
@@ -239,15 +242,16 @@ class HealthSampler:
 
     def sample(self) -> dict[str, Any]:
         fields: dict[str, Any] = {}
-        if psutil is not None:
+        if self._proc is not None:  # psutil is installed
             with self._proc.oneshot():
                 fields["cpu_percent"] = self._proc.cpu_percent(None)
                 fields["rss_bytes"] = self._proc.memory_info().rss
             vm = psutil.virtual_memory()
             fields["host_mem_used_bytes"] = vm.total - vm.available
             fields["host_mem_total_bytes"] = vm.total
-            if self._cgroup is not None:
-                fields.update(_try(lambda: cgroup_memory(self._cgroup, vm.total)) or {})
+            cgroup = self._cgroup
+            if cgroup is not None:
+                fields.update(_try(lambda: cgroup_memory(cgroup, vm.total)) or {})
             disk = _try(psutil.disk_io_counters)
             if disk is not None:
                 fields["disk_read_bytes"] = disk.read_bytes

@@ -51,8 +51,8 @@ class _Attention:
     def bound(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """max over heads of max_i |q_i| · max_j |k_j| / √d (a device scalar)."""
         d = q.shape[-1] // self.n_head
-        qn = q.detach().float().reshape(-1, self.n_head, d).norm(dim=-1).amax(dim=0)
-        kn = k.detach().float().reshape(-1, self.n_kv, d).norm(dim=-1).amax(dim=0)
+        qn: torch.Tensor = q.detach().float().reshape(-1, self.n_head, d).norm(dim=-1).amax(dim=0)
+        kn: torch.Tensor = k.detach().float().reshape(-1, self.n_kv, d).norm(dim=-1).amax(dim=0)
         # Grouped-query attention: consecutive query heads share a key head (an expand, no data-dependent size).
         kn = kn[:, None].expand(self.n_kv, self.n_head // self.n_kv).reshape(-1)
         return (qn * kn).amax() / math.sqrt(d)

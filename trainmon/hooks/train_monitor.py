@@ -49,7 +49,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -157,7 +157,7 @@ class TrainMonitor:
         *,
         rank: int | None = None,
         host: str | None = None,
-        spool_dir: str | os.PathLike | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
         token: str | None = None,
         queue_size: int = 65536,
         flush_interval: float = 0.5,
@@ -285,8 +285,8 @@ class TrainMonitor:
     def start(
         self,
         *,
-        config: dict | None = None,
-        schedule: Schedule | dict | None = None,
+        config: dict[str, Any] | None = None,
+        schedule: Schedule | dict[str, Any] | None = None,
         planned_steps: int | None = None,
         vocab_size: int | None = None,
         world_size: int | None = None,
@@ -378,8 +378,9 @@ class TrainMonitor:
                 s.scale = self._scaler._scale.detach().clone()
             if self._model is not None and self.checksum_every and self._checksum_due():
                 s.checksum = weights_checksum(self._model.parameters())  # device reductions, read back later
-            if self._precursor_due():
-                self._precursors.arm()  # removed at this forward's end: other steps run no hook of ours
+            precursors = self._due_precursors()
+            if precursors is not None:
+                precursors.arm()  # removed at this forward's end: other steps run no hook of ours
                 self._precursors_armed = True
         self._forward_open = self._mark(t0)
         self.overhead_s += time.perf_counter() - t0
@@ -388,12 +389,13 @@ class TrainMonitor:
         """The first step (the initial weights) and every ``checksum_every`` steps after it, on every rank alike."""
         return self._last_step < 0 or (self._last_step + 1) % self.checksum_every == 0
 
-    def _precursor_due(self) -> bool:
-        """A sampled step (every ``detail_every``, as the per-layer grad norms) of a model with something to measure."""
+    def _due_precursors(self) -> Precursors | None:
+        """The precursors to arm on this step: a sampled step (every ``detail_every``, as the per-layer grad
+        norms) of a model with something to measure; None on every other step."""
         p = self._precursors
-        return (
-            p is not None and self.detail_every > 0 and (self._last_step + 1) % self.detail_every == 0 and p.measurable
-        )
+        if p is not None and self.detail_every > 0 and (self._last_step + 1) % self.detail_every == 0 and p.measurable:
+            return p
+        return None
 
     def _on_forward_end(self, _module: Any, _args: Any, _output: Any) -> None:
         start = self._forward_open
@@ -455,17 +457,14 @@ class TrainMonitor:
     def _install_comm_hook(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        # No annotations on purpose: DDP checks them against dist.GradBucket / Future[Tensor],
-        # and with postponed evaluation they would be strings and fail that check.
-        def timed_allreduce(state, bucket):
-            def done(fut):
-                self._on_comm_done()
-                return fut.value()
+        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            self._on_comm_done()
+            return fut.value()
 
-            return allreduce_hook(state, bucket).then(done)
-
+        # The hook is a lambda because it has no annotations: DDP checks a hook's against dist.GradBucket /
+        # Future[Tensor], and with postponed evaluation a def's would be strings and fail that check.
         with contextlib.suppress(RuntimeError):  # the job has its own comm hook: leave it alone
-            ddp.register_comm_hook(None, timed_allreduce)
+            ddp.register_comm_hook(None, lambda state, bucket: allreduce_hook(state, bucket).then(done))
 
     def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         t0 = time.perf_counter()
@@ -539,8 +538,9 @@ class TrainMonitor:
             self._close_backward(t0)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         with_grad = [p for p in params if p.grad is not None]
-        grads = [p.grad for p in with_grad]
+        grads = [g for p in with_grad if (g := p.grad) is not None]  # all of with_grad's: the check narrows the type
         per_param = None
+        total: torch.Tensor
         if grads and _SPLIT_CLIP and _one_group(grads):
             # What get_total_norm does for one device and dtype, keeping the per-parameter norms (stacked
             # there anyway: the read-back copies them with the step's other values, no second stack).
@@ -605,7 +605,8 @@ class TrainMonitor:
         if s.update_sample is not None:
             s.update_ratio = _update_ratio(s.update_sample)
             s.update_sample = None
-        device, events = None, ()
+        device: dict[str, torch.Tensor] | None = None
+        events: Sequence[Any] = ()
         if self._cuda:
             s.memory = _cuda_memory()
             device = _device_tensors(s)
@@ -851,7 +852,10 @@ def _update_ratio(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tens
         olds = [old for _, old in sample]
         delta = torch._foreach_norm(torch._foreach_sub([p.detach() for p, _ in sample], olds))  # a few launches,
         base = torch._foreach_norm(olds)  # not three per sampled parameter
-        return torch.linalg.vector_norm(torch.stack(delta)) / (torch.linalg.vector_norm(torch.stack(base)) + 1e-12)
+        ratio: torch.Tensor = torch.linalg.vector_norm(torch.stack(delta)) / (
+            torch.linalg.vector_norm(torch.stack(base)) + 1e-12
+        )
+        return ratio
 
 
 def _device_tensors(s: _Step) -> dict[str, torch.Tensor]:
@@ -903,6 +907,7 @@ def _cuda_memory() -> tuple[int, int]:
 def _f32(x: float) -> float:
     """Round to float32, so host arithmetic reproduces torch's on float32 tensors."""
     try:
-        return struct.unpack("f", struct.pack("f", x))[0]
+        rounded: float = struct.unpack("f", struct.pack("f", x))[0]
+        return rounded
     except OverflowError:  # beyond float32's range: torch would give inf too
         return math.copysign(math.inf, x)

@@ -27,6 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from trainmon.hooks.policy import StopPolicy
 from trainmon.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
@@ -47,7 +48,7 @@ _SLICE_S = 200e-6
 _PAUSE_S = 100e-6
 
 
-def encode_event(event: dict) -> str:
+def encode_event(event: dict[str, Any]) -> str:
     """One event as a JSON line (strict JSON: no bare NaN tokens).
 
     The C encoder first; only an event with a non-finite float (a NaN loss) takes the Python walk
@@ -244,17 +245,17 @@ class Transport:
         self,
         target: str,
         *,
-        spool_dir: str | os.PathLike | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
         queue_size: int = 65536,
         spool_max_bytes: int = 1 << 30,
         flush_interval: float = 0.5,
         token: str | None = None,
         timeout: float = 5.0,
-        poll: Callable[[], Iterable[dict]] | None = None,
+        poll: Callable[[], Iterable[dict[str, Any]]] | None = None,
         policy: StopPolicy | None = None,
     ) -> None:
         self._poll = poll  # called on the sender thread before each drain: events completed there
-        self._queue: collections.deque[dict] = collections.deque()
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._seq = 0  # numbered here, in queue order, so producers on several threads stay ordered
         self._cap = queue_size
         self._flush_interval = flush_interval
@@ -297,7 +298,7 @@ class Transport:
 
     # -- training thread ------------------------------------------------------------------
 
-    def put(self, event: dict) -> bool:
+    def put(self, event: dict[str, Any]) -> bool:
         """Queue an event; never blocks. Returns False (and counts) when the queue is full."""
         if len(self._queue) >= self._cap:
             self.dropped += 1
@@ -381,7 +382,7 @@ class Transport:
             self._slice_start = time.perf_counter()
 
     def _take(self, limit: int) -> list[str]:
-        lines = []
+        lines: list[str] = []
         q = self._queue
         limit = min(limit, MAX_EVENTS_PER_BATCH)
         while q and len(lines) < limit:
