@@ -679,16 +679,17 @@ def _tenths(values: list[float]) -> tuple[float, float] | None:
 def _meta(st: _State) -> LogMeta:
     notes: list[str] = []
     config: dict[str, Any] = {}
+    # DeepSpeed-Chat's format: its PPO, or its SFT/reward scripts' lines (not a script's own dict lines
+    # or the pipeline engine's, which are DeepSpeed's whatever script runs them)
+    chat = st.ppo or (st.chat and not (st.dict_lines or st.pipe))
+    fmt, framework = ("deepspeed_chat_stdout", "deepspeed-chat") if chat else ("deepspeed_stdout", "deepspeed")
     if st.ppo:
-        fmt, framework = "deepspeed_chat_stdout", "deepspeed-chat"
         step_base = 0
         config["step_counter"] = "generation batch index (DeepSpeed-Chat PPO), counted over the epochs"
     elif st.dict_lines:
-        fmt, framework = "deepspeed_stdout", "deepspeed"
         step_base = 0
         config["step_counter"] = "the script's batch index ('step':N)"
     elif st.pipe:
-        fmt, framework = "deepspeed_stdout", "deepspeed"
         step_base = 1
         config["step_counter"] = "DeepSpeed's global_steps (pipeline engine 'steps: N', skipped steps included)"
         notes.append(
@@ -698,18 +699,10 @@ def _meta(st: _State) -> LogMeta:
         if st.extra_losses:
             config["additional_losses_last"] = st.extra_losses
     elif st.rank_losses:
-        fmt, framework = (
-            ("deepspeed_chat_stdout" if st.chat else "deepspeed_stdout"),
-            ("deepspeed-chat" if st.chat else "deepspeed"),
-        )
         step_base = 0
         config["step_counter"] = "optimizer update index (micro-batch index // gradient_accumulation_steps)"
         config["loss_reduction"] = "mean of every rank's printed micro-batch losses of the update"
     else:
-        fmt, framework = (
-            ("deepspeed_chat_stdout" if st.chat else "deepspeed_stdout"),
-            ("deepspeed-chat" if st.chat else "deepspeed"),
-        )
         step_base = 1
         config["step_counter"] = "DeepSpeed's global_steps (log_dist step=N, skipped steps included)"
     planned = None

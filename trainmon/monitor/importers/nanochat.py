@@ -197,6 +197,12 @@ class _Stage:
             return self.first_step
         return 1 if self.shape == "progress" else 0
 
+    def resumed(self, from_step: int, step: int) -> None:
+        """nanochat said it resumed this stage from ``from_step`` before printing ``step``."""
+        self.resumes.append(from_step)
+        reason = f"nanochat printed 'Resuming optimization from step {from_step}'"
+        self.items.append(ResumeMark(after_step=step - 1, reason=reason))
+
 
 def parse_nanochat(path: Path) -> tuple[list[Item], LogMeta]:
     stages: list[_Stage] = []
@@ -218,9 +224,7 @@ def parse_nanochat(path: Path) -> tuple[list[Item], LogMeta]:
                     log.warning("%s: line %d: a step line without a readable loss; skipped", path, n)
                     continue
                 if stage is not None and shape == stage.shape and launch.resume_from is not None:
-                    stage.resumes.append(launch.resume_from)
-                    reason = f"nanochat printed 'Resuming optimization from step {launch.resume_from}'"
-                    stage.items.append(ResumeMark(after_step=step - 1, reason=reason))
+                    stage.resumed(launch.resume_from, step)
                     stage.segments.append(Segment(anchor=launch.stamp))
                     stage.rel = 0.0
                     launch = _Launch()
@@ -231,9 +235,7 @@ def parse_nanochat(path: Path) -> tuple[list[Item], LogMeta]:
                     stage = _Stage(shape, _LOSS_STEP if shape == "sft" else _LOSS_EMA, step, launch)
                     stage.segments.append(Segment(anchor=launch.stamp))
                     if launch.resume_from is not None:  # the log starts at a resume of this stage
-                        stage.resumes.append(launch.resume_from)
-                        reason = f"nanochat printed 'Resuming optimization from step {launch.resume_from}'"
-                        stage.items.append(ResumeMark(after_step=step - 1, reason=reason))
+                        stage.resumed(launch.resume_from, step)
                     for at, text in launch.evals:
                         _eval(stage, at, text)
                     stages.append(stage)
