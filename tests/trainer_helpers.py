@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,12 @@ def run_trainer(
     if check and proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def trainer_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m trainmon.reference_trainer ARGS...`` as given (``--help``, a bad config...), not checked."""
+    cmd = [sys.executable, "-m", command.MODULE, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def torchrun(out: Path, *args: str, nproc: int = 2, steps: int = 8, run: str = "ddp", timeout: float = 180):

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.trainer_helpers import ROOT, TINY, attempts, losses, of_kind, read_events, run_trainer, trainer_env
+from tests.trainer_helpers import TINY, attempts, losses, of_kind, read_events, run_trainer, trainer_cli
 from trainmon.fingerprint import compare_fingerprints
 from trainmon.reference_trainer.config import ConfigError, TrainConfig, build_parser, config_from_args, load_toml
 from trainmon.reference_trainer.data import Loader, MarkovSource, TokenFileSource
@@ -76,14 +74,7 @@ def test_clean_default_run_learns_from_ln_v_to_entropy_floor(tmp_path):
 
 
 def test_help_documents_every_option():
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainmon.reference_trainer", "--help"],
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = trainer_cli("--help")
     assert proc.returncode == 0
     text = proc.stdout
     for action in build_parser()._actions:
@@ -125,14 +116,7 @@ def test_toml_bad_field_is_named(tmp_path, text, needle):
 def test_bad_config_file_cli_error_names_field(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("warmup = 5\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainmon.reference_trainer", "--config", str(path)],
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = trainer_cli("--config", str(path))
     assert proc.returncode == 2
     assert "warmup: unknown field" in proc.stderr
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 import math
 import shutil
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.trainer_helpers import (
-    ROOT,
     TINY,
     attempts,
     of_kind,
@@ -21,7 +18,6 @@ from tests.trainer_helpers import (
     read_labels,
     run_trainer,
     step_fields,
-    trainer_env,
 )
 from trainmon.fingerprint import compare_fingerprints
 from trainmon.reference_trainer.config import TrainConfig
@@ -382,25 +378,7 @@ def test_fault_defaults_and_ranks():
     ],
 )
 def test_cli_rejects_bad_injection(tmp_path, args, needle):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainmon.reference_trainer",
-            "--run",
-            "x",
-            "--steps",
-            "3",
-            "--out",
-            str(tmp_path),
-            *args,
-        ],
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_trainer(tmp_path, *args, steps=3, run="x", check=False, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
