@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.test_real_logs import BY_FILE, EXPECT, LOGS, _matches, flagged_at  # noqa: E402  (the readings, once)
+from tests.importers.test_real_logs import BY_FILE, EXPECT, LOGS, _matches, flagged_at  # noqa: E402  (the readings, once)
 from trainmon.monitor.analysis.postmortem import import_file, summarize  # noqa: E402
 from trainmon.monitor.store.storage import Storage  # noqa: E402
 

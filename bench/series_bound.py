@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.test_series_bound import _fleet
+from tests.collector.test_series_bound import _fleet
 from trainmon.monitor.collector.exporter import TrainingCollector
 
 
