@@ -146,8 +146,8 @@ class StopPolicy:
             if key in self._handled:
                 continue  # the same anomaly updated (a NaN that goes on): acted on already
             self._handled.add(key)
-            if self.on_critical != "stop":
-                self.on_critical(finding)  # type: ignore[operator]
+            if callable(self.on_critical):  # else "stop": __init__ accepts nothing else
+                self.on_critical(finding)
                 continue
             log.error("trainmon: stopping training after step %d: %s", step, finding.describe())
             saved = self.checkpoint() if self.checkpoint is not None and worth_saving(finding) else None
