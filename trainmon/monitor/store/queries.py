@@ -164,7 +164,7 @@ def step_base(config: Any) -> int:
 
 def run_rows(conn: Connection) -> list[dict[str, Any]]:
     """One summary row per run, newest first; ``steps_done`` counts steps as the trainer does."""
-    open_counts = dict(
+    open_counts: dict[str, int] = dict(
         conn.execute(
             select(anomalies.c.run, func.count()).where(anomalies.c.status == "open").group_by(anomalies.c.run)
         ).all()

@@ -127,21 +127,23 @@ def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int,
     return records
 
 
-def sampled_steps(conn: Connection, run: str, rank: int, attempt: int, wanted: list[int] | None) -> list[tuple]:
+def sampled_steps(
+    conn: Connection, run: str, rank: int, attempt: int, wanted: list[int] | None
+) -> list[tuple[Any, ...]]:
     """``SAMPLE_COLUMNS`` of one (rank, attempt)'s steps numbered ``wanted`` (every step if None),
     as plain tuples, through the primary key (IN lists of at most 900)."""
     base = f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM steps WHERE run = ? AND rank = ? AND attempt = ?"
     params = (run, rank, attempt)
     if wanted is None:
         return _fetchall(conn, base, params)
-    rows: list[tuple] = []
+    rows: list[tuple[Any, ...]] = []
     for i in range(0, len(wanted), 900):
         chunk = wanted[i : i + 900]
         rows.extend(_fetchall(conn, base + f" AND step IN ({', '.join('?' * len(chunk))})", (*params, *chunk)))
     return rows
 
 
-def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterator[list[tuple]]:
+def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterator[list[tuple[Any, ...]]]:
     """One rank's steps of one attempt in step order, in chunks of ``(step, time, step_time,
     phase_data, phase_checkpoint, phase_eval)`` tuples (the goodput ledger's input).
 
@@ -159,7 +161,7 @@ def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterat
         cur.close()
 
 
-def _fetchall(conn: Connection, sql: str, params: tuple) -> list[tuple]:
+def _fetchall(conn: Connection, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     cur = _cursor(conn, sql, params)
     try:
         return cur.fetchall()
@@ -167,7 +169,7 @@ def _fetchall(conn: Connection, sql: str, params: tuple) -> list[tuple]:
         cur.close()
 
 
-def _cursor(conn: Connection, sql: str, params: tuple) -> Any:
+def _cursor(conn: Connection, sql: str, params: tuple[Any, ...]) -> Any:
     """A DB-API cursor under ``conn`` that ran ``sql`` (written with qmark placeholders)."""
     if conn.dialect.paramstyle in ("format", "pyformat"):
         sql = sql.replace("?", "%s")
