@@ -23,8 +23,8 @@ NEUTRAL = ("trainmon.wire", "trainmon.schedules", "trainmon.flops", "trainmon.fi
 MONITOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainmon.monitor.store",),
     ("trainmon.monitor.core",),
-    ("trainmon.monitor.config",),
     ("trainmon.monitor.detectors",),
+    ("trainmon.monitor.config",),  # assembles the detectors' sections: above them
     ("trainmon.monitor.collector",),
     ("trainmon.monitor.notify",),
     ("trainmon.monitor.importers",),

@@ -14,8 +14,8 @@ import pytest
 
 from tests.trainer_helpers import TINY, run_trainer
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import BadResumeConfig
-from trainmon.monitor.detectors import BadResume, Finding
+from trainmon.monitor.detectors import Finding
+from trainmon.monitor.detectors.bad_resume import BadResume, BadResumeConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

@@ -12,8 +12,8 @@ from tests.conftest import start_collector
 from tests.events import batch, event
 from tests.trainer_helpers import TINY, read_labels, torchrun
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import CollectorConfig, DetectorsConfig, HangConfig
-from trainmon.monitor.detectors.hang import Hang
+from trainmon.monitor.config import CollectorConfig, DetectorsConfig
+from trainmon.monitor.detectors.hang import Hang, HangConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.trainer_helpers import TINY, run_trainer
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import LrScheduleDriftConfig
-from trainmon.monitor.detectors import Finding, LrScheduleDrift
+from trainmon.monitor.detectors import Finding
+from trainmon.monitor.detectors.lr_schedule_drift import LrScheduleDrift, LrScheduleDriftConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.schedules import SCHEDULE_NAMES, Schedule
 from trainmon.wire import Event

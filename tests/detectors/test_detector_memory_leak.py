@@ -9,8 +9,7 @@ import pytest
 
 from tests.trainer_helpers import TINY, read_labels, run_trainer
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import MemoryLeakConfig
-from trainmon.monitor.detectors.memory_leak import MemoryLeak, theil_sen
+from trainmon.monitor.detectors.memory_leak import MemoryLeak, MemoryLeakConfig, theil_sen
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

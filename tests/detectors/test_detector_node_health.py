@@ -6,8 +6,7 @@ import pytest
 
 from tests.trainer_helpers import TINY, of_kind, read_events, run_trainer
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import NodeHealthConfig
-from trainmon.monitor.detectors.node_health import NodeHealth, decode_throttle
+from trainmon.monitor.detectors.node_health import NodeHealth, NodeHealthConfig, decode_throttle
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

@@ -8,9 +8,8 @@ import pytest
 
 from tests.trainer_helpers import TINY, read_labels, run_trainer, torchrun
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import ReplicaDivergenceConfig
 from trainmon.monitor.detectors.base import Finding
-from trainmon.monitor.detectors.replica_divergence import ReplicaDivergence
+from trainmon.monitor.detectors.replica_divergence import ReplicaDivergence, ReplicaDivergenceConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

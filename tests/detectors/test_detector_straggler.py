@@ -10,8 +10,7 @@ import pytest
 
 from tests.trainer_helpers import TINY, read_labels, torchrun
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import StragglerConfig
-from trainmon.monitor.detectors.straggler import Straggler
+from trainmon.monitor.detectors.straggler import Straggler, StragglerConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

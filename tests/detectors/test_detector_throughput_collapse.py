@@ -9,8 +9,7 @@ import pytest
 
 from tests.trainer_helpers import TINY, read_labels, run_trainer
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.config import ThroughputCollapseConfig
-from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse
+from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse, ThroughputCollapseConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 

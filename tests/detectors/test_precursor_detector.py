@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from trainmon.monitor.config import DetectorsConfig, InstabilityPrecursorConfig
+from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.base import SEVERITIES
-from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor
+from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor, InstabilityPrecursorConfig
 from trainmon.wire import Event
 
 

@@ -30,6 +30,7 @@ from matplotlib.transforms import blended_transform_factory
 from trainmon.monitor.analysis.postmortem import Analysis, expected_lr
 from trainmon.monitor.analysis.verdict import finding_numbers, verdict
 from trainmon.monitor.core.fmt import attempt_label, fmt
+from trainmon.monitor.detectors import kinds_on_plot
 from trainmon.monitor.store.storage import PHASE_COLUMNS
 
 __all__ = ["PLOTS", "render_plots"]
@@ -48,21 +49,11 @@ PHASE_COLOURS = {
 ATTEMPT_COLOURS = ("#1f77b4", "#9467bd", "#17becf", "#bcbd22", "#8c564b")
 DPI = 100
 LABEL_ROWS = 3  # rows of anomaly labels above an axes
-# Which anomaly kinds each plot marks: where the reader looks for them.
-LOSS_KINDS = (
-    "nan_inf",
-    "loss_spike",
-    "divergence",
-    "eval_regression",
-    "degenerate",
-    "bad_resume",
-    "init_loss",
-    "loss_scale_collapse",
-    "instability_precursor",  # what came before the loss moved
-)
-GRAD_KINDS = ("grad_explosion", "loss_spike", "nan_inf", "divergence")
-LR_KINDS = ("lr_schedule_drift", "bad_resume")
-THROUGHPUT_KINDS = ("throughput_collapse", "straggler", "hang")
+# Which anomaly kinds each plot marks: where the reader looks for them (each detector declares its plots).
+LOSS_KINDS = kinds_on_plot("loss")
+GRAD_KINDS = kinds_on_plot("grad")
+LR_KINDS = kinds_on_plot("lr")
+THROUGHPUT_KINDS = kinds_on_plot("throughput")
 
 
 def _legend(ax: Axes, **kwargs: Any) -> None:

@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 from trainmon.monitor.core.fmt import steps_text
+from trainmon.monitor.detectors import priority_order
 
 __all__ = [
     "PRIORITY",
@@ -43,26 +44,10 @@ TOP = 3  # findings the verdict names; the rest are counted and follow in the de
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 _MAGNITUDE_KEYS = ("ratio", "largest_ratio", "slowdown", "rel_err", "z")
 
-# In a cluster of anomalies at the same steps, the one listed first is the first-level symptom;
-# the others localise or explain it (a grad-norm spike under the loss spike, a hot GPU under a straggler).
-PRIORITY = (
-    "nan_inf",
-    "loss_spike",
-    "divergence",
-    "eval_regression",
-    "degenerate",
-    "bad_resume",
-    "init_loss",
-    "hang",
-    "throughput_collapse",
-    "straggler",
-    "lr_schedule_drift",
-    "loss_scale_collapse",
-    "memory_leak",
-    "grad_explosion",
-    "instability_precursor",
-    "node_health",
-)
+PRIORITY = priority_order()
+"""In a cluster of anomalies at the same steps, the kind listed first is the first-level symptom; the
+others localise or explain it. Each detector declares its place (``Detector.priority``); kinds with
+none come after these."""
 
 
 def _rank_ok(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -1,67 +1,72 @@
-"""Detectors, one module each, behind the small interface in ``base``."""
+"""Detectors, one module each, behind the small interface in ``base``.
 
-from trainmon.monitor.detectors.bad_resume import BadResume
-from trainmon.monitor.detectors.base import SEVERITIES, Detector, Finding
-from trainmon.monitor.detectors.degenerate import Degenerate
-from trainmon.monitor.detectors.divergence import Divergence
-from trainmon.monitor.detectors.eval_regression import EvalRegression
-from trainmon.monitor.detectors.grad_explosion import GradExplosion
-from trainmon.monitor.detectors.hang import Hang
-from trainmon.monitor.detectors.init_loss import InitLoss
-from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor
-from trainmon.monitor.detectors.loss_noise import LossNoise
-from trainmon.monitor.detectors.loss_scale_collapse import LossScaleCollapse
-from trainmon.monitor.detectors.loss_spike import LossSpike
-from trainmon.monitor.detectors.lr_schedule_drift import LrScheduleDrift
-from trainmon.monitor.detectors.memory_leak import MemoryLeak
-from trainmon.monitor.detectors.nan_inf import NanInf
-from trainmon.monitor.detectors.node_health import NodeHealth
-from trainmon.monitor.detectors.replica_divergence import ReplicaDivergence
-from trainmon.monitor.detectors.straggler import Straggler
-from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapse
+The package finds its detectors itself: every module of it that defines a :class:`Detector` subclass
+(its own, not one it imports) is a detector module; the others (``base``, ``rolling``,
+``intermittent``, ``anchors``) are helpers. Adding a detector is adding its module: the facts the
+rest of the daemon needs (its config section, engine order, priority in an incident, plots, whether
+per-layer norms localise it) are declared on its class, and read from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+from trainmon.monitor.detectors.base import PLOTS, SEVERITIES, Detector, Finding
 
 __all__ = [
     "ALL_DETECTORS",
+    "PLOTS",
     "SEVERITIES",
-    "BadResume",
-    "Degenerate",
     "Detector",
-    "Divergence",
-    "EvalRegression",
     "Finding",
-    "GradExplosion",
-    "Hang",
-    "InitLoss",
-    "InstabilityPrecursor",
-    "LossNoise",
-    "LossScaleCollapse",
-    "LossSpike",
-    "LrScheduleDrift",
-    "MemoryLeak",
-    "NanInf",
-    "NodeHealth",
-    "ReplicaDivergence",
-    "Straggler",
-    "ThroughputCollapse",
+    "kinds_on_plot",
+    "localised_kinds",
+    "priority_order",
 ]
 
-ALL_DETECTORS: tuple[type[Detector], ...] = (
-    NanInf,
-    LrScheduleDrift,
-    BadResume,
-    ThroughputCollapse,
-    Straggler,
-    Hang,
-    NodeHealth,
-    MemoryLeak,
-    LossSpike,
-    GradExplosion,
-    InstabilityPrecursor,
-    Divergence,
-    InitLoss,
-    LossScaleCollapse,
-    EvalRegression,
-    ReplicaDivergence,
-    LossNoise,
-    Degenerate,
-)
+
+def _discover() -> tuple[type[Detector], ...]:
+    """Every detector class defined in a module of this package, in engine order."""
+    found: list[type[Detector]] = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found += [
+            cls
+            for cls in vars(module).values()
+            if inspect.isclass(cls)
+            and issubclass(cls, Detector)
+            and cls is not Detector
+            and cls.__module__ == module.__name__
+        ]
+    return tuple(sorted(found, key=lambda cls: cls.order))
+
+
+ALL_DETECTORS: tuple[type[Detector], ...] = _discover()
+"""Every detector, in the order the engine runs them (:attr:`Detector.order`)."""
+
+
+def priority_order() -> tuple[str, ...]:
+    """The kinds with a priority, first-level symptom first (:attr:`Detector.priority`)."""
+    ranked = [cls for cls in ALL_DETECTORS if cls.priority is not None]
+    return tuple(cls.kind for cls in sorted(ranked, key=lambda cls: cls.priority))
+
+
+def kinds_on_plot(plot: str) -> tuple[str, ...]:
+    """The kinds whose findings ``plot`` (one of :data:`PLOTS`) marks."""
+    if plot not in PLOTS:
+        raise ValueError(f"unknown plot {plot!r}, expected one of {PLOTS}")
+    return tuple(cls.kind for cls in ALL_DETECTORS if plot in cls.plots)
+
+
+def localised_kinds() -> tuple[str, ...]:
+    """The kinds the post-mortem localises with per-layer grad norms."""
+    return tuple(cls.kind for cls in ALL_DETECTORS if cls.localised)
+
+
+# TEMPORARY re-exports (lead removes)
+from trainmon.monitor.detectors.bad_resume import BadResume  # noqa: E402, F401
+from trainmon.monitor.detectors.grad_explosion import GradExplosion  # noqa: E402, F401
+from trainmon.monitor.detectors.loss_spike import LossSpike  # noqa: E402, F401
+from trainmon.monitor.detectors.nan_inf import NanInf  # noqa: E402, F401

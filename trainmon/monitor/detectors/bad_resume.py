@@ -54,11 +54,46 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.fingerprint import compare_fingerprints
-from trainmon.monitor.config import BadResumeConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.wire import Event, json_safe
 
-__all__ = ["BadResume"]
+__all__ = ["BadResume", "BadResumeConfig"]
+
+
+@dataclass
+class BadResumeConfig:
+    """``bad_resume``: composite check of the first steps after a resume."""
+
+    keep_checkpoints: int = 16
+    """Checkpoint fingerprints remembered per rank (the resume may load an older one)."""
+    rel_tol: float = 1e-3
+    """Relative tolerance when comparing saved and restored floats (moment norms, loss scale)."""
+    check_steps: int = 3
+    """Steps after a resume whose batches and losses are checked (step, replay, loss continuity)."""
+    batch_memory: int = 2048
+    """Recent batch fingerprints remembered for the replay check (plus the run's first ``batch_head``)."""
+    batch_head: int = 256
+    """Batch fingerprints of the run's first steps kept for good: a replay usually restarts from 0."""
+    loss_window: int = 32
+    """Losses before the resume used as the baseline of the loss-continuity check."""
+    loss_mads: float = 8.0
+    """Loss-continuity check: jump in robust deviations (1.4826 x MAD) of the pre-resume losses..."""
+    loss_rel: float = 0.25
+    """...and as a fraction of their median; both must be exceeded (tiny models are noisy, R3/R5)."""
+    lr_jump: float = 2.0
+    """A resume seen in a log: the first LR after it this many times the last one before is a re-warm..."""
+    lr_floor: float = 0.01
+    """...and so is a schedule decayed under this fraction of its peak..."""
+    lr_restart: float = 0.1
+    """...starting again at this fraction of the peak or more (82: 0.0 -> 1.38e-3 of a 2e-3 peak)."""
+    gn_shock: float = 10.0
+    """The first updates' grad norm this many times the median before the resume (or, for a log that starts at a
+    resume, the first one against the median of the ``shock_steps`` after it) is a shock..."""
+    gn_mads: float = 6.0
+    """...and this many robust deviations of the log grad norm above it."""
+    shock_steps: int = 20
+    """Steps of a log that starts at a resume whose grad norms and losses are the reference for its first update."""
+
 
 _TOPOLOGY = ("world_size", "global_batch_tokens", "accum_steps", "config_hash")
 _CRITICAL = {"step", "optimizer", "model"}
@@ -132,6 +167,11 @@ class BadResume(Detector):
     """Checks each resume: fingerprints at load time, then the first steps after it."""
 
     kind = "bad_resume"
+    config_class = BadResumeConfig
+    order = 30
+    priority = 60
+    plots = ("loss", "lr")
+    localised = False
 
     def __init__(self, config: BadResumeConfig) -> None:
         self.config = config
@@ -502,14 +542,11 @@ class BadResume(Detector):
         self._open = False
         step = chk.first_step if chk.first_step is not None else (chk.ckpt_step or 0) + 1
         return [
-            Finding(
-                kind=self.kind,
-                severity="info",
-                step=step,
-                message=f"resume at step {step} checked clean",
-                hint="This resume restored every piece of state that was checked.",
-                evidence={"checkpoint_step": chk.ckpt_step},
-                resolved=True,
+            self.resolve(
+                step,
+                f"resume at step {step} checked clean",
+                "This resume restored every piece of state that was checked.",
+                {"checkpoint_step": chk.ckpt_step},
             )
         ]
 

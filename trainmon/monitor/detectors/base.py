@@ -1,4 +1,19 @@
-"""The interface every detector implements, and what it reports."""
+"""The interface every detector implements, what it reports, and the facts it declares about itself.
+
+What a finding's severity means, for every detector (the thresholds in each detector's config follow it):
+
+* ``info`` -- worth knowing when reading the run afterwards; nobody needs to act. A blip that
+  recovered by itself, a note about the data (a constant or all-zero series), a condition the
+  evidence does not call harmful (eval loss rising while the task metric improves).
+* ``warning`` -- the run is, or will be, worse off if nothing changes: someone should look at it
+  today. A spike that has not recovered, an LR off its schedule, a straggler or a throughput drop
+  that is sustained, an eval metric that got worse at several evals in a row.
+* ``critical`` -- the run is burning compute now or is about to fail: act now (this pages). It
+  needs both magnitude and duration: non-finite losses, a rank stalled for minutes, a loss that
+  diverged and stays up, memory exhausted within the hour. Nothing that can clear by itself within
+  a minute is critical when first seen; a finding escalates while its condition grows and
+  de-escalates when it eases.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +23,14 @@ from typing import Any, ClassVar
 
 from trainmon.wire import Event
 
-__all__ = ["SEVERITIES", "Detector", "Finding"]
+__all__ = ["PLOTS", "SEVERITIES", "Detector", "Finding"]
 
 SEVERITIES = ("info", "warning", "critical")
-"""Least to most urgent; what each means (and so when a detector may use it) is stated once, in
-``trainmon.monitor.config``'s docstring."""
+"""Least to most urgent; what each means (and so when a detector may use it) is stated once, in this
+module's docstring."""
+
+PLOTS = ("loss", "grad", "lr", "throughput")
+"""The post-mortem plots a detector's findings can be marked on (:attr:`Detector.plots`)."""
 
 
 def finite(x: Any) -> bool:
@@ -45,7 +63,10 @@ class Detector:
     """Watches event streams for one failure mode.
 
     Subclasses set ``kind`` (the anomaly kind, also the name of their section of
-    ``DetectorsConfig``), take that section in ``__init__`` and implement :meth:`observe`.
+    ``DetectorsConfig``), take that section in ``__init__`` and implement :meth:`observe`. Every
+    other fact about a detector is declared on its class too (the attributes below), so that adding
+    one is adding its module: the package discovers it, the configuration gains its section, the
+    verdict, the post-mortem and the plots place its findings.
 
     ``scope = "rank"``: the engine makes one instance per (run, rank) and feeds it that rank's
     events in order (every attempt of the rank: a resume shows up as a new ``run_start`` with a
@@ -61,9 +82,29 @@ class Detector:
 
     kind: ClassVar[str]
     scope: ClassVar[str] = "rank"
+    config_class: ClassVar[type]
+    """The dataclass of its settings, defined in its module: ``[detectors.<kind>]`` in the TOML."""
+    order: ClassVar[int]
+    """Where the engine runs it among the others, lowest first: for findings at the same event, the
+    order they are stored in (and so which anomaly id comes first)."""
+    priority: ClassVar[int | None]
+    """In a cluster of anomalies at the same steps, the one with the lowest priority is listed first,
+    as the first-level symptom; the others localise or explain it (a grad-norm spike under the loss
+    spike, a hot GPU under a straggler). ``None``: no place of its own, after every ranked kind."""
+    plots: ClassVar[tuple[str, ...]]
+    """Which of :data:`PLOTS` mark its findings: where the reader looks for them."""
+    localised: ClassVar[bool]
+    """Whether the post-mortem looks in the per-layer grad norms for the layer it started in."""
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         raise NotImplementedError
 
     def tick(self, now: float) -> list[Finding]:
         return []
+
+    def resolve(
+        self, step: int | None, message: str, hint: str, evidence: dict[str, Any], *, rank: int | None = None
+    ) -> Finding:
+        """The finding that closes this detector's open anomaly: an ``info`` note of why it cleared (the
+        anomaly keeps the worst severity it reached)."""
+        return Finding(self.kind, "info", step, message, hint, evidence, resolved=True, rank=rank)

@@ -54,14 +54,56 @@ import collections
 import math
 import re
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import DegenerateConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["Degenerate"]
+__all__ = ["Degenerate", "DegenerateConfig"]
+
+
+@dataclass
+class DegenerateConfig:
+    """``degenerate``: a saturated objective, no-op steps, a model stuck at chance, a classifier collapsed to one
+    class (the principle of each in ``trainmon.monitor.detectors.degenerate``)."""
+
+    saturated_entries: int = 2
+    """Logged losses of exactly 0.0 in a row (with a vanishing, nonzero gradient) before the objective is saturated."""
+    saturated_margin: float = 10.0
+    """Without a logged grad norm: a preference margin (rewards/margins) at least this large, with accuracies 1.0,
+    makes the zeros real (a sigmoid loss of log(1 + e^-10) = 4.5e-5 prints as 0.0)."""
+    vanished_ratio: float = 1e-4
+    """The grad norm at those entries, against its median before them, below which no gradient is left."""
+    noop_share: float = 0.2
+    """Share of logged grad norms exactly 0.0 (with a finite loss) that makes no-op steps a finding; at least as many
+    must be nonzero (a norm always 0.0 is a placeholder)."""
+    noop_min: int = 10
+    """... and at least this many of them."""
+    noop_update: int = 50
+    """The no-op finding is restated every this many more zero grad norms (its extent)."""
+    chance_evals: int = 5
+    """Evals, all at ln K, before a run is stuck at chance."""
+    chance_tol: float = 0.002
+    """How close to ln K (relative) every eval loss must be: 83's 1.3856-1.3863 against ln 4 = 1.3863 is 0.05%."""
+    chance_separation: float = 10.0
+    """ln K counts only when ln (K+1) - ln K is at least this many tolerances (or K is the declared vocabulary):
+    for a large K the log of some integer is always near (4.13 is within 0.2% of ln 62)."""
+    chance_train_below: float = 0.1
+    """Not stuck when the train loss is this fraction below ln K (memorising is another story)."""
+    chance_acc_band: float = 0.1
+    """The accuracy, when logged, must be within this of 1/K."""
+    collapse_tol: float = 5e-4
+    """Recall 1.0 and accuracy = precision to within this: one class predicted for every example."""
+    collapse_margin: float = 0.05
+    """The collapse clears when accuracy rises this far above the base rate it collapsed to."""
+    collapse_evals: int = 3
+    """Without precision/recall: evals from the first with the very same accuracy (and the eval loss at the entropy
+    of that split) before the classifier has collapsed to its majority class ..."""
+    collapse_entropy_tol: float = 0.05
+    """... the eval loss within this fraction of that entropy."""
+
 
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
@@ -83,6 +125,11 @@ class Degenerate(Detector):
     """Saturated objective, no-op steps, a model stuck at chance, a classifier collapsed to one class."""
 
     kind = "degenerate"
+    config_class = DegenerateConfig
+    order = 180
+    priority = 50
+    plots = ("loss",)
+    localised = False
 
     def __init__(self, config: DegenerateConfig) -> None:
         self.config = config
@@ -179,14 +226,11 @@ class Degenerate(Detector):
             if self._open == "saturated":
                 self._open = None
                 return [
-                    Finding(
-                        self.kind,
-                        "info",
+                    self.resolve(
                         step,
                         f"loss {loss:.4g} at step {step}: no longer exactly 0.0",
                         "The objective has a gradient again.",
                         {"loss": loss},
-                        resolved=True,
                     )
                 ]
             return []
@@ -336,15 +380,12 @@ class Degenerate(Detector):
             if was_open:
                 self._open = None
                 return [
-                    Finding(
-                        self.kind,
-                        "info",
+                    self.resolve(
                         step,
                         f"eval loss {loss:.5g} at step {step} left ln {self._chance_k_open} = "
                         f"{math.log(self._chance_k_open):.5g}",
                         "The model has started to learn.",
                         {"eval_loss": loss},
-                        resolved=True,
                     )
                 ]
         low = self._eval_lo
@@ -421,14 +462,11 @@ class Degenerate(Detector):
                 self._collapse = None
                 self._open = None
                 return [
-                    Finding(
-                        self.kind,
-                        "info",
+                    self.resolve(
                         step,
                         f"accuracy {acc:.4g} at step {step}, above the base rate {c['base_rate']:.4g}",
                         "The classifier no longer predicts one class only.",
                         {"accuracy": acc},
-                        resolved=True,
                     )
                 ]
             c["later"].append({"step": step, **got})

@@ -93,13 +93,93 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.config import DivergenceConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.eval_regression import metric_direction
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["Divergence"]
+__all__ = ["Divergence", "DivergenceConfig"]
+
+
+@dataclass
+class DivergenceConfig:
+    """``divergence``: loss trending up over many steps."""
+
+    window: int = 20
+    """Short slope window (logged entries): catches a fast ramp."""
+    long_window: int = 200
+    """Long slope window (logged entries): catches a slow creep of a fraction of a percent per step."""
+    median_of: int = 5
+    """Width of the running median that removes single spikes before smoothing."""
+    ema_alpha: float = 0.3
+    """Smoothing of the median-filtered loss (robust EMA)."""
+    min_steps: int = 30
+    """Never fire before this step, nor before the declared warmup ends."""
+    min_rise_rel: float = 0.15
+    """Over the short window the smoothed loss must rise by at least this fraction ..."""
+    long_min_rise_rel: float = 0.1
+    """... or over the long window by at least this fraction ..."""
+    min_rise_sigma: float = 2.0
+    """... and by this many robust sigma of the raw per-entry loss noise (clean noisy fine-tunes
+    reach 1.3 over 20 entries; a real divergence several) ..."""
+    min_rise_abs: float = 0.05
+    """... and by this many nats: 5 % in perplexity, the least rise worth acting on whatever its
+    relative size (a memorised loss doubling from 0.008 is not a divergence; a fine-tune's loss
+    wandering 0.09-0.12 moves 0.03 nats, issue 14). It binds only below a loss of 0.5, where
+    ``long_min_rise_rel`` asks for less ..."""
+    up_fraction: float = 0.8
+    """... with this share of lagged pairs (value half a window later vs now) going up (a trend) ..."""
+    max_jump_share: float = 0.5
+    """... no 5-step stretch of the smoothed loss carrying more than this share of the rise (a jump
+    that stays up is a non-recovered spike, not a trend) ..."""
+    above_min_rel: float = 0.1
+    """... and the smoothed loss this fraction above its running minimum ..."""
+    band_halflife: int = 1000
+    """... and ``band_factor`` x as far above it as it had strayed before the current excursion
+    began, an excursion being forgotten with this half-life in entries (issue 14: a plateau loss
+    wandering 0.09-0.12 rose +21 % over 200 entries with 95 % of its increments up, exactly like a
+    slow divergence, but it had been there before; a healthy falling run strays a few percent,
+    its smoothed noise) ..."""
+    band_factor: float = 3.0
+    """... (a wander's new record is a little above its old ones; a divergence leaves them far
+    behind: the benchmark's slow divergences open 12-70 % above a band of 1-5 %)."""
+    short_sustain: int = 3
+    """A rise seen by the short window only must hold on this many consecutive entries before it
+    opens (the long window's is sustained over 200 entries by construction): a window that
+    crosses the bars for an entry or two is not a sustained rise; a ramp holds (2 entries' delay)."""
+    healthy_rel: float = 0.05
+    """At its healthy level: within this fraction of the best loss (for the rollback advice and
+    for the band: the excursion starts after the last entry within it)."""
+    critical_rel: float = 0.5
+    """Critical once the loss has stayed this fraction above its best for ``critical_entries``
+    entries: half again the best loss, held, undoes most of what the run learned (real log 59:
+    +60-74 % for 1,500 steps, a failed fine-tune; 53: +150 %)."""
+    critical_entries: int = 10
+    """Entries the loss must stay ``critical_rel`` above its best before critical (a large *and*
+    sustained rise; sparse logs: ``sparse_points`` points)."""
+    critical_release: float = 0.7
+    """Back to warning below this fraction of ``critical_rel`` (hysteresis: no flapping)."""
+    update_rel: float = 0.1
+    """While open, say it again when the loss level moved by this fraction ..."""
+    update_every: int = 50
+    """... or after this many entries (the anomaly's last step and evidence stay current)."""
+    sparse_min_interval: int = 100
+    """Entries at least this many steps apart (median) make a sparse log: each logged loss is a
+    mean over that many steps, the trend rule has too few entries (real log 59: five in 2,640
+    steps) and a jump between two points cannot be told from a trend. Logs every 25 steps are
+    not sparse: their points are still noisy (real log 52, batch 2: 0.27, 0.57, 0.46, 0.97)."""
+    sparse_rise_rel: float = 0.6
+    """Sparse logs: the last ``sparse_points`` logged losses all this fraction above the best
+    earlier one. Without enough points to measure their noise the bar is the size: a run whose
+    mean loss stays 60 % above its best for two logging windows is not learning (59: 1.24 ->
+    2.03 -> 2.16; clean logs' points fall, or wander well under this) ..."""
+    sparse_points: int = 2
+    """... (the rise sustained over this many consecutive logging windows, never back to the best) ..."""
+    sparse_rise_sigma: float = 5.0
+    """... and, once there are six point-to-point changes to measure the points' own noise on, this
+    many robust sigma of it above the best (the best of many noisy points is a low outlier: a flat
+    log whose points scatter 15 % has pairs of points 60 % above its lowest one)."""
+
 
 _CAUSES = (
     "Likely causes: LR too high for this stage (check the LR against the schedule), a shift in the data mix, "
@@ -111,6 +191,18 @@ def _opening(f: Finding, step: int) -> list[Finding]:
     """An episode dated at its onset and found at ``step``: the anomaly spans both (its last step is where
     the condition is known to hold now)."""
     return [f] if f.step == step else [f, dataclasses.replace(f, step=step)]
+
+
+def _standing(ep: _Episode, level: float, best: float, best_step: int, above: float) -> dict[str, Any]:
+    """Where an episode's loss stands against its best: the evidence every finding of it starts with."""
+    return {
+        "loss": round(level, 6),
+        "best_loss": round(best, 6),
+        "best_step": best_step,
+        "above_rel": round(above, 4),
+        "peak_above_rel": round(ep.peak_above, 4),
+        "opened_step": ep.opened,
+    }
 
 
 def _closing(f: Finding) -> list[Finding]:
@@ -168,6 +260,11 @@ class Divergence(Detector):
     """Sustained upward trend of a spike-free smoothed loss that leaves the run's own band."""
 
     kind = "divergence"
+    config_class = DivergenceConfig
+    order = 120
+    priority = 30
+    plots = ("loss", "grad")
+    localised = True
 
     def __init__(self, config: DivergenceConfig) -> None:
         self.config = config
@@ -277,18 +374,13 @@ class Divergence(Detector):
         self._ep = None
         name, was, was_step, now, now_step = better
         return _closing(
-            Finding(
-                kind=self.kind,
-                severity="info",
-                step=now_step,
-                message=(
-                    f"the {name} improved to {now:.4g} at step {now_step} (from {was:.4g} at step {was_step}) "
-                    f"while the training loss was up: not a divergence (open since step {ep.opened}, it peaked "
-                    f"{ep.peak_above:.0%} above its best)"
-                ),
-                hint="The task metric outranks the training loss: the model is getting better on what the run is for.",
-                evidence={"metric": name, "metric_before": was, "metric_before_step": was_step, "metric_now": now},
-                resolved=True,
+            self.resolve(
+                now_step,
+                f"the {name} improved to {now:.4g} at step {now_step} (from {was:.4g} at step {was_step}) "
+                f"while the training loss was up: not a divergence (open since step {ep.opened}, it peaked "
+                f"{ep.peak_above:.0%} above its best)",
+                "The task metric outranks the training loss: the model is getting better on what the run is for.",
+                {"metric": name, "metric_before": was, "metric_before_step": was_step, "metric_now": now},
             )
         )
 
@@ -512,14 +604,7 @@ class Divergence(Detector):
                         f"open since step {ep.opened}, it peaked {ep.peak_above:.0%} above it"
                     ),
                     hint="The upward trend has reversed.",
-                    evidence={
-                        "loss": round(level, 6),
-                        "best_loss": round(best, 6),
-                        "best_step": best_step,
-                        "above_rel": round(above, 4),
-                        "peak_above_rel": round(ep.peak_above, 4),
-                        "opened_step": ep.opened,
-                    },
+                    evidence=_standing(ep, level, best, best_step, above),
                     resolved=True,
                 )
             )
@@ -557,12 +642,7 @@ class Divergence(Detector):
         healthy_step, healthy_loss, ckpt, never = self._rollback(sparse)
         v = ep.view
         ev: dict[str, Any] = {
-            "loss": round(level, 6),
-            "best_loss": round(best, 6),
-            "best_step": best_step,
-            "above_rel": round(above, 4),
-            "peak_above_rel": round(ep.peak_above, 4),
-            "opened_step": ep.opened,
+            **_standing(ep, level, best, best_step, above),
             "steps_open": step - ep.opened,
             "band_rel": round(ep.band, 4),
             "healthy_step": healthy_step,

@@ -68,12 +68,67 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import EvalRegressionConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["EvalRegression", "metric_direction"]
+__all__ = ["EvalRegression", "EvalRegressionConfig", "metric_direction"]
+
+
+@dataclass
+class EvalRegressionConfig:
+    """``eval_regression``: the task metric worsening, validation loss rising, or jumping after a resume."""
+
+    rising_evals: int = 2
+    """Consecutive eval-loss increases needed (three evals in a row going up)."""
+    min_rise_rel: float = 0.01
+    """Total rise over those evals, as a fraction of the first, to be beyond eval noise ..."""
+    min_rise_abs: float = 0.02
+    """... and in nats."""
+    above_best_rel: float = 0.05
+    """The latest eval must also be this fraction above the best eval seen."""
+    train_window: int = 20
+    """Train losses whose median is the train level at each eval."""
+    resume_jump_rel: float = 0.1
+    """First eval after a resume this fraction above the last one before it is a jump ..."""
+    resume_jump_abs: float = 0.05
+    """... and in nats."""
+    history: int = 16
+    """Evals remembered (per metric: the window the metric's eval-to-eval noise is measured on)."""
+    metric_evals: int = 2
+    """A task metric (WER, accuracy, BLEU...: the number the user cares about, read in its own direction) must be
+    worse than its best at this many evals in a row to be a regression: one bad eval on a small eval set is noise,
+    two is a trend (53_whisper-tr: WER 17.7 -> 29.6 -> 31.3 is flagged at the second)."""
+    metric_worse_rel: float = 0.05
+    """... worse by this fraction of its best value ..."""
+    metric_noise_k: float = 4.0
+    """... and by this many times its eval-to-eval noise (a sigma from the distance of each eval to the mean of its
+    neighbours, once five evals came before the ones judged): ROUGE on a 100-sample eval set moves 10% between evals
+    (22_mt5-az-summ), and the best is the luckiest of many noisy evals, so an ordinary eval lands 2-3 sigma above
+    it. The eval loss must have risen beyond the same multiple of its own noise (or ``above_best_rel``) with it."""
+    metric_unmeasured_rel: float = 0.2
+    """Until the metric's noise can be measured (five evals before the ones judged), it must be this fraction worse
+    than its best: early evals of a noisy metric move 10-20% by themselves, a real degradation early on is larger
+    (53_whisper-tr: +67% at the second eval)."""
+    noise_evals: int = 8
+    """Evals before the rising ones needed to trust their eval-to-eval scatter as the eval loss's noise (before
+    that, a rise must be ``metric_unmeasured_rel`` of the best: a tiny validation set's first evals swing)."""
+    critical_rel: float = 0.25
+    """A task-metric regression is critical when the metric is this fraction worse than its best ..."""
+    critical_evals: int = 3
+    """... at this many evals in a row: large and sustained, the run is making the model worse, not wobbling."""
+    zero_metric_evals: int = 10
+    """A metric exactly 0.0 at this many evals from the start, while others move, gets one note: it is almost always
+    computed wrong (60_cantillation: f1/precision/recall 0.0 at all 100 evals while accuracy rises 0.49 -> 0.69)."""
+    unusable_error_rate: float = 0.85
+    """An error rate (WER, CER) whose best value is at least this (as a fraction; 85 when logged in percent) means no
+    checkpoint of the run is a model worth rolling back to (59_whisper-braj: best WER 89.9%). Kept high because
+    unsegmented CJK text makes word error rates of working models look poor (01_whisper-large-v2-ja: 0.74)."""
+    max_metrics: int = 32
+    """Distinct eval metrics tracked per run (bounded state; the rest are ignored)."""
+    max_sets: int = 8
+    """Eval sets besides the run's own eval (``SET/loss`` in its metrics) judged each on its own (bounded state)."""
+
 
 # Name tokens (lowercased, split on anything but letters and digits) that say how to read a metric.
 _ERROR_RATES = frozenset({"wer", "cer", "mer", "wil", "ter"})
@@ -209,6 +264,11 @@ class EvalRegression(Detector):
     """The task metric worsening; eval loss against a falling train loss; eval jump after resume."""
 
     kind = "eval_regression"
+    config_class = EvalRegressionConfig
+    order = 150
+    priority = 40
+    plots = ("loss",)
+    localised = False
 
     def __init__(self, config: EvalRegressionConfig) -> None:
         self.config = config
@@ -497,7 +557,7 @@ class EvalRegression(Detector):
         """A finding opened and closed at once: a fact about the run, not a condition that can clear."""
         return [
             Finding(self.kind, "info", step, message, hint, evidence),
-            Finding(self.kind, "info", step, message, hint, evidence, resolved=True),
+            self.resolve(step, message, hint, evidence),
         ]
 
     def _zero_note(self, step: int) -> list[list[Finding]]:
@@ -841,14 +901,11 @@ class EvalRegression(Detector):
         if loss <= ref + self._margin(ref, cfg.above_best_rel, cfg.min_rise_abs) / 2:
             self._open = None
             return [
-                Finding(
-                    kind=self.kind,
-                    severity="info",
-                    step=step,
-                    message=f"eval loss back to {loss:.4g} at step {step} (reference {ref:.4g})",
-                    hint="The eval regression has cleared.",
-                    evidence={"eval_loss": loss, "reference": ref},
-                    resolved=True,
+                self.resolve(
+                    step,
+                    f"eval loss back to {loss:.4g} at step {step} (reference {ref:.4g})",
+                    "The eval regression has cleared.",
+                    {"eval_loss": loss, "reference": ref},
                 )
             ]
         first = self._open.get("finding")
@@ -897,14 +954,11 @@ class EvalRegression(Detector):
         if m.bad(now) <= m.best[0] + margin / 2:
             self._open = None
             return [
-                Finding(
-                    kind=self.kind,
-                    severity="info",
-                    step=step,
-                    message=f"{m.name} back to {now:.4g} at step {step} (best {m.best[2]:.4g} at step {m.best[1]})",
-                    hint="The eval regression has cleared.",
-                    evidence={"metric": m.name, "value": now, "best": m.best[2]},
-                    resolved=True,
+                self.resolve(
+                    step,
+                    f"{m.name} back to {now:.4g} at step {step} (best {m.best[2]:.4g} at step {m.best[1]})",
+                    "The eval regression has cleared.",
+                    {"metric": m.name, "value": now, "best": m.best[2]},
                 )
             ]
         if self._open.get("severity") != "critical" and self._critical(m, margin):

@@ -70,12 +70,73 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.config import GradExplosionConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["GradExplosion"]
+__all__ = ["GradExplosion", "GradExplosionConfig"]
+
+
+@dataclass
+class GradExplosionConfig:
+    """``grad_explosion``: pre-clip grad-norm spike episodes (graded by magnitude and consequence) or a rising
+    clip rate."""
+
+    window: int = 64
+    """Accepted (non-spike) log grad norms forming the baseline."""
+    min_history: int = 16
+    """Accepted grad norms needed before the spike rule can fire."""
+    z: float = 8.0
+    """A log grad norm more than this many robust sigma (MAD of differences) above the median fires."""
+    min_ratio: float = 3.0
+    """...and at least this many times the baseline median norm (noise on a flat norm is tiny in sigma)."""
+    tail_ratio: float = 2.0
+    """...and at least this many times the ``tail_quantile`` of all recent norms, spikes included: a
+    run whose norms are bimodal (a fifth of the batches at 3-7x the median, multimodal data) has no
+    spike inside its own tail, however many sigma of the main mode it is."""
+    tail_quantile: float = 0.9
+    """Quantile of the last ``window`` norms (spikes included) that the tail rule compares with."""
+    warn_ratio: float = 10.0
+    """An episode whose largest spike is this many times the median (an order of magnitude: with
+    clipping off, an update that size) is a warning; smaller ones are a note (info) unless the loss
+    followed or the norm stayed up. Magnitude alone never makes it critical: healthy runs spike
+    3-17x (real logs 09, 15, 33, 39, 52) and even 2200x (57) with no loss consequence."""
+    sustain_entries: int = 3
+    """Consecutive spike entries that make it an explosion rather than one bad batch: with at least
+    ``warn_ratio`` it is critical while it lasts and until its loss watch ends (BLOOM's first spike
+    grew over five steps; the real logs' healthy spikes are back at the next entry)."""
+    follow_entries: int = 5
+    """Entries after a spike whose loss is watched: a rise there is the spike's consequence and
+    escalates the episode (the loss peaks a few steps after the norm in BLOOM and OLMo 2)."""
+    loss_rise: float = 0.1
+    """A watched loss counts as following the spike when it is this fraction above the median loss
+    before the spike ..."""
+    loss_z: float = 5.0
+    """... and this many robust sigma (MAD of entry-to-entry differences) above it: real log 57's
+    per-step loss swings 0.4-2.3 around 1.16 without any spike."""
+    quiet_entries: int = 200
+    """In-band entries after the last spike that end an episode (the run's end also does). Healthy
+    runs with heavy-tailed norms repeat their spikes every 10-400 entries (real logs 09, 57): a
+    shorter stretch splits one behaviour into many near-identical findings (issue 14: 26 on 09).
+    Kept below ``DetectorsConfig.replay_window`` so a restarted collector rebuilds an open episode."""
+    degenerate_share: float = 0.5
+    """Share of the last ``window`` losses that are exactly 0.0 or equal to the previous one above
+    which the loss is degenerate (nothing learned, labels all masked, NaNs logged as 0): gradients
+    are ~0 there and their spikes are not judged; one note says so."""
+    max_listed: int = 20
+    """Spikes an episode's evidence lists (the largest; the count covers all): bounded state."""
+    clip_recent: int = 50
+    """Steps in the recent clip-rate window."""
+    clip_baseline: int = 200
+    """Steps before the recent window that form the clip-rate baseline."""
+    clip_rise: float = 0.4
+    """The recent clip rate must exceed the baseline rate by this much ..."""
+    clip_min_rate: float = 0.6
+    """... and be at least this high, to report a rising clip rate."""
+    shift_entries: int = 20
+    """A norm that stays ``min_ratio`` x above its median before a spike episode for this many entries in a
+    row (spikes or not: once the run's tail has caught up, the new level no longer reads as spikes) has
+    shifted level: a warning naming its likely causes, never "back in band"."""
 
 
 def _x(ratio: float) -> str:
@@ -137,6 +198,11 @@ class GradExplosion(Detector):
     """Pre-clip grad-norm spike episodes (log-norm robust z, graded by consequence) and a rising clip rate."""
 
     kind = "grad_explosion"
+    config_class = GradExplosionConfig
+    order = 100
+    priority = 140
+    plots = ("grad",)
+    localised = True
 
     def __init__(self, config: GradExplosionConfig) -> None:
         self.config = config
@@ -650,7 +716,7 @@ class GradExplosion(Detector):
         evidence = {"grad_norm": norm, "median": round(med, 6), "flat_losses": self._n_flat, "entries": n}
         return [
             Finding(self.kind, "info", step, message, hint, evidence),
-            Finding(self.kind, "info", step, message, hint, evidence, resolved=True),
+            self.resolve(step, message, hint, evidence),
         ]
 
     def _clip_rate(self, step: int) -> list[Finding]:
@@ -683,14 +749,8 @@ class GradExplosion(Detector):
         if self._clip_open and recent - base < cfg.clip_rise / 2:
             self._clip_open = False
             return [
-                Finding(
-                    kind=self.kind,
-                    severity="info",
-                    step=step,
-                    message=f"clip rate back to {recent:.0%} at step {step}",
-                    hint="Clipping is back to its usual rate.",
-                    evidence=ev,
-                    resolved=True,
+                self.resolve(
+                    step, f"clip rate back to {recent:.0%} at step {step}", "Clipping is back to its usual rate.", ev
                 )
             ]
         return []

@@ -46,13 +46,41 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.config import HangConfig
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["Hang"]
+__all__ = ["Hang", "HangConfig"]
+
+
+@dataclass
+class HangConfig:
+    """``hang``: no step (or no heartbeat) from a rank within a learnt timeout."""
+
+    timeout_factor: float = 20.0
+    """Timeout as a multiple of the rank's median step interval (P6 uses 5x, P3 10x; a margin for jitter)."""
+    pause_factor: float = 2.0
+    """...or this multiple of the longest recent step interval or checkpoint/eval pause, so routine
+    saves and periodic pauses (GC) do not fire."""
+    min_timeout: float = 60.0
+    """Floor of the timeout in seconds: a pause shorter than this is not a hang however fast the steps
+    are (a busy host, a GC, an unwrapped save); P6 uses 120 s on large jobs. Tests lower it."""
+    recurring_factor: float = 5.0
+    """A step interval at least this multiple of the median is a long pause; long pauses that recur
+    every K steps (saves or evals not wrapped in ``phase()``) are allowed ``pause_factor`` times their
+    length at the steps where they recur."""
+    critical_after: float = 120.0
+    """Seconds an open hang must last beyond its timeout before it is critical (someone must act
+    now); until then it is a warning. A stall seen only after it ended stays a warning."""
+    first_step_timeout: float = 300.0
+    """Seconds allowed until a step interval is known: before the first step (imports, compilation,
+    data loading) and between the first and the second (whose interval is then learnt, however long)."""
+    dead_factor: float = 3.0
+    """No event at all for this multiple of the rank's heartbeat interval (and the timeout) means dead."""
+    history: int = 64
+    """Step intervals kept per rank to learn the timeout."""
+
 
 _GROWTH = 1.25  # an open finding is sent again when its silence has grown by this factor
 _EARLY = 4  # intervals after a log's first one that say what a normal interval is, to judge the first
@@ -87,6 +115,11 @@ class Hang(Detector):
     """No step from a rank within its learnt timeout; stuck (heartbeats) or dead (silence)."""
 
     kind = "hang"
+    config_class = HangConfig
+    order = 60
+    priority = 80
+    plots = ("throughput",)
+    localised = False
     scope = "run"
 
     def __init__(self, config: HangConfig) -> None:
@@ -405,13 +438,10 @@ class Hang(Detector):
 
     def _resolved(self, rank: int, st: _Rank, step: int | None, why: str) -> Finding:
         st.open = None
-        return Finding(
-            kind=self.kind,
-            severity="info",
-            step=step,
-            message=f"rank {rank} no longer hung: {why}",
-            hint="If it recurs, compare the stacks of the ranks during the stall (py-spy dump).",
-            evidence={"rank": rank, "last_step": step},
-            resolved=True,
+        return self.resolve(
+            step,
+            f"rank {rank} no longer hung: {why}",
+            "If it recurs, compare the stacks of the ranks during the stall (py-spy dump).",
+            {"rank": rank, "last_step": step},
             rank=rank,
         )

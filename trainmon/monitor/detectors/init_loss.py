@@ -29,12 +29,41 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from trainmon.monitor.config import InitLossConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.wire import Event
 
-__all__ = ["InitLoss"]
+__all__ = ["InitLoss", "InitLossConfig"]
+
+
+@dataclass
+class InitLossConfig:
+    """``init_loss``: first loss against ln(vocab)."""
+
+    tolerance: float = 0.5
+    """|loss0 - ln V| above this many nats is a warning (a fresh model predicts ~uniformly)."""
+    first_steps: int = 3
+    """The first this-many losses must all be past the tolerance on the same side (one noisy
+    first batch is not a bad init)."""
+    accum_match: float = 0.2
+    """loss0 / ln V within this relative distance of accum_steps points to a summed GA loss."""
+    leak_loss: float = 0.1
+    """A loss below this many nats early in a run known to start from scratch (run_start declares
+    ``vocab_size`` and the first loss is near ln V) means the labels leak. Not applied to
+    fine-tunes or to runs that do not say how they started: their loss may legitimately go lower."""
+    floor_fraction: float = 0.85
+    """A loss below this fraction of the declared data-entropy floor (run_start ``loss_floor``)
+    is impossible without leakage; a declared floor replaces ``leak_loss``."""
+    early_steps: int = 2000
+    """The leakage rule watches steps before this."""
+    leak_consecutive: int = 3
+    """Consecutive steps under the floor needed (one lucky batch is not a leak)."""
+    choice_max: int = 16
+    """A first loss that is ln K for an integer K up to this is a K-way choice at its uniform start (DPO's ln 2), not a
+    cross-entropy over the vocabulary ..."""
+    choice_tol: float = 1e-3
+    """... to this relative tolerance (the printed digits: 0.6931 against ln 2 = 0.693147)."""
 
 
 def _choice_objective(loss0: float, k_max: int, tol: float) -> int | None:
@@ -50,6 +79,11 @@ class InitLoss(Detector):
     """Initial-loss sanity (warning) and label-leakage floor (critical)."""
 
     kind = "init_loss"
+    config_class = InitLossConfig
+    order = 130
+    priority = 70
+    plots = ("loss",)
+    localised = False
 
     def __init__(self, config: InitLossConfig) -> None:
         self.config = config
@@ -109,15 +143,12 @@ class InitLoss(Detector):
                 self._open = None
                 self._fresh = False
                 return [
-                    Finding(
-                        kind=self.kind,
-                        severity="info",
-                        step=step,
-                        message=f"loss {loss:.4g} back under ln V + {cfg.tolerance} = {ln_v + cfg.tolerance:.4g}",
-                        hint="The initial excess has been trained away; the init or scaling issue may still cost "
+                    self.resolve(
+                        step,
+                        f"loss {loss:.4g} back under ln V + {cfg.tolerance} = {ln_v + cfg.tolerance:.4g}",
+                        "The initial excess has been trained away; the init or scaling issue may still cost "
                         "early progress.",
-                        evidence={"loss": loss, "ln_vocab": round(ln_v, 4)},
-                        resolved=True,
+                        {"loss": loss, "ln_vocab": round(ln_v, 4)},
                     )
                 ]
             return []

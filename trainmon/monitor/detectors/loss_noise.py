@@ -29,14 +29,54 @@ from __future__ import annotations
 
 import collections
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import LossNoiseConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["LossNoise", "shuffling_hint"]
+__all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
+
+
+@dataclass
+class LossNoiseConfig:
+    """``loss_noise``: the loss's step-to-step noise sustained well above the attempt's own baseline at a steady
+    LR (SmolLM3's loader that read documents' sequences in order: one long or odd document filled whole batches).
+    Noise is the MAD of the first differences of the log loss (relative) and of the loss (absolute): differences
+    cancel the trend, the log cancels the level, and both must rise (a falling loss raises only the relative
+    noise, a rising one only the absolute). A warning: the run learns worse from less diverse batches; never
+    critical."""
+
+    window: int = 50
+    """Recent logged entries whose noise is compared with the baseline's."""
+    baseline: int = 150
+    """Earlier entries of the same attempt forming the baseline, judged once it holds this many: MADs of 50
+    against 50 iid entries differ 2x once in 500 windows, 50 against 150 once in 10^5."""
+    ratio: float = 2.2
+    """The relative noise this many times the baseline's ... (clean real logs wander 1.7-2x for 100+ entries:
+    39_llmc-gpt2-124m around step 9,700, 56_modded-nanogpt-1b around 11,150 and 12,100; a doubling cannot be
+    told from that, the reference trainer's unshuffled batches reach 3-4x) ..."""
+    sustain: int = 80
+    """... and both noises at least ``admit_ratio`` x since the relative one first got there, for this many
+    consecutive entries, opens the finding (the absolute noise must rise too: a falling loss raises only the
+    relative one). A single spike moves a MAD by nothing; the longest such streak in the real logs is 43 entries
+    (56_modded-nanogpt-1b at 12,100); a loader that stopped shuffling stays noisy to the end."""
+    admit_ratio: float = 1.6
+    """Entries leave the recent window into the baseline only while the relative or the absolute noise is under
+    this many times the baseline's: a rise is judged against the noise before it, a slow drift is followed."""
+    release_ratio: float = 1.2
+    """Once open, both noises under this many times the baseline's for ``sustain`` entries resolve it."""
+    trend_max: float = 0.5
+    """Entries whose window's median log-loss change exceeds this share of its noise are a descent (the first
+    fast fall, a decay's drop) and never join the baseline: a consistent fall makes differences look quiet."""
+    lr_rise: float = 0.1
+    """No finding while the recent window's median LR is more than this fraction above the baseline's: a
+    higher LR is noisier by itself (warmup, a restart, a re-warm)."""
+    level_drift: float = 0.15
+    """No finding unless the recent window's median loss is within this fraction of the oldest third of the
+    baseline's: noise is compared at one level (a pretraining descent's relative noise grows as the loss falls,
+    MiniMind's 1.5-2x from loss 6 to 4; the reference trainer's unshuffled batches move the level 5%)."""
 
 
 def shuffling_hint(since: int | None, than: str = "before") -> str:
@@ -78,6 +118,11 @@ class LossNoise(Detector):
     """A sustained rise of the loss's step-to-step noise over the attempt's own baseline, at a steady LR."""
 
     kind = "loss_noise"
+    config_class = LossNoiseConfig
+    order = 170
+    priority = None
+    plots = ()
+    localised = False
 
     def __init__(self, config: LossNoiseConfig) -> None:
         self.config = config

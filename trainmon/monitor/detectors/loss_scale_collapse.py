@@ -32,19 +32,42 @@ from __future__ import annotations
 
 import collections
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import LossScaleCollapseConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.wire import Event
 
-__all__ = ["LossScaleCollapse"]
+__all__ = ["LossScaleCollapse", "LossScaleCollapseConfig"]
+
+
+@dataclass
+class LossScaleCollapseConfig:
+    """``loss_scale_collapse``: fp16 loss scale falling repeatedly."""
+
+    window: int = 100
+    """Steps over which halvings and skips are counted."""
+    halvings: int = 3
+    """This many scale decreases within the window is a warning."""
+    consecutive_skips: int = 5
+    """This many skipped steps in a row is critical."""
+    max_skip_rate: float = 0.05
+    """A skip rate above this over a full window is a warning."""
+    min_scale: float = 1.0
+    """A scale below this is critical: fp16 gradients are underflowing."""
+    resolve_after: int = 100
+    """Steps with no decrease (and the scale above min_scale) after which it resolves."""
 
 
 class LossScaleCollapse(Detector):
     """Repeated halvings, consecutive skips, a high skip rate, or a scale under the minimum."""
 
     kind = "loss_scale_collapse"
+    config_class = LossScaleCollapseConfig
+    order = 140
+    priority = 120
+    plots = ("loss",)
+    localised = False
 
     def __init__(self, config: LossScaleCollapseConfig) -> None:
         self.config = config
@@ -164,16 +187,13 @@ class LossScaleCollapse(Detector):
         if self._open is not None and quiet >= cfg.resolve_after:
             self._open = None
             return [
-                Finding(
-                    kind=self.kind,
-                    severity="info",
-                    step=step,
-                    message=f"no overflow storm for {quiet} steps, loss scale {scale:g} (step {step})"
+                self.resolve(
+                    step,
+                    f"no overflow storm for {quiet} steps, loss scale {scale:g} (step {step})"
                     if scale is not None
                     else f"no overflow storm for {quiet} steps (step {step})",
-                    hint="The overflow storm has passed.",
-                    evidence=evidence,
-                    resolved=True,
+                    "The overflow storm has passed.",
+                    evidence,
                 )
             ]
         return []

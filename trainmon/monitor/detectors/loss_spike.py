@@ -87,15 +87,118 @@ import collections
 import itertools
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import LossSpikeConfig
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["LossSpike"]
+__all__ = ["LossSpike", "LossSpikeConfig"]
+
+
+@dataclass
+class LossSpikeConfig:
+    """``loss_spike``: robust deviation of the loss from its recent trend; recoverable or not."""
+
+    window: int = 64
+    """Accepted (non-spike) losses that form the baseline: their median is the level."""
+    min_history: int = 16
+    """Accepted losses needed before the robust rule can fire (no baseline in the first steps)."""
+    early_ratio: float = 3.0
+    """Before ``min_history``: a loss at least this many times every earlier one (two at least) is an
+    explosion seen with few points (Megatron logs: 12.4, 12.4 -> 44 at the 3rd entry). A fine-tune's
+    first interval means move 2x (0.27 -> 0.57 -> 0.46) and are not."""
+    early_vocab_ratio: float = 2.0
+    """...or a loss at least this many times ln(vocab) (an untrained model's loss) and above every
+    earlier one (a 10-iteration log interval: 12.1 -> 26.5 at the 2nd entry, ln V = 10.8)."""
+    early_confirm_ratio: float = 2.0
+    """With one earlier loss only, a loss this many times it is held, and is a spike when the loss is back in
+    the band before it within ``quick_steps`` entries (a 10-iteration log interval: 12.1 -> 26.5 -> 13.8 ->
+    10.2); one that does not come back is the run's own level (a fine-tune's first interval means 0.27 ->
+    0.57 -> 0.46 -> 0.57), and the held losses join the baseline."""
+    early_spread: float = 5.0
+    """...and at least this many times the spread of the earlier losses above the highest of them (a
+    signed or near-zero loss is not measured by a ratio)."""
+    z: float = 6.5
+    """A loss more than this many robust sigma above the baseline median is a spike. sigma comes from
+    the MAD of the last ``2 * window`` accepted step-to-step differences, so a trend does not
+    inflate it and earlier spikes (never admitted) do not either; it is inflated by
+    (1 + 1.7/sqrt(n)) while few differences are known (a MAD of 20 values can be 2x too small)."""
+    min_rel: float = 0.1
+    """...and at least this fraction of the baseline above it (ignores tiny-but-many-sigma blips)."""
+    min_abs: float = 0.05
+    """...and at least this many nats above it."""
+    recover_steps: int = 20
+    """A spike whose loss is back within the band within this many steps is recoverable;
+    otherwise the anomaly escalates to critical with a rollback hint."""
+    recover_z: float = 4.0
+    """The band a recovered loss must be back in, in robust sigma above the baseline median."""
+    skip_back: int = 2
+    """Batches before the spike step to suggest skipping, [X - skip_back, X]."""
+    precursor_steps: int = 3
+    """Steps before the spike inspected for a grad-norm rise (BLOOM ordering)."""
+    precursor_ratio: float = 2.0
+    """A grad norm this many times its baseline median in those steps means it rose first."""
+    norm_jump_ratio: float = 10.0
+    """A grad norm this many times its median at the spike step itself is an instability in evidence
+    (recurring spikes that each carry a 20-78x norm); below that, a norm that rises with the loss is
+    what one hard batch does to the gradient, and names no cause."""
+    lr_jump_ratio: float = 3.0
+    """An LR that is this many times the LR of the entry before it (in the precursor steps) jumped.
+    Entry to entry, so a linear warmup from a tiny LR (4x over four steps) is a ramp, not a jump."""
+    quick_steps: int = 3
+    """A spike whose loss is back in the band within this many logged entries came back at once: a
+    hard batch. Heavy-tailed healthy runs (56_modded-nanogpt-1b: ~60 excursions of 1.3-1.9x) come back
+    in 1-3 steps; a spike still up after that opens (or stays) a warning."""
+    keep_warning_ratio: float = 10.0
+    """A spike at least this many times the baseline stays a warning even when the loss is back at once:
+    noise does not reach 10x, a corrupt sample or a tokenizer bug does, and it is worth a look."""
+    warn_rel: float = 1.0
+    """A spike with no cause in evidence (no grad-norm rise, no LR jump) opens as a warning only when
+    the loss is at least (1 + warn_rel) x the baseline and outside the run's own tail; a smaller one
+    opens as info and escalates only if it does not come back within ``quick_steps``. Real logs' readings
+    call one-step excursions of up to 1.9x (48, 56) and 2.3x (57) single-batch noise, and a wrong
+    warning costs more than a late one: the rule that fires still fires on the spike step."""
+    tail_min_z: float = 3.0
+    """An accepted loss this many robust sigma above the baseline is an excursion the run's tail is
+    learned from (with the spikes that came back at once): the MAD sigma describes the core of the
+    noise, not a heavy tail."""
+    tail_factor: float = 1.5
+    """A spike is inside the run's tail when at least ``tail_count`` remembered excursions were at
+    least 1/tail_factor of its size (relative to the baseline). A pattern that grows by more than
+    tail_factor ** (1/tail_count) (14%) per spike therefore never counts as its own tail."""
+    tail_count: int = 3
+    """...this many excursions (one large excursion is not a tail; PaLM/BLOOM spikes came alone)."""
+    tail_memory: int = 64
+    """Excursions remembered for the tail (the most recent ones)."""
+    tail_horizon: int = 2000
+    """...and only those of the last this many logged entries (a run that calmed down forgets its
+    noisy start)."""
+    descent_drop: float = 0.35
+    """The level is in a fast descent (in practice the initial one) while it falls by more than this
+    fraction per ``window`` entries (median of the oldest quarter of the window against the newest).
+    The benchmark's slowest synthetic curves fall ~20% per window where spikes are injected."""
+    descent_ratio: float = 4.0
+    """During a fast descent a spike with no cause in evidence must be this many times the baseline:
+    the band is stale and per-batch losses of a model that changes this fast jump 1.3-3.7x (34 false
+    warnings in one real first descent). A spike with a cause (LR jump, grad norm) uses the normal rule."""
+    growth_min: int = 3
+    """Spikes needed before an episode can be called growing: the last this many significant spikes
+    (with a cause, or outside the tail) each larger than the one before ..."""
+    growth_ratio: float = 1.5
+    """... the last at least this many times the first of them (or, for frequency, the last two gaps
+    both this many times shorter than the median gap before). A growing episode is critical."""
+    episode_quiet: int = 200
+    """An episode (one anomaly for a run of repeated spikes) closes, resolved, after this many logged
+    entries with no spike, or ``episode_quiet_periods`` of its period if longer, or at the run's end."""
+    episode_quiet_periods: float = 3.0
+    """...in units of the median interval between the run's recent spikes (across episodes: two spikes
+    are too few to know a period); a run that spikes every ~200 steps keeps one episode open."""
+    episode_quiet_max: int = 1000
+    """...but never more than this many entries."""
+
 
 _KEEP = 16
 """Spikes an episode keeps (steps, entries, sizes) for its period, trend and evidence."""
@@ -113,6 +216,11 @@ class LossSpike(Detector):
     """Robust loss-spike detector: evidence-graded severity, episodes, recoverable or not."""
 
     kind = "loss_spike"
+    config_class = LossSpikeConfig
+    order = 90
+    priority = 20
+    plots = ("loss", "grad")
+    localised = True
 
     def __init__(self, config: LossSpikeConfig) -> None:
         self.config = config

@@ -56,16 +56,57 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from trainmon.monitor.config import LrScheduleDriftConfig
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
 
-__all__ = ["LrScheduleDrift"]
+__all__ = ["LrScheduleDrift", "LrScheduleDriftConfig"]
+
+
+@dataclass
+class LrScheduleDriftConfig:
+    """``lr_schedule_drift``: actual LR per group against the declared (or inferred) schedule."""
+
+    rel_tol: float = 0.01
+    """Relative LR difference from the expected value that counts as off schedule (failure-modes L1-L3: 1%)."""
+    min_steps: int = 2
+    """Consecutive off-schedule steps before firing (one odd step is a logging glitch, two are a trend)."""
+    resolve_after: int = 3
+    """Consecutive on-schedule steps after which the anomaly is resolved."""
+    history: int = 8
+    """Recent (step, LR) observations kept to diagnose the drift (accumulation, restart, frozen, length)."""
+    infer_points: int = 5
+    """Logged steps needed before a schedule is inferred when none is declared."""
+    frozen_steps: int = 50
+    """Inferred schedules only: steps of an exactly flat LR after a decay before calling it frozen (R1)."""
+    scheduler_steps_min: int = 2
+    """Consecutive steps reporting ``scheduler_steps`` > 1 before firing (L1: the ratio must be 1)."""
+    frozen_level_ratio: float = 4.0
+    """Inferred schedules only: a flat LR is frozen only when it lasts this many times the previous LR
+    level too (a rounded LR, e.g. llm.c's ``lr 5.97e-04``, moves in levels lasting tens of steps)."""
+    reset_min_level: float = 0.3
+    """Inferred schedules only: an LR that jumps back up from at least this fraction of its peak (or
+    falls by half from there and climbs again) restarted mid-decay: a scheduler reset, a warning.
+    Warm-restart and cyclic schedules rise from the floor of their decay: a note (info)."""
+    frozen_max_drop: float = 0.3
+    """Inferred schedules only: an LR held for 3+ logged points and then cut by more than this fraction
+    is a step schedule (StepLR, MultiStepLR, ReduceLROnPlateau: x0.1, x0.5), which holds each level
+    as long as it likes, so no flat stretch after it is frozen. A smooth decay moves every point, or
+    by a printed quantum (~1%) after a held level; only its last points into a floor of 0 drop more."""
+    quantum_min_values: int = 8
+    """Distinct logged LRs needed before their printed resolution is trusted (half a quantum is tolerated)."""
+    restart_points: int = 3
+    """Logged steps into a resumed attempt within which an LR going wrong is the schedule restarting there."""
+    update_every: int = 25
+    """While a drift lasts, its finding is restated at least every this many steps (magnitude, extent)..."""
+    update_ratio: float = 1.25
+    """...and as soon as how far off the LR is moved by this factor either way."""
+
 
 _SAME = 1e-9  # relative difference below which two logged LRs are the same value
 _DECAY_POINTS = 128  # change points kept of an inferred decay (halved beyond twice this)
@@ -124,6 +165,11 @@ class LrScheduleDrift(Detector):
     """Compares each step's LR per param group with the declared (or inferred) schedule."""
 
     kind = "lr_schedule_drift"
+    config_class = LrScheduleDriftConfig
+    order = 20
+    priority = 110
+    plots = ("lr",)
+    localised = False
 
     def __init__(self, config: LrScheduleDriftConfig) -> None:
         self.config = config
@@ -522,14 +568,11 @@ class LrScheduleDrift(Detector):
         if self._schedule is None:
             self._floor = lrs[0]  # the rise is over: the LR decays again from here
         out.append(
-            Finding(
-                kind=self.kind,
-                severity="info",
-                step=step,
-                message=f"LR back on schedule at step {step} (group 0: {_fmt(lrs[0])})",
-                hint="The LR follows the schedule again; the steps in between trained at the wrong LR.",
-                evidence={"step": step, "lr": list(lrs), "diagnosis": diag},
-                resolved=True,
+            self.resolve(
+                step,
+                f"LR back on schedule at step {step} (group 0: {_fmt(lrs[0])})",
+                "The LR follows the schedule again; the steps in between trained at the wrong LR.",
+                {"step": step, "lr": list(lrs), "diagnosis": diag},
             )
         )
         return out

@@ -43,12 +43,51 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
-from trainmon.monitor.config import MemoryLeakConfig
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.wire import Event
 
-__all__ = ["MemoryLeak", "theil_sen"]
+__all__ = ["MemoryLeak", "MemoryLeakConfig", "theil_sen"]
+
+
+@dataclass
+class MemoryLeakConfig:
+    """``memory_leak``: memory rising across many steps."""
+
+    warmup_steps: int = 10
+    """Steps ignored at the start of each attempt (the caching allocator fills, buffers are created)."""
+    points: int = 64
+    """Samples judged (the latest of up to twice as many kept, decimated: the window spans the recent
+    half or more of the attempt, P4's long window)."""
+    min_points: int = 16
+    """Samples needed before judging a trend."""
+    min_growth_fraction: float = 0.05
+    """Growth over the window, as a share of its start, below which nothing fires."""
+    min_growth_bytes: int = 64 << 20
+    """Growth over the window in bytes below which nothing fires."""
+    min_quarter_share: float = 0.15
+    """Each quarter of the window must add this share of the total growth (a spread-out rise, not
+    one or two step-like increases)."""
+    horizon_hours: float = 6.0
+    """Fire when the trend reaches ``limit_fraction`` of the memory within this many hours (P4: 6 h)."""
+    critical_hours: float = 0.5
+    """Projected exhaustion sooner than this is critical."""
+    limit_fraction: float = 0.9
+    """Share of the device or host memory taken as the exhaustion point (P4: 90% of RAM)."""
+    big_growth_fraction: float = 0.5
+    """Growth over the window that fires even when the memory size is unknown."""
+    min_rate_ratio: float = 0.6
+    """The later half of the window must rise at least this fraction as fast as the earlier half: a
+    cache filling ever slower is heading for its ceiling, a leak keeps its pace."""
+    max_plateaus: int = 1
+    """Of the increases between the medians of the window's eighths, at most this many may be flat
+    (under a quarter of the mean) when the series is quiet enough to tell: caches that fill in a few
+    jumps with flat stretches between them are not a leak."""
+    update_seconds: float = 10.0
+    """An open finding's slope and time to exhaustion are refreshed at most this often (each refresh
+    is a store write)."""
+
 
 _MIB = float(1 << 20)
 _GIB = float(1 << 30)
@@ -113,6 +152,11 @@ class MemoryLeak(Detector):
     """Robust trend of device memory per step (or process RSS from health samples)."""
 
     kind = "memory_leak"
+    config_class = MemoryLeakConfig
+    order = 80
+    priority = 130
+    plots = ()
+    localised = False
 
     def __init__(self, config: MemoryLeakConfig) -> None:
         self.config = config
@@ -225,14 +269,11 @@ class MemoryLeak(Detector):
             if self._open_severity and medians[3] - medians[2] <= noise:
                 self._open_severity = ""
                 return [
-                    Finding(
-                        kind=self.kind,
-                        severity="info",
-                        step=step,
-                        message=f"{what} stopped growing ({current / _MIB:.0f} MiB)",
-                        hint="No action needed if it stays flat.",
-                        evidence={"bytes": int(current)},
-                        resolved=True,
+                    self.resolve(
+                        step,
+                        f"{what} stopped growing ({current / _MIB:.0f} MiB)",
+                        "No action needed if it stays flat.",
+                        {"bytes": int(current)},
                     )
                 ]
             return []

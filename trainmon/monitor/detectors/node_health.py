@@ -21,13 +21,42 @@ set of conditions or the severity changes and resolved after ``resolve_after`` c
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import NodeHealthConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.wire import Event
 
-__all__ = ["THROTTLE_REASONS", "NodeHealth", "decode_throttle"]
+__all__ = ["THROTTLE_REASONS", "NodeHealth", "NodeHealthConfig", "decode_throttle"]
+
+
+@dataclass
+class NodeHealthConfig:
+    """``node_health``: NVML/psutil thresholds and counters."""
+
+    gpu_temp_warning_c: float = 85.0
+    """GPU temperature (C) worth acting on this shift (data-centre GPUs slow down near 87-90 C, P7)."""
+    gpu_temp_critical_c: float = 92.0
+    """GPU temperature (C) at which to page."""
+    throttle_mask: int = 0xE8
+    """NVML clock-event reasons that matter: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80."""
+    ecc_corrected_rise: int = 10
+    """Rise of corrected ECC errors within ``ecc_window`` samples that counts as rising (H1)."""
+    ecc_window: int = 60
+    """Health samples over which the corrected-ECC rise is measured."""
+    gpu_mem_fraction: float = 0.99
+    """GPU memory used over total at which the GPU is near full (allocator caches keep it above 90%)."""
+    host_mem_fraction: float = 0.95
+    """Host memory used over total that means memory pressure."""
+    host_mem_critical_fraction: float = 0.98
+    """Host memory used over total at which to page (the OOM killer is next)."""
+    rss_fraction: float = 0.9
+    """Process resident memory over host total that means the process is about to be OOM-killed."""
+    sustain: int = 2
+    """Consecutive samples a level condition must hold (one hot sample is noise); counters fire at once."""
+    resolve_after: int = 3
+    """Consecutive clean samples after which the anomaly is resolved."""
+
 
 THROTTLE_REASONS = {
     0x1: "gpu_idle",
@@ -81,6 +110,11 @@ class NodeHealth(Detector):
     """Thresholds on one rank's health samples; one anomaly lists every active condition."""
 
     kind = "node_health"
+    config_class = NodeHealthConfig
+    order = 70
+    priority = 160
+    plots = ()
+    localised = False
 
     def __init__(self, config: NodeHealthConfig) -> None:
         self.config = config
@@ -113,14 +147,11 @@ class NodeHealth(Detector):
                 return []
             self._open = {}
             return [
-                Finding(
-                    kind=self.kind,
-                    severity="info",
-                    step=self._last_step,
-                    message=f"node health back to normal on {event.host}",
-                    hint="No action needed; keep an eye on the node if it recurs.",
-                    evidence={},
-                    resolved=True,
+                self.resolve(
+                    self._last_step,
+                    f"node health back to normal on {event.host}",
+                    "No action needed; keep an eye on the node if it recurs.",
+                    {},
                 )
             ]
         self._clean = 0

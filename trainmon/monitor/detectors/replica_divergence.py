@@ -30,13 +30,35 @@ import collections
 import itertools
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.config import ReplicaDivergenceConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.wire import Event
 
-__all__ = ["ReplicaDivergence"]
+__all__ = ["ReplicaDivergence", "ReplicaDivergenceConfig"]
+
+
+@dataclass
+class ReplicaDivergenceConfig:
+    """``replica_divergence``: data-parallel replicas whose weights differ, or tensor-parallel shards that are
+    identical at start (ranks grouped by the run's declared layout; see trainmon.hooks.checksum)."""
+
+    rtol: float = 0.0
+    """0 compares the replicas' weight bit patterns exactly: DDP and ZeRO-1/2 replicas are bitwise identical.
+    Above 0, replicas agree when their sums of squares are within this relative difference (replicas on mixed
+    hardware or libraries whose kernels round differently)."""
+    critical_rel_diff: float = 1e-3
+    """Replicas whose weight norms differ by this relative amount are critical (they train visibly different
+    models); below it the difference is a warning (a few bits apart, growing step by step)."""
+    max_pending: int = 64
+    """Checksummed steps held while waiting for every rank to report them (bounded memory)."""
+    history: int = 8
+    """Checks at which a two-replica group agreed, kept to tell which replica jumped when they part."""
+    jump_factor: float = 10.0
+    """With two replicas there is no majority: one is named as the one that changed only when its weight norm
+    moved this many times the group's usual change between two checks while the other's stayed within it."""
+
 
 _Checksum = tuple[float, float, float, float]  # bits 0-23, bits 24-47, sum of squares, parameters left out
 
@@ -69,6 +91,11 @@ class ReplicaDivergence(Detector):
     """Ranks' weight checksums at the same step, grouped into replicas and shards by the declared layout."""
 
     kind = "replica_divergence"
+    config_class = ReplicaDivergenceConfig
+    order = 160
+    priority = None
+    plots = ()
+    localised = False
     scope = "run"
 
     def __init__(self, config: ReplicaDivergenceConfig) -> None:
@@ -304,7 +331,7 @@ class ReplicaDivergence(Detector):
         )
 
     def _resolved(self, rank: int, step: int, message: str) -> Finding:
-        return Finding(self.kind, "info", step, message, "No action needed.", {"rank": rank}, resolved=True, rank=rank)
+        return self.resolve(step, message, "No action needed.", {"rank": rank}, rank=rank)
 
     def _run_level(self, step: int) -> list[Finding]:
         """One run-level anomaly for what names no single rank: replica groups without a majority, alike shards."""
@@ -314,15 +341,8 @@ class ReplicaDivergence(Detector):
                 return []
             self._run_open = None
             return [
-                Finding(
-                    self.kind,
-                    "info",
-                    step,
-                    "the ranks' weights are as the layout expects again",
-                    "No action needed.",
-                    {},
-                    resolved=True,
-                    rank=-1,
+                self.resolve(
+                    step, "the ranks' weights are as the layout expects again", "No action needed.", {}, rank=-1
                 )
             ]
         severity = "warning"

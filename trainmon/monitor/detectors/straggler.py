@@ -36,13 +36,31 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from dataclasses import dataclass
 
-from trainmon.monitor.config import StragglerConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["Straggler"]
+__all__ = ["Straggler", "StragglerConfig"]
+
+
+@dataclass
+class StragglerConfig:
+    """``straggler``: one rank's step or compute time against the other ranks."""
+
+    window: int = 16
+    """Aligned steps over which a rank's ratio must hold (its median is used: sustained, P1)."""
+    min_ratio: float = 1.5
+    """Rank compute time over the median of the other ranks at the same step that counts as slow. CPU
+    ranks sharing cores jitter by 2-5x on single steps; GPUs by a few percent (lower it there)."""
+    min_share: float = 0.75
+    """Share of the window's steps that must be slow: sustained (P1), not a burst of a noisy neighbour."""
+    resolve_ratio: float = 1.2
+    """The anomaly resolves when the rank's median ratio falls below this."""
+    max_pending: int = 128
+    """Steps kept while waiting for every rank to report them (bounded memory)."""
+
 
 _CPU_SLICE_S = 0.010
 """On a CPU run a rank shares cores with other processes and is descheduled for whole scheduler time
@@ -100,6 +118,11 @@ class Straggler(Detector):
     """Per rank, the time the other ranks wait for it, against their own time at the same step."""
 
     kind = "straggler"
+    config_class = StragglerConfig
+    order = 50
+    priority = 100
+    plots = ("throughput",)
+    localised = False
     scope = "run"
 
     def __init__(self, config: StragglerConfig) -> None:
@@ -301,13 +324,10 @@ class Straggler(Detector):
         )
 
     def _resolved(self, rank: int, step: int, median: float) -> Finding:
-        return Finding(
-            kind=self.kind,
-            severity="info",
-            step=step,
-            message=f"rank {rank} back in line with the other ranks ({median:.2f}x their own time)",
-            hint="No action needed.",
-            evidence={"rank": rank, "ratio_to_median_of_others": round(median, 3)},
-            resolved=True,
+        return self.resolve(
+            step,
+            f"rank {rank} back in line with the other ranks ({median:.2f}x their own time)",
+            "No action needed.",
+            {"rank": rank, "ratio_to_median_of_others": round(median, 3)},
             rank=rank,
         )

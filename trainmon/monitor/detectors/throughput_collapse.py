@@ -68,14 +68,102 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.config import ThroughputCollapseConfig
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.intermittent import _WINDOW as _INTER_WINDOW
 from trainmon.monitor.detectors.intermittent import Intermittent
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
-__all__ = ["ThroughputCollapse"]
+__all__ = ["ThroughputCollapse", "ThroughputCollapseConfig"]
+
+
+@dataclass
+class ThroughputCollapseConfig:
+    """``throughput_collapse``: sustained throughput drop, naming the part of the step that slowed.
+
+    Throughput is tokens/s when the steps carry token counts, steps/s otherwise. Severity says
+    what a person should do, so it needs magnitude *and* duration, never a few slow steps alone:
+
+    * ``info``: throughput is measurably down (the window or level rule holds) but the drop has
+      not lasted ``warning_steps`` steps and ``warning_seconds``: recorded, nothing to do yet (a
+      short input stall, another job on the host for a few seconds).
+    * ``warning``: the drop has lasted that long: it costs real time, look into it when you can.
+    * ``critical``: throughput has stayed under 1/``critical_slowdown`` of the baseline, both over
+      the whole episode and in the current window, for ``critical_steps`` steps and
+      ``critical_seconds``: most of the run's compute is being lost, someone should act now.
+
+    An open anomaly keeps the highest severity it reached; its message and evidence follow the
+    condition until it resolves.
+    """
+
+    baseline_window: int = 100
+    """Steps in the baseline of seconds per token (taken before the recent window, failure-modes P3/P5)."""
+    min_baseline: int = 20
+    """Baseline steps needed before anything can fire (no verdict without a baseline)."""
+    warmup_steps: int = 5
+    """Steps ignored after each (re)start: first iterations are slow for benign reasons."""
+    window: int = 8
+    """Recent steps compared with the baseline by the window rule; also bounds its detection delay."""
+    slowdown: float = 1.5
+    """Recent mean time per token over the baseline median that counts as a collapse (throughput -33%)."""
+    slow_step: float = 1.5
+    """A step slower than this multiple of the baseline median counts as a slow step."""
+    min_slow_steps: int = 2
+    """Slow steps the recent window must hold: one slow step is a blip, not a collapse."""
+    min_excess_seconds: float = 0.25
+    """Seconds the recent window must lose against the baseline (ignores millisecond jitter of tiny runs)."""
+    spread_quantile: float = 0.9
+    """The baseline quantile that measures the run's own spread: how slow a routinely slow normal step is.
+    A steady run's q90 is ~1.07x its median; an SFT run on unpacked variable-length batches (real log
+    57: steps of 0.8-4.9 s by design) has its q90 at 2-2.6x its median."""
+    spread_margin: float = 1.25
+    """The window rule's bars (window mean, slow step) are at least this multiple of that q90: only a
+    window slower than the run's routinely slow steps is news. On real log 57 no 8-step window (without
+    its worst step) ever reaches 0.92x its baseline q90, so 1.25 leaves a margin; on a steady run
+    1.25 x 1.07 stays under ``slowdown`` and the rule is unchanged."""
+    level_window: int = 24
+    """Steps whose median the level rule compares with its own baseline (the ``baseline_window`` steps
+    before them): it fires when the typical step is above that baseline's q90 and ``slowdown`` x its
+    median (a sustained shift of a variable run, which the window rule's higher bar misses). The
+    median of 24 steps of real log 57 never reaches its baseline q90 (at most 0.92x; the median of 8
+    steps does); a shift shows after about half the window."""
+    warning_steps: int = 16
+    """Steps a drop must have lasted (since its first slow step) to be a warning rather than info..."""
+    warning_seconds: float = 30.0
+    """...and seconds (the steps' own durations, summed: imported logs have no real clock): 16 steps
+    of a 50 ms CPU loop are a moment, not a warning."""
+    critical_slowdown: float = 4.0
+    """Slowdown (throughput under a quarter) the episode and the current window must both show to be critical..."""
+    critical_steps: int = 30
+    """...for at least this many steps (four windows: no burst of slow steps is critical)..."""
+    critical_seconds: float = 120.0
+    """...and this many seconds (summed step times): two minutes at a quarter of the speed is worth a page,
+    ten seconds are not."""
+    resolve_after: int = 10
+    """Consecutive normal steps after which the anomaly is resolved."""
+    update_every: int = 25
+    """While a collapse lasts, its finding is restated at least every this many steps (extent, totals)..."""
+    update_ratio: float = 1.25
+    """...and as soon as the slowdown moved by this factor either way (or the severity or the cause changed)."""
+    dominant_share: float = 0.6
+    """A phase that carries this share of the step's growth is named as the cause."""
+    phase_min_share: float = 0.02
+    """Phases under this share of the baseline step are too small to judge whether they slowed too."""
+    together_growth: float = 0.5
+    """Every phase slowed together (the host, not one stage) when each phase present, host-side ones
+    (data, other) included, grew by at least this fraction of the step's relative growth."""
+    checkpoint_ratio: float = 3.0
+    """A save slower than this multiple of the median of earlier saves is a stall (P5)..."""
+    checkpoint_fraction: float = 0.05
+    """...and it must also cost more than this share of the time since the previous save (P5)..."""
+    checkpoint_min_seconds: float = 0.5
+    """...and exceed the typical save by at least this many seconds (jitter of millisecond saves)."""
+    checkpoint_first_fraction: float = 0.25
+    """The first save has no median to compare with: it must cost this share of the time before it."""
+    checkpoint_first_min_interval: float = 10.0
+    """...and only after this many seconds of training: the share of a few seconds is noise (a 2 s CPU
+    run whose first save took 0.6 s on a loaded machine was told its checkpoints cost 31%)."""
+
 
 _TIMED = ("data", "forward", "backward", "comm", "optimizer", "other")
 _EXCLUDED = ("checkpoint", "eval")
@@ -232,6 +320,11 @@ class ThroughputCollapse(Detector):
     time taken out; the cause read from the phase split and the device."""
 
     kind = "throughput_collapse"
+    config_class = ThroughputCollapseConfig
+    order = 40
+    priority = 90
+    plots = ("throughput",)
+    localised = False
 
     def __init__(self, config: ThroughputCollapseConfig) -> None:
         self.config = config
@@ -480,14 +573,11 @@ class ThroughputCollapse(Detector):
         self._open = None
         unit = self._unit or "tokens/s"
         out.append(
-            Finding(
-                kind=self.kind,
-                severity="info",
-                step=step,
-                message=f"intermittent slow steps over at step {step}: the steps are back at the baseline's pace",
-                hint="No action needed; if the episodes recur, compare their times with the host's load.",
-                evidence={"pattern": "intermittent", "unit": unit},
-                resolved=True,
+            self.resolve(
+                step,
+                f"intermittent slow steps over at step {step}: the steps are back at the baseline's pace",
+                "No action needed; if the episodes recur, compare their times with the host's load.",
+                {"pattern": "intermittent", "unit": unit},
             )
         )
         return out
@@ -745,16 +835,11 @@ class ThroughputCollapse(Detector):
 
     def _resolved(self, step: int, ratio: float, base: float) -> Finding:
         unit = self._unit or "tokens/s"
-        return Finding(
-            kind=self.kind,
-            severity="info",
-            step=step,
-            message=(
-                f"throughput recovered at step {step} ({_rate(1 / (base * ratio))} {unit}, baseline {_rate(1 / base)})"
-            ),
-            hint="No action needed; compare with the stall's window if it recurs.",
-            evidence={"slowdown": round(ratio, 3), "unit": unit},
-            resolved=True,
+        return self.resolve(
+            step,
+            f"throughput recovered at step {step} ({_rate(1 / (base * ratio))} {unit}, baseline {_rate(1 / base)})",
+            "No action needed; compare with the stall's window if it recurs.",
+            {"slowdown": round(ratio, 3), "unit": unit},
         )
 
     # -- saves ---------------------------------------------------------------------------------
