@@ -56,7 +56,8 @@ from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
-from trainmon.monitor.config import CollectorConfig, DetectorsConfig, HangConfig
+from trainmon.monitor.config import CollectorConfig, DetectorsConfig
+from trainmon.monitor.detectors.hang import HangConfig
 from trainmon.monitor.store.storage import Storage
 from trainmon.reference_trainer.command import trainer_command, trainer_env
 from trainmon.wire import validate_event

@@ -46,8 +46,7 @@ from typing import Any
 import torch
 
 from trainmon.hooks.precursors import Precursors
-from trainmon.monitor.config import InstabilityPrecursorConfig
-from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor
+from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor, InstabilityPrecursorConfig
 from trainmon.reference_trainer.model import GPT, GPTConfig
 from trainmon.wire import validate_event
 

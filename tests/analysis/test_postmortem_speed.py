@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmon.monitor.config import CollectorConfig
-from trainmon.monitor.detectors import GradExplosion
+from trainmon.monitor.detectors.grad_explosion import GradExplosion
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.monitor.importers.common import to_float
 from trainmon.monitor.importers.csv import _column_floats, parse_csv

@@ -23,7 +23,8 @@ from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig, detectors_config
-from trainmon.monitor.detectors import LossSpike, NanInf
+from trainmon.monitor.detectors.loss_spike import LossSpike
+from trainmon.monitor.detectors.nan_inf import NanInf
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event, validate_batch
 

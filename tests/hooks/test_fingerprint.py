@@ -18,8 +18,7 @@ from trainmon.hooks.fingerprint import (
     scheduler_summary,
     state_fingerprint,
 )
-from trainmon.monitor.config import BadResumeConfig
-from trainmon.monitor.detectors import BadResume
+from trainmon.monitor.detectors.bad_resume import BadResume, BadResumeConfig
 from trainmon.wire import Event
 
 

@@ -227,24 +227,3 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> CollectorCo
         _apply(config, raw, "")
     _apply(config, {k: v for k, v in overrides.items() if v is not None}, "")
     return config
-
-
-# TEMPORARY re-exports (lead removes)
-from trainmon.monitor.detectors.bad_resume import BadResumeConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.degenerate import DegenerateConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.divergence import DivergenceConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.eval_regression import EvalRegressionConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.grad_explosion import GradExplosionConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.hang import HangConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.init_loss import InitLossConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursorConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.loss_noise import LossNoiseConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.loss_scale_collapse import LossScaleCollapseConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.loss_spike import LossSpikeConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.lr_schedule_drift import LrScheduleDriftConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.memory_leak import MemoryLeakConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.nan_inf import NanInfConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.node_health import NodeHealthConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.replica_divergence import ReplicaDivergenceConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.straggler import StragglerConfig  # noqa: E402, F401
-from trainmon.monitor.detectors.throughput_collapse import ThroughputCollapseConfig  # noqa: E402, F401

@@ -71,6 +71,7 @@ from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.core import budget, goodput
 from trainmon.monitor.core.attempts import attempt_failed, attempt_status
 from trainmon.monitor.core.fmt import fmt
+from trainmon.monitor.detectors import localised_kinds
 from trainmon.monitor.store.event_reads import (
     CHECKPOINT_COLUMNS,
     EVAL_COLUMNS,
@@ -92,7 +93,7 @@ __all__ = ["Analysis", "analyse", "import_file", "optimal_checkpoint_interval", 
 BINS = 200  # step ranges of the lowest rank: plot resolution and the unit of the phase breakdown
 SAMPLE_ROWS = 60_000  # rows of the all-rank sample
 HEALTH_ROWS = 20_000  # health samples read before thinning
-LOCALISED = ("loss_spike", "grad_explosion", "nan_inf", "divergence")  # kinds per-layer norms can localise
+LOCALISED = localised_kinds()  # kinds per-layer norms can localise (Detector.localised)
 CONTRACT_KEYS = ("kind", "severity", "rank", "first_step", "last_step", "message", "hint")
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 

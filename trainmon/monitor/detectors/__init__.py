@@ -63,10 +63,3 @@ def kinds_on_plot(plot: str) -> tuple[str, ...]:
 def localised_kinds() -> tuple[str, ...]:
     """The kinds the post-mortem localises with per-layer grad norms."""
     return tuple(cls.kind for cls in ALL_DETECTORS if cls.localised)
-
-
-# TEMPORARY re-exports (lead removes)
-from trainmon.monitor.detectors.bad_resume import BadResume  # noqa: E402, F401
-from trainmon.monitor.detectors.grad_explosion import GradExplosion  # noqa: E402, F401
-from trainmon.monitor.detectors.loss_spike import LossSpike  # noqa: E402, F401
-from trainmon.monitor.detectors.nan_inf import NanInf  # noqa: E402, F401
