@@ -168,5 +168,7 @@ def test_the_wheel_installs_trainmon_alone_and_works(tmp_path: Path) -> None:
     cli = subprocess.run([venv / "bin/trainmon", "--help"], cwd=project, env=_env(), capture_output=True, text=True)
     assert cli.returncode == 0 and "postmortem" in cli.stdout, cli.stderr
     for name in ("hooks", "monitor"):  # nothing generic was installed: the user's own package is what imports
-        probe = subprocess.run([venv / "bin/python", "-c", f"import {name}"], cwd=tmp_path, capture_output=True)
+        probe = subprocess.run(
+            [venv / "bin/python", "-c", f"import {name}"], cwd=tmp_path, env=_env(), capture_output=True
+        )
         assert probe.returncode != 0

@@ -47,7 +47,7 @@ def test_promtool_test_rules() -> None:
 @needs_promtool
 def test_the_integration_tests_rule_copy_is_valid(tmp_path: Path) -> None:
     """The short-window copy the integration test loads must still be valid rules."""
-    from test_observability_integration import TEST_REPLACEMENTS
+    from tests.observability.test_observability_integration import TEST_REPLACEMENTS
 
     copy = write_test_rules(tmp_path / "rules.yml", for_="0s", replace=TEST_REPLACEMENTS)
     proc = promtool("check", "rules", str(copy))
