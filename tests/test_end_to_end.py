@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from tests.conftest import LiveCollector
+from tests.trainer_helpers import run_trainer
 from trainmon.monitor.analysis.postmortem import summarize
 from trainmon.monitor.store.storage import runs, steps, streams
 
@@ -22,24 +20,9 @@ pytestmark = pytest.mark.slow
 
 def test_reference_trainer_through_a_live_collector(live_collector: LiveCollector, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainmon.reference_trainer",
-        "--run",
-        "e2e",
-        "--steps",
-        "40",
-        "--out",
-        str(out),
-        "--collector",
-        live_collector.url,
-        "--threads",
-        "1",
-        "--inject",
-        "nan@35",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_trainer(
+        out, "--collector", live_collector.url, "--threads", "1", "--inject", "nan@35", steps=40, run="e2e", timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     with live_collector.collector.storage.connect() as conn:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch
 
 from tests.conftest import LiveCollector
 from tests.events import batch, event, step_events
-from tests.trainer_helpers import ROOT, TINY, trainer_env
+from tests.trainer_helpers import TINY, run_trainer
 from trainmon import TrainingStopped
 from trainmon.hooks import TrainMonitor
 from trainmon.hooks.policy import CollectorFinding
@@ -182,9 +181,8 @@ def test_a_file_target_cannot_act(tmp_path: Path) -> None:
 
 
 def _reference(live: LiveCollector, out: Path, run: str, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "trainmon.reference_trainer", "--run", run, "--out", str(out), "--steps", "200"]
-    cmd += ["--collector", live.url, "--stop-on", "critical", "--health-interval", "0", *TINY, *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=300)
+    args = ["--collector", live.url, "--stop-on", "critical", "--health-interval", "0", *TINY, *extra]
+    return run_trainer(out, *args, steps=200, run=run, check=False, timeout=300)
 
 
 def test_reference_trainer_stops_on_nan_with_the_finding(live_collector: LiveCollector, tmp_path: Path) -> None:
@@ -210,8 +208,7 @@ def test_reference_trainer_clean_run_with_stop_on_runs_to_the_end(
 
 
 def test_reference_trainer_stop_on_needs_an_http_collector(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "trainmon.reference_trainer", "--run", "x", "--out", str(tmp_path), "--steps", "5"]
-    proc = subprocess.run([*cmd, "--stop-on", "critical"], cwd=ROOT, env=trainer_env(), capture_output=True, text=True)
+    proc = run_trainer(tmp_path, "--stop-on", "critical", steps=5, run="x", check=False)
     assert proc.returncode == 2 and "stop_on" in proc.stderr
 
 
