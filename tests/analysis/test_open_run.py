@@ -60,5 +60,5 @@ def test_what_cannot_be_opened(tmp_path: Path) -> None:
         open_run("a", str(tmp_path / "absent.sqlite"))
     assert not (tmp_path / "absent.sqlite").exists()  # reading never creates a store
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(OpenRunError, match="empty.jsonl: empty file"):
+    with pytest.raises(OpenRunError, match=r"empty\.jsonl: empty file"):
         open_run(tmp_path / "empty.jsonl")
