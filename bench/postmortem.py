@@ -54,35 +54,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from trainmon.monitor.store.storage import PHASE_COLUMNS  # noqa: E402  (after the path above)
+from trainmon.monitor.store.storage import steps as steps_table  # noqa: E402
+
 RUN = "bench-1m"
 RANKS = 8
 LAYERS = [f"blocks.{i}.{p}" for i in range(12) for p in ("attn.qkv.weight", "mlp.fc.weight")] + ["lm_head.weight"]
-PHASES = ("data", "forward", "backward", "comm", "optimizer", "checkpoint", "eval", "other")
-STEP_COLUMNS = (
-    "run",
-    "rank",
-    "attempt",
-    "step",
-    "time",
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
-    "clip_coef",
-    "lr",
-    "lrs",
-    "loss_scale",
-    "skipped",
-    "tokens",
-    "samples",
-    "micro_batches",
-    "scheduler_steps",
-    "step_time",
-    *[f"phase_{p}" for p in PHASES],
-    "mem_allocated_bytes",
-    "mem_peak_bytes",
-    "batch_fingerprint",
-    "update_ratio",
-)
+PHASES = PHASE_COLUMNS
+# The steps table's columns, in its order: the generator writes rows straight into SQLite for speed.
+STEP_COLUMNS = tuple(c.name for c in steps_table.columns)
 
 
 def _schedule(n: int) -> dict:
