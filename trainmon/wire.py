@@ -164,12 +164,36 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "mem_peak_bytes": _i("peak device memory since the previous step"),
         "batch_fingerprint": Field("str", doc="cheap hash of the batch, for data-replay checks"),
         "layer_grad_norms": Field("float_map", doc="second level: grad norm per parameter name"),
-        "update_ratio": _f("second level: |update| / |param|", nonfinite=True),
+        "update_ratio": _f(
+            "second level: ||update|| / ||param|| (the hooks': on sampled steps, over a sample of the parameters, "
+            "see trainmon.hooks.precursors)",
+            nonfinite=True,
+        ),
+        "group_update_ratio": Field(
+            "float_map",
+            doc='second level, sampled steps: per parameter group index ("0", "1", ...), update_ratio over '
+            "that group's share of the same sample",
+        ),
+        "adam_eps_frac": Field(
+            "float_map",
+            doc="second level, sampled steps: per parameter group index, the fraction of Adam's second-moment "
+            "elements (exp_avg_sq, not bias-corrected) below eps**2, after the step's update",
+        ),
         "attn_logit_max": Field(
             "float_map",
             doc="second level, sampled steps: per attention module, a bound on the largest attention logit "
             "max|q·k|/√d (largest query row norm x largest key row norm / √d over the heads), see "
             "trainmon.hooks.precursors",
+        ),
+        "attn_entropy": Field(
+            "float_map",
+            doc="second level, sampled steps: per attention module, mean entropy in nats of head 0's attention "
+            "over the first sequence's first 256 queries (causal where the module is), see trainmon.hooks.precursors",
+        ),
+        "linear_out_rms": Field(
+            "float_map",
+            doc="second level, sampled steps: per nn.Linear (QKV and attention output projections, MLP "
+            "down-projection of each recognised block), the RMS of its output",
         ),
         "output_logz": _f(
             "second level, sampled steps: mean log-sum-exp of the LM head's logits (z-loss's log Z)", nonfinite=True

@@ -118,3 +118,24 @@ def test_precursor_fields_validate() -> None:
     with pytest.raises(wire.WireError) as err:
         wire.validate_batch(batch([event("step", {"step": 10, "attn_logit_max": [3.5]})]))
     assert err.value.path == "events[0].fields.attn_logit_max"
+
+
+@pytest.mark.parametrize(
+    ("field", "key"),
+    [
+        ("attn_entropy", "blocks.0.attn"),
+        ("linear_out_rms", "blocks.0.mlp.proj"),
+        ("group_update_ratio", "0"),
+        ("adam_eps_frac", "1"),
+    ],
+)
+def test_new_precursor_maps_validate(field: str, key: str) -> None:
+    """Issue 28's later signals travel as maps of finite floats or the non-finite markers, like attn_logit_max."""
+    (ev,) = wire.validate_batch(batch([event("step", {"step": 10, field: {key: 0.25, "other": "NaN"}})]))
+    assert ev.fields[field][key] == 0.25 and ev.fields[field]["other"] == "NaN"  # stored as sent
+    with pytest.raises(wire.WireError) as err:
+        wire.validate_batch(batch([event("step", {"step": 10, field: 0.25})]))
+    assert err.value.path == f"events[0].fields.{field}"
+    with pytest.raises(wire.WireError) as err:
+        wire.validate_batch(batch([event("step", {"step": 10, field: {key: "high"}})]))
+    assert err.value.path.startswith(f"events[0].fields.{field}.") and key in err.value.path  # the entry named

@@ -58,7 +58,14 @@ from trainmon.hooks.checksum import normalise_layout, weights_checksum
 from trainmon.hooks.device_events import EventPool
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
-from trainmon.hooks.precursors import Precursors
+from trainmon.hooks.precursors import (
+    Precursors,
+    Sampled,
+    UpdateSample,
+    adam_eps_fractions,
+    snapshot_for_update_ratio,
+    update_ratios,
+)
 from trainmon.hooks.readback import Readback, read
 from trainmon.hooks.stacks import StackWatch
 from trainmon.hooks.transport import Transport
@@ -68,7 +75,6 @@ from trainmon.wire import PHASES
 __all__ = ["TrainMonitor"]
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
-_UPDATE_SAMPLE_ELEMENTS = 1 << 16  # parameters copied to measure the update/param ratio
 _SPLIT_CLIP = hasattr(torch.nn.utils, "get_total_norm")  # torch >= 2.6: the norm and the clip are separate calls
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _memory_stats = getattr(torch._C, "_cuda_memoryStats", None)
@@ -96,12 +102,12 @@ class _Step:
     lr: list[float] | None = None
     scale: torch.Tensor | None = None  # the loss scale this step's loss was multiplied by
     clip: tuple[Any, ...] | None = None  # (total pre-clip norm, max_norm, per-param norms, params)
-    update_sample: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    update_sample: UpdateSample | None = None
     update_ratio: torch.Tensor | None = None
     scheduler_epoch: int | None = None
     memory: tuple[int, int] | None = None
     checksum: torch.Tensor | None = None  # of the weights the step starts from (trainmon.hooks.checksum)
-    precursors: tuple[list[str], torch.Tensor] | None = None  # sampled steps: names, stacked device values
+    precursors: Sampled | None = None  # sampled steps: names, stacked device values (trainmon.hooks.precursors)
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -119,8 +125,10 @@ class TrainMonitor:
         spool_dir: where events wait while the collector is unreachable.
         token: bearer token, defaults to ``$TRAINMON_TOKEN``.
         queue_size: events buffered in memory before new ones are dropped and counted.
-        detail_every: send per-parameter grad norms, the update/param ratio and the instability
-            precursors (``trainmon.hooks.precursors``) every this many steps (0: never on a schedule).
+        detail_every: send per-parameter grad norms and the instability precursors
+            (``trainmon.hooks.precursors``: attention logits and entropy, linear-layer output RMS, output
+            log Z, update/param ratios, Adam's second moments under eps**2) every this many steps (0: never
+            on a schedule).
         detail_trigger: also send per-parameter grad norms when the pre-clip norm exceeds this
             multiple of its median over the last 50 steps.
         checksum_every: send a checksum of the weights the step starts from on the first step and
@@ -250,8 +258,8 @@ class TrainMonitor:
         ``scheduler`` is watched for how often it steps per optimizer step (1 expected), and
         ``start`` declares the schedule it follows when it is one trainmon can read exactly;
         ``scaler`` (a ``GradScaler``) for the fp16 loss scale. ``attention``: the attention modules
-        (or their names) whose logits the instability precursors bound, when recognising them by
-        structure fails (``trainmon.hooks.precursors``).
+        (or their names) whose logits, entropy and linear outputs the instability precursors measure,
+        when recognising them by structure fails (``trainmon.hooks.precursors``).
         """
         self._model = model
         self._optimizer = optimizer
@@ -389,11 +397,15 @@ class TrainMonitor:
         """The first step (the initial weights) and every ``checksum_every`` steps after it, on every rank alike."""
         return self._last_step < 0 or (self._last_step + 1) % self.checksum_every == 0
 
+    def _sampled(self) -> bool:
+        """The step in progress is a sampled one (every ``detail_every``): precursors and update ratios."""
+        return self.detail_every > 0 and (self._last_step + 1) % self.detail_every == 0
+
     def _due_precursors(self) -> Precursors | None:
         """The precursors to arm on this step: a sampled step (every ``detail_every``, as the per-layer grad
         norms) of a model with something to measure; None on every other step."""
         p = self._precursors
-        if p is not None and self.detail_every > 0 and (self._last_step + 1) % self.detail_every == 0 and p.measurable:
+        if p is not None and self._sampled() and p.measurable:
             return p
         return None
 
@@ -474,8 +486,8 @@ class TrainMonitor:
         # The LR this update uses, whenever the loop steps its scheduler (host floats).
         s.lr = [float(g["lr"]) for g in optimizer.param_groups]
         self._gap_start = None
-        if self.detail_every and (self._last_step + 1) % self.detail_every == 0:
-            s.update_sample = _snapshot_for_update_ratio(optimizer)
+        if self._sampled():
+            s.update_sample = snapshot_for_update_ratio(optimizer)
         s.optimizer_steps += 1  # a GradScaler that skips the step never calls optimizer.step
         # Closed by the loop's next call (one hook call fewer per step than a post-hook).
         self._optimizer_open = self._mark(t0)
@@ -603,8 +615,11 @@ class TrainMonitor:
         if s.scale is None and self._scaler is not None and self._scaler._scale is not None:
             s.scale = self._scaler._scale.detach().clone()  # first step: scale() made it lazily
         if s.update_sample is not None:
-            s.update_ratio = _update_ratio(s.update_sample)
+            s.update_ratio, groups = update_ratios(s.update_sample)
             s.update_sample = None
+            s.precursors = _joined(s.precursors, groups)
+        if s.optimizer_steps and self._sampled():  # after the update: the second moments it used
+            s.precursors = _joined(s.precursors, adam_eps_fractions(self._optimizer))
         device: dict[str, torch.Tensor] | None = None
         events: Sequence[Any] = ()
         if self._cuda:
@@ -697,16 +712,14 @@ class TrainMonitor:
 
     @staticmethod
     def _precursor_fields(record: dict[str, Any], names: list[str], values: list[float]) -> None:
-        """The sampled precursors as step fields: ``attn_logit_max`` per attention module, log Z and max logit."""
-        attn = {}
+        """The sampled precursors as step fields: a ``kind:key`` name is one entry of the map ``kind``
+        (``attn_logit_max`` per attention module, ``adam_eps_frac`` per group...), a plain name a float."""
         for name, v in zip(names, values, strict=True):
-            kind, _, module = name.partition(":")
-            if module:
-                attn[module] = v
+            kind, _, key = name.partition(":")
+            if key:
+                record.setdefault(kind, {})[key] = v
             else:
                 record[kind] = v
-        if attn:
-            record["attn_logit_max"] = attn
 
     def _layer_norms(self, record: dict[str, Any], norm: float, per_param: Any, params: Any) -> None:
         """Per-parameter grad norms on schedule or when the pre-clip norm jumps above its median."""
@@ -835,27 +848,11 @@ def json_config(d: dict[Any, Any]) -> dict[str, Any]:
     return out
 
 
-def _snapshot_for_update_ratio(optimizer: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Copies of (up to 64K elements of) the parameters about to be updated."""
-    sample, budget = [], _UPDATE_SAMPLE_ELEMENTS
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None and p.numel() <= budget:
-                sample.append((p, p.detach().clone()))
-                budget -= p.numel()
-    return sample or None
-
-
-def _update_ratio(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """||update|| / ||param|| over the sampled parameters, as a device scalar (no sync)."""
-    with torch.no_grad():
-        olds = [old for _, old in sample]
-        delta = torch._foreach_norm(torch._foreach_sub([p.detach() for p, _ in sample], olds))  # a few launches,
-        base = torch._foreach_norm(olds)  # not three per sampled parameter
-        ratio: torch.Tensor = torch.linalg.vector_norm(torch.stack(delta)) / (
-            torch.linalg.vector_norm(torch.stack(base)) + 1e-12
-        )
-        return ratio
+def _joined(a: Sampled | None, b: Sampled | None) -> Sampled | None:
+    """Two sets of sampled values as one: a single stacked tensor crosses in the step's read-back."""
+    if a is None or b is None:
+        return a or b
+    return a[0] + b[0], torch.cat([a[1], b[1]])
 
 
 def _device_tensors(s: _Step) -> dict[str, torch.Tensor]:
