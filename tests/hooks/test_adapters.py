@@ -37,12 +37,7 @@ STEP_KEYS = {"step", "loss", "grad_norm", "grad_norm_clipped", "clip_coef", "lr"
 STEP_KEYS |= {"micro_batches", "tokens", "samples", "skipped", "scheduler_steps"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # keep CPU use modest; other tests run alongside
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _events(path: Path) -> list[dict[str, Any]]:

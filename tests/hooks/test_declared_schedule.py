@@ -24,12 +24,7 @@ TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 STEPS, WARMUP, LR = 300, 30, 3e-3
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # keep CPU use modest; other tests run alongside
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _loop(
