@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -297,6 +297,9 @@ class Event:
     seq: int
     time: float
     fields: dict[str, Any]
+    clock_offset: float | None = field(default=None, compare=False)
+    """Seconds that put ``time`` on the collector's clock (``trainmon.monitor.core.clock``): set by the
+    collector on events that arrived live, never read from the wire; None on imports."""
 
 
 def encode_float(x: float) -> float | str:
