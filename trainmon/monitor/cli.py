@@ -176,6 +176,124 @@ def _live_source(args: argparse.Namespace) -> Any:
     return default_source(token)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from trainmon.monitor.analysis.live_view import DbSource, SourceError
+
+    target = Path(args.file)
+    partial = target.with_name(target.name + ".part")  # FILE appears only complete: an archive is whole or absent
+    lines = 0
+    try:
+        source = _live_source(args)
+        with contextlib.ExitStack() as stack:
+            if isinstance(source, DbSource):
+                from trainmon.monitor.store.export import export_lines
+                from trainmon.monitor.store.queries import run_exists
+
+                conn = stack.enter_context(source.storage.connect())
+                if not run_exists(conn, args.run):
+                    raise KeyError(f"no run {args.run!r} in {source.where}")
+                chunks = export_lines(conn, args.run)
+            else:
+                chunks = stack.enter_context(_collector_request(source, "GET", f"/v1/runs/{_quoted(args.run)}/export"))
+            out = stack.enter_context(open(partial, "wb"))
+            for line in chunks:  # one event a line, from either source
+                out.write(line)
+                lines += 1
+        partial.replace(target)
+    except (KeyError, SourceError, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        _error("export", exc.args[0] if isinstance(exc, KeyError) else exc)
+        return 2
+    print(visible_controls(f"exported run {args.run} to {target}: {lines} events (trainmon postmortem {target})"))
+    return 0
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    from trainmon.monitor.analysis.live_view import DbSource, SourceError
+
+    try:
+        source = _live_source(args)
+    except SourceError as exc:
+        _error("delete", exc)
+        return 2
+    what = f"run {args.run} from {source.where}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            _error("delete", f"refusing to delete {what} unasked: confirm with --yes (no terminal to ask on)")
+            return 2
+        answer = input(visible_controls(f"delete {what}? Its data cannot be recovered [y/N] "))
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    try:
+        if isinstance(source, DbSource):
+            rows = _delete_from_store(source, args.run)
+        else:
+            with _collector_request(source, "DELETE", f"/v1/runs/{_quoted(args.run)}") as resp:
+                rows = json.loads(resp.read())["rows"]
+    except (KeyError, SourceError) as exc:
+        _error("delete", exc.args[0] if isinstance(exc, KeyError) else exc)
+        return 2
+    print(visible_controls(f"deleted {what} ({rows} rows)"))
+    return 0
+
+
+def _delete_from_store(source: Any, run: str) -> int:
+    """Delete ``run`` from a store directly (no collector's memory to clear); the rows deleted."""
+    import time
+
+    from trainmon.monitor.analysis.live_view import SourceError
+    from trainmon.monitor.config import CollectorConfig
+    from trainmon.monitor.store.lifecycle import delete_run
+    from trainmon.monitor.store.queries import run_row
+    from trainmon.monitor.store.retention import receiving
+
+    with source.storage.connect() as conn:
+        row = run_row(conn, run)
+    if row is None:
+        raise KeyError(f"no run {run!r} in {source.where}")
+    idle = CollectorConfig().evict_idle_seconds
+    if receiving(row.status, row.updated_at, time.time(), idle):
+        raise SourceError(
+            f"run {run!r} may still be receiving events (running, last event {time.time() - row.updated_at:.0f} s "
+            f"ago): delete it after it ends or has been idle for {idle:g} s, or through its collector (--url)"
+        )
+    return delete_run(source.storage, run)
+
+
+def _quoted(run: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(run, safe="")
+
+
+def _collector_request(source: Any, method: str, path: str) -> Any:
+    """The collector's open response to ``method path`` (its body read as it arrives); an error answer
+    as ``KeyError`` (404) or ``SourceError`` carrying the collector's message."""
+    import urllib.error
+    import urllib.request
+
+    from trainmon.monitor.analysis.live_view import ANALYSIS_TIMEOUT, SourceError
+
+    req = urllib.request.Request(source.url + path, method=method)
+    if source.token:
+        req.add_header("Authorization", f"Bearer {source.token}")
+    try:
+        return urllib.request.urlopen(req, timeout=ANALYSIS_TIMEOUT)
+    except urllib.error.HTTPError as err:
+        try:
+            detail = json.loads(err.read() or b"{}").get("error", "")
+        except (ValueError, AttributeError):
+            detail = ""
+        if err.code == 404:
+            raise KeyError(detail or f"{path}: not found on {source.url}") from err
+        raise SourceError(f"{source.url}: HTTP {err.code} {detail}".strip()) from err
+    except OSError as err:
+        raise SourceError(f"cannot reach the collector at {source.url}: {getattr(err, 'reason', err)}") from err
+
+
 def _print(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
     """``result`` on stdout: one JSON line with ``--json`` (NaN as null), else through ``render``."""
     if as_json:
@@ -339,6 +457,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-refreshes", type=int, help="stop following after this many refreshes")
     p.add_argument("--json", action="store_true", help="print the status as one JSON object")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser(
+        "export",
+        help="save a run's events as JSONL (`trainmon postmortem FILE` reads it back): archive before deleting",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("file", metavar="FILE", help="the JSONL file to write (replaced if it exists)")
+    _add_live_source(p)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser(
+        "delete",
+        help="delete a run from a store or a collector (asks first; --yes to skip)",
+        description="Delete RUN and everything stored of it. Through its collector (--url) it also leaves the "
+        "collector's memory (findings, exported series); a run still receiving events is refused. "
+        "Exit status: 0 deleted, 1 not confirmed, 2 not deleted (no such run, run still live, no answer).",
+    )
+    p.add_argument("run", metavar="RUN")
+    _add_live_source(p)
+    p.add_argument("--yes", action="store_true", help="delete without asking (needed without a terminal)")
+    p.set_defaults(func=_cmd_delete)
 
     p = sub.add_parser("demo", help="collector + reference trainer with injected faults, then a report")
     p.add_argument("--out", default="demo-out", help="folder for the store, checkpoints and events")

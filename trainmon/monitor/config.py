@@ -24,6 +24,7 @@ __all__ = [
     "DetectorsConfig",
     "NotifyConfig",
     "NotifyTargetConfig",
+    "RetentionConfig",
     "SeriesLimits",
     "detectors_config",
     "load_config",
@@ -119,6 +120,22 @@ class SeriesLimits:
 
 
 @dataclass
+class RetentionConfig:
+    """How long the store keeps runs (``[retention]`` in the TOML): without it a collector serving a team
+    for months fills its disk, and a full disk refuses all ingest. Only finished runs are deleted (ended,
+    or silent past ``evict_idle_seconds``), whole, least recently updated first; archive one first with
+    ``trainmon export RUN FILE``."""
+
+    max_age_days: float = 90.0
+    """Delete a finished run this many days after its last event; 0 keeps runs whatever their age."""
+    max_bytes: int = 50 << 30
+    """While the store's data exceeds this many bytes, delete the least recently updated finished run;
+    0: no size limit. SQLite: the pages in use; PostgreSQL: the live rows' estimated size."""
+    check_seconds: float = 300.0
+    """How often the collector applies the limits (and once at start)."""
+
+
+@dataclass
 class CollectorConfig:
     db: str = "trainmon.sqlite"
     """SQLite file path or SQLAlchemy URL (``postgresql+psycopg://...``)."""
@@ -172,6 +189,8 @@ class CollectorConfig:
     """A request body must arrive within this long, or it is answered 408 and dropped (slow-body)."""
     series: SeriesLimits = field(default_factory=SeriesLimits)
     """What ``/metrics`` exports of wide runs (``[series]`` in the TOML)."""
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    """What the store keeps (``[retention]`` in the TOML)."""
     detectors: DetectorsConfig = field(default_factory=DetectorsConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 
@@ -226,4 +245,14 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> CollectorCo
             raise ConfigError(f"{path}: {exc}") from exc
         _apply(config, raw, "")
     _apply(config, {k: v for k, v in overrides.items() if v is not None}, "")
+    _check_retention(config.retention)
     return config
+
+
+def _check_retention(retention: RetentionConfig) -> None:
+    """Limits that cannot mean anything are refused, naming the field (0 turns a limit off)."""
+    for name in ("max_age_days", "max_bytes"):
+        if getattr(retention, name) < 0:
+            raise ConfigError(f"retention.{name}: 0 (off) or more, got {getattr(retention, name)!r}")
+    if not retention.check_seconds > 0:
+        raise ConfigError(f"retention.check_seconds: more than 0, got {retention.check_seconds!r}")

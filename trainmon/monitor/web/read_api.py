@@ -1,4 +1,4 @@
-"""What the reading commands need from a collector beyond the status: the post-mortem.
+"""What the reading commands need from a collector beyond the status: the post-mortem, the export.
 
 ``trainmon postmortem RUN --url URL`` prints the same report as ``trainmon postmortem RUN --db
 STORE``: the collector runs the same :func:`~trainmon.monitor.analysis.postmortem.analyse` on its
@@ -13,16 +13,22 @@ The analysis reads a run's whole history (seconds on a million steps): the route
 function, so the server runs it on its thread pool, never on the event loop that acknowledges the
 producers' batches, and one analysis runs at a time (a lock), so a burst of requests costs one
 analysis after another rather than all at once.
+
+``trainmon export RUN FILE --url URL`` saves the run's events as JSONL (``GET /v1/runs/{run}/export``),
+streamed a few thousand rows at a time from the store, so a million-step run is never held whole.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 
+from trainmon.monitor.store.export import export_lines
+from trainmon.monitor.store.queries import run_exists
 from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.web.pages import html_response
 from trainmon.wire import json_safe
@@ -73,3 +79,22 @@ def register(app: FastAPI, collector: _HasStorage) -> None:
                 json_safe(analysis.summary), render_plots(analysis), generated_by="the trainmon collector"
             )
         return html_response(page)
+
+    @app.get(
+        "/v1/runs/{run}/export",
+        response_class=StreamingResponse,
+        summary="A run's stored events as JSONL (wire format, oldest first): what `trainmon export RUN FILE "
+        "--url URL` saves and `trainmon postmortem FILE` reads back",
+        responses={404: {"description": "no such run"}},
+    )
+    def run_export(run: str) -> StreamingResponse:
+        with collector.storage.connect() as conn:
+            if not run_exists(conn, run):
+                raise HTTPException(404, {"error": f"no run {run!r}"})
+        return StreamingResponse(_exported(collector.storage, run), media_type="application/x-ndjson")
+
+
+def _exported(storage: Storage, run: str) -> Iterator[bytes]:
+    """The export's lines, read on the server's thread pool (a plain iterator), one connection throughout."""
+    with storage.connect() as conn:
+        yield from export_lines(conn, run)

@@ -37,18 +37,21 @@ from trainmon.monitor.config import CollectorConfig, ConfigError
 from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.detectors import SEVERITIES
 from trainmon.monitor.notify import Notifier, open_anomalies
+from trainmon.monitor.store.lifecycle import delete_run
 from trainmon.monitor.store.queries import (
     anomaly_rows,
     open_findings_of_running_runs,
     run_anomaly_states,
     run_exists,
+    run_row,
     run_rows,
 )
+from trainmon.monitor.store.retention import apply_retention, describe_retention, receiving
 from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.web import read_api
 from trainmon.monitor.web.pages import WebView, html_response, register_docs
 
-__all__ = ["Collector", "check_bind", "create_app", "serve"]
+__all__ = ["Collector", "RunLiveError", "check_bind", "create_app", "serve"]
 
 log = logging.getLogger("trainmon.collector")
 
@@ -73,6 +76,7 @@ class Collector:
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_forever, name="trainmon-ticker", daemon=True)
         self._ticker.start()
+        self._retainer: threading.Thread | None = None
 
     def _tick_forever(self) -> None:
         # Detectors that fire on silence (a hung rank sends nothing) need a clock of their own.
@@ -89,6 +93,64 @@ class Collector:
             except Exception:
                 log.exception("eviction failed; continuing")
 
+    def start_retention(self) -> None:
+        """Apply ``[retention]`` now and every ``check_seconds`` on a thread of its own (``trainmon serve``)."""
+        self._retainer = threading.Thread(target=self._retain_forever, name="trainmon-retention", daemon=True)
+        self._retainer.start()
+
+    def _retain_forever(self) -> None:
+        limits = self.config.retention
+        while True:
+            try:  # each run is deleted a batch at a time: ingest waits at most one batch
+                apply_retention(
+                    self.storage,
+                    max_age_days=limits.max_age_days,
+                    max_bytes=limits.max_bytes,
+                    now=time.time(),
+                    stale_after=self.config.evict_idle_seconds,
+                    live=self.live_runs(),
+                    forget=self.forget,
+                )
+            except Exception:
+                log.exception("retention pass failed; will retry")
+            if self._stop.wait(limits.check_seconds):
+                return
+
+    def live_runs(self) -> set[str]:
+        """Runs still receiving events: running, and heard from within the idle timeout."""
+        now = time.monotonic()
+        with self.live.lock:
+            return {
+                r.run
+                for r in self.live.runs.values()
+                if r.status == "running" and now - r.received_at <= self.config.evict_idle_seconds
+            }
+
+    def delete(self, run: str) -> int:
+        """Delete a run that is not live from the store and from memory; the rows deleted. ``KeyError``
+        for an unknown run, ``RunLiveError`` for one still receiving events."""
+        with self.storage.connect() as conn:
+            row = run_row(conn, run)
+        if row is None:
+            raise KeyError(f"no run {run!r}")
+        idle = self.config.evict_idle_seconds
+        if run in self.live_runs() or receiving(row.status, row.updated_at, time.time(), idle):
+            raise RunLiveError(
+                f"run {run!r} is still receiving events: delete it after it ends (run_end) "
+                f"or has been idle for more than {idle:g} s (evict_idle_seconds)"
+            )
+        rows = delete_run(self.storage, run)
+        self.forget(run)
+        log.info("run %s deleted (%d rows)", visible_controls(run), rows)
+        return rows
+
+    def forget(self, run: str) -> None:
+        """Drop a deleted run from memory: detectors and open anomalies, live values and exported series,
+        the findings acknowledgements carry."""
+        self.ingestor.engine.forget(run)
+        self.live.forget(run)
+        self.findings.forget(run)
+
     def close(self, timeout: float | None = None) -> None:
         """Commit what was received, detect it and answer it, within ``timeout`` seconds whatever the
         detection process does (default: half the configured shutdown grace)."""
@@ -100,6 +162,8 @@ class Collector:
         self.ingestor.engine.close(max(1.0, deadline - time.monotonic()))
         self.writer.close(2)  # a writer that waited for detection slots has been let go
         self._ticker.join(2)
+        if self._retainer is not None:
+            self._retainer.join(2)  # a pass cut short here resumes at the next start (a delete is repeatable)
         if self.notifier is not None:
             self.notifier.close()
         self.storage.close()
@@ -132,6 +196,10 @@ class Collector:
         for name in _EXPORTED_LIMITS:
             metrics.limits.labels(name).set(getattr(config, name))
         return cls(config, storage, live, ingestor, registry, metrics, notifier, findings)
+
+
+class RunLiveError(RuntimeError):
+    """A run still receiving events cannot be deleted (answered 409)."""
 
 
 def _log_change(ch: AnomalyChange) -> None:
@@ -616,6 +684,23 @@ def create_app(collector: Collector) -> _Ingress:
                 raise HTTPException(404, {"error": f"no run {run!r}"})
             return wire.json_safe(anomaly_rows(conn, run))
 
+    @app.delete(
+        "/v1/runs/{run}",
+        summary="Delete a run from the store and from the collector's memory (archive it first: /export)",
+        responses={
+            404: {"description": "no such run"},
+            409: {"description": "the run is still receiving events (not ended, not idle past the timeout)"},
+        },
+    )
+    def delete_run_route(run: str) -> dict[str, Any]:
+        try:
+            rows = collector.delete(run)  # a plain function: runs on the thread pool, off the event loop
+        except KeyError as exc:
+            raise HTTPException(404, {"error": exc.args[0]}) from exc
+        except RunLiveError as exc:
+            raise HTTPException(409, {"error": str(exc)}) from exc
+        return {"deleted": run, "rows": rows}
+
     # The web view: plain functions, so rendering runs on the thread pool, off the ingest event loop.
     pages = WebView(collector.storage, collector.config.web_cache_seconds, collector.config.web_refresh_seconds)
     app.state.web = pages
@@ -788,6 +873,8 @@ def serve(config: CollectorConfig) -> None:
     host = f"[{config.host}]" if ":" in config.host else config.host
     login = " (open it once as /?token=<the token>; a cookie keeps the browser in)" if config.token else ""
     log.info("web view at http://%s:%d/%s", host, config.port, login)
+    log.info("%s", describe_retention(config.retention.max_age_days, config.retention.max_bytes))
+    collector.start_retention()
     server = _DaemonServer(uvicorn_config(create_app(collector), config.host, config.port, "info"))
     try:
         server.run()
