@@ -124,9 +124,10 @@ def test_grad_scaler_fp16_syncs_only_in_its_step(tmp_path: Path) -> None:
 
 
 def test_precursor_capture_never_syncs(tmp_path: Path) -> None:
-    """Issue 28's capture (attention-logit bound, output log Z) runs on sampled steps inside the model's
-    forward; its reductions must stay on the device and cross with the step's read-back. (Checked on CPU
-    for its values and steps; the sync-debug part needs a GPU.)"""
+    """Issue 28's capture (attention-logit bound and entropy, output log Z, linear-output RMS, per-group
+    update ratio and Adam second moments under eps^2) runs on sampled steps inside the model's forward and
+    after the optimizer step; its reductions must stay on the device and cross with the step's read-back.
+    (Checked on CPU for its values and steps; the sync-debug part needs a GPU.)"""
     from trainmon.reference_trainer.model import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -153,3 +154,4 @@ def test_precursor_capture_never_syncs(tmp_path: Path) -> None:
     sampled = [r for r in _steps(tmp_path / "e.jsonl") if "attn_logit_max" in r]
     assert [r["step"] for r in sampled] == [0, 5, 10, 15]
     assert all(set(r["attn_logit_max"]) == {"blocks.0.attn", "blocks.1.attn"} and r["output_logz"] > 0 for r in sampled)
+    assert all({"attn_entropy", "linear_out_rms", "group_update_ratio", "adam_eps_frac"} <= set(r) for r in sampled)
