@@ -155,3 +155,99 @@ def test_postmortem_of_a_folder_merges_the_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert (summary["run"], summary["world_size"], summary["steps"]) == ("ddp", 2, 10)
+
+
+def _trainmon(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TRAINMON, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+
+def _compared(summary: dict) -> dict:
+    """What an exported run must keep of its post-mortem (issue 27: the round trip)."""
+    return {
+        "anomalies": [
+            (a["kind"], a["severity"], a["rank"], a["first_step"], a["last_step"]) for a in summary["anomalies"]
+        ],
+        "steps": summary["steps"],
+        "final_loss": summary["final_loss"],
+        "goodput": summary["goodput"]["fraction"],
+        "status": summary["status"],
+    }
+
+
+def test_export_writes_jsonl_the_postmortem_reads_back_to_the_same_report(tmp_path: Path) -> None:
+    db, source, archive = tmp_path / "store.sqlite", tmp_path / "in.jsonl", tmp_path / "faulty.jsonl"
+    _write_jsonl(source, _faulty_run())
+    assert _trainmon("import", str(source), "--db", str(db)).returncode == 0
+
+    done = _trainmon("export", "faulty", str(archive), "--db", str(db))
+
+    assert done.returncode == 0, done.stderr
+    assert f"exported run faulty to {archive}: 42 events" in done.stdout
+    stored = json.loads(_trainmon("postmortem", "faulty", "--db", str(db), "--json").stdout)
+    again = json.loads(_trainmon("postmortem", str(archive), "--json").stdout)
+    assert _compared(again) == _compared(stored) and stored["anomalies"]
+    missing = _trainmon("export", "ghost", str(tmp_path / "ghost.jsonl"), "--db", str(db))
+    assert missing.returncode == 2 and "no run 'ghost'" in missing.stderr
+    assert not (tmp_path / "ghost.jsonl").exists() and not (tmp_path / "ghost.jsonl.part").exists()
+
+
+def test_delete_asks_first_and_refuses_without_a_terminal(tmp_path: Path) -> None:
+    db, source = tmp_path / "store.sqlite", tmp_path / "in.jsonl"
+    _write_jsonl(source, _faulty_run())
+    assert _trainmon("import", str(source), "--db", str(db)).returncode == 0
+
+    unasked = _trainmon("delete", "faulty", "--db", str(db))
+    assert unasked.returncode == 2 and "confirm with --yes" in unasked.stderr
+    assert [r["run"] for r in json.loads(_trainmon("runs", "--db", str(db), "--json").stdout)] == ["faulty"]
+
+    done = _trainmon("delete", "faulty", "--db", str(db), "--yes")
+    assert done.returncode == 0 and "deleted run faulty from" in done.stdout, done.stderr
+    assert json.loads(_trainmon("runs", "--db", str(db), "--json").stdout) == []
+    again = _trainmon("delete", "faulty", "--db", str(db), "--yes")
+    assert again.returncode == 2 and "no run 'faulty'" in again.stderr
+
+
+def test_delete_refuses_a_run_that_may_still_be_receiving(tmp_path: Path) -> None:
+    db, source = tmp_path / "store.sqlite", tmp_path / "in.jsonl"
+    _write_jsonl(source, _faulty_run()[:-1])  # no run_end, last event just now
+    assert _trainmon("import", str(source), "--db", str(db)).returncode == 0
+    refused = _trainmon("delete", "faulty", "--db", str(db), "--yes")
+    assert refused.returncode == 2 and "may still be receiving events" in refused.stderr
+
+
+def test_serve_prints_its_retention_and_deletes_and_exports_through_the_url(tmp_path: Path) -> None:
+    port, token = _free_port(), "tm-cli-lifecycle-8fK2mQ"
+    proc = subprocess.Popen(
+        [*TRAINMON, "serve", "--db", str(tmp_path / "store.sqlite"), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TRAINMON_TOKEN": token},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        req = urllib.request.Request(
+            url + "/v1/events",
+            data=json.dumps(batch(_faulty_run())).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        )
+        urllib.request.urlopen(req, timeout=10).close()
+        archive = tmp_path / "faulty.jsonl"
+        exported = _trainmon("export", "faulty", str(archive), "--url", url, "--token", token)
+        assert exported.returncode == 0, exported.stderr
+        assert len(archive.read_text().splitlines()) == 42
+        no_token = _trainmon("delete", "faulty", "--url", url, "--yes")
+        assert no_token.returncode == 2 and "HTTP 401" in no_token.stderr
+        deleted = _trainmon("delete", "faulty", "--url", url, "--token", token, "--yes")
+        assert deleted.returncode == 0 and f"deleted run faulty from {url}" in deleted.stdout, deleted.stderr
+        gone = _trainmon("delete", "faulty", "--url", url, "--token", token, "--yes")
+        assert gone.returncode == 2 and "no run 'faulty'" in gone.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    console = proc.stderr.read()
+    assert (
+        "retention: deletes finished runs older than 90 days and the oldest finished runs while the store "
+        "exceeds 50 GiB" in console
+    ), console
