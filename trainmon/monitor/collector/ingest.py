@@ -26,6 +26,7 @@ from trainmon.monitor.collector.seqs import SeqSet
 from trainmon.monitor.store.queries import run_updated_at, stream_count, stream_of
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
+    PRECURSOR_FIELDS,
     STEP_FIELDS,
     Storage,
     checkpoints,
@@ -36,7 +37,7 @@ from trainmon.monitor.store.storage import (
     steps,
 )
 from trainmon.monitor.store.writes import insert_run, insert_stream, update_run, update_streams
-from trainmon.wire import Event
+from trainmon.wire import Event, json_safe
 
 __all__ = ["IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
 
@@ -104,6 +105,16 @@ def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
     for column, phase in _PHASE_KEYS:
         row[column] = phases.get(phase)
     return row
+
+
+def _layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
+    """The sampled step's per-layer row: grad norms and precursors (non-finite as the wire's strings), or None."""
+    f = ev.fields
+    precursors = {k: f[k] for k in PRECURSOR_FIELDS if k in f}
+    if not f.get("layer_grad_norms") and not precursors:
+        return None
+    grad_norms = f.get("layer_grad_norms") or None
+    return {**_key(ev, attempt, f["step"]), "grad_norms": grad_norms, "precursors": json_safe(precursors) or None}
 
 
 class Ingestor:
@@ -320,8 +331,9 @@ class Ingestor:
                 ru["first"] = t
             if ev.kind == "step":
                 rows[steps].append(_step_row(ev, attempt))
-                if f.get("layer_grad_norms"):
-                    rows[layer_stats].append({**_key(ev, attempt, f["step"]), "grad_norms": f["layer_grad_norms"]})
+                layer = _layer_row(ev, attempt)
+                if layer is not None:
+                    rows[layer_stats].append(layer)
             elif ev.kind == "eval":
                 rows[evals].append(
                     {

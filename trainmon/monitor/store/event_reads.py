@@ -99,6 +99,7 @@ def layer_norms_at(conn: Connection, run: str, rank: int, step: int, within: int
         .where(
             layer_stats.c.run == run,
             layer_stats.c.rank == rank,
+            layer_stats.c.grad_norms.is_not(None),  # a row may hold only precursors
             layer_stats.c.step >= step,
             layer_stats.c.step <= step + within,
         )
@@ -115,6 +116,7 @@ def layer_norms_before(conn: Connection, run: str, rank: int, attempt: int, step
             layer_stats.c.run == run,
             layer_stats.c.rank == rank,
             layer_stats.c.attempt == attempt,
+            layer_stats.c.grad_norms.is_not(None),
             layer_stats.c.step < step,
         )
         .order_by(layer_stats.c.step.desc())

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, and_, select
 
-from trainmon.monitor.store.storage import PHASE_COLUMNS, STEP_FIELDS, checkpoints, evals, resumes, steps, streams
-from trainmon.wire import Event
+from trainmon.monitor.store.storage import (
+    PHASE_COLUMNS,
+    STEP_FIELDS,
+    checkpoints,
+    evals,
+    layer_stats,
+    resumes,
+    steps,
+    streams,
+)
+from trainmon.wire import Event, decode_float
 
-__all__ = ["recent_events", "step_fields"]
+__all__ = ["recent_events", "step_fields", "steps_with_precursors"]
 
 
 def step_fields(row: Any) -> dict[str, Any]:
-    """The ``step`` event fields of a stored step row."""
+    """The ``step`` event fields of a stored step row, with its sampled precursors when the row was
+    joined with ``layer_stats.precursors`` (:func:`steps_with_precursors`)."""
     m = row._mapping
     fields = {k: m[k] for k in STEP_FIELDS if m[k] is not None}
     fields["step"] = m["step"]
@@ -27,7 +37,17 @@ def step_fields(row: Any) -> dict[str, Any]:
     phases = {p: m[f"phase_{p}"] for p in PHASE_COLUMNS if m[f"phase_{p}"] is not None}
     if phases:
         fields["phases"] = phases
+    precursors = m.get("precursors")
+    if precursors:
+        # As the live detectors got them: a scalar decoded (validation does), a map as sent (markers kept).
+        fields.update({k: decode_float(v) if isinstance(v, str) else v for k, v in precursors.items()})
     return fields
+
+
+def steps_with_precursors(*columns: Any) -> Select:
+    """``steps`` (and ``columns``) outer-joined with each row's sampled precursors, for :func:`step_fields`."""
+    on = and_(*(steps.c[k] == layer_stats.c[k] for k in ("run", "rank", "attempt", "step")))
+    return select(steps, layer_stats.c.precursors, *columns).outerjoin(layer_stats, on)
 
 
 def recent_events(conn: Connection, run: str, rank: int, window: int = 512) -> list[tuple[Event, int]]:
@@ -48,7 +68,7 @@ def recent_events(conn: Connection, run: str, rank: int, window: int = 512) -> l
         if s.start is not None:
             add("run_start", s.attempt, s.started_at, s.start)
     key = (steps.c.run == run) & (steps.c.rank == rank)
-    rows = conn.execute(select(steps).where(key).order_by(steps.c.time.desc()).limit(window)).all()
+    rows = conn.execute(steps_with_precursors().where(key).order_by(steps.c.time.desc()).limit(window)).all()
     first_time = rows[-1].time if rows else float("-inf")
     for r in rows:
         add("step", r.attempt, r.time, step_fields(r))

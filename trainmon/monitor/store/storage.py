@@ -50,6 +50,7 @@ _CHECKPOINT_SECONDS = 1.0
 
 __all__ = [
     "PHASE_COLUMNS",
+    "PRECURSOR_FIELDS",
     "STEP_FIELDS",
     "Storage",
     "anomalies",
@@ -185,7 +186,25 @@ steps = Table(
     Column("update_ratio", Real),
 )
 
-layer_stats = Table("layer_stats", metadata, *_step_key(), Column("grad_norms", JSON))
+PRECURSOR_FIELDS = (  # sampled step fields kept in layer_stats.precursors, as sent (issue 28)
+    "attn_logit_max",
+    "attn_entropy",
+    "linear_out_rms",
+    "group_update_ratio",
+    "adam_eps_frac",
+    "output_logz",
+    "output_logit_max",
+)
+
+# Second-level, sampled rows: a row may hold per-parameter grad norms, precursors or both (SQL NULL for
+# the one it lacks: ``none_as_null``, where a plain JSON column would store the JSON ``null``).
+layer_stats = Table(
+    "layer_stats",
+    metadata,
+    *_step_key(),
+    Column("grad_norms", JSON(none_as_null=True)),
+    Column("precursors", JSON(none_as_null=True)),  # {step field: value or map}, PRECURSOR_FIELDS
+)
 
 evals = Table(
     "evals",
