@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -26,6 +26,7 @@ from trainmon.monitor.detectors import SEVERITIES
 
 __all__ = [
     "FINISHED_RUN_TTL_SECONDS",
+    "MAX_PRECURSOR_GROUPS",
     "CollectorMetrics",
     "DetectionCollector",
     "TrainingCollector",
@@ -76,6 +77,46 @@ _GPU_GAUGES = {
     "power_w": ("trainmon_gpu_power_watts", "GPU power draw."),
     "sm_clock_hz": ("trainmon_gpu_sm_clock_hertz", "GPU SM clock."),
 }
+
+
+_PRECURSOR_GAUGES = {
+    # sampled step field -> (how a rank's map folds into one value, metric name, help); never a series per layer
+    "attn_logit_max": (
+        max,
+        "trainmon_attention_logit_bound_max",
+        "Largest attention-logit bound over the attention modules, latest sampled step (instability_precursor).",
+    ),
+    "attn_entropy": (
+        min,
+        "trainmon_attention_entropy_min_nats",
+        "Lowest attention entropy over the attention modules (one sampled head each), latest sampled step: "
+        "toward 0 is attention collapsing to one-hot.",
+    ),
+    "linear_out_rms": (
+        max,
+        "trainmon_linear_output_rms_max",
+        "Largest output RMS over the measured linear layers (QKV, attention and MLP output projections), "
+        "latest sampled step.",
+    ),
+}
+_PRECURSOR_SCALARS = {
+    "output_logz": ("trainmon_output_logz", "Mean log Z of the LM head's logits, latest sampled step."),
+    "output_logit_max": ("trainmon_output_logit_max", "Largest |logit| of the LM head, latest sampled step."),
+}
+_PRECURSOR_GROUPS = {
+    "group_update_ratio": (
+        "trainmon_update_ratio",
+        "||update|| / ||param|| per param group over the sampled parameters, latest sampled step.",
+    ),
+    "adam_eps_frac": (
+        "trainmon_adam_second_moment_below_eps_ratio",
+        "Fraction of Adam's second moments below eps^2 per param group, latest sampled step: there the update "
+        "is mostly eps and shrinks silently.",
+    ),
+}
+MAX_PRECURSOR_GROUPS = 16
+"""Param groups exported per rank for the per-group precursors (the first ones sent): a ``group`` label
+bounded whatever a producer sends."""
 
 
 def _number(value: Any) -> float | None:
@@ -292,6 +333,9 @@ class TrainingCollector(Collector):
                 ("group",),
             ),
             _PerRank(G, "trainmon_phase_seconds", "Seconds per phase, latest step.", ("phase",)),
+            *(_PerRank(G, name, doc) for _, name, doc in _PRECURSOR_GAUGES.values()),
+            *(_PerRank(G, name, doc) for name, doc in _PRECURSOR_SCALARS.values()),
+            *(_PerRank(G, name, doc, ("group",)) for name, doc in _PRECURSOR_GROUPS.values()),
             _PerRank(G, "trainmon_tokens_per_second", "Tokens per second of this rank."),
             _PerRank(C, "trainmon_tokens", "Tokens processed by this rank."),
             _PerRank(G, "trainmon_mfu_ratio", "Model FLOPs utilisation of the rank's device."),
@@ -355,6 +399,7 @@ class TrainingCollector(Collector):
                     put("trainmon_phase_seconds", rank_id, secs, (phase,))
                 put("trainmon_learning_rate_expected", rank_id, r.expected_lr(), ("0",))
                 put("trainmon_mfu_ratio", rank_id, r.mfu())
+                _precursor_samples(r.precursors, rank_id, put)
             h = r.health
             if not h:
                 continue
@@ -374,6 +419,24 @@ class TrainingCollector(Collector):
                 put("trainmon_gpu_ecc_errors", rank_id, g.get("ecc_corrected"), ("corrected",), where)
                 put("trainmon_gpu_ecc_errors", rank_id, g.get("ecc_uncorrected"), ("uncorrected",), where)
         return out
+
+
+def _finite(values: Any) -> list[float]:
+    return [v for v in map(_number, values) if v is not None and math.isfinite(v)]
+
+
+def _precursor_samples(sampled: dict[str, Any], rank: int, put: Callable[..., None]) -> None:
+    """A rank's latest sampled precursors as gauges: the maps folded to their extreme (finite values only:
+    a non-finite one is ``nan_inf``'s news), the per-group ones by group, bounded."""
+    for key, (fold, name, _) in _PRECURSOR_GAUGES.items():
+        values = _finite((sampled.get(key) or {}).values())
+        if values:
+            put(name, rank, fold(values))
+    for key, (name, _) in _PRECURSOR_SCALARS.items():
+        put(name, rank, sampled.get(key))
+    for key, (name, _) in _PRECURSOR_GROUPS.items():
+        for group, value in list((sampled.get(key) or {}).items())[:MAX_PRECURSOR_GROUPS]:
+            put(name, rank, value, (group,))
 
 
 class DetectionCollector(Collector):

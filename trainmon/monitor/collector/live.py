@@ -14,6 +14,7 @@ from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.core.budget import mfu_from_throughput
 from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.core.goodput import Ledger, hang_open
+from trainmon.monitor.store.storage import PRECURSOR_FIELDS
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
 
@@ -43,6 +44,8 @@ class RankState:
     missing_events: int = 0  # sequence gaps: events the producer dropped
     # SCRAPE_EXTREMES field -> [lowest, highest] since the exporter's previous scrape (it resets them)
     extremes: dict[str, list[float]] = field(default_factory=dict)
+    # the latest sampled step's instability precursors (PRECURSOR_FIELDS): they come every detail_every steps
+    precursors: dict[str, Any] = field(default_factory=dict)
 
     def expected_lr(self) -> float | None:
         """The declared schedule's LR for the latest step (param group 0)."""
@@ -128,6 +131,9 @@ class LiveState:
             rank.step = f["step"]
             rank.last = f
             _widen(rank.extremes, f)
+            sampled = {k: f[k] for k in PRECURSOR_FIELDS if k in f}
+            if sampled:
+                rank.precursors = sampled
             rank.last_step_time = event.time
             tokens = f.get("tokens")
             if tokens is not None:
