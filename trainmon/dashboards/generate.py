@@ -362,6 +362,70 @@ def run_dashboard() -> dict[str, Any]:
         options=TS,
     )
 
+    d.row("Precursors")
+    sampled = "Sent on sampled steps (the trainer's detail_every); the value holds until the next sample."
+    d.add(
+        "timeseries",
+        "Attention-logit bound (largest module)",
+        [(f"trainmon_attention_logit_bound_max{{{RR}}}", "rank {{rank}}")],
+        w=8,
+        description="A bound on max |q·k|/√d over the attention modules. Growing by an order of magnitude "
+        "against its own level is attention logit growth (instability_precursor): qk-layernorm, a lower peak "
+        "LR, a longer warmup. " + sampled,
+        options=TS,
+        custom={"scaleDistribution": {"type": "log", "log": 10}},
+    )
+    d.add(
+        "timeseries",
+        "Attention entropy (lowest module)",
+        [(f"trainmon_attention_entropy_min_nats{{{RR}}}", "rank {{rank}}")],
+        w=8,
+        description="Entropy of one sampled head's attention, lowest over the modules: falling toward 0 is "
+        "attention collapsing to one-hot. " + sampled,
+        options=TS,
+    )
+    d.add(
+        "timeseries",
+        "Linear output RMS (largest layer)",
+        [(f"trainmon_linear_output_rms_max{{{RR}}}", "rank {{rank}}")],
+        w=8,
+        description="RMS of the QKV, attention and MLP output projections' outputs, largest layer: sustained "
+        "growth comes before divergence (Rybakov et al. 2024). " + sampled,
+        options=TS,
+        custom={"scaleDistribution": {"type": "log", "log": 10}},
+    )
+    d.add(
+        "timeseries",
+        "Output logits: log Z and largest |logit|",
+        [
+            (f"trainmon_output_logz{{{RR}}}", "log Z, rank {{rank}}"),
+            (f"trainmon_output_logit_max{{{RR}}}", "largest |logit|, rank {{rank}}"),
+        ],
+        w=8,
+        description="The LM head's mean log-sum-exp (what PaLM's z-loss pulls toward 0) and its largest logit. "
+        + sampled,
+        options=TS,
+    )
+    d.add(
+        "timeseries",
+        "Update / weight ratio per param group",
+        [(f"trainmon_update_ratio{{{RR}}}", "group {{group}}, rank {{rank}}")],
+        w=8,
+        description="||update|| / ||param|| over the sampled parameters. " + sampled,
+        options=TS,
+        custom={"scaleDistribution": {"type": "log", "log": 10}},
+    )
+    d.add(
+        "timeseries",
+        "Adam second moments below eps²",
+        [(f"trainmon_adam_second_moment_below_eps_ratio{{{RR}}}", "group {{group}}, rank {{rank}}")],
+        w=8,
+        unit="percentunit",
+        description="Share of Adam's second moments under eps²: there the update is mostly eps and shrinks "
+        "silently; a rising share calls for a lower eps. " + sampled,
+        options=TS,
+    )
+
     d.row("Throughput")
     d.add(
         "timeseries",
