@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import orjson
 import uvicorn
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Path, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -692,7 +692,7 @@ def create_app(collector: Collector) -> _Ingress:
             409: {"description": "the run is still receiving events (not ended, not idle past the timeout)"},
         },
     )
-    def delete_run_route(run: str) -> dict[str, Any]:
+    def delete_run_route(run: Annotated[str, Path(pattern=wire.RUN_ID_PATTERN)]) -> dict[str, Any]:
         try:
             rows = collector.delete(run)  # a plain function: runs on the thread pool, off the event loop
         except KeyError as exc:
