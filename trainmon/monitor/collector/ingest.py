@@ -9,6 +9,13 @@ committed whole or not at all, and only a committed batch is acknowledged.
 
 The collector assigns attempts: the first stream seen for a (run, rank) is attempt 0, the
 next one (the process restarted, usually resuming from a checkpoint) attempt 1, and so on.
+
+The producer's clock is not trusted for liveness: each batch that arrived live comes with the
+collector's time of arrival, from which each stream's clock offset is estimated
+(``trainmon.monitor.core.clock``). Fresh events carry it (``Event.clock_offset``) to the live values
+and the detectors, and the times that say when a stream or run was active (``streams.started_at``,
+``last_time``, ``runs.created_at``, ``updated_at``) are stored on the collector's clock; the
+per-event rows keep the producer's own times (durations within a rank are differences of them).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from sqlalchemy import Connection
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.seqs import SeqSet
+from trainmon.monitor.core.clock import ClockOffset, aligned
 from trainmon.monitor.store.queries import run_updated_at, stream_count, stream_of
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
@@ -72,16 +80,18 @@ class _Stream:
     attempt: int
     seqs: SeqSet  # stored sequence numbers; a group works on a copy, kept only if it commits
     missing: int  # seqs below the highest that never arrived
+    clock: ClockOffset  # shared by the group's copies: an estimate, not transactional state
     new: bool = False
 
 
 class _Slot:
     """A batch of a group being committed, and what became of it."""
 
-    __slots__ = ("error", "events", "fresh")
+    __slots__ = ("arrival", "error", "events", "fresh")
 
-    def __init__(self, events: list[Event]) -> None:
+    def __init__(self, events: list[Event], arrival: float | None) -> None:
         self.events = events
+        self.arrival = arrival  # collector wall time the batch was received; None: not live (tests, imports)
         self.fresh: list[tuple[Event, int]] = []
         self.error: BaseException | None = None
 
@@ -128,8 +138,9 @@ class Ingestor:
         self._lock = threading.Lock()  # held while a group is committed
         self._streams: dict[str, _Stream] = {}
 
-    def ingest(self, events: list[Event]) -> IngestResult:
-        """Store one validated batch and wait for its detection. Raises ``IngestError`` on a conflict."""
+    def ingest(self, events: list[Event], arrival: float | None = None) -> IngestResult:
+        """Store one validated batch (received at ``arrival``, collector wall time, if it arrived live) and
+        wait for its detection. Raises ``IngestError`` on a conflict."""
         results: list[IngestResult | IngestError] = []
         ready = threading.Event()
 
@@ -137,7 +148,7 @@ class Ingestor:
             results.extend(out)
             ready.set()
 
-        self.ingest_group([events], done)
+        self.ingest_group([events], done, None if arrival is None else [arrival])
         ready.wait()
         (result,) = results
         if isinstance(result, IngestError):
@@ -145,7 +156,10 @@ class Ingestor:
         return result
 
     def ingest_group(
-        self, batches: list[list[Event]], done: Callable[[list[IngestResult | IngestError]], None]
+        self,
+        batches: list[list[Event]],
+        done: Callable[[list[IngestResult | IngestError]], None],
+        arrivals: list[float] | None = None,
     ) -> None:
         """Store validated batches in one transaction (group commit); ``done`` gets one result per batch
         once the group is durable and the detectors have seen it (on another thread when detection
@@ -154,9 +168,10 @@ class Ingestor:
         Each batch is still all or nothing: one that contradicts stored data gets its
         ``IngestError`` and the others are stored. A thousand ranks cost a few fsyncs a second
         instead of one per batch (``synchronous=FULL`` makes the fsync the limit otherwise).
-        Raises (and stores nothing, calls nothing) when the database fails.
+        Raises (and stores nothing, calls nothing) when the database fails. ``arrivals``: the collector
+        wall time each batch was received (None: not live, the producer's clock is all there is).
         """
-        group = [_Slot(events) for events in batches]
+        group = [_Slot(events, arrivals[i] if arrivals is not None else None) for i, events in enumerate(batches)]
         with self._lock:
             self._commit(group)
             results: list[IngestResult | IngestError] = []
@@ -197,6 +212,10 @@ class Ingestor:
                     except IngestError as exc:
                         slot.error = exc
                         continue
+                    arrival = slot.arrival
+                    if arrival is not None:
+                        for ev in slot.events:
+                            known[ev.stream].clock.add(ev.time, arrival)
                     fresh: list[tuple[Event, int]] = []
                     for ev in slot.events:
                         st = known[ev.stream]
@@ -204,6 +223,8 @@ class Ingestor:
                         if not st.seqs.add(ev.seq):
                             continue  # stored before: a duplicate
                         st.missing += ev.seq - highest - 1 if ev.seq > highest else -1  # a gap, or one filled
+                        if arrival is not None:  # the collector's own stamp on a validated (frozen) event
+                            object.__setattr__(ev, "clock_offset", st.clock.offset)
                         fresh.append((ev, st.attempt))
                     slot.fresh = fresh
                     fresh_all.extend(fresh)
@@ -286,14 +307,14 @@ class Ingestor:
                 cached = self._streams.get(ev.stream)
                 # A copy the group can change and drop on a rollback (built directly: ``replace`` costs more).
                 st = (
-                    _Stream(cached.run, cached.rank, cached.attempt, cached.seqs.copy(), cached.missing)
+                    _Stream(cached.run, cached.rank, cached.attempt, cached.seqs.copy(), cached.missing, cached.clock)
                     if cached
                     else self._fetch(conn, ev.stream)
                 )
                 if st is None:
                     attempt = stream_count(conn, ev.run, ev.rank)
                     attempt += sum(1 for s in known.values() if s.new and s.run == ev.run and s.rank == ev.rank)
-                    st = _Stream(ev.run, ev.rank, attempt, SeqSet(), 0, new=True)
+                    st = _Stream(ev.run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), new=True)
                 known[ev.stream] = st
                 added.append(ev.stream)
             if (st.run, st.rank) != (ev.run, ev.rank):
@@ -307,7 +328,7 @@ class Ingestor:
         if row is None:
             return None
         seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
-        return _Stream(row.run, row.rank, row.attempt, seqs, row.missing)
+        return _Stream(row.run, row.rank, row.attempt, seqs, row.missing, ClockOffset(row.clock_offset))
 
     def _write(self, conn: Connection, fresh: list[tuple[Event, int]], known: dict[str, _Stream]) -> None:
         rows: dict[Any, list[dict]] = {t: [] for t in (steps, layer_stats, evals, checkpoints, resumes, health)}
@@ -315,7 +336,7 @@ class Ingestor:
         run_updates: dict[str, dict[str, Any]] = {}
         for ev, attempt in fresh:
             f = ev.fields
-            t = ev.time
+            t = aligned(ev.time, ev.clock_offset)  # when the stream and the run were active: the collector's clock
             su = stream_updates.get(ev.stream)  # not setdefault: its default dict would be built every time
             if su is None:
                 su = stream_updates[ev.stream] = {"host": ev.host, "last_time": t, "events": 0}
@@ -368,7 +389,7 @@ class Ingestor:
                 )
             elif ev.kind == "run_start":
                 su["start"] = f
-                su["started_at"] = ev.time
+                su["started_at"] = t
                 if ev.rank == 0:
                     ru["start"] = f
                     ru["status"] = "running"
@@ -399,7 +420,9 @@ class Ingestor:
                 for k in ("host", "last_time", "start", "end_status", "end_step", "end_error", "dropped_events")
                 if k in su
             }
-            values.update(last_seq=st.seqs.last, missing=st.missing, received=st.seqs.ranges())
+            values.update(
+                last_seq=st.seqs.last, missing=st.missing, received=st.seqs.ranges(), clock_offset=st.clock.offset
+            )
             if st.new:
                 insert_stream(
                     conn,

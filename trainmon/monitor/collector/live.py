@@ -12,6 +12,7 @@ from typing import Any
 
 from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.core.budget import mfu_from_throughput
+from trainmon.monitor.core.clock import aligned
 from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.core.goodput import Ledger, hang_open
 from trainmon.monitor.store.storage import PRECURSOR_FIELDS
@@ -35,8 +36,8 @@ class RankState:
     last: dict[str, Any] = field(default_factory=dict)  # fields of the latest step event
     tokens_total: int = 0
     tokens_per_second: float | None = None
-    last_step_time: float = 0.0  # wall time of the latest step
-    last_seen: float = 0.0  # wall time of any event (heartbeats included)
+    last_step_time: float = 0.0  # wall time of the latest step, on the collector's clock (core.clock)
+    last_seen: float = 0.0  # wall time of any event (heartbeats included), on the collector's clock
     start: dict[str, Any] = field(default_factory=dict)  # run_start fields of the current attempt
     schedule: Schedule | None = None  # the declared LR schedule, for the expected LR
     health: dict[str, Any] = field(default_factory=dict)  # fields of the latest health event
@@ -114,7 +115,8 @@ class LiveState:
             rank = run.ranks[event.rank] = RankState()
         run.received_at = time.monotonic()
         rank.host = event.host
-        rank.last_seen = max(rank.last_seen, event.time)
+        t = aligned(event.time, event.clock_offset)  # a skewed trainer must not look silent, or fresh
+        rank.last_seen = max(rank.last_seen, t)
         last_seq = rank.seqs.get(event.stream, -1)
         if event.seq > last_seq + 1:
             rank.missing_events += event.seq - last_seq - 1
@@ -126,7 +128,7 @@ class LiveState:
         rank.attempt = attempt
         f = event.fields
         if event.rank == 0:
-            run.goodput.observe(event.kind, f, event.time, attempt, hang_open(run.anomalies_active))
+            run.goodput.observe(event.kind, f, t, attempt, hang_open(run.anomalies_active))
         if event.kind == "step":
             rank.step = f["step"]
             rank.last = f
@@ -134,7 +136,7 @@ class LiveState:
             sampled = {k: f[k] for k in PRECURSOR_FIELDS if k in f}
             if sampled:
                 rank.precursors = sampled
-            rank.last_step_time = event.time
+            rank.last_step_time = t
             tokens = f.get("tokens")
             if tokens is not None:
                 rank.tokens_total += tokens

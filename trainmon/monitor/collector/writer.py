@@ -37,8 +37,8 @@ log = logging.getLogger("trainmon.collector")
 
 # (HTTP status, JSON body, extra headers)
 Reply = tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]
-# (request body, callback, perf_counter when received)
-_Pending = tuple[bytes, Callable[[Reply], None], float]
+# (request body, callback, perf_counter when received, wall time when received: the producer's clock is judged by it)
+_Pending = tuple[bytes, Callable[[Reply], None], float, float]
 
 # Bodies per transaction, in bytes (~800 step events): big enough that a commit is rare, small enough that
 # a batch waits for at most ~0.1 s of someone else's group (latency). A larger body is a group of its own.
@@ -73,7 +73,7 @@ class IngestWriter:
                 done(_overloaded(len(self._queue)))
                 return
             self.queued_bytes += len(body)
-            self._queue.append((body, self._answer_once(done), time.perf_counter()))
+            self._queue.append((body, self._answer_once(done), time.perf_counter(), time.time()))
             self._metrics.inflight.inc()
             self._ready.notify()
 
@@ -116,7 +116,7 @@ class IngestWriter:
             abandoned = list(self._queue)  # the thread returns when it finds the queue empty
             self._queue.clear()
             self.queued_bytes = 0
-        for _, done, _ in abandoned:
+        for _, done, _, _ in abandoned:
             done((503, {"error": "collector shutting down; retry later"}, [(b"retry-after", b"1")]))
 
     def _run(self) -> None:
@@ -137,7 +137,7 @@ class IngestWriter:
                 self._ingest(group)
             except Exception as exc:  # the writer must outlive any bug in one group
                 log.exception("ingest of a group failed")
-                for _, done, _ in group:
+                for _, done, _, _ in group:
                     done((500, {"error": f"collector error: {exc}"}, []))
             finally:
                 self._busy_since = None
@@ -145,28 +145,37 @@ class IngestWriter:
     def _ingest(self, group: list[_Pending]) -> None:
         batches: list[list[wire.Event]] = []
         waiting: list[tuple[Callable[[Reply], None], float]] = []
-        for body, done, received in group:
+        arrivals: list[float] = []
+        for body, done, received, arrival in group:
             events = self._decode(body, done)
             if events is not None:
                 batches.append(events)
                 waiting.append((done, received))
+                arrivals.append(arrival)
         if batches:
-            self._commit(batches, waiting)
+            self._commit(batches, waiting, arrivals)
 
-    def _commit(self, batches: list[list[wire.Event]], waiting: list[tuple[Callable[[Reply], None], float]]) -> None:
+    def _commit(
+        self,
+        batches: list[list[wire.Event]],
+        waiting: list[tuple[Callable[[Reply], None], float]],
+        arrivals: list[float],
+    ) -> None:
         """One transaction for the batches. If it fails on a batch's data rather than on the database,
         each batch gets a transaction of its own: the others of the group commit, and the one that
         cannot be stored is refused (422: retrying would fail forever), without the SQL."""
         try:
-            self._ingestor.ingest_group(batches, lambda results: self._answer(batches, waiting, results))
+            self._ingestor.ingest_group(
+                batches, lambda results: self._answer(batches, waiting, results), arrivals=arrivals
+            )
             self.write_failure = None
             return
         except Exception as exc:  # nothing of the group was stored or acknowledged
             failure = exc
         if len(batches) > 1 and not isinstance(failure, _OUTAGE):
             log.warning("a group of %d batches failed (%s); committing them one by one", len(batches), failure)
-            for events, pending in zip(batches, waiting, strict=True):
-                self._commit([events], [pending])
+            for events, pending, arrival in zip(batches, waiting, arrivals, strict=True):
+                self._commit([events], [pending], [arrival])
             return
         if len(batches) == 1 and isinstance(failure, _UNSTORABLE) and not isinstance(failure, _OUTAGE):
             problem = str(getattr(failure, "orig", None) or failure).splitlines()[0][:200]

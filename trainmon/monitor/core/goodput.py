@@ -47,7 +47,9 @@ import pandas as pd
 from sqlalchemy import Connection
 
 from trainmon.monitor.core.attempts import attempt_failed
+from trainmon.monitor.core.clock import aligned
 from trainmon.monitor.store.event_reads import checkpoint_rows
+from trainmon.monitor.store.queries import clock_offsets
 from trainmon.monitor.store.step_reads import step_timeline
 
 __all__ = ["BATCH", "CAUSES", "CLOCK_KEYS", "MARKS", "WINDOW", "Ledger", "from_store", "hang_open", "headline"]
@@ -432,7 +434,8 @@ def from_store(
     ended) and the ``hang`` anomalies' step ranges.
 
     ``clock`` is why the run's times are not real (a synthetic clock): the figures in seconds and
-    the fraction are then None, and only the step counts stand."""
+    the fraction are then None, and only the step counts stand. The attempts' times are on the
+    collector's clock; the rank's own times are put on it by its stream's clock offset."""
     hangs = [
         (a["first_step"], max(a["first_step"], a["last_step"] if a["last_step"] is not None else a["first_step"]))
         for a in anomalies
@@ -446,9 +449,10 @@ def from_store(
         return out
 
     saves: dict[int, list[tuple[int, float | None, float]]] = {}
+    offsets = clock_offsets(conn, run, rank) if rank is not None else {}
     if rank is not None:
         for r in checkpoint_rows(conn, run, rank):
-            saves.setdefault(r.attempt, []).append((r.step, r.duration, r.time))
+            saves.setdefault(r.attempt, []).append((r.step, r.duration, aligned(r.time, offsets.get(r.attempt))))
     ledger = Ledger(batch=OFFLINE_BATCH)
     for a in attempts:
         att = a["attempt"]
@@ -456,7 +460,10 @@ def from_store(
         pending = saves.get(att, [])
         i = 0
         last = None
+        shift = aligned(0.0, offsets.get(att))  # the rank's clock to the collector's (0: no skew)
         for chunk in step_timeline(conn, run, rank, att) if rank is not None else ():
+            if shift:
+                chunk = [(r[0], r[1] + shift, *r[2:]) for r in chunk]
             steps = [r[0] for r in chunk]
             hung = hung_at(np.array(steps)).tolist()
             done = 0

@@ -33,7 +33,11 @@ message of every open hang of the run, naming the odd ones out.
 Silence is checked two ways, both deterministic: :meth:`tick` with the caller's clock (the live
 collector, every second; ``import_file``, at each imported batch), and on each event of a rank
 with that event's own time (a heartbeat at ``t`` while the last step is older than the timeout
-is proof of a stuck rank, whatever the arrival order of the other ranks). A rank that ended
+is proof of a stuck rank, whatever the arrival order of the other ranks). The live collector's
+clock is not the trainer's: a rank whose events carry the collector's estimate of its clock offset
+(``Event.clock_offset``) is ticked at the collector's ``now`` read on the rank's clock, so a trainer
+an hour behind is not an hour silent and one an hour ahead cannot hide a hang (step intervals stay
+differences of the rank's own times). A rank that ended
 (``run_end``), or that has done its planned steps, or that stops together with a finished run,
 is not hung. Resolved when the rank's steps resume.
 """
@@ -46,6 +50,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainmon.monitor.core.clock import aligned
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow
@@ -109,6 +114,7 @@ class _Rank:
     # judged once the intervals after it say what a normal one is; and those intervals
     first_gap: tuple[float, int | None, int] | None = None
     early: list = field(default_factory=list)
+    offset: float | None = None  # the collector's clock minus this rank's, when its events arrived live
 
 
 class Hang(Detector):
@@ -143,6 +149,7 @@ class Hang(Detector):
                 started=event.time,
                 last_event_time=event.time,
                 intervals=RollingWindow(self.config.history),
+                offset=event.clock_offset,
             )
             self._planned = event.fields.get("planned_steps") or self._planned
             self._finished_step = None
@@ -154,6 +161,8 @@ class Hang(Detector):
                 last_event_time=event.time,
                 intervals=RollingWindow(self.config.history),
             )
+        if event.clock_offset is not None:
+            st.offset = event.clock_offset
         out: list[Finding] = []
         t = event.time
         if event.kind == "run_end":
@@ -255,7 +264,8 @@ class Hang(Detector):
     def tick(self, now: float) -> list[Finding]:
         out: list[Finding] = []
         for rank, st in self._ranks.items():
-            out += self._check(rank, st, now, own_event=False)
+            # ``now`` on the rank's own clock, which its step and event times are on
+            out += self._check(rank, st, now - aligned(0.0, st.offset), own_event=False)
         return out
 
     # -- the rule ------------------------------------------------------------------------------

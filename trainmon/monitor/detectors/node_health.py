@@ -11,7 +11,12 @@ few cheap, reliable ones are worth reporting the moment they appear:
   HW power brake (P7: annotate when they are set). SW power cap and idle are routine and ignored;
 - GPU temperature above ``gpu_temp_warning_c`` / ``gpu_temp_critical_c`` (P7);
 - GPU memory near full, host memory above ``host_mem_fraction`` of the total, process RSS near the
-  host total (P4: the OOM killer is next).
+  host total (P4: the OOM killer is next);
+- the host's clock off the collector's by more than ``skew_threshold`` seconds for ``skew_sustain``
+  seconds (as NTP monitoring reports an offset): the collector measures liveness on its own clock
+  and aligns the rank's times by the offset it estimates (``Event.clock_offset``), but every time
+  the trainer writes itself (its logs, checkpoint names) is off by as much, and a skew that large
+  says the node runs without NTP. Judged on every event that arrived live, health or not.
 
 Level conditions must hold for ``sustain`` consecutive samples (one hot reading is noise);
 counters fire at once. One anomaly per rank lists every active condition; it is updated when the
@@ -56,6 +61,12 @@ class NodeHealthConfig:
     """Consecutive samples a level condition must hold (one hot sample is noise); counters fire at once."""
     resolve_after: int = 3
     """Consecutive clean samples after which the anomaly is resolved."""
+    skew_threshold: float = 5.0
+    """Seconds between the host's clock and the collector's beyond which the host's clock is skewed
+    (the estimate's own error is the transport's least latency: milliseconds)."""
+    skew_sustain: float = 60.0
+    """Seconds (collector clock) the skew must last before it is reported: a producer whose first
+    events are a replayed backlog looks skewed until its first fresh event."""
 
 
 THROTTLE_REASONS = {
@@ -72,6 +83,12 @@ THROTTLE_REASONS = {
 """NVML ``nvmlClocksEventReasons`` (formerly ``nvmlClocksThrottleReasons``) bits and their names."""
 
 _HINTS = {
+    "clock_skew": (
+        "the host's clock is off (no NTP, a stepped or drifting clock, a VM or container with its own "
+        "time). The collector keeps liveness and the run's times on its own clock, but the trainer's own "
+        "timestamps (logs, checkpoint names, traces) are off by as much: check `timedatectl` and "
+        "`chronyc tracking` on the host and enable NTP"
+    ),
     "ecc_uncorrected": (
         "uncorrected ECC errors: the GPU's memory returned corrupt data (HBM fault, H1). Expect a crash "
         "or silent corruption: drain the node, run the vendor diagnostics (dcgmi diag -r 3), check "
@@ -123,13 +140,16 @@ class NodeHealth(Detector):
         self._open: dict[str, str] = {}  # condition -> severity, as last reported
         self._clean = 0
         self._last_step: int | None = None
+        self._health: dict[str, tuple[str, str, dict[str, Any]]] = {}  # active conditions of the latest sample
+        self._skewed_since: float | None = None  # collector time since which the clock is off beyond the threshold
+        self._skew: dict[str, tuple[str, str, dict[str, Any]]] = {}  # the clock condition, while reported
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
+        clock = event.clock_offset is not None and self._clock_changed(event.time, event.clock_offset)
         if event.kind == "step":
             self._last_step = event.fields["step"]
-            return []
         if event.kind != "health":
-            return []
+            return self._report(event.host, sample=False) if clock else []
         found = self._conditions(event.fields)
         active: dict[str, tuple[str, str, dict[str, Any]]] = {}
         for key, (severity, text, evidence, level) in found.items():
@@ -139,17 +159,48 @@ class NodeHealth(Detector):
         for key in list(self._streak):
             if key not in found:
                 del self._streak[key]
+        self._health = active
+        return self._report(event.host, sample=True)
+
+    def _clock_changed(self, t: float, offset: float) -> bool:
+        """Follow the host's clock offset; True when the clock condition starts or ends."""
+        cfg = self.config
+        if abs(offset) <= cfg.skew_threshold:
+            self._skewed_since = None
+            if not self._skew:
+                return False
+            self._skew = {}
+            return True
+        now = t + offset  # the collector's clock
+        if self._skewed_since is None:
+            self._skewed_since = now
+        if self._skew or now - self._skewed_since < cfg.skew_sustain:
+            return False
+        way = "behind" if offset > 0 else "ahead of"
+        self._skew = {
+            "clock_skew": (
+                "warning",
+                f"clock {abs(offset):.1f} s {way} the collector's",
+                {"clock_offset_s": round(offset, 3), "threshold_s": cfg.skew_threshold},
+            )
+        }
+        return True
+
+    def _report(self, host: str, sample: bool) -> list[Finding]:
+        """The rank's anomaly after a change: opened, updated, or resolved once clean (``sample``: a
+        health sample; the clock condition ends at once, its estimate being a minimum)."""
+        active = {**self._health, **self._skew}
         if not active:
             if not self._open:
                 return []
-            self._clean += 1
+            self._clean += 1 if sample else self.config.resolve_after
             if self._clean < self.config.resolve_after:
                 return []
             self._open = {}
             return [
                 self.resolve(
                     self._last_step,
-                    f"node health back to normal on {event.host}",
+                    f"node health back to normal on {host}",
                     "No action needed; keep an eye on the node if it recurs.",
                     {},
                 )
@@ -166,7 +217,7 @@ class NodeHealth(Detector):
                 kind=self.kind,
                 severity=severity,
                 step=self._last_step,
-                message=f"{event.host}: " + "; ".join(active[k][1] for k in order),
+                message=f"{host}: " + "; ".join(active[k][1] for k in order),
                 hint="Likely cause: " + "; ".join(_HINTS[k.split(":")[0]] for k in dict.fromkeys(order)) + ".",
                 evidence={k: active[k][2] for k in order},
             )

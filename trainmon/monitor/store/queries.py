@@ -15,6 +15,7 @@ from trainmon.monitor.store.storage import anomalies, runs, streams
 
 __all__ = [
     "anomaly_rows",
+    "clock_offsets",
     "newest_attempt",
     "open_anomaly_keys",
     "open_anomaly_rows",
@@ -119,6 +120,14 @@ def stream_rows(conn: Connection, run: str) -> list[dict[str, Any]]:
     """Every producer stream of ``run`` (one per process and rank), by attempt, then rank."""
     rows = conn.execute(select(streams).where(streams.c.run == run).order_by(streams.c.attempt, streams.c.rank))
     return [dict(r._mapping) for r in rows]
+
+
+def clock_offsets(conn: Connection, run: str, rank: int) -> dict[int, float | None]:
+    """``rank``'s estimated clock offset per attempt (collector minus producer; None: not live)."""
+    rows = conn.execute(
+        select(streams.c.attempt, streams.c.clock_offset).where(streams.c.run == run, streams.c.rank == rank)
+    )
+    return {r.attempt: r.clock_offset for r in rows}
 
 
 def stream_ends(conn: Connection, run: str) -> list[dict[str, Any]]:

@@ -54,17 +54,18 @@ def recent_events(conn: Connection, run: str, rank: int, window: int = 512) -> l
     """The tail of a rank's history, oldest first, as (event, attempt) pairs.
 
     Holds every attempt's ``run_start``, the resumes, checkpoints and evaluations, and the
-    last ``window`` steps: what the detectors need to rebuild their state.
+    last ``window`` steps: what the detectors need to rebuild their state. Each event carries its
+    stream's stored clock offset, as it did when it arrived live.
     """
-    hosts: dict[int, tuple[str, str]] = {}
+    hosts: dict[int, tuple[str, str, float | None]] = {}
     out: list[tuple[Event, int]] = []
 
     def add(kind: str, attempt: int, t: float, fields: dict[str, Any]) -> None:
-        host, stream = hosts.get(attempt, ("", "replay"))
-        out.append((Event(kind, run, rank, host, stream, 0, t, fields), attempt))
+        host, stream, offset = hosts.get(attempt, ("", "replay", None))
+        out.append((Event(kind, run, rank, host, stream, 0, t, fields, offset), attempt))
 
     for s in conn.execute(select(streams).where(streams.c.run == run, streams.c.rank == rank)):
-        hosts[s.attempt] = (s.host, s.stream)
+        hosts[s.attempt] = (s.host, s.stream, s.clock_offset)
         if s.start is not None:
             add("run_start", s.attempt, s.started_at, s.start)
     key = (steps.c.run == run) & (steps.c.rank == rank)

@@ -123,6 +123,8 @@ streams = Table(
     Column("events", BigInteger, nullable=False),
     Column("missing", BigInteger, nullable=False),  # seq gaps: events the producer dropped
     Column("received", JSON),  # stored seqs as [first, last] ranges (collector.seqs); NULL: all up to last_seq
+    # collector clock - producer clock, estimated (core.clock); started_at and last_time are on the collector's clock
+    Column("clock_offset", Real),
     Column("start", JSON),  # this stream's run_start fields
     Column("end_status", String(16)),
     Column("end_step", BigInteger),
