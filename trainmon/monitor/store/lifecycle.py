@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Row, Table, func, select, text
+from sqlalchemy import Connection, Row, Table, select, text
 
 from trainmon.monitor.store.storage import (
     Storage,
@@ -105,10 +105,3 @@ def _postgres_live_bytes(conn: Connection) -> int:
         row = float(widths.get(name) or 0) + _TUPLE_OVERHEAD
         total += tuples * row * (whole / heap if heap else 1.0)
     return int(total)
-
-
-def run_row_count(conn: Connection, run: str) -> int:
-    """Rows ``run`` holds in every table (what a delete removes)."""
-    return sum(
-        conn.execute(select(func.count()).select_from(t).where(t.c.run == run)).scalar_one() for t in _RUN_TABLES
-    )
