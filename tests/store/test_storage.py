@@ -102,3 +102,16 @@ def test_collectors_opening_a_fresh_postgres_database_at_once_all_start(request:
     for store in opened:
         store.close()
     assert errors == [] and len(opened) == 4
+
+
+def test_a_streams_clock_offset_is_kept_for_the_next_collector(store: Storage) -> None:
+    """Migration 0003: the offset estimated from arrivals is stored, and a restarted collector's
+    events carry it (a late retried batch does not replace the minimum)."""
+    evs = validate_batch(batch([event("step", {"step": 0}, seq=1, t=1000.0)]))
+    Ingestor(store, Engine(store, DetectorsConfig()), LiveState()).ingest(evs, arrival=4600.25)
+    late = validate_batch(batch([event("step", {"step": 1}, seq=2, t=1001.0)]))
+    Ingestor(store, Engine(store, DetectorsConfig()), LiveState()).ingest(late, arrival=4700.0)
+    assert late[0].clock_offset == 3600.25
+    with store.connect() as conn:
+        row = conn.execute(select(streams.c.clock_offset, streams.c.started_at, streams.c.last_time)).one()
+    assert tuple(row) == (3600.25, 4600.25, 4601.25)
