@@ -93,3 +93,98 @@ def test_degenerate_values(bad: float) -> None:
 
 def test_configured_in_the_detectors_section() -> None:
     assert isinstance(DetectorsConfig().instability_precursor, InstabilityPrecursorConfig)
+
+
+# --- the other mechanisms: sampled values of the reference trainer's tiny GPT (bench/early_warning.py), every 10 steps
+
+# lr_too_high, seed 1337: blocks.1.attn.proj's output RMS; the loss-based detectors fire at step 160.
+RMS_FAULT = [0.0042, 0.070, 0.22, 1.14, 0.71, 0.67, 0.69, 0.53, 0.28, 0.37, 0.44, 0.92, 2.87, 1.97, 5.78, 47.5, 34.9]
+RMS_FAULT += [34.8, 76.8, 92.5, 63.6, 214.0]
+# Clean runs: blocks.0.mlp.proj at a peak LR of 3e-2 (grows 1500x from the init scale, then holds) and of 1e-2
+# (still rising slowly, 4x over 300 steps).
+RMS_CLEAN_HIGH = [0.013, 1.65, 12.7, 18.4, 20.5, 20.0, 20.4, 22.2, 22.7, 25.0, 26.0, 25.2, 26.1, 26.1, 27.6, 26.1]
+RMS_CLEAN_HIGH += [26.7, 26.2, 25.6, 27.1, 25.1, 25.0, 26.1, 25.0, 23.9, 23.8, 22.6, 23.1, 21.7, 21.1, 21.6]
+RMS_CLEAN = [0.013, 0.15, 0.63, 1.17, 1.69, 2.1, 2.55, 2.85, 3.08, 3.34, 3.56, 3.74, 3.96, 4.05, 4.35, 4.57, 4.64]
+RMS_CLEAN += [4.84, 5.01, 5.04, 5.19, 5.3, 5.26, 5.27, 5.45, 5.27, 5.28, 5.41, 5.26, 5.36, 5.3, 5.4]
+# Attention entropy (nats) of blocks.1.attn: lr_too_high seed 1337, and the clean run at 3e-2 (low, not one-hot).
+ENTROPY_FAULT = [3.2, 3.2, 3.0, 2.3, 2.5, 2.4, 2.9, 3.1, 3.2, 3.2, 3.1, 3.1, 2.7, 1.5, 0.71, 0.016, 0.016, 0.015]
+ENTROPY_FAULT += [0.014, 3.6e-17, 0.029, 0.042, 0.0027]
+ENTROPY_CLEAN = [3.2, 2.9, 1.2, 0.76, 0.36, 0.24, 0.26, 0.38, 0.25, 0.33, 0.41, 0.15, 0.41, 0.25, 0.41, 0.26]
+ENTROPY_CLEAN += [0.32, 0.14, 0.73, 0.44, 0.29, 0.51, 0.48, 0.73, 0.36, 0.52, 0.41, 0.3, 0.83, 0.35, 0.12]
+
+
+def _signal(field: str, values: list[dict[str, float]], losses: list[float] | None = None) -> list:
+    """Sampled ``field`` maps every 10 steps at LR 0.1, the loss of each ten steps ``losses`` (2.0 if None)."""
+    det = InstabilityPrecursor(InstabilityPrecursorConfig())
+    out = det.observe(_ev("run_start", {"vocab_size": 64}), 0)
+    for i, v in enumerate(values):
+        loss = losses[i] if losses else 2.0
+        out += det.observe(_ev("step", {"step": i * 10, "loss": loss, "lr": [0.1], field: v}), 0)
+        for j in range(1, 10):  # the unsampled steps between: the loss only
+            out += det.observe(_ev("step", {"step": i * 10 + j, "loss": loss, "lr": [0.1]}), 0)
+    for f in out:
+        assert f.kind == "instability_precursor" and f.message and f.hint
+    return out
+
+
+def test_linear_output_growth_fires_on_the_sustained_rise_and_names_the_layer() -> None:
+    found = _signal("linear_out_rms", [{"blocks.1.attn.proj": v, "blocks.0.attn.qkv": 0.4} for v in RMS_FAULT])
+    first = found[0]
+    assert (first.step, first.severity) == (150, "warning")  # 5.78 (8.6x) at 140, 47.5 at 150: two in a row
+    assert first.evidence["mechanism"] == "linear_output_growth" and first.evidence["module"] == "blocks.1.attn.proj"
+    assert first.evidence["since_step"] == 140 and first.evidence["level"] == pytest.approx(0.68)
+    assert "blocks.1.attn.proj" in first.message and "Rybakov" in first.hint and "lower peak LR" in first.hint
+    assert [(f.step, f.severity) for f in found] == [(150, "warning"), (180, "critical")]  # 76.8: over 100x
+
+
+@pytest.mark.parametrize("series", [RMS_CLEAN_HIGH, RMS_CLEAN], ids=["peak-3e-2", "peak-1e-2"])
+def test_linear_outputs_growing_from_the_init_scale_or_slowly_are_silent(series: list[float]) -> None:
+    assert _signal("linear_out_rms", [{"blocks.0.mlp.proj": v} for v in series]) == []
+
+
+def test_attention_entropy_collapse_fires_when_near_one_hot_against_its_level() -> None:
+    found = _signal("attn_entropy", [{"blocks.1.attn": v, "blocks.0.attn": 3.2} for v in ENTROPY_FAULT])
+    assert [(f.step, f.severity) for f in found] == [(160, "warning")]  # 0.016 at 150 and 160; one episode
+    assert found[0].evidence["mechanism"] == "attention_entropy_collapse"
+    assert found[0].evidence["module"] == "blocks.1.attn" and found[0].evidence["since_step"] == 150
+    assert "one-hot" in found[0].message and "qk-layernorm" in found[0].hint
+
+
+def test_low_attention_entropy_that_trains_normally_is_silent() -> None:
+    assert _signal("attn_entropy", [{"blocks.1.attn": v} for v in ENTROPY_CLEAN]) == []
+
+
+def test_a_head_one_hot_by_design_is_judged_against_itself() -> None:
+    assert _signal("attn_entropy", [{"prev_token_head": v} for v in [0.01, 0.012, 0.008, 0.01, 0.011] * 6]) == []
+
+
+def test_adam_second_moments_under_eps_fire_per_group_with_the_eps_remedy_then_resolve() -> None:
+    shares = [0.003, 0.001, 0.0006, 0.0006, 0.0006, 0.4, 0.55, 0.6, 0.0006, 0.0006]
+    found = _signal("adam_eps_frac", [{"0": v, "1": 0.0714} for v in shares])
+    assert [(f.step, f.severity, f.resolved) for f in found] == [(60, "warning", False), (90, "info", True)]
+    assert found[0].evidence["mechanism"] == "adam_epsilon" and found[0].evidence["module"] == "0"
+    assert "55.0% of its second moments" in found[0].message
+    assert "lower eps" in found[0].hint and "not a lower LR" in found[0].hint
+
+
+def test_adam_shares_that_fall_or_hold_high_are_silent() -> None:
+    shares = [0.003, 0.0012, 0.0006, 0.0006, 7e-5, 7e-5, 9e-6, 9e-6] * 3
+    assert _signal("adam_eps_frac", [{"0": v, "1": 0.0714, "2": 0.6} for v in shares]) == []
+
+
+def test_collapsed_attention_resolves_only_once_it_spreads_again() -> None:
+    hovering = [0.029, 0.042, 0.03, 0.05]  # just over the floor: still collapsed
+    found = _signal("attn_entropy", [{"blocks.1.attn": v} for v in ENTROPY_FAULT[:17] + hovering + [1.5, 2.0]])
+    assert [(f.step, f.severity, f.resolved) for f in found] == [(160, "warning", False), (220, "info", True)]
+    assert "spread again" in found[-1].message
+
+
+def test_growth_that_follows_the_loss_is_info_not_a_warning() -> None:
+    # The divergence fault (random targets from step 150, a loss-only failure), seed 1337: the loss jumps 3.5x at
+    # step 160, then blocks.1.attn.proj's output grows 80x; the loss-based detectors lead, the growth is a consequence.
+    rms = [0.0042, 0.0066, 0.011, 0.012, 0.016, 0.014, 0.017, 0.020, 0.018, 0.020, 0.022, 0.022, 0.020, 0.024]
+    rms += [0.028, 0.027, 0.028, 0.34, 1.05, 1.63, 1.82, 1.92, 1.95, 2.01, 2.09, 2.11, 2.12, 2.2, 2.23, 2.32, 2.37]
+    loss = [4.19, 3.5, 2.55, 1.98, 1.45, 1.46, 1.34, 1.26, 1.24, 1.3, 1.21, 1.3, 1.17, 1.22, 1.22, 1.57] + [4.3] * 15
+    found = _signal("linear_out_rms", [{"blocks.1.attn.proj": v} for v in rms], loss)
+    assert [(f.step, f.severity) for f in found] == [(180, "info")]  # and stays info, however far it grows
+    assert "the loss has already risen" in found[0].message

@@ -33,6 +33,24 @@ Why the rule is what it is ("How a finding earns trust" in DESIGN.md):
 * **Only what was reproduced alarms.** The output log Z (``output_logz``) is captured but not alarmed
   on: no fault here reproduced output-logit divergence (a removed final norm with a 10x head trained
   normally), and on clean runs log Z climbs from ln V to ~9 by itself, so a rule would be a guess.
+
+Three more mechanisms, each judged the same way (its own level, sustained, one finding per episode
+and escalation, resolved when back for ``sustain`` samples) and named with its layer or group:
+
+* **Linear-layer output growth** (Rybakov et al. 2024), ``linear_out_rms`` per ``nn.Linear``: the RMS
+  ``rms_growth_ratio`` x its level or more. The first ``rms_settle`` samples are not the level: from the
+  init scale the outputs grow 100x in the first 30 steps of every run. On the reference trainer the
+  clean runs (peak LRs 1e-3 to 3e-2, two seeds each) stay within 1.6x their level; under ``lr_too_high``
+  the attention and MLP projections pass 4x at steps 120-170 (the loss-based detectors fire at
+  98-160), growing 2x every ~40 steps on the way.
+* **Attention entropy collapse** (Wortsman et al. 2023; Zhai et al. 2023), ``attn_entropy`` per
+  attention module: under ``entropy_floor`` nats (near one-hot: one key takes ~99.7% of the weight)
+  and under ``entropy_drop`` x its level. The clean runs at 3e-2 fall from 3.2 to 0.12 nats and train
+  normally (hence the floor); ``lr_too_high`` reaches it at steps 150-170, as the loss diverges.
+* **Adam's epsilon** (Wortsman et al. 2023), ``adam_eps_frac`` per parameter group: the share of
+  second moments under eps^2 ``eps_rise`` above its level. There the update is mostly eps and shrinks
+  silently; the remedy is a lower eps, not a lower LR. No fault here reproduces it (the clean runs'
+  share falls or holds, 0-7%): the rule is the mechanism's, its threshold a quarter of the group.
 """
 
 from __future__ import annotations
@@ -80,7 +98,25 @@ class InstabilityPrecursorConfig:
     2023). At the peak, or with no declared schedule, a growth is info until ``critical_ratio``: at a peak
     of 3e-2 the tiny GPT's bound grows 17-27x and its loss trains as the clean runs' (1.17 after 400 steps)."""
     max_modules: int = 1024
-    """Attention modules tracked per rank (bounded state)."""
+    """Series (attention modules, linear layers, parameter groups) tracked per rank (bounded state)."""
+    rms_growth_ratio: float = 4.0
+    """A linear layer's output RMS this many times its level is growth (the clean runs stay within 1.6x)."""
+    rms_settle: int = 3
+    """A layer's first samples that are not its level: the growth from the init scale (100x in 30 steps on
+    the tiny GPT, within three samples at its ``detail_every`` of 10; within the first at the default 100)."""
+    entropy_floor: float = 0.02
+    """Attention entropy (nats) under which a module is near one-hot (one key takes ~99.7% of the weight):
+    6x under the lowest the clean runs at a peak LR of 3e-2 reached (0.12)."""
+    entropy_drop: float = 0.1
+    """And at most this fraction of the module's level: a head that is one-hot by design is judged against itself."""
+    loss_moved_ratio: float = 1.5
+    """Linear-output growth or entropy collapse seen once the loss has risen to this many times its median before
+    the episode (the median of the latest five steps' losses, against the steps before it) is info: a
+    consequence there, not a precursor (the loss-based findings lead). Random targets ramped in at step 150
+    (the ``divergence`` fault, a loss-only failure) raise the loss 3.5x, then the projections' outputs 80x."""
+    eps_rise: float = 0.25
+    """A parameter group's share of Adam second moments under eps^2 this much above its level (a quarter of
+    the group newly updating mostly by eps) is the epsilon mechanism."""
 
 
 _HINT = (
@@ -97,24 +133,203 @@ _STATE = {
     "info": "; at the LR's peak (or no declared schedule): worth watching, critical if it reaches {critical:g}x",
 }
 
+_RMS_HINT = (
+    "linear-layer output growth (Rybakov et al. 2024): the outputs of the QKV, attention and MLP output "
+    "projections grow step by step before the loss diverges. Remedies: a lower peak LR, a longer warmup, "
+    "qk-layernorm and normalised layer inputs; lowering the LR now (or rolling back to a checkpoint before step "
+    "{since}) is cheaper than after the loss moves. The LR at step {step}: {lr}."
+)
+_ENTROPY_HINT = (
+    "attention entropy collapse (Wortsman et al. 2023; Zhai et al. 2023): the attention logits grew until the "
+    "softmax is near one-hot, and the loss diverges next. Remedies: qk-layernorm, a lower peak LR, a longer "
+    "warmup; roll back to a checkpoint before step {since} with the LR lowered. The LR at step {step}: {lr}."
+)
+_EPS_HINT = (
+    "Adam's epsilon (Wortsman et al. 2023): where a second moment is under eps^2 the update is mostly eps and "
+    "shrinks silently, as if that part of the model had a lower LR. The remedy is a lower eps (Wortsman et al. "
+    "use 1e-15), not a lower LR; if the group's gradients vanished (a frozen or detached part), that is the cause."
+)
+
 
 class _Series:
-    """One attention module's sampled bounds: its level, and the growth episode in progress."""
+    """One module's (layer's, group's) sampled values: its level, and the episode in progress."""
 
-    __slots__ = ("calm", "level", "open", "peak_ratio", "run", "severity", "since")
+    __slots__ = ("after_loss", "calm", "level", "open", "peak_ratio", "run", "seen", "severity", "since")
 
     def __init__(self, window: int) -> None:
         self.level: collections.deque[float] = collections.deque(maxlen=window)
+        self.seen = 0  # samples received (the first ``settle`` of a mechanism are not its level)
         self.run = 0  # consecutive samples of growth
         self.since: int | None = None  # first sampled step of the growth
         self.open = False
         self.peak_ratio = 0.0
         self.severity = ""
         self.calm = 0  # consecutive samples back under the growth ratio while open
+        self.after_loss = False  # the episode began once the loss had moved: info throughout
+
+
+class _Mechanism:
+    """How one sampled signal is judged against its own level; subclasses say what is abnormal and say it."""
+
+    field = ""
+    name = ""
+    settle = 0  # first samples of a series that are neither judged nor its level
+    escalates_on_peaks = False  # a new highest ratio is news (not only a worse severity)
+    evidence_key = ""  # the evidence's name for the value (the field's unless said otherwise)
+    follows_loss = False  # seen once the loss moved, it is a consequence: info (``loss_moved_ratio``)
+
+    def __init__(self, config: InstabilityPrecursorConfig) -> None:
+        self.config = config
+
+    def assess(self, value: float, level: float) -> tuple[bool, bool, float]:
+        """(abnormal, joins the level when not in an episode, ratio: how far from the level, larger is worse)."""
+        raise NotImplementedError
+
+    def severity(self, ratio: float, rising: bool) -> str:
+        return "warning"
+
+    def recovered(self, value: float, level: float) -> bool:
+        """An open episode's sample that counts toward its end (by default: any sample that is not abnormal)."""
+        return not self.assess(value, level)[0]
+
+    def message(self, module: str, s: _Series, step: int, value: float, level: float, ratio: float) -> str:
+        raise NotImplementedError
+
+    def resolved(self, module: str, step: int, value: float, level: float, ratio: float) -> str:
+        raise NotImplementedError
+
+    def hint(self, since: int | None, step: int, lr: str) -> str:
+        raise NotImplementedError
+
+    def state(self, severity: str, peak_lr: float | None) -> str:
+        """What the severity means here, appended to the message."""
+        return _AFTER_LOSS if self.follows_loss and severity == "info" else ""
+
+
+def _ratio(value: float, level: float) -> float:
+    return value / level if level > 0 else float("inf")
+
+
+class _LogitGrowth(_Mechanism):
+    field = "attn_logit_max"
+    name = "attention_logit_growth"
+    escalates_on_peaks = True
+    evidence_key = "attn_logit_bound"
+
+    def assess(self, value: float, level: float) -> tuple[bool, bool, float]:
+        ratio = _ratio(value, level)
+        cfg = self.config
+        return value >= cfg.min_logit and ratio >= cfg.growth_ratio, ratio < cfg.growth_ratio, ratio
+
+    def severity(self, ratio: float, rising: bool) -> str:
+        return "critical" if ratio >= self.config.critical_ratio else ("warning" if rising else "info")
+
+    def message(self, module: str, s: _Series, step: int, value: float, level: float, ratio: float) -> str:
+        where = f"since step {s.since}" if s.since is not None else ""
+        return (
+            f"attention logits growing in {module}: max-logit bound {value:.3g} at step {step}, {ratio:.3g}x its "
+            f"level {level:.3g}, {s.run} sampled steps in a row {where}"
+        )
+
+    def resolved(self, module: str, step: int, value: float, level: float, ratio: float) -> str:
+        return (
+            f"attention logits in {module} back near their level: bound {value:.3g} at step {step} "
+            f"({ratio:.2g}x its level {level:.3g})"
+        )
+
+    def hint(self, since: int | None, step: int, lr: str) -> str:
+        return _HINT.format(since=since, step=step, lr=lr)
+
+    def state(self, severity: str, peak_lr: float | None) -> str:
+        return _STATE[severity].format(peak=peak_lr, critical=self.config.critical_ratio)
+
+
+_AFTER_LOSS = "; the loss has already risen: a consequence here rather than a warning ahead of it"
+
+
+class _OutputGrowth(_Mechanism):
+    field = "linear_out_rms"
+    name = "linear_output_growth"
+    follows_loss = True
+
+    def __init__(self, config: InstabilityPrecursorConfig) -> None:
+        super().__init__(config)
+        self.settle = config.rms_settle
+
+    def assess(self, value: float, level: float) -> tuple[bool, bool, float]:
+        ratio = _ratio(value, level)
+        growing = ratio >= self.config.rms_growth_ratio
+        return growing, not growing, ratio
+
+    def severity(self, ratio: float, rising: bool) -> str:
+        return "critical" if ratio >= self.config.critical_ratio else "warning"
+
+    def message(self, module: str, s: _Series, step: int, value: float, level: float, ratio: float) -> str:
+        return (
+            f"output of {module} growing: RMS {value:.3g} at step {step}, {ratio:.3g}x its level {level:.3g}, "
+            f"{s.run} sampled steps in a row since step {s.since}"
+        )
+
+    def resolved(self, module: str, step: int, value: float, level: float, ratio: float) -> str:
+        return f"output of {module} back near its level: RMS {value:.3g} at step {step} ({ratio:.2g}x {level:.3g})"
+
+    def hint(self, since: int | None, step: int, lr: str) -> str:
+        return _RMS_HINT.format(since=since, step=step, lr=lr)
+
+
+class _EntropyCollapse(_Mechanism):
+    field = "attn_entropy"
+    name = "attention_entropy_collapse"
+    follows_loss = True
+
+    def assess(self, value: float, level: float) -> tuple[bool, bool, float]:
+        cfg = self.config
+        collapsed = value <= cfg.entropy_floor and value <= cfg.entropy_drop * level
+        return collapsed, not collapsed, level / value if value > 0 else float("inf")
+
+    def recovered(self, value: float, level: float) -> bool:
+        return value > self.config.entropy_drop * level  # spread again, not hovering just over the floor
+
+    def message(self, module: str, s: _Series, step: int, value: float, level: float, ratio: float) -> str:
+        return (
+            f"attention in {module} collapsing to one-hot: entropy {value:.3g} nats at step {step}, its level "
+            f"{level:.3g}, {s.run} sampled steps in a row since step {s.since}"
+        )
+
+    def resolved(self, module: str, step: int, value: float, level: float, ratio: float) -> str:
+        return f"attention in {module} spread again: entropy {value:.3g} nats at step {step} (its level {level:.3g})"
+
+    def hint(self, since: int | None, step: int, lr: str) -> str:
+        return _ENTROPY_HINT.format(since=since, step=step, lr=lr)
+
+
+class _EpsilonShare(_Mechanism):
+    field = "adam_eps_frac"
+    name = "adam_epsilon"
+
+    def assess(self, value: float, level: float) -> tuple[bool, bool, float]:
+        rose = value >= level + self.config.eps_rise
+        return rose, not rose, value
+
+    def message(self, module: str, s: _Series, step: int, value: float, level: float, ratio: float) -> str:
+        return (
+            f"Adam updates shrinking in {module}: {value:.1%} of its second moments under eps^2 at step {step}, up "
+            f"from its level {level:.1%}, {s.run} sampled steps in a row since step {s.since}"
+        )
+
+    def resolved(self, module: str, step: int, value: float, level: float, ratio: float) -> str:
+        return f"Adam second moments under eps^2 in {module} back to {value:.1%} at step {step} (level {level:.1%})"
+
+    def hint(self, since: int | None, step: int, lr: str) -> str:
+        return _EPS_HINT
+
+
+_LOSS_HISTORY = 200  # steps of loss kept to tell a precursor from a consequence
+_RECENT_LOSSES = 5
 
 
 class InstabilityPrecursor(Detector):
-    """Sustained growth of a module's attention-logit bound against its own level."""
+    """Sustained growth of a module's precursor signals against its own level."""
 
     kind = "instability_precursor"
     config_class = InstabilityPrecursorConfig
@@ -125,13 +340,16 @@ class InstabilityPrecursor(Detector):
 
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config
-        self._series: dict[str, _Series] = {}
+        self._mechanisms = [m(config) for m in (_LogitGrowth, _OutputGrowth, _EntropyCollapse, _EpsilonShare)]
+        self._series: dict[tuple[str, str], _Series] = {}  # (field, module or group) -> its series
         self._peak_lr: float | None = None  # the declared schedule's peak
         self._warmup = 0  # and its warmup steps: the LR rises only then (the declared shapes decay after it)
+        self._losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=_LOSS_HISTORY)
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
             self._series.clear()  # a new attempt: its model may differ (resumed or not, levels are re-learnt)
+            self._losses.clear()
             schedule = event.fields.get("schedule")
             peak = schedule.get("peak_lr") if isinstance(schedule, dict) else None
             self._peak_lr = float(peak) if finite(peak) and peak > 0 else None
@@ -140,41 +358,50 @@ class InstabilityPrecursor(Detector):
             return []
         if event.kind != "step":
             return []
-        bounds = event.fields.get("attn_logit_max")
-        if not isinstance(bounds, dict):
-            return []
-        step = event.fields["step"]
+        loss = event.fields.get("loss")
+        if finite(loss):
+            self._losses.append((event.fields["step"], float(loss)))
         out = []
-        for module, value in bounds.items():
-            if not finite(value):
-                continue  # non-finite values are nan_inf's
-            series = self._series.get(module)
-            if series is None:
-                if len(self._series) >= self.config.max_modules:
-                    continue
-                series = self._series[module] = _Series(self.config.window)
-            finding = self._sample(module, series, step, float(value), event.fields.get("lr"))
-            if finding is not None:
-                out.append(finding)
+        for mechanism in self._mechanisms:
+            values = event.fields.get(mechanism.field)
+            if not isinstance(values, dict):
+                continue
+            step = event.fields["step"]
+            for module, value in values.items():
+                if not finite(value):
+                    continue  # non-finite values are nan_inf's
+                series = self._series.get((mechanism.field, module))
+                if series is None:
+                    if len(self._series) >= self.config.max_modules:
+                        continue
+                    series = self._series[(mechanism.field, module)] = _Series(self.config.window)
+                finding = self._sample(mechanism, module, series, step, float(value), event.fields.get("lr"))
+                if finding is not None:
+                    out.append(finding)
         return out
 
-    def _sample(self, module: str, s: _Series, step: int, value: float, lr: Any) -> Finding | None:
+    def _sample(self, m: _Mechanism, module: str, s: _Series, step: int, value: float, lr: Any) -> Finding | None:
         cfg = self.config
+        s.seen += 1
+        if s.seen <= m.settle:
+            return None
         if len(s.level) < cfg.min_baseline:
             s.level.append(value)
             return None
         level = statistics.median(s.level)
-        ratio = value / level if level > 0 else float("inf")
-        growing = value >= cfg.min_logit and ratio >= cfg.growth_ratio
-        if not growing:
+        abnormal, joins, ratio = m.assess(value, level)
+        if not abnormal:
+            if s.open and not m.recovered(value, level):
+                s.calm = 0  # between abnormal and recovered: the episode goes on, nothing new to say
+                return None
             if s.open:
                 s.calm += 1
                 if s.calm >= cfg.sustain:
                     s.open, s.run, s.since, s.calm = False, 0, None, 0
-                    return self._finding(module, s, step, value, level, lr, resolved=True)
+                    return self._finding(m, module, s, step, value, level, ratio, lr, resolved=True)
                 return None
             s.run, s.since = 0, None
-            if ratio < cfg.growth_ratio:  # a rise held under the floor is not the level either
+            if joins:  # a rise held under the floor is not the level either
                 s.level.append(value)
             return None
         s.calm = 0
@@ -190,24 +417,42 @@ class InstabilityPrecursor(Detector):
             and bool(lrs)
             and self._peak_lr >= cfg.lr_headroom * max(lrs)
         )
-        severity = "critical" if ratio >= cfg.critical_ratio else ("warning" if rising else "info")
+        if not s.open:
+            s.after_loss = m.follows_loss and self._loss_moved(s.since)
+        severity = "info" if s.after_loss else m.severity(ratio, rising)
         if s.open:
             severity = max(severity, s.severity, key=SEVERITIES.index)  # an episode never de-escalates
-            if severity == s.severity and ratio <= s.peak_ratio:
+            if severity == s.severity and (not m.escalates_on_peaks or ratio <= s.peak_ratio):
                 return None  # nothing new: the anomaly already says this
         s.open = True
         s.severity = severity
         s.peak_ratio = max(s.peak_ratio, ratio)
-        return self._finding(module, s, step, value, level, lr)
+        return self._finding(m, module, s, step, value, level, ratio, lr)
+
+    def _loss_moved(self, since: int | None) -> bool:
+        """The loss of the latest steps is ``loss_moved_ratio`` x its median before ``since`` or more."""
+        before = [loss for step, loss in self._losses if since is not None and step < since]
+        if len(before) < _RECENT_LOSSES:
+            return False
+        recent = statistics.median(loss for _, loss in list(self._losses)[-_RECENT_LOSSES:])
+        return recent >= self.config.loss_moved_ratio * statistics.median(before)
 
     def _finding(
-        self, module: str, s: _Series, step: int, value: float, level: float, lr: Any, resolved: bool = False
+        self,
+        m: _Mechanism,
+        module: str,
+        s: _Series,
+        step: int,
+        value: float,
+        level: float,
+        ratio: float,
+        lr: Any,
+        resolved: bool = False,
     ) -> Finding:
-        ratio = value / level if level > 0 else float("inf")
         evidence = {
             "module": module,
-            "mechanism": "attention_logit_growth",
-            "attn_logit_bound": value,
+            "mechanism": m.name,
+            m.evidence_key or m.field: value,
             "level": level,
             "ratio": ratio,
             "since_step": s.since,
@@ -217,19 +462,15 @@ class InstabilityPrecursor(Detector):
         if resolved:
             return self.resolve(
                 step,
-                f"attention logits in {module} back near their level: bound {value:.3g} at step {step} "
-                f"({ratio:.2g}x its level {level:.3g})",
+                m.resolved(module, step, value, level, ratio),
                 "the growth stopped; if the LR was lowered, that worked. It can come back while the LR stays high.",
                 evidence,
             )
-        where = f"since step {s.since}" if s.since is not None else ""
         return Finding(
             self.kind,
             s.severity,
             step,
-            f"attention logits growing in {module}: max-logit bound {value:.3g} at step {step}, {ratio:.3g}x its "
-            f"level {level:.3g}, {s.run} sampled steps in a row {where}"
-            + _STATE[s.severity].format(peak=self._peak_lr, critical=self.config.critical_ratio),
-            _HINT.format(since=s.since, step=step, lr=lr_text),
+            m.message(module, s, step, value, level, ratio) + m.state(s.severity, self._peak_lr),
+            m.hint(s.since, step, lr_text),
             evidence,
         )
