@@ -25,6 +25,7 @@ from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.store.event_reads import layer_norms_at, precursor_samples
 from trainmon.monitor.store.queries import anomaly_rows
 from trainmon.monitor.store.replay import recent_events
 from trainmon.monitor.store.storage import Storage, layer_stats
@@ -93,6 +94,18 @@ def test_replay_gives_back_the_precursors_as_the_detectors_got_them(store: Stora
     assert len(rows) == len(BOUNDS)
     assert [r.step for r in rows if r.grad_norms is not None] == [30]
     assert all(r.precursors is not None for r in rows)
+
+
+def test_the_post_mortem_reads_the_sampled_steps_and_the_grad_norms_apart(store: Storage) -> None:
+    _ingest(store, _events())
+    with store.connect() as conn:
+        samples = precursor_samples(conn, RUN, 0)
+        norms = layer_norms_at(conn, RUN, 0, 20, within=10)  # step 20: precursors only; step 30: both
+        missing = precursor_samples(conn, RUN, 1)
+    assert [(r.attempt, r.step) for r in samples] == [(0, s) for s in range(0, 120, 10)]
+    assert samples[9].precursors["attn_logit_max"]["blocks.1.attn"] == 400.0
+    assert samples[5].precursors["output_logz"] == "Infinity"  # stored as the wire writes it
+    assert (norms.step, norms.grad_norms) == (30, {"w": 1.0}) and list(missing) == []
 
 
 def test_a_restarted_collector_judges_the_growth_against_the_stored_level(store: Storage, tmp_path: Path) -> None:

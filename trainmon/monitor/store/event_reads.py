@@ -1,6 +1,6 @@
 """Reads of the per-step tables other than ``steps``: checkpoints, resumes, evaluations, node-health
-samples and per-layer gradient norms. They are small (one row per save, eval or sample) or read
-only near a step (per-layer norms), so each is one plain query."""
+samples, per-layer gradient norms and the sampled instability precursors. They are small (one row per
+save, eval or sample) or read only near a step (per-layer norms), so each is one plain query."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ __all__ = [
     "latest_eval",
     "layer_norms_at",
     "layer_norms_before",
+    "precursor_samples",
     "resume_rows",
 ]
 
@@ -123,3 +124,13 @@ def layer_norms_before(conn: Connection, run: str, rank: int, attempt: int, step
         .limit(limit)
     ).all()
     return [norms for (norms,) in rows]
+
+
+def precursor_samples(conn: Connection, run: str, rank: int) -> Sequence[Row]:
+    """``(attempt, step, precursors)`` of ``rank``'s sampled steps that carried instability precursors, in
+    attempt and step order (one row per ``detail_every`` steps: a long run's few thousand)."""
+    return conn.execute(
+        select(layer_stats.c.attempt, layer_stats.c.step, layer_stats.c.precursors)
+        .where(layer_stats.c.run == run, layer_stats.c.rank == rank, layer_stats.c.precursors.is_not(None))
+        .order_by(layer_stats.c.attempt, layer_stats.c.step)
+    ).all()
