@@ -75,14 +75,15 @@ def largest_bound(events: Path) -> float:
 
 
 def warnings(events: Path) -> list[tuple[int, str, bool, str]]:
-    """The precursor's findings at warning or above and its resolutions, in order: (step, module, resolved, text).
+    """The precursor's findings at warning or above and its resolutions, in order: (step, series, resolved, text).
     Info findings (a growth at the LR's peak) ask nobody to act: they are neither warnings nor false ones."""
     det = InstabilityPrecursor(InstabilityPrecursorConfig())
     out = []
     for line in events.read_text().splitlines():
         for f in det.observe(validate_event(json.loads(line)), 0):
             if f.severity != "info" or f.resolved:
-                out.append((f.step, f.evidence["module"], f.resolved, f"{f.severity} step {f.step}: {f.message}"))
+                series = f"{f.evidence['mechanism']} {f.evidence['module']}"  # one module can show two mechanisms
+                out.append((f.step, series, f.resolved, f"{f.severity} step {f.step}: {f.message}"))
     return out
 
 
