@@ -164,7 +164,7 @@ def test_adam_second_moments_under_eps_fire_per_group_with_the_eps_remedy_then_r
     assert [(f.step, f.severity, f.resolved) for f in found] == [(60, "warning", False), (90, "info", True)]
     assert found[0].evidence["mechanism"] == "adam_epsilon" and found[0].evidence["module"] == "0"
     assert "55.0% of its second moments" in found[0].message
-    assert "lower eps" in found[0].hint and "not a lower LR" in found[0].hint
+    assert "lower eps" in found[0].hint and "not a lower LR" in found[0].hint and "eps was lowered" in found[1].hint
 
 
 def test_adam_shares_that_fall_or_hold_high_are_silent() -> None:

@@ -151,6 +151,10 @@ _EPS_HINT = (
 )
 
 
+_AFTER_LOSS = "; the loss has already risen: a consequence here rather than a warning ahead of it"
+_CALMED = "the growth stopped; if the LR was lowered, that worked. It can come back while the LR stays high."
+
+
 class _Series:
     """One module's (layer's, group's) sampled values: its level, and the episode in progress."""
 
@@ -177,6 +181,7 @@ class _Mechanism:
     escalates_on_peaks = False  # a new highest ratio is news (not only a worse severity)
     evidence_key = ""  # the evidence's name for the value (the field's unless said otherwise)
     follows_loss = False  # seen once the loss moved, it is a consequence: info (``loss_moved_ratio``)
+    calmed = _CALMED  # the hint of the finding that resolves an episode
 
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config
@@ -244,9 +249,6 @@ class _LogitGrowth(_Mechanism):
         return _STATE[severity].format(peak=peak_lr, critical=self.config.critical_ratio)
 
 
-_AFTER_LOSS = "; the loss has already risen: a consequence here rather than a warning ahead of it"
-
-
 class _OutputGrowth(_Mechanism):
     field = "linear_out_rms"
     name = "linear_output_growth"
@@ -306,6 +308,7 @@ class _EntropyCollapse(_Mechanism):
 class _EpsilonShare(_Mechanism):
     field = "adam_eps_frac"
     name = "adam_epsilon"
+    calmed = "the share is back near its level; if eps was lowered, that worked."
 
     def assess(self, value: float, level: float) -> tuple[bool, bool, float]:
         rose = value >= level + self.config.eps_rise
@@ -463,7 +466,7 @@ class InstabilityPrecursor(Detector):
             return self.resolve(
                 step,
                 m.resolved(module, step, value, level, ratio),
-                "the growth stopped; if the LR was lowered, that worked. It can come back while the LR stays high.",
+                m.calmed,
                 evidence,
             )
         return Finding(
