@@ -38,6 +38,7 @@ __all__ = [
     "MAX_EVENTS_PER_BATCH",
     "PHASES",
     "RUN_ID_PATTERN",
+    "SENT_HEADER",
     "VERSION",
     "Event",
     "WireError",
@@ -51,6 +52,14 @@ __all__ = [
 
 VERSION = 1
 MAX_EVENTS_PER_BATCH = 10_000
+SENT_HEADER = "X-Trainmon-Sent"
+"""HTTP request header: the producer's wall time (seconds since the epoch) when it sent the request.
+
+Optional. The collector estimates each producer's clock offset from it rather than from the events'
+own times: a batch replayed from a spool holds events from minutes or days ago, but it is sent now,
+so (arrival - sent) stays latency plus skew. A header and not a batch field, so that a collector
+older than its producers ignores it instead of refusing the batch.
+"""
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 STREAM_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 PHASES = ("data", "forward", "backward", "comm", "optimizer", "checkpoint", "eval", "other")
@@ -536,6 +545,18 @@ def validate_event(raw: Any, path: str = "event") -> Event:
             raise WireError(f"{path}.fields.{key}", f"missing required field for kind {kind!r}")
     header["fields"] = fields
     return Event(**header)
+
+
+def parse_sent(value: bytes | str | None) -> float | None:
+    """The :data:`SENT_HEADER` value as seconds since the epoch; None when absent or not a plausible time
+    (the header is advisory: a bad one falls back to the events' times, it never refuses a batch)."""
+    if value is None:
+        return None
+    try:
+        sent = float(value)
+    except ValueError:
+        return None
+    return sent if 0.0 < sent <= _MAX_TIME else None  # NaN fails the comparison
 
 
 def validate_batch(raw: Any) -> list[Event]:

@@ -217,3 +217,43 @@ def test_a_skewed_rank_that_goes_silent_is_hung(tmp_path: Path, skew: float) -> 
         assert float(hung[0]["message"].split(" for ")[1].split(" s")[0]) < 10  # seconds, not an hour
     finally:
         lc.stop()
+
+
+# -- a backlog sent now (a spool replayed after an outage) -----------------------------------------------
+
+
+def test_a_backlog_sent_now_says_nothing_false_about_the_clock() -> None:
+    """Events two hours old, sent now (a spool replayed after the collector was down for the stream's
+    whole life): the producer's send time is the sample, so the offset is latency, not two hours."""
+    storage = Storage("sqlite://")
+    ingestor = Ingestor(storage, Engine(storage, DetectorsConfig()), LiveState())
+    now = time.time()
+    events = [Event("step", "r", 0, "h", "s", i, now - 2 * HOUR + i, {"step": i}) for i in range(3)]
+    ingestor.ingest(events, arrival=now, sent=now - 0.02)
+    assert [ev.clock_offset for ev in events] == [pytest.approx(0.02)] * 3
+    with storage.connect() as conn:
+        (stream,) = stream_rows(conn, "r")
+    assert stream["last_time"] == pytest.approx(now - 2 * HOUR + 2)  # its own times: the clock is right
+
+
+def test_the_transport_says_when_it_sent_and_a_replayed_backlog_gets_no_skew_note(tmp_path: Path) -> None:
+    from trainmon.hooks.transport import Transport
+
+    lc = _collector(tmp_path)
+    try:
+        transport = Transport(lc.url, spool_dir=tmp_path / "spool", flush_interval=0.05)
+        old = time.time() - 2 * HOUR  # a right clock; the events were spooled two hours ago
+        ranks = Ranks(lc, "replayed", {"node-a": (0, 0.0)})
+        for i, kind in enumerate(["run_start", *["step"] * 40]):
+            fields = {"world_size": 1} if kind == "run_start" else {"step": i - 1, "loss": 2.0, "step_time": 0.2}
+            ev = event(kind, fields, run="replayed", stream="s-replay", t=old + 5.0 * i)
+            del ev["seq"]  # numbered by the transport
+            transport.put(ev)
+        assert transport.flush(timeout=10)
+        transport.close()
+        with lc.collector.storage.connect() as conn:
+            (stream,) = stream_rows(conn, "replayed")
+        assert abs(stream["clock_offset"]) < 1.0, stream
+        assert ranks.anomalies("node_health") == []
+    finally:
+        lc.stop()

@@ -139,3 +139,11 @@ def test_new_precursor_maps_validate(field: str, key: str) -> None:
     with pytest.raises(wire.WireError) as err:
         wire.validate_batch(batch([event("step", {"step": 10, field: {key: "high"}})]))
     assert err.value.path.startswith(f"events[0].fields.{field}.") and key in err.value.path  # the entry named
+
+
+def test_the_sent_header_is_advisory() -> None:
+    """A producer's send time is read when plausible and ignored otherwise: it never refuses a batch."""
+    assert wire.parse_sent(b"1763771234.25") == 1763771234.25
+    assert wire.parse_sent("1763771234") == 1763771234.0
+    for bad in (None, b"", b"soon", b"nan", b"inf", b"-5", b"0", str(2.0**33).encode()):
+        assert wire.parse_sent(bad) is None, bad

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.hooks.policy import StopPolicy
-from trainmon.wire import MAX_EVENTS_PER_BATCH, VERSION, json_safe
+from trainmon.wire import MAX_EVENTS_PER_BATCH, SENT_HEADER, VERSION, json_safe
 
 __all__ = ["Transport"]
 
@@ -107,7 +107,10 @@ class _HttpSink:
                 conn = self._conn
             try:
                 path = self._path if self._policy is None else f"{self._path}?{self._policy.query()}"
-                conn.request("POST", path, body, self._headers)
+                # When this request left, on this host's clock: the collector judges the clock by it, since a
+                # batch replayed from the spool holds events from long ago (trainmon.monitor.core.clock).
+                headers = {**self._headers, SENT_HEADER: repr(time.time())}
+                conn.request("POST", path, body, headers)
                 resp = conn.getresponse()
                 text = resp.read()
             except (OSError, http.client.HTTPException) as exc:

@@ -294,11 +294,11 @@ def _secret(name: str) -> bool:
 
 
 def _events(items: Items) -> list[list[Any]]:
-    return [[e.kind, e.run, e.rank, e.host, e.stream, e.seq, e.time, e.fields, a] for e, a in items]
+    return [[e.kind, e.run, e.rank, e.host, e.stream, e.seq, e.time, e.fields, a, e.clock_offset] for e, a in items]
 
 
 def _items(rows: list[list[Any]]) -> Items:
-    return [(Event(*row[:8]), row[8]) for row in rows]
+    return [(Event(*row[:8], clock_offset=row[9]), row[8]) for row in rows]
 
 
 def _found(found: list[Found]) -> list[list[Any]]:

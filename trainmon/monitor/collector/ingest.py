@@ -87,11 +87,12 @@ class _Stream:
 class _Slot:
     """A batch of a group being committed, and what became of it."""
 
-    __slots__ = ("arrival", "error", "events", "fresh")
+    __slots__ = ("arrival", "error", "events", "fresh", "sent")
 
-    def __init__(self, events: list[Event], arrival: float | None) -> None:
+    def __init__(self, events: list[Event], arrival: float | None, sent: float | None = None) -> None:
         self.events = events
         self.arrival = arrival  # collector wall time the batch was received; None: not live (tests, imports)
+        self.sent = sent  # the producer's wall time when it sent the batch, if it said (wire.SENT_HEADER)
         self.fresh: list[tuple[Event, int]] = []
         self.error: BaseException | None = None
 
@@ -138,9 +139,10 @@ class Ingestor:
         self._lock = threading.Lock()  # held while a group is committed
         self._streams: dict[str, _Stream] = {}
 
-    def ingest(self, events: list[Event], arrival: float | None = None) -> IngestResult:
-        """Store one validated batch (received at ``arrival``, collector wall time, if it arrived live) and
-        wait for its detection. Raises ``IngestError`` on a conflict."""
+    def ingest(self, events: list[Event], arrival: float | None = None, sent: float | None = None) -> IngestResult:
+        """Store one validated batch (received at ``arrival``, collector wall time, if it arrived live; sent at
+        ``sent`` on the producer's clock, if it said) and wait for its detection. Raises ``IngestError`` on a
+        conflict."""
         results: list[IngestResult | IngestError] = []
         ready = threading.Event()
 
@@ -148,7 +150,7 @@ class Ingestor:
             results.extend(out)
             ready.set()
 
-        self.ingest_group([events], done, None if arrival is None else [arrival])
+        self.ingest_group([events], done, None if arrival is None else [arrival], [sent])
         ready.wait()
         (result,) = results
         if isinstance(result, IngestError):
@@ -160,6 +162,7 @@ class Ingestor:
         batches: list[list[Event]],
         done: Callable[[list[IngestResult | IngestError]], None],
         arrivals: list[float] | None = None,
+        sents: list[float | None] | None = None,
     ) -> None:
         """Store validated batches in one transaction (group commit); ``done`` gets one result per batch
         once the group is durable and the detectors have seen it (on another thread when detection
@@ -169,9 +172,13 @@ class Ingestor:
         ``IngestError`` and the others are stored. A thousand ranks cost a few fsyncs a second
         instead of one per batch (``synchronous=FULL`` makes the fsync the limit otherwise).
         Raises (and stores nothing, calls nothing) when the database fails. ``arrivals``: the collector
-        wall time each batch was received (None: not live, the producer's clock is all there is).
+        wall time each batch was received (None: not live, the producer's clock is all there is); ``sents``: the
+        producer's wall time when it sent each batch (``wire.SENT_HEADER``), None where it did not say.
         """
-        group = [_Slot(events, arrivals[i] if arrivals is not None else None) for i, events in enumerate(batches)]
+        group = [
+            _Slot(events, arrivals[i] if arrivals is not None else None, sents[i] if sents is not None else None)
+            for i, events in enumerate(batches)
+        ]
         with self._lock:
             self._commit(group)
             results: list[IngestResult | IngestError] = []
@@ -213,7 +220,12 @@ class Ingestor:
                         slot.error = exc
                         continue
                     arrival = slot.arrival
-                    if arrival is not None:
+                    if arrival is not None and slot.sent is not None:
+                        # One sample per stream: when the request left against when it came. A batch replayed
+                        # from a spool holds old events but was sent now, so it says nothing false about the clock.
+                        for stream in {ev.stream for ev in slot.events}:
+                            known[stream].clock.add(slot.sent, arrival)
+                    elif arrival is not None:  # a producer that does not say when it sent: its events' times
                         for ev in slot.events:
                             known[ev.stream].clock.add(ev.time, arrival)
                     fresh: list[tuple[Event, int]] = []

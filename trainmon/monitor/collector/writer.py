@@ -38,8 +38,9 @@ log = logging.getLogger("trainmon.collector")
 
 # (HTTP status, JSON body, extra headers)
 Reply = tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]
-# (request body, callback, perf_counter when received, wall time when received: the producer's clock is judged by it)
-_Pending = tuple[bytes, Callable[[Reply], None], float, float]
+# (request body, callback, perf_counter when received, wall time when received, the producer's wall time when it
+# sent the request (wire.SENT_HEADER) or None: the producer's clock is judged by the two)
+_Pending = tuple[bytes, Callable[[Reply], None], float, float, float | None]
 
 # Bodies per transaction, in bytes (~800 step events): big enough that a commit is rare, small enough that
 # a batch waits for at most ~0.1 s of someone else's group (latency). A larger body is a group of its own.
@@ -66,15 +67,16 @@ class IngestWriter:
         self._thread = threading.Thread(target=self._run, name="trainmon-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, body: bytes, done: Callable[[Reply], None]) -> None:
-        """Queue a request body; ``done(reply)`` is called once, when it is committed and detected, or refused."""
+    def submit(self, body: bytes, done: Callable[[Reply], None], sent: float | None = None) -> None:
+        """Queue a request body (``sent``: when the producer sent it, on its clock, if it said); ``done(reply)``
+        is called once, when it is committed and detected, or refused."""
         with self._ready:
             if self._stop or len(self._queue) >= self._max_pending or self.queued_bytes + len(body) > self._max_bytes:
                 self._metrics.rejected.labels("overload").inc()
                 done(_overloaded(len(self._queue)))
                 return
             self.queued_bytes += len(body)
-            self._queue.append((body, self._answer_once(done), time.perf_counter(), time.time()))
+            self._queue.append((body, self._answer_once(done), time.perf_counter(), time.time(), sent))
             self._metrics.inflight.inc()
             self._ready.notify()
 
@@ -117,7 +119,7 @@ class IngestWriter:
             abandoned = list(self._queue)  # the thread returns when it finds the queue empty
             self._queue.clear()
             self.queued_bytes = 0
-        for _, done, _, _ in abandoned:
+        for _, done, _, _, _ in abandoned:
             done((503, {"error": "collector shutting down; retry later"}, [(b"retry-after", b"1")]))
 
     def _run(self) -> None:
@@ -138,7 +140,7 @@ class IngestWriter:
                 self._ingest(group)
             except Exception as exc:  # the writer must outlive any bug in one group
                 log.exception("ingest of a group failed")
-                for _, done, _, _ in group:
+                for _, done, _, _, _ in group:
                     done((500, {"error": f"collector error: {exc}"}, []))
             finally:
                 self._busy_since = None
@@ -147,27 +149,30 @@ class IngestWriter:
         batches: list[list[wire.Event]] = []
         waiting: list[tuple[Callable[[Reply], None], float]] = []
         arrivals: list[float] = []
-        for body, done, received, arrival in group:
+        sents: list[float | None] = []
+        for body, done, received, arrival, sent in group:
             events = self._decode(body, done)
             if events is not None:
                 batches.append(events)
                 waiting.append((done, received))
                 arrivals.append(arrival)
+                sents.append(sent)
         if batches:
-            self._commit(batches, waiting, arrivals)
+            self._commit(batches, waiting, arrivals, sents)
 
     def _commit(
         self,
         batches: list[list[wire.Event]],
         waiting: list[tuple[Callable[[Reply], None], float]],
         arrivals: list[float],
+        sents: list[float | None],
     ) -> None:
         """One transaction for the batches. If it fails on a batch's data rather than on the database,
         each batch gets a transaction of its own: the others of the group commit, and the one that
         cannot be stored is refused (422: retrying would fail forever), without the SQL."""
         try:
             self._ingestor.ingest_group(
-                batches, lambda results: self._answer(batches, waiting, results), arrivals=arrivals
+                batches, lambda results: self._answer(batches, waiting, results), arrivals=arrivals, sents=sents
             )
             self.write_failure = None
             return
@@ -175,8 +180,8 @@ class IngestWriter:
             failure = exc
         if len(batches) > 1 and not isinstance(failure, _OUTAGE):
             log.warning("a group of %d batches failed (%s); committing them one by one", len(batches), failure)
-            for events, pending, arrival in zip(batches, waiting, arrivals, strict=True):
-                self._commit([events], [pending], [arrival])
+            for events, pending, arrival, sent in zip(batches, waiting, arrivals, sents, strict=True):
+                self._commit([events], [pending], [arrival], [sent])
             return
         if len(batches) == 1 and isinstance(failure, _UNSTORABLE) and not isinstance(failure, _OUTAGE):
             problem = str(getattr(failure, "orig", None) or failure).splitlines()[0][:200]

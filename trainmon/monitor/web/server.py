@@ -383,11 +383,14 @@ class _Ingress:
 
     async def _events(self, scope: dict, receive: Any, send: Any) -> None:
         declared = media = b""
+        sent: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 declared = value
             elif name == b"content-type":
                 media = value.partition(b";")[0].strip().lower()
+            elif name == _SENT_HEADER:
+                sent = value
         if media != b"application/json":
             # Also what keeps a web page from posting events: text/plain needs no CORS preflight, JSON does.
             self._metrics.rejected.labels("content_type").inc()
@@ -423,7 +426,7 @@ class _Ingress:
             self._replies = _Replies(loop)
         replies = self._replies
         fut: asyncio.Future = loop.create_future()
-        self.collector.writer.submit(bytes(body), lambda reply: replies.put(fut, reply))
+        self.collector.writer.submit(bytes(body), lambda reply: replies.put(fut, reply), wire.parse_sent(sent))
         status, payload, headers = await fut
         if asked is not None and status == 200:
             run, severity, after = asked
@@ -458,6 +461,8 @@ class _Ingress:
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
 
+
+_SENT_HEADER = wire.SENT_HEADER.lower().encode()  # ASGI gives header names lower-cased
 
 _SESSION_COOKIE = b"trainmon_session"
 
