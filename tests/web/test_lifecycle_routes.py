@@ -89,6 +89,9 @@ def test_deleting_an_ended_run_removes_it_from_the_store_and_from_memory(collect
     assert 'run="ended"' not in metrics and 'run="other"' in metrics  # exported series forget it
     assert "ended" not in collector.collector.live.runs
     assert collector.collector.findings.since("ended", "info", 0)[0] == []
+    ingestor = collector.collector.ingestor  # nor does the stream cache keep it (a run sent again starts afresh)
+    assert not [st for st in ingestor._streams.values() if st.run == "ended"]
+    assert [st for st in ingestor._streams.values() if st.run == "other"]
 
 
 def test_export_streams_the_stored_events(collector: LiveCollector) -> None:

@@ -293,13 +293,21 @@ class Ingestor:
             gone = self.live.idle_runs(ended_after, idle_after)
             if not gone:
                 return []
-            dropped = set(gone)
-            for key in [k for k, st in self._streams.items() if st.run in dropped]:
-                del self._streams[key]
-            for run in gone:
-                self.engine.forget(run)
-                self.live.forget(run)
+            self._forget(set(gone))
             return gone
+
+    def forget(self, run: str) -> None:
+        """Drop a deleted run from memory (its stream cache, detectors, live values), under the ingest lock
+        so that no batch of it is half-applied; a batch that comes later starts it afresh."""
+        with self._lock:
+            self._forget({run})
+
+    def _forget(self, runs: set[str]) -> None:
+        for key in [k for k, st in self._streams.items() if st.run in runs]:
+            del self._streams[key]
+        for run in runs:
+            self.engine.forget(run)
+            self.live.forget(run)
 
     def _load_streams(self, conn: Connection, events: list[Event], known: dict[str, _Stream]) -> None:
         """Add the batch's streams to ``known`` (the group's); on a conflict, take them out again."""

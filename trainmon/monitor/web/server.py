@@ -147,8 +147,7 @@ class Collector:
     def forget(self, run: str) -> None:
         """Drop a deleted run from memory: detectors and open anomalies, live values and exported series,
         the findings acknowledgements carry."""
-        self.ingestor.engine.forget(run)
-        self.live.forget(run)
+        self.ingestor.forget(run)
         self.findings.forget(run)
 
     def close(self, timeout: float | None = None) -> None:
