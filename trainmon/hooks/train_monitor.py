@@ -41,6 +41,7 @@ import atexit
 import collections
 import contextlib
 import math
+import operator
 import os
 import signal
 import socket
@@ -49,7 +50,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -80,6 +81,12 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _memory_stats = getattr(torch._C, "_cuda_memoryStats", None)
 _reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 
+# The hot path (the hooks and step_end) runs with the interpreter's caches left cold by the model's own work, where
+# every Python frame entered costs about a microsecond: helpers are inlined there, the LR is read with C callables
+# (a list comprehension is a frame of its own in Python 3.11) and the clock is a module global (one lookup, not two).
+_now = time.perf_counter
+_LR = operator.itemgetter("lr")
+
 
 class _Step:
     """What one optimizer step gathered on the training thread; made an event on the sender thread.
@@ -91,7 +98,6 @@ class _Step:
 
     step = 0
     end = 0.0
-    time = 0.0
     loss: Any = None
     tokens: int | None = None
     samples: int | None = None
@@ -109,9 +115,15 @@ class _Step:
     checksum: torch.Tensor | None = None  # of the weights the step starts from (trainmon.hooks.checksum)
     precursors: Sampled | None = None  # sampled steps: names, stacked device values (trainmon.hooks.precursors)
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, number: int, checksum_every: int, detail_every: int) -> None:
         self.start = start
         self.marks: list[tuple[str, Any, Any]] = []
+        # What this step samples, decided once here rather than in each hook (a call costs ~2 us on the hot
+        # path), on every rank alike from the step's number: the weights checksum on the first step and every
+        # ``checksum_every``, the sampled signals every ``detail_every`` (precursors, update ratios, Adam's
+        # second moments, as the per-layer grad norms).
+        self.checksum_due = checksum_every > 0 and number % checksum_every == 0
+        self.sampled = detail_every > 0 and number % detail_every == 0
 
 
 class TrainMonitor:
@@ -347,7 +359,7 @@ class TrainMonitor:
     # -- hooks ----------------------------------------------------------------------------
 
     def _reset_step(self, now: float) -> None:
-        self._s = _Step(now)
+        self._s = _Step(now, self._last_step + 1, self.checksum_every, self.detail_every)
         self._gap_start: float | None = now  # host time since the last phase ended
         self._explicit: str | None = None  # inside phase("eval") or phase("checkpoint")
         self._forward_open: Any = None  # start marks of the phases in progress
@@ -357,93 +369,75 @@ class TrainMonitor:
         self._backward_event: Any = None  # and its CUDA event on GPU
         self._comm_end = 0.0
 
-    def _mark(self, now: float) -> Any:
-        """A phase boundary: ``now`` on CPU, a CUDA event queued on the current stream on GPU."""
-        if not self._cuda:
-            return now
-        return self._events.record()
-
     def _on_forward_start(self, _module: Any, _args: Any) -> None:
         if self._explicit is not None or not torch.is_grad_enabled():
             return  # eval / inference forwards are not part of the training step
-        t0 = time.perf_counter()
+        t0 = _now()
         s = self._s
         if self._backward_open is not None:
             self._close_backward(t0)  # the previous micro-batch's
         # Host time between phases before a forward is time spent waiting for the next batch.
-        if self._gap_start is not None and not s.explicit_data:
-            s.marks.append(("data", self._gap_start, t0))
+        gap = self._gap_start
+        if gap is not None and not s.explicit_data:
+            s.marks.append(("data", gap, t0))
         self._gap_start = None
         s.micro_batches += 1
         if s.micro_batches == 1:
             if self._optimizer is not None:
                 # The LR this step will use; the optimizer pre-hook refines it (a skipped fp16 step
                 # never calls optimizer.step, and reading it at step_end would give the next LR).
-                s.lr = [float(g["lr"]) for g in self._optimizer.param_groups]
+                s.lr = list(map(float, map(_LR, self._optimizer.param_groups)))
             if self._scaler is not None and self._scaler._scale is not None:
                 # The scale this step's loss is multiplied by; scaler.update() changes it in place
                 # before step_end. A one-element device copy: no sync.
                 s.scale = self._scaler._scale.detach().clone()
-            if self._model is not None and self.checksum_every and self._checksum_due():
+            if s.checksum_due and self._model is not None:
                 s.checksum = weights_checksum(self._model.parameters())  # device reductions, read back later
-            precursors = self._due_precursors()
-            if precursors is not None:
-                precursors.arm()  # removed at this forward's end: other steps run no hook of ours
+            p = self._precursors
+            if s.sampled and p is not None and p.measurable:  # a model with something to measure
+                p.arm()  # removed at this forward's end: other steps run no hook of ours
                 self._precursors_armed = True
-        self._forward_open = self._mark(t0)
-        self.overhead_s += time.perf_counter() - t0
-
-    def _checksum_due(self) -> bool:
-        """The first step (the initial weights) and every ``checksum_every`` steps after it, on every rank alike."""
-        return self._last_step < 0 or (self._last_step + 1) % self.checksum_every == 0
-
-    def _sampled(self) -> bool:
-        """The step in progress is a sampled one (every ``detail_every``): precursors and update ratios."""
-        return self.detail_every > 0 and (self._last_step + 1) % self.detail_every == 0
-
-    def _due_precursors(self) -> Precursors | None:
-        """The precursors to arm on this step: a sampled step (every ``detail_every``, as the per-layer grad
-        norms) of a model with something to measure; None on every other step."""
-        p = self._precursors
-        if p is not None and self._sampled() and p.measurable:
-            return p
-        return None
+        # A phase boundary: the host time on CPU, a CUDA event queued on the current stream on GPU.
+        self._forward_open = self._events.record() if self._cuda else t0
+        self.overhead_s += _now() - t0
 
     def _on_forward_end(self, _module: Any, _args: Any, _output: Any) -> None:
         start = self._forward_open
         if start is None:
             return
-        t0 = time.perf_counter()
+        t0 = _now()
+        s = self._s
         if self._precursors_armed:
             p = self._precursors
             assert p is not None
-            self._s.precursors = p.collect()
+            s.precursors = p.collect()
             self._precursors_armed = False
             self.overhead_s += p.spent  # the hooks ran inside the model's forward, outside this accounting
             p.spent = 0.0
-        end = self._mark(t0)
-        self._s.marks.append(("forward", start, end))
+        end = self._events.record() if self._cuda else t0
+        s.marks.append(("forward", start, end))
         # Backward is timed from here to the last gradient, so it includes a loss computed outside
         # the model (usually negligible next to the backward pass itself).
         self._forward_open = None
         self._backward_open = end
         self._backward_end = None
         self._gap_start = None
-        self.overhead_s += time.perf_counter() - t0
+        self.overhead_s += _now() - t0
 
     def _on_grad(self, param: torch.Tensor) -> None:
         # Only a timestamp: the phase is closed at the loop's next call into trainmon. On GPU this
         # runs on the autograd device thread, where the current stream is the backward's.
-        self._backward_end = time.perf_counter()
+        self._backward_end = _now()
         if self._cuda:
-            self._backward_event = self._mark(0.0)
+            self._backward_event = self._events.record()
         self._grad_param = param
 
     def _close_backward(self, now: float) -> None:
         s = self._s
         end = self._backward_end
         if end is None:  # the watched gradient did not come (unused this micro-batch): close it here
-            end, mark = now, self._mark(now)
+            end = now
+            mark = self._events.record() if self._cuda else now
         else:
             mark = self._backward_event if self._cuda else end
         s.marks.append(("backward", self._backward_open, mark))
@@ -479,26 +473,26 @@ class TrainMonitor:
             ddp.register_comm_hook(None, lambda state, bucket: allreduce_hook(state, bucket).then(done))
 
     def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        t0 = time.perf_counter()
+        t0 = _now()
         s = self._s
         if self._backward_open is not None:
             self._close_backward(t0)
         # The LR this update uses, whenever the loop steps its scheduler (host floats).
-        s.lr = [float(g["lr"]) for g in optimizer.param_groups]
+        s.lr = list(map(float, map(_LR, optimizer.param_groups)))
         self._gap_start = None
-        if self._sampled():
+        if s.sampled:
             s.update_sample = snapshot_for_update_ratio(optimizer)
         s.optimizer_steps += 1  # a GradScaler that skips the step never calls optimizer.step
         # Closed by the loop's next call (one hook call fewer per step than a post-hook).
-        self._optimizer_open = self._mark(t0)
-        self.overhead_s += time.perf_counter() - t0
+        self._optimizer_open = self._events.record() if self._cuda else t0
+        self.overhead_s += _now() - t0
 
     def _close_open_phases(self, now: float) -> None:
         """Backward and optimizer end at the loop's next call into trainmon."""
         if self._backward_open is not None:
             self._close_backward(now)
         if self._optimizer_open is not None:
-            self._s.marks.append(("optimizer", self._optimizer_open, self._mark(now)))
+            self._s.marks.append(("optimizer", self._optimizer_open, self._events.record() if self._cuda else now))
             self._optimizer_open = None
 
     # -- the loop's calls -----------------------------------------------------------------
@@ -545,7 +539,7 @@ class TrainMonitor:
         per-parameter norms torch computes on the way are kept as a tensor for the second-level
         signal, and the post-clip norm is derived from the coefficient: no extra pass, no sync.
         """
-        t0 = time.perf_counter()
+        t0 = _now()
         if self._backward_open is not None:
             self._close_backward(t0)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -563,9 +557,9 @@ class TrainMonitor:
             torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total, foreach)
         else:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
-        t1 = time.perf_counter()  # clipping itself is the loop's work, not trainmon overhead
+        t1 = _now()  # clipping itself is the loop's work, not trainmon overhead
         self._s.clip = (total.data, max_norm, per_param, with_grad)
-        self._gap_start = time.perf_counter()
+        self._gap_start = _now()
         self._s.marks.append(("optimizer", t0, self._gap_start))
         self.overhead_s += self._gap_start - t1
         return total
@@ -601,15 +595,20 @@ class TrainMonitor:
         ``loss_scale``, ...); values given here win over what the hooks measured. Everything that
         can wait is done on the sender thread: here the step's values are only captured.
         """
-        t0 = time.perf_counter()
-        self._close_open_phases(t0)
+        t0 = _now()
         s = self._s
+        if self._backward_open is not None:
+            self._close_backward(t0)
+        opened = self._optimizer_open
+        if opened is not None:  # _close_open_phases, inlined: the optimizer phase is open on every step
+            s.marks.append(("optimizer", opened, self._events.record() if self._cuda else t0))
+            self._optimizer_open = None
         s.step, s.end, s.tokens, s.samples, s.fields = step, t0, tokens, samples, fields
         # .data, not .detach(): the same graph-free alias without a dispatcher call that releases the GIL
         # (a training thread that lets the GIL go waits for the sender thread to give it back).
         s.loss = loss.data if isinstance(loss, torch.Tensor) else loss
         if s.lr is None and self._optimizer is not None:
-            s.lr = [float(g["lr"]) for g in self._optimizer.param_groups]
+            s.lr = list(map(float, map(_LR, self._optimizer.param_groups)))
         if self._scheduler is not None:
             s.scheduler_epoch = self._scheduler.last_epoch
         if s.scale is None and self._scaler is not None and self._scaler._scale is not None:
@@ -618,20 +617,18 @@ class TrainMonitor:
             s.update_ratio, groups = update_ratios(s.update_sample)
             s.update_sample = None
             s.precursors = _joined(s.precursors, groups)
-        if s.optimizer_steps and self._sampled():  # after the update: the second moments it used
+        if s.optimizer_steps and s.sampled:  # after the update: the second moments it used
             s.precursors = _joined(s.precursors, adam_eps_fractions(self._optimizer))
-        device: dict[str, torch.Tensor] | None = None
-        events: Sequence[Any] = ()
         if self._cuda:
             s.memory = _cuda_memory()
-            device = _device_tensors(s)
             events = [end for _, _, end in s.marks if not isinstance(end, float)]
-        s.time = time.time()
+            self._readback.submit(s, _device_tensors(s), events)
+        else:
+            self._readback.submit(s)
         self._last_step = step
-        self._readback.submit(s, device, events)
-        now = time.perf_counter()
+        now = _now()
         self.overhead_s += now - t0
-        self._s = _Step(now)  # the next step starts after ours
+        self._s = _Step(now, step + 1, self.checksum_every, self.detail_every)  # the next step starts after ours
         self._gap_start = now
         if self.policy is not None and self.policy.pending:  # filled by the sender thread from acknowledgements
             self._act(step)
@@ -708,7 +705,10 @@ class TrainMonitor:
             if per_param is not None:
                 self._layer_norms(record, norm, values.get("_per_param", per_param), params)
         record.update(s.fields or {})  # what the loop passed explicitly wins over what hooks measured
-        return self._event("step", record, s.time)
+        # The wall-clock time of the step's end, from its perf_counter one: a time.time() call fewer on the
+        # training thread. The sender finishes a step within a flush interval (a step later on GPU), over
+        # which the two clocks cannot drift apart by more than microseconds.
+        return self._event("step", record, time.time() - (time.perf_counter() - s.end))
 
     @staticmethod
     def _precursor_fields(record: dict[str, Any], names: list[str], values: list[float]) -> None:
