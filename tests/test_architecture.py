@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "trainmon"
 
 # Lowest first; a group is a module or package prefix under trainmon.
-NEUTRAL = ("trainmon.wire", "trainmon.schedules", "trainmon.flops", "trainmon.fingerprint")
+NEUTRAL = ("trainmon.wire", "trainmon.schedules", "trainmon.flops", "trainmon.fingerprint", "trainmon.clock")
 MONITOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainmon.monitor.store",),
     ("trainmon.monitor.core",),

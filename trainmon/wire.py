@@ -307,7 +307,7 @@ class Event:
     time: float
     fields: dict[str, Any]
     clock_offset: float | None = field(default=None, compare=False)
-    """Seconds that put ``time`` on the collector's clock (``trainmon.monitor.core.clock``): set by the
+    """Seconds that put ``time`` on the collector's clock (``trainmon.clock``): set by the
     collector on events that arrived live, never read from the wire; None on imports."""
 
 

@@ -11,13 +11,13 @@ import pytest
 
 from tests.conftest import LiveCollector, start_collector
 from tests.events import batch, event
+from trainmon.clock import ClockOffset, aligned
 from trainmon.monitor.analysis.live_view import run_status
 from trainmon.monitor.analysis.postmortem import summarize
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
-from trainmon.monitor.core.clock import ClockOffset, aligned
 from trainmon.monitor.detectors.hang import HangConfig
 from trainmon.monitor.detectors.node_health import NodeHealthConfig
 from trainmon.monitor.store.queries import stream_rows
@@ -257,3 +257,22 @@ def test_the_transport_says_when_it_sent_and_a_replayed_backlog_gets_no_skew_not
         assert ranks.anomalies("node_health") == []
     finally:
         lc.stop()
+
+
+def test_an_exported_skewed_stream_keeps_its_start_and_end_among_its_own_times() -> None:
+    """The store keeps a stream's start and end on the collector's clock; the export gives them back on
+    the producer's, so a file read back has no run that starts an hour after its steps."""
+    from trainmon.monitor.store.export import run_events
+
+    storage = Storage("sqlite://")
+    ingestor = Ingestor(storage, Engine(storage, DetectorsConfig()), LiveState())
+    now = time.time()
+    t0 = now - HOUR  # the producer's clock: an hour behind
+    events = [Event("run_start", "r", 0, "h", "s", 0, t0, {"world_size": 1})]
+    events += [Event("step", "r", 0, "h", "s", i + 1, t0 + i, {"step": i, "loss": 2.0}) for i in range(5)]
+    events.append(Event("run_end", "r", 0, "h", "s", 6, t0 + 5, {"status": "finished", "step": 4}))
+    ingestor.ingest(events, arrival=now + 5.02, sent=t0 + 5)
+    with storage.connect() as conn:
+        exported = list(run_events(conn, "r"))
+    assert [e["kind"] for e in exported] == ["run_start", *["step"] * 5, "run_end"]
+    assert [e["time"] for e in exported] == pytest.approx([t0, *(t0 + i for i in range(5)), t0 + 5])

@@ -108,7 +108,7 @@ class _HttpSink:
             try:
                 path = self._path if self._policy is None else f"{self._path}?{self._policy.query()}"
                 # When this request left, on this host's clock: the collector judges the clock by it, since a
-                # batch replayed from the spool holds events from long ago (trainmon.monitor.core.clock).
+                # batch replayed from the spool holds events from long ago (trainmon.clock).
                 headers = {**self._headers, SENT_HEADER: repr(time.time())}
                 conn.request("POST", path, body, headers)
                 resp = conn.getresponse()

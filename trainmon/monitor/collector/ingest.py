@@ -12,7 +12,7 @@ next one (the process restarted, usually resuming from a checkpoint) attempt 1, 
 
 The producer's clock is not trusted for liveness: each batch that arrived live comes with the
 collector's time of arrival, from which each stream's clock offset is estimated
-(``trainmon.monitor.core.clock``). Fresh events carry it (``Event.clock_offset``) to the live values
+(``trainmon.clock``). Fresh events carry it (``Event.clock_offset``) to the live values
 and the detectors, and the times that say when a stream or run was active (``streams.started_at``,
 ``last_time``, ``runs.created_at``, ``updated_at``) are stored on the collector's clock; the
 per-event rows keep the producer's own times (durations within a rank are differences of them).
@@ -27,10 +27,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from trainmon.clock import ClockOffset, aligned
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.seqs import SeqSet
-from trainmon.monitor.core.clock import ClockOffset, aligned
 from trainmon.monitor.store.queries import run_updated_at, stream_count, stream_of
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,

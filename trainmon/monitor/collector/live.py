@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainmon.clock import aligned
 from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.core.budget import mfu_from_throughput
-from trainmon.monitor.core.clock import aligned
 from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.core.goodput import Ledger, hang_open
 from trainmon.monitor.store.storage import PRECURSOR_FIELDS

@@ -9,7 +9,7 @@ thousand ranks cost a few transactions (and fsyncs) a second, and no request thr
 contends for a lock: under load the queue is the batching. A batch is acknowledged only after
 its group committed; a refused batch (bad JSON, schema, a stream conflict) is answered alone
 and never touches the others of its group. Each body is stamped with the collector's wall time
-when it was received: the producers' clocks are judged by it (``trainmon.monitor.core.clock``).
+when it was received: the producers' clocks are judged by it (``trainmon.clock``).
 
 The queue is bounded: beyond ``max_pending`` waiting bodies the collector answers 503 at once
 (with ``Retry-After``) instead of growing without limit; the producer's transport spools the

@@ -46,8 +46,8 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Connection
 
+from trainmon.clock import aligned
 from trainmon.monitor.core.attempts import attempt_failed
-from trainmon.monitor.core.clock import aligned
 from trainmon.monitor.store.event_reads import checkpoint_rows
 from trainmon.monitor.store.queries import clock_offsets
 from trainmon.monitor.store.step_reads import step_timeline

@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.core.clock import aligned
+from trainmon.clock import aligned
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.rolling import RollingWindow

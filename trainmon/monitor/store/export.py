@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Select, select
 
+from trainmon.clock import producer_time
 from trainmon.monitor.store.replay import step_fields
 from trainmon.monitor.store.storage import checkpoints, evals, health, layer_stats, resumes, steps, streams
 from trainmon.wire import json_safe
@@ -38,11 +39,19 @@ def run_events(conn: Connection, run: str) -> Iterator[dict[str, Any]]:
     for s in conn.execute(select(streams).where(streams.c.run == run).order_by(streams.c.attempt, streams.c.rank)):
         ids[(s.rank, s.attempt)] = (s.stream, s.host)
         if s.start is not None:
-            edges.append((s.started_at, _FIRST, s.rank, s.attempt, "run_start", s.start))
+            # the stream's start and end are kept on the collector's clock; its events are on its own
+            edges.append((producer_time(s.started_at, s.clock_offset), _FIRST, s.rank, s.attempt, "run_start", s.start))
         if s.end_status is not None:
             end = {"status": s.end_status, "step": s.end_step, "error": s.end_error, "dropped_events": s.dropped_events}
             edges.append(
-                (s.last_time, _LAST, s.rank, s.attempt, "run_end", {k: v for k, v in end.items() if v is not None})
+                (
+                    producer_time(s.last_time, s.clock_offset),
+                    _LAST,
+                    s.rank,
+                    s.attempt,
+                    "run_end",
+                    {k: v for k, v in end.items() if v is not None},
+                )
             )
     edges.sort(key=lambda e: e[:2])
     merged = heapq.merge(

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, and_, select
 
+from trainmon.clock import producer_time
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     STEP_FIELDS,
@@ -67,7 +68,7 @@ def recent_events(conn: Connection, run: str, rank: int, window: int = 512) -> l
     for s in conn.execute(select(streams).where(streams.c.run == run, streams.c.rank == rank)):
         hosts[s.attempt] = (s.host, s.stream, s.clock_offset)
         if s.start is not None:
-            add("run_start", s.attempt, s.started_at, s.start)
+            add("run_start", s.attempt, producer_time(s.started_at, s.clock_offset), s.start)  # stored on ours
     key = (steps.c.run == run) & (steps.c.rank == rank)
     rows = conn.execute(steps_with_precursors().where(key).order_by(steps.c.time.desc()).limit(window)).all()
     first_time = rows[-1].time if rows else float("-inf")

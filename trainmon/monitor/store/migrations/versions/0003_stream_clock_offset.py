@@ -1,7 +1,7 @@
 """Streams remember their producer's clock offset.
 
 A trainer's clock can be far off the collector's; the collector estimates each stream's offset
-(``trainmon.monitor.core.clock``) and keeps the stream's and the run's times on its own clock.
+(``trainmon.clock``) and keeps the stream's and the run's times on its own clock.
 ``clock_offset`` is that estimate in seconds (collector minus producer), kept so a restarted
 collector goes on from it and a reader can see the skew; NULL when the stream never arrived live
 (an import) or was stored before this revision.

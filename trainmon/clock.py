@@ -1,4 +1,6 @@
-"""Each producer's clock, as the collector sees it.
+"""Each producer's clock, as the collector sees it: shared by the collector, which estimates the offsets,
+and the store, which keeps a stream's liveness times on the collector's clock and gives events back on the
+producer's.
 
 A trainer's wall clock can be far off the collector's (a node without NTP, a skewed VM): trusting
 it made a healthy run look hung for an hour, stretched its duration and froze its age. The
@@ -14,7 +16,7 @@ that is stepped (NTP finally syncs) is followed within two windows rather than n
 
 from __future__ import annotations
 
-__all__ = ["SKEW_TOLERANCE", "ClockOffset", "aligned"]
+__all__ = ["SKEW_TOLERANCE", "ClockOffset", "aligned", "producer_time"]
 
 SKEW_TOLERANCE = 1.0
 """Offsets smaller than this (seconds) are latency, not skew: times stay as the producer wrote them."""
@@ -25,6 +27,14 @@ def aligned(t: float, offset: float | None) -> float:
     if offset is None or -SKEW_TOLERANCE < offset < SKEW_TOLERANCE:
         return t
     return t + offset
+
+
+def producer_time(t: float, offset: float | None) -> float:
+    """The inverse of :func:`aligned`: a time on the collector's clock put back on the producer's, so that
+    it sits among the producer's own event times (a stored stream's start and end, replayed or exported)."""
+    if offset is None or -SKEW_TOLERANCE < offset < SKEW_TOLERANCE:
+        return t
+    return t - offset
 
 
 class ClockOffset:
