@@ -179,7 +179,7 @@ def _live_source(args: argparse.Namespace) -> Any:
 def _cmd_export(args: argparse.Namespace) -> int:
     import contextlib
 
-    from trainmon.monitor.analysis.live_view import DbSource, SourceError
+    from trainmon.monitor.analysis.live_view import ANALYSIS_TIMEOUT, DbSource, SourceError
 
     target = Path(args.file)
     partial = target.with_name(target.name + ".part")  # FILE appears only complete: an archive is whole or absent
@@ -196,7 +196,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
                     raise KeyError(f"no run {args.run!r} in {source.where}")
                 chunks = export_lines(conn, args.run)
             else:
-                chunks = stack.enter_context(_collector_request(source, "GET", f"/v1/runs/{_quoted(args.run)}/export"))
+                path = f"/v1/runs/{_quoted(args.run)}/export"
+                chunks = stack.enter_context(source.open("GET", path, ANALYSIS_TIMEOUT))
             out = stack.enter_context(open(partial, "wb"))
             for line in chunks:  # one event a line, from either source
                 out.write(line)
@@ -211,7 +212,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    from trainmon.monitor.analysis.live_view import DbSource, SourceError
+    from trainmon.monitor.analysis.live_view import ANALYSIS_TIMEOUT, DbSource, SourceError
 
     try:
         source = _live_source(args)
@@ -231,7 +232,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
         if isinstance(source, DbSource):
             rows = _delete_from_store(source, args.run)
         else:
-            with _collector_request(source, "DELETE", f"/v1/runs/{_quoted(args.run)}") as resp:
+            with source.open("DELETE", f"/v1/runs/{_quoted(args.run)}", ANALYSIS_TIMEOUT) as resp:
                 rows = json.loads(resp.read())["rows"]
     except (KeyError, SourceError) as exc:
         _error("delete", exc.args[0] if isinstance(exc, KeyError) else exc)
@@ -267,31 +268,6 @@ def _quoted(run: str) -> str:
     import urllib.parse
 
     return urllib.parse.quote(run, safe="")
-
-
-def _collector_request(source: Any, method: str, path: str) -> Any:
-    """The collector's open response to ``method path`` (its body read as it arrives); an error answer
-    as ``KeyError`` (404) or ``SourceError`` carrying the collector's message."""
-    import urllib.error
-    import urllib.request
-
-    from trainmon.monitor.analysis.live_view import ANALYSIS_TIMEOUT, SourceError
-
-    req = urllib.request.Request(source.url + path, method=method)
-    if source.token:
-        req.add_header("Authorization", f"Bearer {source.token}")
-    try:
-        return urllib.request.urlopen(req, timeout=ANALYSIS_TIMEOUT)
-    except urllib.error.HTTPError as err:
-        try:
-            detail = json.loads(err.read() or b"{}").get("error", "")
-        except (ValueError, AttributeError):
-            detail = ""
-        if err.code == 404:
-            raise KeyError(detail or f"{path}: not found on {source.url}") from err
-        raise SourceError(f"{source.url}: HTTP {err.code} {detail}".strip()) from err
-    except OSError as err:
-        raise SourceError(f"cannot reach the collector at {source.url}: {getattr(err, 'reason', err)}") from err
 
 
 def _print(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:

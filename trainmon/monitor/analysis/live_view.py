@@ -327,12 +327,17 @@ class HttpSource:
         return json.loads(self._fetch(path, timeout))
 
     def _fetch(self, path: str, timeout: float | None = None) -> bytes:
-        req = urllib.request.Request(self.url + path)
+        with self.open("GET", path, timeout) as resp:
+            return resp.read()
+
+    def open(self, method: str, path: str, timeout: float | None = None) -> Any:
+        """The collector's open response to ``method path`` (its body read as it arrives: an export streams);
+        an error answer as ``KeyError`` (404) or ``SourceError`` carrying the collector's message."""
+        req = urllib.request.Request(self.url + path, method=method)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                return resp.read()
+            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as err:
             try:
                 detail = json.loads(err.read() or b"{}").get("error", "")
