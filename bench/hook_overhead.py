@@ -242,7 +242,9 @@ class Trainmon(Variant):
 
     kind = "trainmon"
 
-    def __init__(self, name: str, label: str, batches: Any, collector: str, spool: Path, run: str) -> None:
+    def __init__(
+        self, name: str, label: str, batches: Any, collector: str, spool: Path, run: str, per_hook: bool = False
+    ) -> None:
         super().__init__(name, label, batches)
         t0 = perf()
         self.mon = TrainMonitor(run, collector, spool_dir=spool)
@@ -252,10 +254,25 @@ class Trainmon(Variant):
         self.hook_s = 0.0
         for attr in ("_on_grad",):
             setattr(self.mon, attr, self._timed(getattr(self.mon, attr)))
+        # --profile: the overhead_s each counted entry adds, call by call (hook_costs_in_loop).
+        self.per_hook: dict[str, list[float]] = collections.defaultdict(list)
+        if per_hook:
+            for attr in IN_LOOP_HOOKS:
+                setattr(self.mon, attr, self._counted(attr, getattr(self.mon, attr)))
         lp = self.loop
         self.mon.watch(lp.model, lp.opt, lp.sched)
         self.mon.start(config={"bench": "hook_overhead"}, planned_steps=None, vocab_size=VOCAB, seq_len=SEQ)
         self.setup_s = perf() - t0
+
+    def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            before = self.mon.overhead_s
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.per_hook[name].append(self.mon.overhead_s - before)
+
+        return counted
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any) -> Any:
@@ -579,7 +596,42 @@ def profile_trainmon(batches: Any, tmp: Path, collector: str, steps: int) -> str
     out.append(f"{'own us/step':>12} {'cum us/step':>12} {'calls/step':>10}  function")
     for tt, ct, nc, name in rows[:25]:
         out.append(f"{tt / steps * 1e6:12.1f} {ct / steps * 1e6:12.1f} {nc / steps:10.2f}  {name}")
-    return "\n".join([*out, "", hook_costs(batches, tmp)])
+    return "\n".join([*out, "", hook_costs_in_loop(batches, tmp, collector), "", hook_costs(batches, tmp)])
+
+
+# The entries overhead_s counts, by the TrainMonitor attribute the loop or torch calls.
+IN_LOOP_HOOKS = {
+    "_on_forward_start": "forward pre-hook",
+    "_on_forward_end": "forward hook",
+    "_on_optimizer_start": "optimizer pre-hook",
+    "clip_grad_norm_": "clip wrapper (after the clip)",
+    "step_end": "step_end",
+}
+
+
+def hook_costs_in_loop(batches: Any, tmp: Path, collector: str, steps: int = 300) -> str:
+    """Each entry's cost inside real training steps, where the model's work leaves the caches cold: the median
+    over ``steps`` steps of the overhead_s each counted entry adds (its own timing, so the wrapper that reads it
+    costs nothing here), and the gradient hook timed around it; all threads on, sampled work included."""
+    v = Trainmon("in-loop", "in-loop", batches, collector, tmp / "spool-in-loop", "bench-in-loop", per_hook=True)
+    for _ in range(20):
+        v.run_step()
+    v.per_hook.clear()
+    grad = []
+    for i in range(steps):
+        grad.append(v.run_step().uncounted_hooks)
+        if i % 20 == 19:
+            v.settle()  # as between the bench's blocks: the sender's backlog is not charged to the next steps
+    v.close()
+    out = [f"each entry's cost inside the loop, median us over {steps} steps (all threads on):"]
+    total = med(grad)
+    for attr, label in IN_LOOP_HOOKS.items():
+        calls = v.per_hook[attr]
+        out.append(f"{label:30s} {med(calls) * 1e6:8.2f}")
+        total += med(calls)
+    out.append(f"{'gradient hook (timed around)':30s} {med(grad) * 1e6:8.2f}")
+    out.append(f"{'a step (sum of medians)':30s} {total * 1e6:8.2f}")
+    return "\n".join(out)
 
 
 def hook_costs(batches: Any, tmp: Path, steps: int = 1000) -> str:
