@@ -144,6 +144,26 @@ def test_grad_scaler_skip_and_loss_scale(tmp_path: Path) -> None:
     assert [s["loss_scale"] for s in steps] == [1024.0, 1024.0, 1024.0, 512.0]  # the scale each step used
 
 
+def test_a_step_event_carries_the_wall_clock_time_of_the_step_end(tmp_path: Path) -> None:
+    # step_end takes only a perf_counter reading; the sender, finishing the step later, turns it into wall time.
+    path = tmp_path / "e.jsonl"
+    mon = TrainMonitor("t", collector=f"file://{path}", health_interval=0, heartbeat_interval=0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)
+    mon.start()
+    loss = model(torch.randn(8, 16)).mean()
+    loss.backward()
+    opt.step()
+    before = time.time()
+    mon.step_end(0, loss=loss)
+    after = time.time()
+    time.sleep(0.3)  # long enough for the sender to take the step, however late: its time stays the step's end
+    mon.close()
+    (step,) = _events(path)
+    assert before - 1e-3 <= step["time"] <= after + 1e-3
+
+
 def test_sigterm_flushes_and_reports_interrupted(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     script = textwrap.dedent(f"""

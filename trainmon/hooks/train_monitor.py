@@ -706,8 +706,8 @@ class TrainMonitor:
                 self._layer_norms(record, norm, values.get("_per_param", per_param), params)
         record.update(s.fields or {})  # what the loop passed explicitly wins over what hooks measured
         # The wall-clock time of the step's end, from its perf_counter one: a time.time() call fewer on the
-        # training thread. The sender finishes a step within a flush interval (a step later on GPU), over
-        # which the two clocks cannot drift apart by more than microseconds.
+        # training thread. The sender finishes a step soon after (a step later on GPU); over that delay the
+        # clocks drift apart by NTP's slew at most (0.05 %, well under a millisecond a second).
         return self._event("step", record, time.time() - (time.perf_counter() - s.end))
 
     @staticmethod
