@@ -24,7 +24,7 @@ from trainmon.monitor.store.storage import Storage
 
 TRAINMON = [sys.executable, "-m", "trainmon.monitor.cli"]
 # A one-rank run on CPU: no per-rank heatmap (nothing to compare), node health is host memory only.
-PLOTS = ("loss", "grad_norm", "lr", "throughput", "gpu_health")
+PLOTS = ("loss", "grad_norm", "lr", "throughput", "precursors", "gpu_health")
 TRAINER = ["--threads", "1", "--seq-len", "32", "--batch-size", "8", "--checkpoint-every", "25", "--eval-every", "20"]
 # What the hint of each expected detection must point at for the injected fault (labels.json).
 HINT_WORDS = {

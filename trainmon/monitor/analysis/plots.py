@@ -289,6 +289,73 @@ def plot_throughput(a: Analysis) -> Figure | None:
     return fig
 
 
+# Precursor panels: (step field, how the modules fold into the plotted line, axis label, log scale).
+_PRECURSOR_PANELS = (
+    ("attn_logit_max", max, "attention-logit bound", True),
+    ("attn_entropy", min, "attention entropy (nats)", False),
+    ("linear_out_rms", max, "linear output RMS", True),
+    ("output_logz", None, "output log Z", False),
+    ("adam_eps_frac", max, "share of Adam v < eps²", False),
+)
+
+
+def _precursor_value(v: Any) -> float:
+    """A sampled value as a float: the wire's non-finite markers as NaN (a gap in the line)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+def plot_precursors(a: Analysis) -> Figure | None:
+    """The sampled instability precursors of the lowest rank (issue 28): per signal the extreme over the
+    modules (the largest bound and RMS, the lowest entropy) and the series of each module a finding
+    names, with the loss plot's findings marked, so the lead of ``instability_precursor`` over the
+    loss-based findings is read off the plot. A step run again after a resume shows its last attempt's
+    values. Fewer than two sampled steps: no trend, no plot."""
+    if len(a.precursors) < 2:
+        return None
+    named = {
+        (an["evidence"] or {}).get("module")
+        for an in a.summary["anomalies"]
+        if an["kind"] == "instability_precursor" and isinstance(an.get("evidence"), dict)
+    }
+    latest = [row for _, row in sorted({row.step: row for row in a.precursors}.items())]  # a rerun step: its last
+    panels = []
+    for key, fold, label, log in _PRECURSOR_PANELS:
+        steps, folded, modules = [], [], {}
+        for row in latest:
+            value = (row.precursors or {}).get(key)
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                values = [x for x in map(_precursor_value, value.values()) if not np.isnan(x)]
+                if not values or fold is None:
+                    continue
+                for module in named & value.keys():
+                    modules.setdefault(module, []).append((row.step, _precursor_value(value[module])))
+                value = fold(values)
+            steps.append(row.step)
+            folded.append(_precursor_value(value))
+        if len(steps) >= 2:
+            panels.append((label, log, fold, steps, folded, modules))
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), 2.4)
+    axes[0].set_title("instability precursors (sampled steps, lowest rank) against the loss findings")
+    for ax, (label, log, fold, steps, folded, modules) in zip(axes, panels, strict=True):
+        extreme = {max: "largest module", min: "lowest module"}.get(fold, label)
+        ax.plot(steps, folded, color="#1f77b4", lw=1.4, marker=".", ms=3, label=extreme)
+        for i, (module, points) in enumerate(sorted(modules.items())):
+            colour = ATTEMPT_COLOURS[(i + 1) % len(ATTEMPT_COLOURS)]
+            ax.plot(*zip(*points, strict=True), color=colour, lw=1.0, ls=":", label=f"{module} (named by a finding)")
+        if log and np.nanmin(folded) > 0:
+            ax.set_yscale("log")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        _legend(ax)
+        _mark_anomalies(ax, a, LOSS_KINDS)
+    axes[-1].set_xlabel("step")
+    return fig
+
+
 def plot_rank_heatmap(a: Analysis) -> Figure | None:
     """Each rank's step time (and compute time) over the run relative to the median rank of the
     same steps: a straggler is a hot row. Nothing to compare with one rank."""
@@ -363,6 +430,7 @@ PLOTS: dict[str, Callable[[Analysis], Figure | None]] = {
     "grad_norm": plot_grad_norm,
     "lr": plot_lr,
     "throughput": plot_throughput,
+    "precursors": plot_precursors,
     "rank_heatmap": plot_rank_heatmap,
     "gpu_health": plot_gpu_health,
 }

@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Row
 
 from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.analysis import coverage
@@ -81,6 +81,7 @@ from trainmon.monitor.store.event_reads import (
     health_samples,
     layer_norms_at,
     layer_norms_before,
+    precursor_samples,
     resume_rows,
 )
 from trainmon.monitor.store.queries import anomaly_rows, run_row, step_base, stream_rows
@@ -126,6 +127,7 @@ class Analysis:
     health: pd.DataFrame  # one row per GPU (or host) sample: time, rank, host, temperature_c, ...
     schedule: Schedule | None = None
     notes: list[str] = field(default_factory=list)
+    precursors: Sequence[Row] = ()  # (attempt, step, precursors) of the lowest rank's sampled steps (issue 28)
 
 
 def summarize(storage: Storage, run: str, progress: Progress | None = None) -> dict[str, Any]:
@@ -171,6 +173,8 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         say("goodput")
         synthetic = _import_facts(row.config)["clock_unknown"]
         good = goodput.from_store(conn, run, rank0, _attempts(streams, extents), found, synthetic)
+        say("instability precursors")
+        precursors = precursor_samples(conn, run, rank0) if rank0 is not None else ()
         say("node health")
         health_df, health_note = _health(conn, run)
     notes.extend(_import_notes(row.config))
@@ -273,7 +277,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         "notes": notes,
     }
     summary["not_checked"] = coverage.not_checked(summary, bins, eval_df, row.config)
-    return Analysis(summary, bins, sample, eval_df, health_df, schedule, notes)
+    return Analysis(summary, bins, sample, eval_df, health_df, schedule, notes, precursors)
 
 
 # -- reading -------------------------------------------------------------------------------

@@ -653,7 +653,11 @@ def render_html(
     parts.append("<h2>Anomaly timeline</h2>")
     parts.append(_timeline_html(s))
     parts.append(_stacks_html(s))
-    for name, title in (("grad_norm", "Gradient norm"), ("lr", "Learning rate")):
+    for name, title in (
+        ("grad_norm", "Gradient norm"),
+        ("lr", "Learning rate"),
+        ("precursors", "Instability precursors"),
+    ):
         if name in images:
             parts.append(f"<h2>{title}</h2>{_img(images[name], title)}")
     parts.append(_attempts_html(s))

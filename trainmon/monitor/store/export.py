@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy import Connection, Select, select
 
 from trainmon.clock import producer_time
-from trainmon.monitor.store.replay import step_fields
+from trainmon.monitor.store.replay import step_fields, steps_with_precursors
 from trainmon.monitor.store.storage import checkpoints, evals, health, layer_stats, resumes, steps, streams
 from trainmon.wire import json_safe
 
@@ -90,13 +90,7 @@ def _streamed(conn: Connection, query: Select) -> Iterator[Any]:
 
 
 def _steps(conn: Connection, run: str) -> Iterator[tuple]:
-    key = [steps.c[k] == layer_stats.c[k] for k in ("run", "rank", "attempt", "step")]
-    query = (
-        select(steps, layer_stats.c.grad_norms)
-        .outerjoin(layer_stats, key[0] & key[1] & key[2] & key[3])
-        .where(steps.c.run == run)
-        .order_by(steps.c.time)
-    )
+    query = steps_with_precursors(layer_stats.c.grad_norms).where(steps.c.run == run).order_by(steps.c.time)
     for r in _streamed(conn, query):
         fields = step_fields(r)
         if r.grad_norms:
