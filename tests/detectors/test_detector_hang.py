@@ -233,11 +233,11 @@ def test_a_stalled_collector_is_not_a_hung_rank(tmp_path, monkeypatch) -> None:
         send_steps(15, lambda body: lc.post(json.loads(body)))  # learns a 0.2 s interval: timeout 4 s
         real, stalled = lc.collector.ingestor.ingest_group, threading.Event()
 
-        def slow_commit(batches, done, arrivals=None) -> None:  # the first commit takes 8 s; the ticker keeps ticking
+        def slow_commit(batches, done, **when) -> None:  # the first commit takes 8 s; the ticker keeps ticking
             if not stalled.is_set():
                 stalled.set()
                 time.sleep(8)
-            real(batches, done, arrivals)
+            real(batches, done, **when)
 
         monkeypatch.setattr(lc.collector.ingestor, "ingest_group", slow_commit)
         send_steps(40, lambda body: lc.collector.writer.submit(body, answers.append))
