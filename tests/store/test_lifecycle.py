@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.events import event, step_events
-from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from trainmon.monitor.analysis.postmortem import analyse
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
@@ -27,14 +26,6 @@ from trainmon.wire import validate_batch
 
 BASE = 1_700_000_000.0  # event times: November 2023, so ages are known whatever today is
 DAY = 86400.0
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    url = str(tmp_path / "db.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    storage = Storage(url)
-    yield storage
-    storage.close()
 
 
 def _ingestor(storage: Storage) -> Ingestor:

@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import select
 
 from tests.events import batch, event
-from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from trainmon.monitor.analysis.postmortem import import_file
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
@@ -69,14 +67,6 @@ def _precursor_findings(anomalies: list[dict[str, Any]]) -> list[tuple]:
         for a in anomalies
         if a["kind"] == "instability_precursor"
     ]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    url = str(tmp_path / "db.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    storage = Storage(url)
-    yield storage
-    storage.close()
 
 
 def test_replay_gives_back_the_precursors_as_the_detectors_got_them(store: Storage) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -11,21 +10,12 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, select
 
 from tests.events import batch, event, step_events
-from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.store.storage import Storage, anomalies, metadata, steps, streams
 from trainmon.wire import validate_batch
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    url = str(tmp_path / "db.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    storage = Storage(url)
-    yield storage
-    storage.close()
 
 
 def _ingest(storage: Storage, events: list[dict]) -> tuple[int, int]:
