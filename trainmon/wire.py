@@ -153,6 +153,11 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "resumed": Field("bool", doc="true when the run continues from a checkpoint"),
         "resume_path": Field("str", doc="checkpoint the run resumed from"),
         "layout": Field("json", doc="parallel layout {tp, dp, pp}, ranks ordered tp fastest (Megatron-LM's order)"),
+        "precursors": Field(
+            "json",
+            doc="what the instability precursors measure (trainmon.hooks.precursors): {attention: [measured "
+            "modules], unrecognised: [attention-like modules not measured], lm_head: true when log Z is measured}",
+        ),
     },
     "step": {
         "step": _i("optimizer step index", required=True),

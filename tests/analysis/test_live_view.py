@@ -220,3 +220,39 @@ def test_status_gives_findings_the_whole_width_at_80_columns() -> None:
     assert len(text.splitlines()) < 20, text
     assert text.index("nan_inf") < text.index("lr_schedule_drift")  # the critical one first
     assert "scheduler.step()" in text and "suspect the batch at step 360" in text
+
+
+@pytest.mark.parametrize(
+    ("said", "line"),
+    [
+        ({"attention": [], "unrecognised": ["blocks.0.mha", "blocks.1.mha"], "lm_head": True},
+         "attention logits not measured on blocks.0.mha, blocks.1.mha"),
+        ({"attention": ["blocks.0.attn"], "unrecognised": [], "lm_head": False}, "output logits not measured"),
+        ({"attention": ["blocks.0.attn"], "unrecognised": [], "lm_head": True}, None),
+        (None, None),  # a producer that did not say (an import, another client): nothing claimed
+    ],
+)  # fmt: skip
+def test_status_names_what_the_precursors_do_not_measure(tmp_path: Path, said: dict | None, line: str | None) -> None:
+    from rich.console import Console
+
+    from trainmon.monitor.analysis.live_view import render_status, run_status
+
+    lc = start_collector(tmp_path / "db.sqlite")
+    try:
+        fields = {"world_size": 1, "planned_steps": PLANNED, "vocab_size": 64}
+        if said is not None:
+            fields["precursors"] = said
+        t0 = time.time() - 0.07 * 5
+        start = event("run_start", fields, run=RUN, stream="st0", seq=0, t=t0)
+        status, body = lc.post(batch([start, *_steps(RUN, 0, 0, 5, 1, t0)]))
+        assert status == 200, body
+        st = run_status(lc.collector.storage, RUN)
+        console = Console(width=120, record=True)
+        console.print(render_status(st))
+        text = " ".join(console.export_text().replace("│", " ").split())  # the panel wraps long lines
+        if line is None:
+            assert "instability precursors" not in text
+        else:
+            assert "instability precursors" in text and line in text, text
+    finally:
+        lc.stop()

@@ -293,3 +293,19 @@ def test_unrecognised_modules_are_not_measured() -> None:
     p.arm()
     model(torch.randn(2, 5, 32))
     assert p.collect() is None
+
+
+def test_run_start_says_what_the_precursors_measure(tmp_path: Path) -> None:
+    """So that ``trainmon status`` names what is not watched instead of staying silent about it."""
+    for model, expected in (
+        (GPT(GPTConfig()), {"attention": ["blocks.0.attn", "blocks.1.attn"], "unrecognised": [], "lm_head": True}),
+        (Net(), {"attention": ["attn"], "unrecognised": ["mha"], "lm_head": False}),
+    ):
+        out = tmp_path / f"{type(model).__name__}.jsonl"
+        mon = TrainMonitor("p", collector=f"file://{out}", health_interval=0, heartbeat_interval=0, checksum_every=0)
+        mon.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        mon.start(vocab_size=64)
+        mon.close()
+        (start,) = [e for e in map(json.loads, out.read_text().splitlines()) if e["kind"] == "run_start"]
+        assert start["fields"]["precursors"] == expected
+        validate_event(start)

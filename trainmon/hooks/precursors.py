@@ -192,6 +192,16 @@ class Precursors:
         heads = [m for m in self._model.modules() if isinstance(m, nn.Linear) and m.out_features == vocab_size]
         self.head = heads[-1] if heads else None
 
+    def coverage(self) -> dict[str, Any]:
+        """What the precursors measure on this model, for ``run_start``: so that ``trainmon status`` can say
+        which attention modules were not recognised (their logit growth is not watched) instead of staying
+        silent about them."""
+        return {
+            "attention": [a.name for a in self.attention],
+            "unrecognised": self.unrecognised,
+            "lm_head": self.head is not None,
+        }
+
     @property
     def measurable(self) -> bool:
         return bool(self.attention) or self.head is not None

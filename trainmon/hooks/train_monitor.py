@@ -323,6 +323,8 @@ class TrainMonitor:
         declared = declared_schedule(schedule, self._scheduler, planned_steps)
         if self._precursors is not None and vocab_size:
             self._precursors.set_vocab(vocab_size)  # the LM head is the layer that maps to the vocabulary
+        if self._precursors is not None:
+            fields.setdefault("precursors", self._precursors.coverage())
         if self._model is not None:
             fields.setdefault("n_params", sum(p.numel() for p in self._model.parameters()))
             first = next(self._model.parameters(), None)

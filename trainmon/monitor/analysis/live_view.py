@@ -209,6 +209,7 @@ def run_status(storage: Storage, run: str, window: int = 120, now: float | None 
         "mfu": mfu,
         "updated_at": row.updated_at,
         "age_seconds": max(0.0, now - row.updated_at),
+        "precursors": _precursor_coverage(newest[lead].get("start") if lead is not None else None),
         "recent": {
             "steps": [x["step"] for x in recent],
             "loss": [_float(x["loss"]) for x in recent],
@@ -475,6 +476,42 @@ def _cell(v: Any, digits: int = 4) -> str:
     return escape_for_terminal(_fmt(v, digits))
 
 
+def _precursor_coverage(start: Any) -> dict[str, Any] | None:
+    """What the hooks said they measure for the instability precursors (``run_start.precursors``); None
+    for a producer that did not say (an import, another client, a run without ``watch``)."""
+    got = start.get("precursors") if isinstance(start, dict) else None
+    if not isinstance(got, dict):
+        return None
+    names = got.get("unrecognised")
+    measured = got.get("attention")
+    return {
+        "attention": [str(n) for n in measured] if isinstance(measured, list) else [],
+        "unrecognised": [str(n) for n in names] if isinstance(names, list) else [],
+        "lm_head": bool(got.get("lm_head")),
+    }
+
+
+def _unmeasured_line(coverage: Any) -> str | None:
+    """One line naming what the precursors do not watch: silence about an unrecognised model would read as
+    "no instability coming"."""
+    if not isinstance(coverage, dict):
+        return None
+    missed = coverage.get("unrecognised") or []
+    if not missed and coverage.get("attention") and coverage.get("lm_head"):
+        return None
+    what = []
+    if missed:
+        shown = ", ".join(missed[:3]) + (f" and {len(missed) - 3} more" if len(missed) > 3 else "")
+        what.append(
+            f"attention logits not measured on {shown} (not recognised: name them with watch(..., attention=[...]))"
+        )
+    elif not coverage.get("attention"):
+        what.append("no attention module recognised (name them with watch(..., attention=[...]))")
+    if not coverage.get("lm_head"):
+        what.append("output logits not measured (no LM head found: start(vocab_size=...) names it)")
+    return "instability precursors: " + "; ".join(what)
+
+
 def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
     """The status view: progress bar with ETA, trends, phase split, ranks, open anomalies.
 
@@ -552,6 +589,9 @@ def render_status(st: dict[str, Any], source: str = "") -> RenderableType:
         # a long host name goes below the table first, then the figures a reader needs least
         drop = ("host", "x median", "lag", "comm wait")
         parts.append(FittedTable(headers, rows, drop, row_styles=styles, title="ranks", title_justify="left"))
+    unmeasured = _unmeasured_line(st.get("precursors"))
+    if unmeasured:
+        parts.append(Text(visible_controls(unmeasured), style="yellow"))
     h = st.get("health")
     if isinstance(h, dict) and h.get("headline"):
         parts.append(Text(visible_controls(str(h["headline"])), style="bold green" if h.get("healthy") else "bold red"))
