@@ -213,6 +213,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_delete(args: argparse.Namespace) -> int:
     from trainmon.monitor.analysis.live_view import ANALYSIS_TIMEOUT, DbSource, SourceError
+    from trainmon.monitor.config import CollectorConfig
+    from trainmon.monitor.store.retention import RunLiveError, delete_ended_run
 
     try:
         source = _live_source(args)
@@ -230,38 +232,18 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             return 1
     try:
         if isinstance(source, DbSource):
-            rows = _delete_from_store(source, args.run)
+            rows = delete_ended_run(source.storage, args.run, CollectorConfig().evict_idle_seconds)
         else:
             with source.open("DELETE", f"/v1/runs/{_quoted(args.run)}", ANALYSIS_TIMEOUT) as resp:
                 rows = json.loads(resp.read())["rows"]
+    except RunLiveError as exc:  # from a store: its collector, if one runs, can tell for sure
+        _error("delete", f"{exc}, or through its collector (--url)")
+        return 2
     except (KeyError, SourceError) as exc:
         _error("delete", exc.args[0] if isinstance(exc, KeyError) else exc)
         return 2
     print(visible_controls(f"deleted {what} ({rows} rows)"))
     return 0
-
-
-def _delete_from_store(source: Any, run: str) -> int:
-    """Delete ``run`` from a store directly (no collector's memory to clear); the rows deleted."""
-    import time
-
-    from trainmon.monitor.analysis.live_view import SourceError
-    from trainmon.monitor.config import CollectorConfig
-    from trainmon.monitor.store.lifecycle import delete_run
-    from trainmon.monitor.store.queries import run_row
-    from trainmon.monitor.store.retention import receiving
-
-    with source.storage.connect() as conn:
-        row = run_row(conn, run)
-    if row is None:
-        raise KeyError(f"no run {run!r} in {source.where}")
-    idle = CollectorConfig().evict_idle_seconds
-    if receiving(row.status, row.updated_at, time.time(), idle):
-        raise SourceError(
-            f"run {run!r} may still be receiving events (running, last event {time.time() - row.updated_at:.0f} s "
-            f"ago): delete it after it ends or has been idle for {idle:g} s, or through its collector (--url)"
-        )
-    return delete_run(source.storage, run)
 
 
 def _quoted(run: str) -> str:

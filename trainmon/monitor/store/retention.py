@@ -10,12 +10,14 @@ deleted, whatever the store says of it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Container
 
 from trainmon.monitor.store.lifecycle import delete_run, retention_candidates, store_bytes
+from trainmon.monitor.store.queries import run_row
 from trainmon.monitor.store.storage import Storage
 
-__all__ = ["apply_retention", "describe_retention", "receiving"]
+__all__ = ["RunLiveError", "apply_retention", "delete_ended_run", "describe_retention", "receiving"]
 
 log = logging.getLogger("trainmon.retention")
 
@@ -26,6 +28,28 @@ def receiving(status: str, updated_at: float, now: float, stale_after: float) ->
     """Whether the store says a run may still be receiving events: not ended, and heard from within
     ``stale_after`` seconds. Such a run is neither deleted nor expired."""
     return status == "running" and now - updated_at <= stale_after
+
+
+class RunLiveError(RuntimeError):
+    """A run still receiving events cannot be deleted (the collector answers 409)."""
+
+
+def delete_ended_run(storage: Storage, run: str, stale_after: float, *, live: bool = False) -> int:
+    """Delete ``run`` unless it may still be receiving events (``live``: its collector still holds it); the
+    rows deleted. ``KeyError`` for an unknown run, :class:`RunLiveError` for one still receiving. The one
+    check the collector's ``DELETE`` and ``trainmon delete --db`` both make."""
+    with storage.connect() as conn:
+        row = run_row(conn, run)
+    if row is None:
+        raise KeyError(f"no run {run!r}")
+    now = time.time()
+    if live or receiving(row.status, row.updated_at, now, stale_after):
+        raise RunLiveError(
+            f"run {run!r} may still be receiving events (running, last event {max(0.0, now - row.updated_at):.0f} s "
+            f"ago): a run still receiving events can be deleted once it ends (run_end) or has been idle for more "
+            f"than {stale_after:g} s"
+        )
+    return delete_run(storage, run)
 
 
 def apply_retention(

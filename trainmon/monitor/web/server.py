@@ -37,21 +37,19 @@ from trainmon.monitor.config import CollectorConfig, ConfigError
 from trainmon.monitor.core.escape import visible_controls
 from trainmon.monitor.detectors import SEVERITIES
 from trainmon.monitor.notify import Notifier, open_anomalies
-from trainmon.monitor.store.lifecycle import delete_run
 from trainmon.monitor.store.queries import (
     anomaly_rows,
     open_findings_of_running_runs,
     run_anomaly_states,
     run_exists,
-    run_row,
     run_rows,
 )
-from trainmon.monitor.store.retention import apply_retention, describe_retention, receiving
+from trainmon.monitor.store.retention import RunLiveError, apply_retention, delete_ended_run, describe_retention
 from trainmon.monitor.store.storage import Storage
 from trainmon.monitor.web import read_api
 from trainmon.monitor.web.pages import WebView, html_response, register_docs
 
-__all__ = ["Collector", "RunLiveError", "check_bind", "create_app", "serve"]
+__all__ = ["Collector", "check_bind", "create_app", "serve"]
 
 log = logging.getLogger("trainmon.collector")
 
@@ -129,17 +127,8 @@ class Collector:
     def delete(self, run: str) -> int:
         """Delete a run that is not live from the store and from memory; the rows deleted. ``KeyError``
         for an unknown run, ``RunLiveError`` for one still receiving events."""
-        with self.storage.connect() as conn:
-            row = run_row(conn, run)
-        if row is None:
-            raise KeyError(f"no run {run!r}")
-        idle = self.config.evict_idle_seconds
-        if run in self.live_runs() or receiving(row.status, row.updated_at, time.time(), idle):
-            raise RunLiveError(
-                f"run {run!r} is still receiving events: delete it after it ends (run_end) "
-                f"or has been idle for more than {idle:g} s (evict_idle_seconds)"
-            )
-        rows = delete_run(self.storage, run)
+        live = run in self.live_runs()
+        rows = delete_ended_run(self.storage, run, self.config.evict_idle_seconds, live=live)
         self.forget(run)
         log.info("run %s deleted (%d rows)", visible_controls(run), rows)
         return rows
@@ -195,10 +184,6 @@ class Collector:
         for name in _EXPORTED_LIMITS:
             metrics.limits.labels(name).set(getattr(config, name))
         return cls(config, storage, live, ingestor, registry, metrics, notifier, findings)
-
-
-class RunLiveError(RuntimeError):
-    """A run still receiving events cannot be deleted (answered 409)."""
 
 
 def _log_change(ch: AnomalyChange) -> None:
