@@ -673,3 +673,46 @@ def test_after_a_restart_open_anomalies_are_not_paged_again_but_still_reposted(
         assert len(receiver.delivered("/hook")) == pages  # no second page for the same anomaly
     finally:
         lc.stop()
+
+
+def test_a_deleted_runs_alerts_are_ended_at_alertmanager_and_never_reposted(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Deleting a run with an open anomaly: Alertmanager gets it ended once, then nothing more about that
+    run; the webhook hears nothing (a person deleted it); another run's open alert is still re-posted."""
+    notify = NotifyConfig(
+        targets=[target(receiver.url("/hook")), target(receiver.url(""), "alertmanager")],
+        group_wait=0.0,
+        resend_interval=0.3,
+    )
+    lc = start_collector(tmp_path / "trainmon.sqlite", notify=notify)
+    try:
+        for run in ("gone", "kept"):
+            start = event("run_start", {"world_size": 1}, run=run, stream=f"{run}-0", seq=0)
+            steps = step_events(30, run=run, stream=f"{run}-0", loss=lambda i: "NaN" if i == 25 else 4.0)
+            end = event("run_end", {"status": "failed", "step": 29}, run=run, stream=f"{run}-0", seq=31)
+            lc.post(batch([start, *steps, end]))
+        receiver.wait_delivered(2, "/hook")
+        pages = len(receiver.delivered("/hook"))
+
+        def about(run: str) -> list[dict]:
+            return [a for r in receiver.delivered("/api/v2/alerts") for a in r.body if a["labels"]["run"] == run]
+
+        deadline = time.monotonic() + 10
+        while not about("gone") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert about("gone") and all("endsAt" not in a for a in about("gone"))  # open: re-posted
+        req = urllib.request.Request(f"{lc.url}/v1/runs/gone", method="DELETE")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+        while not any("endsAt" in a for a in about("gone")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ended = [a for a in about("gone") if "endsAt" in a]
+        assert [a["labels"]["kind"] for a in ended] == ["nan_inf"]
+        seen, kept = len(about("gone")), len(about("kept"))
+        time.sleep(1.0)  # three resend intervals
+        assert len(about("gone")) == seen  # never re-posted after its end
+        assert len(about("kept")) > kept  # the other run's open alert still is
+        assert len(receiver.delivered("/hook")) == pages
+    finally:
+        lc.stop()

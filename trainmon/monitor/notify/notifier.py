@@ -10,7 +10,10 @@ the notification policy:
   message per target, so a NaN that trips three detectors on eight ranks is one page;
 - cooldown: an anomaly that re-opens within ``cooldown`` seconds of its resolve (a flap) is not
   announced again, unless it is still open when the cooldown ends;
-- Alertmanager targets get the open anomalies again every ``resend_interval`` seconds.
+- Alertmanager targets get the open anomalies again every ``resend_interval`` seconds;
+- a deleted run is forgotten (:meth:`Notifier.forget`): its open anomalies are ended at
+  Alertmanager at once (they would otherwise be re-posted for as long as the collector runs) and
+  nothing more is said about it to the other targets (a person deleted it: that is not news).
 
 Each target has its own sender thread and queue, so a dead webhook delays only itself. A
 failed delivery (connection error, timeout, 5xx, 429) is retried with exponential backoff up
@@ -90,6 +93,7 @@ class _Outcome:
 
 
 _STOP = object()
+_WAKE = object()  # wakes the dispatcher for work that is not a change (a run to forget)
 _LOG_EVERY = 10.0
 """Seconds between two log lines about a full queue: a storm is counted, not logged line by line."""
 
@@ -248,6 +252,7 @@ class Notifier:
                 alert, True, loud, alert.severity if loud else None
             )
         self._pending = 0
+        self._forgotten: set[str] = set()  # runs deleted since the dispatcher last looked (under _idle)
         self._idle = threading.Condition()
         self._closing = threading.Event()
         self._abort = threading.Event()
@@ -285,6 +290,19 @@ class Notifier:
                         change.finding.kind,
                         change.run,
                     )
+
+    def forget(self, run: str) -> None:
+        """Drop a deleted run: end its open alerts at Alertmanager, keep no state of it. Never blocks
+        (the dispatcher applies it after the changes queued before it)."""
+        if not self.targets or self._closing.is_set():
+            return
+        with self._idle:
+            if run in self._forgotten:
+                return
+            self._forgotten.add(run)
+            self._pending += 1  # one unit per run: the dispatcher takes them off together
+        with contextlib.suppress(queue.Full):
+            self._inbox.put_nowait(_WAKE)  # a full inbox is drained soon anyway: the run is applied then
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every submitted change is handled and every message delivered or dropped.
@@ -339,7 +357,7 @@ class Notifier:
             except queue.Empty:
                 item = None
             while item is not None:
-                if item is not _STOP:
+                if item is not _STOP and item is not _WAKE:
                     self._handle_safely(*item)
                 try:
                     item = self._inbox.get_nowait()
@@ -348,6 +366,7 @@ class Notifier:
             now = time.monotonic()
             closing = self._closing.is_set()
             try:
+                self._forget_deleted(time.time())
                 self._release_holds(now)
                 self._flush(now, everything=closing)
                 if self._resend_to and now >= next_resend:
@@ -363,6 +382,33 @@ class Notifier:
         for sender in self._senders:
             with contextlib.suppress(queue.Full):
                 sender.queue.put(_STOP, timeout=max(0.0, self._close_deadline - time.monotonic()))
+
+    def _forget_deleted(self, wall: float) -> None:
+        with self._idle:
+            runs, self._forgotten = self._forgotten, set()
+        if not runs:
+            return
+        try:
+            keys = [k for k in self._states if k[0] in runs]
+            ended = [
+                dataclasses.replace(st.alert, action="resolved", ended_at=wall)
+                for k in keys
+                if (st := self._states[k]).open and st.notified
+            ]
+            for key in keys:
+                del self._states[key]
+                self._held.discard(key)
+            for run in runs & self._groups.keys():
+                del self._groups[run]
+                self._busy(-1)  # the group's own unit of work: it will not be flushed
+            for i in range(0, len(ended), _RESEND_CHUNK):
+                chunk = ended[i : i + _RESEND_CHUNK]
+                for sender in self._resend_to:
+                    body = sender.target.render_resend(chunk)
+                    if body is not None:
+                        sender.put(_Message(body, f"{len(chunk)} anomalies of deleted runs ended"))
+        finally:
+            self._busy(-len(runs))
 
     def _deadlines(self) -> list[float]:
         out = [g.deadline for g in self._groups.values()]

@@ -135,9 +135,11 @@ class Collector:
 
     def forget(self, run: str) -> None:
         """Drop a deleted run from memory: detectors and open anomalies, live values and exported series,
-        the findings acknowledgements carry."""
+        the findings acknowledgements carry, the alerts the notifier would keep re-posting."""
         self.ingestor.forget(run)
         self.findings.forget(run)
+        if self.notifier is not None:
+            self.notifier.forget(run)
 
     def close(self, timeout: float | None = None) -> None:
         """Commit what was received, detect it and answer it, within ``timeout`` seconds whatever the
