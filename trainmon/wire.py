@@ -150,6 +150,12 @@ EVENT_KINDS: dict[str, dict[str, Field]] = {
         "loss_floor": _f("lowest reachable loss when known (synthetic data's entropy rate)"),
         "flops_per_token": _f("training FLOPs per token, for MFU"),
         "peak_flops": _f("peak FLOP/s of one device, for MFU"),
+        "launch_id": Field(
+            "str",
+            doc="the job: the same on every rank of one launch and its restarts, different for another job using "
+            "the same run name at the same time (trainmon.hooks.launch); without it the collector cannot tell a "
+            "concurrent job from a restart",
+        ),
         "resumed": Field("bool", doc="true when the run continues from a checkpoint"),
         "resume_path": Field("str", doc="checkpoint the run resumed from"),
         "layout": Field("json", doc="parallel layout {tp, dp, pp}, ranks ordered tp fastest (Megatron-LM's order)"),

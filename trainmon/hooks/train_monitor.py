@@ -58,6 +58,7 @@ import torch
 from trainmon.hooks.checksum import normalise_layout, weights_checksum
 from trainmon.hooks.device_events import EventPool
 from trainmon.hooks.health import HealthSampler, gpu_uuid_of
+from trainmon.hooks.launch import launch_id
 from trainmon.hooks.policy import CollectorFinding, StopPolicy, TrainingStopped
 from trainmon.hooks.precursors import (
     Precursors,
@@ -321,6 +322,7 @@ class TrainMonitor:
         ``global_batch_tokens``, ``accum_steps``, ``resumed``, ``resume_path``, ...).
         """
         declared = declared_schedule(schedule, self._scheduler, planned_steps)
+        fields.setdefault("launch_id", launch_id(world_size))  # which job this is, beside its run name
         if self._precursors is not None and vocab_size:
             self._precursors.set_vocab(vocab_size)  # the LM head is the layer that maps to the vocabulary
         if self._precursors is not None:
