@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
@@ -99,10 +99,10 @@ class Engine:
     def detection(self) -> LocalDetection | DetectionProcess:
         return self._detection
 
-    def prime(self, keys: Iterable[tuple[str, int]]) -> None:
+    def prime(self, keys: Iterable[tuple[str, int]], conn: Connection | None = None) -> None:
         """Rebuild the detectors of (run, rank) pairs seen for the first time since start (or eviction)
         from their stored history. Call before the new events are written: the history must not
-        hold them."""
+        hold them. ``conn``: the caller's transaction to read it in (else a connection of its own)."""
         with self._lock:
             if self._generation != self._detection.generation:  # a new detection process: nothing is fed
                 self._generation = self._detection.generation
@@ -112,16 +112,22 @@ class Engine:
             if not new_ranks:
                 return
             new_runs = sorted({run for run, _ in new_ranks if run not in self._primed_runs})
-            with self._storage.connect() as conn:
-                for run in new_runs:  # a run evicted earlier comes back with its open anomalies
-                    rows = open_anomaly_keys(conn, run)
-                    self._open.update({(run, r.kind, r.rank): (r.id, r.severity) for r in rows})
-                for run, rank in new_ranks:
-                    self._detection.feed_rank(run, rank, recent_events(conn, run, rank, self._config.replay_window))
-                for run in new_runs:
-                    self._detection.feed_run(run, self._run_history(conn, run))
+            if conn is None:
+                with self._storage.connect() as own:
+                    self._feed(own, new_ranks, new_runs)
+            else:
+                self._feed(conn, new_ranks, new_runs)
             self._primed_ranks.update(new_ranks)
             self._primed_runs.update(new_runs)
+
+    def _feed(self, conn: Connection, new_ranks: list[tuple[str, int]], new_runs: list[str]) -> None:
+        for run in new_runs:  # a run evicted earlier comes back with its open anomalies
+            rows = open_anomaly_keys(conn, run)
+            self._open.update({(run, r.kind, r.rank): (r.id, r.severity) for r in rows})
+        for run, rank in new_ranks:
+            self._detection.feed_rank(run, rank, recent_events(conn, run, rank, self._config.replay_window))
+        for run in new_runs:
+            self._detection.feed_run(run, self._run_history(conn, run))
 
     def _run_history(self, conn: Connection, run: str) -> list[tuple[Event, int]]:
         ranks = stream_ranks(conn, run)
@@ -130,14 +136,15 @@ class Engine:
         history.sort(key=lambda pair: pair[0].time)
         return history
 
-    def submit(self, items: list[tuple[Event, int]], done: Callable[[], None]) -> None:
+    def submit(self, items: list[tuple[Event, int]], done: Callable[[], None], ingested: Sequence[Found] = ()) -> None:
         """Detect on committed events (with their attempt), in commit order; ``done()`` once what they
         changed is stored and published. In a detection process, this returns at once (blocking only
-        when the child is several groups behind) and ``done`` runs on another thread."""
+        when the child is several groups behind) and ``done`` runs on another thread. ``ingested``: the
+        findings ingest itself made of the same group (two jobs under one run name), stored first."""
 
         def detected(found: list[Found]) -> None:
             try:
-                self._apply(found)
+                self._apply([*ingested, *found])
             except Exception:  # the events are stored and get answered; what they showed is logged as lost
                 log.exception("storing or publishing %d findings failed", len(found))
             finally:

@@ -8,7 +8,9 @@ event already stored. A batch is
 committed whole or not at all, and only a committed batch is acknowledged.
 
 The collector assigns attempts: the first stream seen for a (run, rank) is attempt 0, the
-next one (the process restarted, usually resuming from a checkpoint) attempt 1, and so on.
+next one (the process restarted, usually resuming from a checkpoint) attempt 1, and so on. A stream
+of another job under the same run name while the first is live is no restart: it is stored under a
+run of its own (``launches``), and its events carry that run's id from then on.
 
 The producer's clock is not trusted for liveness: each batch that arrived live comes with the
 collector's time of arrival, from which each stream's clock offset is estimated
@@ -28,9 +30,12 @@ from typing import Any
 from sqlalchemy import Connection
 
 from trainmon.clock import ClockOffset, aligned
+from trainmon.monitor.collector.detection import Found
 from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.launches import Launches, stored_apart
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.seqs import SeqSet
+from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.queries import run_updated_at, stream_count, stream_of
 from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
@@ -131,13 +136,23 @@ def _layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
 class Ingestor:
     """The collector's write path. Thread-safe: groups are committed one at a time."""
 
-    def __init__(self, storage: Storage, engine: Engine, live: LiveState, limits: IngestLimits | None = None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        engine: Engine,
+        live: LiveState,
+        limits: IngestLimits | None = None,
+        idle_after: float = CollectorConfig.evict_idle_seconds,
+    ) -> None:
+        """``idle_after``: seconds of silence after which a run that did not end is no longer live (a new
+        job under its name is then a restart of it, not a clash)."""
         self.storage = storage
         self.engine = engine
         self.live = live
         self.limits = limits  # None: unlimited (imports, tests)
         self._lock = threading.Lock()  # held while a group is committed
         self._streams: dict[str, _Stream] = {}
+        self._launches = Launches(idle_after)
 
     def ingest(self, events: list[Event], arrival: float | None = None, sent: float | None = None) -> IngestResult:
         """Store one validated batch (received at ``arrival``, collector wall time, if it arrived live; sent at
@@ -180,7 +195,7 @@ class Ingestor:
             for i, events in enumerate(batches)
         ]
         with self._lock:
-            self._commit(group)
+            clashes = self._commit(group)
             results: list[IngestResult | IngestError] = []
             fresh: list[tuple[Event, int]] = []
             for slot in group:
@@ -193,12 +208,13 @@ class Ingestor:
             if fresh:
                 self.live.apply(fresh)
                 # Under the lock: the detectors must see groups in commit order.
-                self.engine.submit(fresh, lambda: done(results))
+                self.engine.submit(fresh, lambda: done(results), clashes)
         if not fresh:
             done(results)
 
-    def _commit(self, group: list[_Slot]) -> None:
-        """One transaction for the group; a batch that conflicts is refused alone."""
+    def _commit(self, group: list[_Slot]) -> list[Found]:
+        """One transaction for the group; a batch that conflicts is refused alone. Returns the ``run_clash``
+        findings of the jobs it found sharing a run name."""
         if self.limits is not None:
             admitted: dict[str, set[int]] = {}
             for slot in group:
@@ -206,8 +222,7 @@ class Ingestor:
                     self._check_limits(slot.events, admitted)
                 except LimitError as exc:
                     slot.error = exc
-        try:  # priming a run is the costly part of a new one: only for batches within the limits
-            self.engine.prime({(ev.run, ev.rank) for slot in group if slot.error is None for ev in slot.events})
+        try:
             known: dict[str, _Stream] = {}
             fresh_all: list[tuple[Event, int]] = []
             with self.storage.begin() as conn:
@@ -215,7 +230,7 @@ class Ingestor:
                     if slot.error is not None:
                         continue
                     try:
-                        self._load_streams(conn, slot.events, known)
+                        self._load_streams(conn, slot.events, known, slot.arrival)
                     except IngestError as exc:
                         slot.error = exc
                         continue
@@ -241,8 +256,12 @@ class Ingestor:
                     slot.fresh = fresh
                     fresh_all.extend(fresh)
                 if fresh_all:
+                    # Priming a run is the costly part of a new one: only for the events stored, under the run
+                    # they are stored under, before they are written (the history must not hold them).
+                    self.engine.prime({(ev.run, ev.rank) for ev, _ in fresh_all}, conn)
                     self._write(conn, fresh_all, known)
         except BaseException as exc:  # the transaction rolled back: no batch of the group was stored
+            self._launches.rollback()
             for slot in group:
                 if slot.error is None:
                     slot.error = exc
@@ -250,6 +269,7 @@ class Ingestor:
         for st in known.values():  # the group's own copies become the cache
             st.new = False
         self._streams.update(known)
+        return self._launches.commit()
 
     def _check_limits(self, events: list[Event], admitted: dict[str, set[int]]) -> None:
         """Refuse a batch that would take memory past the limits; ``admitted`` holds the group's earlier batches."""
@@ -305,21 +325,31 @@ class Ingestor:
     def _forget(self, runs: set[str]) -> None:
         for key in [k for k, st in self._streams.items() if st.run in runs]:
             del self._streams[key]
+        self._launches.forget(runs)
         for run in runs:
             self.engine.forget(run)
             self.live.forget(run)
 
-    def _load_streams(self, conn: Connection, events: list[Event], known: dict[str, _Stream]) -> None:
+    def _load_streams(
+        self, conn: Connection, events: list[Event], known: dict[str, _Stream], arrival: float | None
+    ) -> None:
         """Add the batch's streams to ``known`` (the group's); on a conflict, take them out again."""
         added: list[str] = []
+        mark = self._launches.mark()
         try:
-            self._add_streams(conn, events, known, added)
+            self._add_streams(conn, events, known, added, arrival)
         except IngestError:
             for stream in added:
                 del known[stream]
+            self._launches.undo(mark)
             raise
 
-    def _add_streams(self, conn: Connection, events: list[Event], known: dict[str, _Stream], added: list[str]) -> None:
+    def _add_streams(
+        self, conn: Connection, events: list[Event], known: dict[str, _Stream], added: list[str], arrival: float | None
+    ) -> None:
+        """Find or create each event's stream; an event of a job stored apart from others of its run name
+        (``launches``) gets that run's id."""
+        launches: dict[str, str | None] | None = None  # stream -> launch id, of the batch's run_start events
         for ev in events:
             if ev.stream in known:
                 st = known[ev.stream]
@@ -332,12 +362,25 @@ class Ingestor:
                     else self._fetch(conn, ev.stream)
                 )
                 if st is None:
-                    attempt = stream_count(conn, ev.run, ev.rank)
-                    attempt += sum(1 for s in known.values() if s.new and s.run == ev.run and s.rank == ev.rank)
-                    st = _Stream(ev.run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), new=True)
+                    if launches is None:
+                        launches = {e.stream: e.fields.get("launch_id") for e in events if e.kind == "run_start"}
+                    run = self._launches.run_of(
+                        conn,
+                        ev.run,
+                        launches.get(ev.stream),
+                        ev.host,
+                        ev.time if arrival is None else arrival,
+                        lambda: {s.run for s in known.values()},
+                    )
+                    attempt = stream_count(conn, run, ev.rank)
+                    attempt += sum(1 for s in known.values() if s.new and s.run == run and s.rank == ev.rank)
+                    st = _Stream(run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), new=True)
                 known[ev.stream] = st
                 added.append(ev.stream)
             if (st.run, st.rank) != (ev.run, ev.rank):
+                if st.rank == ev.rank and stored_apart(st.run, ev.run):
+                    object.__setattr__(ev, "run", st.run)  # the collector's own stamp, as ``clock_offset``
+                    continue
                 raise IngestError(
                     f"stream {ev.stream} belongs to run {st.run!r} rank {st.rank}, not run {ev.run!r} rank {ev.rank}"
                 )

@@ -13,9 +13,14 @@ from sqlalchemy import Connection, Row, func, select
 from trainmon.monitor.store.step_reads import latest_step
 from trainmon.monitor.store.storage import anomalies, runs, streams
 
+_launch = streams.c.start["launch_id"].as_string()  # the job a stream belongs to (trainmon.hooks.launch)
+
 __all__ = [
     "anomaly_rows",
     "clock_offsets",
+    "launch_hosts",
+    "launch_run",
+    "name_runs",
     "newest_attempt",
     "open_anomaly_keys",
     "open_anomaly_rows",
@@ -37,6 +42,32 @@ __all__ = [
 def run_row(conn: Connection, run: str) -> Row | None:
     """The run's row of ``runs`` (None if unknown)."""
     return conn.execute(select(runs).where(runs.c.run == run)).first()
+
+
+def name_runs(conn: Connection, name: str, derived_prefix: str) -> Sequence[Row]:
+    """``(run, status, updated_at)`` of the run ``name`` and of the runs derived from it (their ids start
+    with ``derived_prefix``): every job stored under one run name."""
+    cond = (runs.c.run == name) | runs.c.run.startswith(derived_prefix, autoescape=True)
+    return conn.execute(select(runs.c.run, runs.c.status, runs.c.updated_at).where(cond)).all()
+
+
+def launch_run(conn: Connection, candidates: Sequence[str], launch: str) -> str | None:
+    """Which of ``candidates`` holds a stream of ``launch`` (its ``run_start``'s ``launch_id``), if any."""
+    return conn.execute(select(streams.c.run).where(streams.c.run.in_(candidates), _launch == launch).limit(1)).scalar()
+
+
+def launch_hosts(conn: Connection, run: str, limit: int = 64) -> tuple[str | None, list[str]]:
+    """The launch id of ``run``'s newest stream and the hosts of that launch's newest ``limit`` streams."""
+    rows = conn.execute(
+        select(streams.c.host, _launch.label("launch"))
+        .where(streams.c.run == run)
+        .order_by(streams.c.started_at.desc())
+        .limit(limit)
+    ).all()
+    if not rows:
+        return None, []
+    launch = rows[0].launch
+    return launch, list(dict.fromkeys(r.host for r in rows if r.launch == launch))
 
 
 def run_exists(conn: Connection, run: str) -> bool:
