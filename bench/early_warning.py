@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from trainmon.hooks.precursors import Precursors
+from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.instability_precursor import InstabilityPrecursor, InstabilityPrecursorConfig
 from trainmon.reference_trainer.model import GPT, GPTConfig
 from trainmon.wire import validate_event
@@ -74,30 +75,42 @@ def largest_bound(events: Path) -> float:
     return max((max(f["attn_logit_max"].values()) for f in steps if "attn_logit_max" in f), default=0.0)
 
 
-def warnings(events: Path) -> list[tuple[int, str, bool, str]]:
-    """The precursor's findings at warning or above and its resolutions, in order: (step, series, resolved, text).
-    Info findings (a growth at the LR's peak) ask nobody to act: they are neither warnings nor false ones."""
+def precursor_findings(events: Path) -> list[Finding]:
     det = InstabilityPrecursor(InstabilityPrecursorConfig())
-    out = []
-    for line in events.read_text().splitlines():
-        for f in det.observe(validate_event(json.loads(line)), 0):
-            if f.severity != "info" or f.resolved:
-                series = f"{f.evidence['mechanism']} {f.evidence['module']}"  # one module can show two mechanisms
-                out.append((f.step, series, f.resolved, f"{f.severity} step {f.step}: {f.message}"))
-    return out
+    return [f for line in events.read_text().splitlines() for f in det.observe(validate_event(json.loads(line)), 0)]
 
 
-def open_since(found: list[tuple[int, str, bool, str]], step: int) -> int | None:
-    """The start of the earliest warning still open (not resolved) at ``step``: the episode the divergence came in."""
-    since: dict[str, int] = {}
-    for s, module, resolved, _ in found:
-        if s > step:
+def _own(f: Finding) -> dict[str, Any] | None:
+    """The finding's own episode among the anomaly's open ones (None: it settled)."""
+    e = f.evidence
+    return next((o for o in e["open"] if (o["mechanism"], o["module"]) == (e["mechanism"], e["module"])), None)
+
+
+def warnings(found: list[Finding]) -> list[tuple[int | None, str]]:
+    """The episodes that opened or escalated at warning or above, in order: (step, text). Info episodes (a growth at
+    the LR's peak) ask nobody to act: they are neither warnings nor false ones."""
+    return [
+        (f.step, f"{own['severity']} step {f.step}: {f.message}")
+        for f in found
+        if (own := _own(f)) is not None and own["severity"] != "info"
+    ]
+
+
+def open_since(found: list[Finding], step: int) -> int | None:
+    """The step of the earliest warning whose episode is still open at ``step`` (the anomaly's ``open`` list as of
+    its latest finding by then): the episode the divergence came in."""
+    warned: dict[tuple[str, str, int], int] = {}  # (mechanism, module, since) -> the step it first warned at
+    still: list[dict[str, Any]] = []
+    for f in found:
+        if f.step is None or f.step > step:
             break
-        if resolved:
-            since.pop(module, None)
-        else:
-            since.setdefault(module, s)
-    return min(since.values(), default=None)
+        if (own := _own(f)) is not None and own["severity"] != "info":
+            warned.setdefault((own["mechanism"], own["module"], own["since_step"]), f.step)
+        still = f.evidence["open"]
+    return min(
+        (w for o in still if (w := warned.get((o["mechanism"], o["module"], o["since_step"]))) is not None),
+        default=None,
+    )
 
 
 def first_loss_finding(events: Path) -> tuple[int | None, str]:
@@ -157,8 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in fault_seeds:
             events = train(Path(tmp) / f"fault{seed}", seed, None, "lr_too_high@0")
-            found = warnings(events)
-            warn = next((s for s, _, resolved, _ in found if not resolved), None)
+            found = precursor_findings(events)
+            warned = warnings(found)
+            warn = warned[0][0] if warned else None
             loss_step, loss_kind = first_loss_finding(events)
             lead: Any = None
             still: Any = None
@@ -174,11 +188,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"lr_too_high seed={seed}: first warning step {warn}, loss-based {loss_step} ({loss_kind}), "
                 f"lead {lead}; warning open at the loss finding: lead {still}"
             )
-            for _, _, _, text in found[:1]:
+            for _, text in warned[:1]:
                 print(f"  {text}")
         for lr, seed in clean:
             events = train(Path(tmp) / f"c{lr}-{seed}", seed, lr, None)
-            messages = [t for _, _, resolved, t in warnings(events) if not resolved]
+            messages = [t for _, t in warnings(precursor_findings(events))]
             false_warnings += len(messages)
             print(
                 f"clean lr={lr} seed={seed}: largest bound {largest_bound(events):.3g}, warnings {len(messages)}"
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         for inject, seed in controls:
             events = train(Path(tmp) / f"control{seed}", seed, None, inject)
-            messages = [t for _, _, resolved, t in warnings(events) if not resolved]
+            messages = [t for _, t in warnings(precursor_findings(events))]
             false_warnings += len(messages)
             loss_step, loss_kind = first_loss_finding(events)
             print(
@@ -194,13 +208,13 @@ def main(argv: list[str] | None = None) -> None:
             )
         for lr in above:
             events = train(Path(tmp) / f"above{lr}", 1337, lr, None)
-            found = [t for _, _, resolved, t in warnings(events) if not resolved]
+            texts = [t for _, t in warnings(precursor_findings(events))]
             loss_step, loss_kind = first_loss_finding(events)
             final = [json.loads(line)["fields"] for line in events.read_text().splitlines()]
             last = [f["loss"] for f in final if "loss" in f and "step" in f][-20:]
             print(
-                f"unscored lr={lr} seed=1337: largest bound {largest_bound(events):.3g}, warnings {len(found)}"
-                + (f" (first: {found[0]})" if found else "")
+                f"unscored lr={lr} seed=1337: largest bound {largest_bound(events):.3g}, warnings {len(texts)}"
+                + (f" (first: {texts[0]})" if texts else "")
                 + f", loss-based {loss_step} ({loss_kind}), mean loss of the last 20 steps {statistics.fmean(last):.3f}"
             )
     overhead = overhead_pct(20 if args.quick else 100)

@@ -60,6 +60,41 @@ def test_sustained_growth_warns_names_the_layer_then_escalates_and_resolves() ->
     assert found[-1].resolved and found[-1].step == 100
 
 
+def _anomalies(found: list) -> list[tuple[int, int | None]]:
+    """The stored anomalies these findings make, as the engine keeps them (trainmon.monitor.collector.engine): the
+    first finding opens one, later ones update it, a resolved one closes it and the next finding opens another.
+    (first step, step it was resolved at or None while open)."""
+    out: list[tuple[int, int | None]] = []
+    for f in found:
+        if f.resolved:
+            if out and out[-1][1] is None:
+                out[-1] = (out[-1][0], f.step)
+        elif not out or out[-1][1] is not None:
+            out.append((f.step, None))
+    return out
+
+
+def test_one_module_settling_leaves_the_anomaly_open_while_another_still_rises() -> None:
+    # Two attention modules grow from step 50; blocks.0 collapses toward one-hot (400: critical) and settles at step
+    # 90, blocks.1 still grows until step 90 and settles at 110. The anomaly stays open until the last one settles.
+    a = [0.3, 1.4, 2.0, 2.4, 2.1, 30.0, 40.0, 400.0, 2.0, 2.2, 2.0, 2.0, 2.0]
+    b = [0.3, 1.4, 2.0, 2.4, 2.1, 30.0, 40.0, 45.0, 50.0, 55.0, 2.0, 2.1, 2.0]
+    found = _run([{"blocks.0.attn": x, "blocks.1.attn": y} for x, y in zip(a, b, strict=True)])
+    assert [f.step for f in found if f.resolved] == [110]  # not at 90, when blocks.0 alone settled
+    assert _anomalies(found) == [(60, 110)]  # one anomaly, open throughout
+    settled = next(f for f in found if f.step == 90 and f.evidence["module"] == "blocks.0.attn")
+    assert not settled.resolved and settled.severity == "warning"  # what is still open: blocks.1's warning
+    assert [o["module"] for o in settled.evidence["open"]] == ["blocks.1.attn"]
+    assert "blocks.0.attn back near" in settled.message
+    assert "still open: attention_logit_growth in blocks.1.attn (warning since step 50)" in settled.message
+    assert "qk-layernorm" in settled.hint
+    # While blocks.0 is critical, blocks.1's news does not lower the anomaly's severity.
+    assert [(f.step, f.severity) for f in found if f.evidence["module"] == "blocks.1.attn"] == [
+        (60, "warning"), (70, "critical"), (80, "critical"), (90, "warning"), (110, "info"),
+    ]  # fmt: skip
+    assert found[-1].evidence["open"] == []
+
+
 @pytest.mark.parametrize(
     ("peak", "warmup"), [(0.1, 200), (0.15, 200), (None, 200), (0.3, 10)], ids=["at-peak", "near", "none", "decay"]
 )
@@ -188,3 +223,29 @@ def test_growth_that_follows_the_loss_is_info_not_a_warning() -> None:
     found = _signal("linear_out_rms", [{"blocks.1.attn.proj": v} for v in rms], loss)
     assert [(f.step, f.severity) for f in found] == [(180, "info")]  # and stays info, however far it grows
     assert "the loss has already risen" in found[0].message
+
+
+# adam_eps_frac of the reference trainer's tiny GPT (seed 1337, --detail-every 10), groups "0" (matrices) and "1"
+# (biases and gains; 7.1% are the key biases, whose gradient softmax's shift invariance makes zero). Clean: the same
+# to four digits at the bench's peak LRs 1e-3, 3e-3, 1e-2 and 3e-2, 400 steps.
+EPS_CLEAN = [{"0": v, "1": 0.0714} for v in [0.003] + [0.0012] * 39]
+# Peak LR 3e-3, the loss (and so every gradient) x1e-6 from step 150, as a loss normalised twice (a token mean divided
+# again by a million-token batch's count) would, or as a model whose gradients sit near eps: the second moments can
+# fall only by beta2 (0.95) per step, a decade every 45 steps, and sat 8-10 decades above eps^2.
+EPS_SCALED_0 = [0.003] + [0.0012] * 43 + [0.0016, 0.005, 0.0196, 0.0461, 0.0661, 0.0764, 0.0938, 0.1274, 0.1465]
+EPS_SCALED_0 += [0.1504, 0.1522, 0.1682, 0.2235, 0.3066, 0.3898, 0.4546, 0.5052, 0.5708, 0.6835, 0.7987, 0.8661]
+EPS_SCALED_1 = [0.0714] * 46 + [0.0731, 0.0854, 0.0982, 0.1044, 0.1094, 0.1278, 0.1562, 0.1685, 0.1758, 0.1802]
+EPS_SCALED_1 += [0.1964, 0.2494, 0.3248, 0.4068, 0.4531, 0.5017, 0.5658, 0.6423, 0.7137]
+
+
+def test_adam_epsilon_fires_on_a_real_capture_of_gradients_sinking_under_eps() -> None:
+    found = _signal("adam_eps_frac", [{"0": a, "1": b} for a, b in zip(EPS_SCALED_0, EPS_SCALED_1, strict=True)])
+    # 450 steps after the change: the slow start of the rise (0.1% -> 15% over 280 steps) joins the level, the jump
+    # from there to 50% in 30 steps is the finding. Late, not early: the updates shrank 50x within 60 steps of it.
+    assert [(f.step, f.evidence["module"], f.severity) for f in found] == [(600, "0", "warning"), (610, "1", "warning")]
+    assert found[0].evidence["since_step"] == 590 and found[0].evidence["level"] == pytest.approx(0.1504, abs=0.02)
+    assert [o["module"] for o in found[1].evidence["open"]] == ["0", "1"]  # one anomaly, both groups named
+
+
+def test_adam_shares_of_the_clean_runs_are_silent() -> None:
+    assert _signal("adam_eps_frac", EPS_CLEAN) == []

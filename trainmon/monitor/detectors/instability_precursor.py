@@ -49,8 +49,24 @@ and escalation, resolved when back for ``sustain`` samples) and named with its l
   normally (hence the floor); ``lr_too_high`` reaches it at steps 150-170, as the loss diverges.
 * **Adam's epsilon** (Wortsman et al. 2023), ``adam_eps_frac`` per parameter group: the share of
   second moments under eps^2 ``eps_rise`` above its level. There the update is mostly eps and shrinks
-  silently; the remedy is a lower eps, not a lower LR. No fault here reproduces it (the clean runs'
-  share falls or holds, 0-7%): the rule is the mechanism's, its threshold a quarter of the group.
+  silently; the remedy is a lower eps, not a lower LR. The clean runs' share holds (0.12% of the
+  matrices; 7.1% of the biases and gains: the key biases, whose gradient is zero) at every bench LR.
+  No fault here reproduces it: no failure of the tiny GPT does in a few hundred steps at eps 1e-8,
+  its second moments sit 8-10 decades above eps^2 (median ~1e-6) and can fall only by beta2 per step
+  (a decade every 45 steps at 0.95). Tried, 400-650 steps: an eps too large (1e-4, 1e-3) holds the
+  share high from the first samples (15%; 34-49%, rising slowly) while the loss trains as at 1e-8, a
+  level, not a rise, and no failure; the loss falling to 0.002 (``labels_unshifted@150``) leaves the
+  share at 0.1% by step 390; the loss, so every gradient, x1e-6 from step 150 (a loss normalised twice,
+  or a model whose gradients sit near eps) fires, at step 600: the slow start of the rise (0.1% to 15%
+  in 280 steps) joins the level, the jump to 50% in 30 steps is the finding, long after the updates
+  shrank 50x (within 60 steps of the change). A share high from a run's first samples (the loss scaled
+  from step 0) is its level and never fires.
+
+One anomaly per run and rank holds every mechanism and module (the engine keeps one per run, kind and
+rank). It is open while any episode is: its severity is that of the most severe open episode (one
+module's milder news does not lower it; it eases when that episode settles), every finding's evidence
+lists the open episodes (``open``), an episode that settles while others go on says what is still open
+without closing the anomaly, and only the last one to settle resolves it.
 """
 
 from __future__ import annotations
@@ -158,7 +174,7 @@ _CALMED = "the growth stopped; if the LR was lowered, that worked. It can come b
 class _Series:
     """One module's (layer's, group's) sampled values: its level, and the episode in progress."""
 
-    __slots__ = ("after_loss", "calm", "level", "open", "peak_ratio", "run", "seen", "severity", "since")
+    __slots__ = ("after_loss", "calm", "hint", "level", "open", "peak_ratio", "run", "seen", "severity", "since")
 
     def __init__(self, window: int) -> None:
         self.level: collections.deque[float] = collections.deque(maxlen=window)
@@ -170,6 +186,7 @@ class _Series:
         self.severity = ""
         self.calm = 0  # consecutive samples back under the growth ratio while open
         self.after_loss = False  # the episode began once the loss had moved: info throughout
+        self.hint = ""  # the latest finding's hint: what the anomaly says while this episode leads it
 
 
 class _Mechanism:
@@ -344,6 +361,7 @@ class InstabilityPrecursor(Detector):
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config
         self._mechanisms = [m(config) for m in (_LogitGrowth, _OutputGrowth, _EntropyCollapse, _EpsilonShare)]
+        self._names = {m.field: m.name for m in self._mechanisms}
         self._series: dict[tuple[str, str], _Series] = {}  # (field, module or group) -> its series
         self._peak_lr: float | None = None  # the declared schedule's peak
         self._warmup = 0  # and its warmup steps: the LR rises only then (the declared shapes decay after it)
@@ -401,7 +419,7 @@ class InstabilityPrecursor(Detector):
                 s.calm += 1
                 if s.calm >= cfg.sustain:
                     s.open, s.run, s.since, s.calm = False, 0, None, 0
-                    return self._finding(m, module, s, step, value, level, ratio, lr, resolved=True)
+                    return self._settled(m, module, s, step, value, level, ratio)
                 return None
             s.run, s.since = 0, None
             if joins:  # a rise held under the floor is not the level either
@@ -430,7 +448,16 @@ class InstabilityPrecursor(Detector):
         s.open = True
         s.severity = severity
         s.peak_ratio = max(s.peak_ratio, ratio)
-        return self._finding(m, module, s, step, value, level, ratio, lr)
+        lr_text = ", ".join(f"{x:.3g}" for x in lrs) if isinstance(lr, list) else "not logged"
+        s.hint = m.hint(s.since, step, lr_text)
+        return Finding(
+            self.kind,
+            self._severity(),
+            step,
+            m.message(module, s, step, value, level, ratio) + m.state(s.severity, self._peak_lr),
+            s.hint,
+            self._evidence(m, module, s, value, level, ratio),
+        )
 
     def _loss_moved(self, since: int | None) -> bool:
         """The loss of the latest steps is ``loss_moved_ratio`` x its median before ``since`` or more."""
@@ -440,19 +467,20 @@ class InstabilityPrecursor(Detector):
         recent = statistics.median(loss for _, loss in list(self._losses)[-_RECENT_LOSSES:])
         return recent >= self.config.loss_moved_ratio * statistics.median(before)
 
-    def _finding(
-        self,
-        m: _Mechanism,
-        module: str,
-        s: _Series,
-        step: int,
-        value: float,
-        level: float,
-        ratio: float,
-        lr: Any,
-        resolved: bool = False,
-    ) -> Finding:
-        evidence = {
+    def _open(self) -> list[tuple[str, str, _Series]]:
+        """The episodes still open (mechanism name, module, series), the most severe first, then the earliest."""
+        found = [(self._names[f], module, s) for (f, module), s in self._series.items() if s.open]
+        return sorted(found, key=lambda o: (-SEVERITIES.index(o[2].severity), o[2].since or 0))
+
+    def _severity(self) -> str:
+        """The anomaly's severity: that of its most severe open episode (one module's milder news does not lower
+        it; it eases once that episode settles)."""
+        return self._open()[0][2].severity
+
+    def _evidence(
+        self, m: _Mechanism, module: str, s: _Series, value: float, level: float, ratio: float
+    ) -> dict[str, Any]:
+        return {
             "module": module,
             "mechanism": m.name,
             m.evidence_key or m.field: value,
@@ -460,20 +488,21 @@ class InstabilityPrecursor(Detector):
             "ratio": ratio,
             "since_step": s.since,
             "samples": s.run,
+            "open": [
+                {"mechanism": name, "module": mod, "severity": o.severity, "since_step": o.since}
+                for name, mod, o in self._open()
+            ],
         }
-        lr_text = ", ".join(f"{x:.3g}" for x in lr if finite(x)) if isinstance(lr, list) else "not logged"
-        if resolved:
-            return self.resolve(
-                step,
-                m.resolved(module, step, value, level, ratio),
-                m.calmed,
-                evidence,
-            )
-        return Finding(
-            self.kind,
-            s.severity,
-            step,
-            m.message(module, s, step, value, level, ratio) + m.state(s.severity, self._peak_lr),
-            m.hint(s.since, step, lr_text),
-            evidence,
-        )
+
+    def _settled(
+        self, m: _Mechanism, module: str, s: _Series, step: int, value: float, level: float, ratio: float
+    ) -> Finding:
+        """One episode settled: the anomaly resolves if it was the last one open; otherwise it stays open, saying
+        what is still rising (one anomaly per run, kind and rank: a resolved finding would close the others too)."""
+        evidence = self._evidence(m, module, s, value, level, ratio)
+        text = m.resolved(module, step, value, level, ratio)
+        still = self._open()
+        if not still:
+            return self.resolve(step, text, m.calmed, evidence)
+        rising = ", ".join(f"{name} in {mod} ({o.severity} since step {o.since})" for name, mod, o in still)
+        return Finding(self.kind, self._severity(), step, f"{text}; still open: {rising}", still[0][2].hint, evidence)
