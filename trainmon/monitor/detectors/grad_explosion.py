@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["GradExplosion", "GradExplosionConfig"]
@@ -207,8 +207,10 @@ class GradExplosion(Detector):
     def __init__(self, config: GradExplosionConfig) -> None:
         self.config = config
         self._logs = RollingWindow(config.window)
-        self._all = RollingWindow(config.window)  # every recent log norm, spikes included: the tail
-        self._diffs = RollingWindow(config.window)
+        # read only when a norm is min_ratio x the median (see _norm): every recent log norm, spikes included
+        # (the tail), and the accepted differences (the sigma)
+        self._all = LazyWindow(config.window)
+        self._diffs = LazyWindow(config.window)
         self._prev: float | None = None
         self._layers: dict[str, float] | None = None
         self._ep: _Episode | None = None
@@ -340,9 +342,11 @@ class GradExplosion(Detector):
         spike = changed = False
         if len(self._logs) >= cfg.min_history:
             med = self._logs.median()
-            sigma = self._sigma()
-            tail = self._all.quantile(cfg.tail_quantile)
-            spike = x - med > max(cfg.z * sigma, math.log(cfg.min_ratio)) and x - tail > math.log(cfg.tail_ratio)
+            # Over max(z sigma, log min_ratio) and over the tail: sigma and the tail are asked only of a norm
+            # past the first bar (x - med > max(a, b) is x - med > b and x - med > a): a few steps of most runs.
+            if x - med > math.log(cfg.min_ratio):
+                sigma = self._sigma()
+                spike = x - med > cfg.z * sigma and x - self._all.quantile(cfg.tail_quantile) > math.log(cfg.tail_ratio)
             ep = self._ep
             if spike and ep is None and self._degenerate():
                 out.extend(self._note(step, norm, math.exp(med)))

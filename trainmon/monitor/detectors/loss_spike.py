@@ -92,7 +92,7 @@ from typing import Any
 
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["LossSpike", "LossSpikeConfig"]
@@ -227,7 +227,7 @@ class LossSpike(Detector):
         self._level = RollingWindow(config.window)
         self._diffs = RollingWindow(2 * config.window)
         self._prev: float | None = None
-        self._norms = RollingWindow(config.window)
+        self._norms = LazyWindow(config.window)  # read only when a spike's cause is asked
         self._recent: collections.deque[tuple[int, float | None, float | None]] = collections.deque(
             maxlen=config.precursor_steps + 1
         )
@@ -451,7 +451,7 @@ class LossSpike(Detector):
         norm = norm if finite(norm) and norm > 0 else None
         lrs = f.get("lr")
         if isinstance(lrs, list):
-            self._lrs.append((step, list(lrs[:64])))
+            self._lrs.append((step, lrs[:64]))  # a slice is a copy
         out: list[Finding] = []
         if not finite(loss):
             self._recent.append((step, None, norm))
