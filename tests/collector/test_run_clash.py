@@ -19,7 +19,7 @@ from tests.events import batch, event, step_events
 from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 from trainmon.monitor.cli import main
 from trainmon.monitor.collector.engine import Engine
-from trainmon.monitor.collector.ingest import Ingestor
+from trainmon.monitor.collector.ingest import Ingestor, IngestResult
 from trainmon.monitor.collector.launches import derived_run
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig
@@ -51,8 +51,8 @@ def _ingestor(storage: Storage) -> Ingestor:
     return Ingestor(storage, Engine(storage, DetectorsConfig()), LiveState())
 
 
-def _post(ingestor: Ingestor, events: list[dict[str, Any]]) -> None:
-    ingestor.ingest(validate_batch(batch(events)))
+def _post(ingestor: Ingestor, events: list[dict[str, Any]]) -> IngestResult:
+    return ingestor.ingest(validate_batch(batch(events)))
 
 
 def _host(ev: dict[str, Any], host: str) -> dict[str, Any]:
@@ -94,8 +94,12 @@ def _losses(storage: Storage, run: str) -> set[float]:
 def test_two_concurrent_jobs_under_one_name_are_stored_apart_and_named(
     storage: Storage, url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _run_concurrently(_ingestor(storage))
+    ingestor = _ingestor(storage)
+    _run_concurrently(ingestor)
     second = derived_run("test", "job-b")
+    # What an acknowledgement's findings must be looked up by: job B's own run, not the name it sends.
+    assert _post(ingestor, _steps("job-b", 0, STEPS)).stored_as == {"test": second}
+    assert _post(ingestor, _steps("job-a", 0, STEPS)).stored_as == {}
     with storage.connect() as conn:
         assert {r["run"] for r in run_rows(conn)} == {"test", second}
         for run, launch in (("test", "job-a"), (second, "job-b")):

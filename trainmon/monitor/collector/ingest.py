@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
@@ -76,6 +76,9 @@ class IngestLimits:
 class IngestResult:
     accepted: int
     duplicates: int
+    stored_as: dict[str, str] = field(default_factory=dict)
+    """Run names of the batch whose events were stored under another run id (a job that met another one
+    under its name, ``launches``): the run whose findings an acknowledgement to that job must carry."""
 
 
 @dataclass(slots=True)
@@ -92,7 +95,7 @@ class _Stream:
 class _Slot:
     """A batch of a group being committed, and what became of it."""
 
-    __slots__ = ("arrival", "error", "events", "fresh", "sent")
+    __slots__ = ("arrival", "error", "events", "fresh", "sent", "stored_as")
 
     def __init__(self, events: list[Event], arrival: float | None, sent: float | None = None) -> None:
         self.events = events
@@ -100,6 +103,7 @@ class _Slot:
         self.sent = sent  # the producer's wall time when it sent the batch, if it said (wire.SENT_HEADER)
         self.fresh: list[tuple[Event, int]] = []
         self.error: BaseException | None = None
+        self.stored_as: dict[str, str] = {}  # IngestResult.stored_as
 
 
 def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
@@ -203,7 +207,7 @@ class Ingestor:
                     assert isinstance(slot.error, IngestError)
                     results.append(slot.error)
                 else:
-                    results.append(IngestResult(len(slot.fresh), len(slot.events) - len(slot.fresh)))
+                    results.append(IngestResult(len(slot.fresh), len(slot.events) - len(slot.fresh), slot.stored_as))
                     fresh.extend(slot.fresh)
             if fresh:
                 self.live.apply(fresh)
@@ -230,7 +234,7 @@ class Ingestor:
                     if slot.error is not None:
                         continue
                     try:
-                        self._load_streams(conn, slot.events, known, slot.arrival)
+                        self._load_streams(conn, slot, known)
                     except IngestError as exc:
                         slot.error = exc
                         continue
@@ -330,25 +334,22 @@ class Ingestor:
             self.engine.forget(run)
             self.live.forget(run)
 
-    def _load_streams(
-        self, conn: Connection, events: list[Event], known: dict[str, _Stream], arrival: float | None
-    ) -> None:
+    def _load_streams(self, conn: Connection, slot: _Slot, known: dict[str, _Stream]) -> None:
         """Add the batch's streams to ``known`` (the group's); on a conflict, take them out again."""
         added: list[str] = []
         mark = self._launches.mark()
         try:
-            self._add_streams(conn, events, known, added, arrival)
+            self._add_streams(conn, slot, known, added)
         except IngestError:
             for stream in added:
                 del known[stream]
             self._launches.undo(mark)
             raise
 
-    def _add_streams(
-        self, conn: Connection, events: list[Event], known: dict[str, _Stream], added: list[str], arrival: float | None
-    ) -> None:
+    def _add_streams(self, conn: Connection, slot: _Slot, known: dict[str, _Stream], added: list[str]) -> None:
         """Find or create each event's stream; an event of a job stored apart from others of its run name
         (``launches``) gets that run's id."""
+        events, arrival = slot.events, slot.arrival
         launches: dict[str, str | None] | None = None  # stream -> launch id, of the batch's run_start events
         for ev in events:
             if ev.stream in known:
@@ -379,6 +380,7 @@ class Ingestor:
                 added.append(ev.stream)
             if (st.run, st.rank) != (ev.run, ev.rank):
                 if st.rank == ev.rank and stored_apart(st.run, ev.run):
+                    slot.stored_as[ev.run] = st.run
                     object.__setattr__(ev, "run", st.run)  # the collector's own stamp, as ``clock_offset``
                     continue
                 raise IngestError(

@@ -70,12 +70,16 @@ def stored_apart(run: str, name: str) -> bool:
 
 
 def _jobs(jobs: dict[str, tuple[str | None, list[str]]], runs: list[str]) -> str:
-    return "; ".join(f"{r!r} (launch {jobs[r][0] or 'not sent'}, host {_hosts(jobs[r][1])})" for r in runs)
+    return "; ".join(f"{r!r} (launch {jobs[r][0] or 'not sent'}, {_hosts(jobs[r][1])})" for r in runs)
 
 
 def _hosts(hosts: list[str]) -> str:
     more = len(hosts) - _MAX_HOSTS
-    return ", ".join(hosts[:_MAX_HOSTS]) + (f" and {more} more" if more > 0 else "")
+    return (
+        ("host " if len(hosts) == 1 else "hosts ")
+        + ", ".join(hosts[:_MAX_HOSTS])
+        + (f" and {more} more" if more > 0 else "")
+    )
 
 
 def clash_finding(name: str, run: str, jobs: dict[str, tuple[str | None, list[str]]]) -> Finding:
@@ -88,7 +92,7 @@ def clash_finding(name: str, run: str, jobs: dict[str, tuple[str | None, list[st
         "warning",
         None,
         f"{len(jobs)} jobs use the run name {name!r} at the same time; they are kept apart: this run holds "
-        f"launch {launch or 'not sent'} (host {_hosts(hosts)}), the other job(s): {_jobs(jobs, others)}",
+        f"launch {launch or 'not sent'} ({_hosts(hosts)}), the other job(s): {_jobs(jobs, others)}",
         "Give each job a run name of its own (TrainMonitor(run=...), e.g. with the date or the scheduler's job "
         "id). A relaunch is a restart of the same run once the old job has ended or has been silent for "
         "evict_idle_seconds: stop the old job first. Processes that are one job need one launch id "
@@ -152,7 +156,7 @@ class Launches:
         launch, hosts = launch_hosts(conn, run)
         if launch is None:  # not stored yet: placed earlier in this group
             launch = next((lid for (_, lid), r in self._pending.items() if r == run), None)
-        return launch, list(dict.fromkeys([*hosts, *self._hosts.get(run, [])]))
+        return launch, sorted({*hosts, *self._hosts.get(run, [])})
 
     def mark(self) -> tuple[int, int]:
         return len(self._pending), len(self._found)
