@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmon.wire import Event, validate_event
+from trainmon.wire import _MAX_INT, _MAX_KEY, _MAX_MAP, _MAX_TIME, Event, validate_event
 
 __all__ = [
     "BOOKKEEPING_KEYS",
@@ -493,33 +493,39 @@ def _events(
     first_step = train[0].step
     marked = False
     for it in items:
-        if isinstance(it, ResumeMark):
-            emitter.new_attempt(resumed=True, reason=it.reason, after_step=it.after_step, time=last_time)
-            marked = True  # the steps it replays are this attempt's, not one more
-            continue
-        if isinstance(it, TrainPoint):
-            if prev_step is not None and it.step <= prev_step and not marked:
-                fresh = it.step <= first_step
-                reason = f"step went back from {prev_step} to {it.step}"
-                emitter.new_attempt(resumed=not fresh, reason=reason, after_step=it.step - 1, time=last_time)
+        kind = type(it)
+        if kind is TrainPoint:
+            step = it.step  # type: ignore[union-attr]
+            if prev_step is not None and step <= prev_step and not marked:
+                fresh = step <= first_step
+                reason = f"step went back from {prev_step} to {step}"
+                emitter.new_attempt(resumed=not fresh, reason=reason, after_step=step - 1, time=last_time)
             if real_time:
-                t = float(it.time)  # type: ignore[arg-type]
+                t = float(it.time)  # type: ignore[arg-type, union-attr]
             else:
-                clock += _advance(prev_step, it)
+                clock += _advance(prev_step, it)  # type: ignore[arg-type]
                 t = clock
-            t = max(t, last_time)
+            if last_time > t:  # max(t, last_time), NaN handling included
+                t = last_time
             last_time = t
-            prev_step = it.step
+            prev_step = step
             marked = False
-            yield from emitter.step(it, t)
+            if emitter.pending is not None:
+                yield emitter.start(t)
+            yield emitter.step(it, t)  # type: ignore[arg-type]
+        elif kind is ResumeMark:
+            emitter.new_attempt(resumed=True, reason=it.reason, after_step=it.after_step, time=last_time)  # type: ignore[union-attr]
+            marked = True  # the steps it replays are this attempt's, not one more
         else:
-            if it.time is not None and real_time:
-                t = max(float(it.time), last_time)
+            if it.time is not None and real_time:  # type: ignore[union-attr]
+                t = max(float(it.time), last_time)  # type: ignore[union-attr]
             else:
                 t = last_time + 1e-3 if last_time > -math.inf else (clock if clock is not None else 0.0)
             last_time = t
-            yield from emitter.eval(it, t)
-    yield from emitter.end(last_time, prev_step)
+            if emitter.pending is not None:
+                yield emitter.start(t)
+            yield emitter.eval(it, t)  # type: ignore[arg-type]
+    yield emitter.end(last_time, prev_step)
 
 
 def _advance(prev_step: int | None, p: TrainPoint) -> float:
@@ -533,7 +539,18 @@ def _advance(prev_step: int | None, p: TrainPoint) -> float:
 
 
 class _Emitter:
-    """Stream ids, sequence numbers and the run_start of each attempt."""
+    """Stream ids, sequence numbers and the run_start of each attempt.
+
+    A ``step`` or ``eval`` event is built as the wire format's :class:`Event` directly, not through
+    :func:`trainmon.wire.validate_event`: that check exists for what a producer sends over the network,
+    and here every value comes from our own typed code (floats made floats, non-finite ones already the
+    decoded NaN/inf). What the emitter cannot vouch for (a step or token count beyond 2**53, a time
+    outside the wire's range, a metric that is not a float, an overlong name) is handed to
+    ``validate_event``, which rejects it with the wire format's own error. The ``run_start`` and
+    ``run_end`` of an attempt (its run id, stream id and config) always go through it.
+    """
+
+    __slots__ = ("attempt", "config", "digest", "meta", "pending", "run", "seq", "stream")
 
     def __init__(self, run: str, digest: str, meta: LogMeta, config: dict[str, Any]) -> None:
         self.run = run
@@ -543,7 +560,6 @@ class _Emitter:
         self.attempt = -1
         self.stream = ""
         self.seq = 0
-        self.started = False
         self.pending: dict[str, Any] | None = None
         self.new_attempt(resumed=False, reason=None, after_step=None, time=None)
 
@@ -566,7 +582,7 @@ class _Emitter:
         if self.attempt > 0:
             log.info("%s: attempt %d starts (%s)", self.run, self.attempt, reason)
 
-    def _event(self, kind: str, t: float, fields: dict[str, Any]) -> Event:
+    def _validated(self, kind: str, t: float, fields: dict[str, Any]) -> Event:
         raw = {
             "kind": kind,
             "run": self.run,
@@ -580,17 +596,23 @@ class _Emitter:
         self.seq += 1
         return validate_event(raw, f"{self.run} {kind}")
 
-    def _start(self, t: float) -> list[Event]:
-        """The attempt's run_start when it is still to be sent; lists, not generators: two generators
-        per logged step cost more than the step's own fields."""
-        if self.pending is None:
-            return []
-        fields, self.pending = self.pending, None
-        return [self._event("run_start", t, fields)]
+    def _event(self, kind: str, t: float, fields: dict[str, Any], sound: bool) -> Event:
+        """The event; ``sound``: the caller vouches for ``fields`` (typed, in range), so only the time is checked."""
+        if not (sound and 0.0 <= t <= _MAX_TIME):
+            return self._validated(kind, t, fields)
+        seq = self.seq
+        self.seq = seq + 1
+        return Event(kind, self.run, 0, HOST, self.stream, seq, t, fields)
 
-    def step(self, p: TrainPoint, t: float) -> list[Event]:
-        out = self._start(t)
-        fields: dict[str, Any] = {"step": p.step}
+    def start(self, t: float) -> Event:
+        """The attempt's run_start, sent with its first event, at that event's time."""
+        fields, self.pending = self.pending, None
+        return self._validated("run_start", t, fields)  # type: ignore[arg-type]
+
+    def step(self, p: TrainPoint, t: float) -> Event:
+        step = p.step
+        fields: dict[str, Any] = {"step": step}
+        sound = type(step) is int and 0 <= step <= _MAX_INT
         if p.loss is not None:
             fields["loss"] = _wire_float(p.loss)
         if p.grad_norm is not None:
@@ -598,41 +620,44 @@ class _Emitter:
         if p.lr:
             fields["lr"] = [_wire_float(x) for x in p.lr]
         if p.tokens is not None and p.tokens >= 0:
-            fields["tokens"] = int(p.tokens)
+            tokens = fields["tokens"] = int(p.tokens)
+            sound = sound and tokens <= _MAX_INT
         if p.step_time is not None and math.isfinite(p.step_time) and p.step_time >= 0:
             fields["step_time"] = float(p.step_time)
         if p.loss_scale is not None:
             fields["loss_scale"] = _wire_float(p.loss_scale)
         if p.skipped is not None:
             fields["skipped"] = bool(p.skipped)
-        out.append(self._event("step", t, fields))
-        return out
+        return self._event("step", t, fields, sound)
 
-    def eval(self, p: EvalPoint, t: float) -> list[Event]:
-        out = self._start(t)
-        fields: dict[str, Any] = {"step": p.step, "loss": _wire_float(p.loss)}
+    def eval(self, p: EvalPoint, t: float) -> Event:
+        step = p.step
+        fields: dict[str, Any] = {"step": step, "loss": _wire_float(p.loss)}
         metrics = {k: v for k, v in p.metrics.items() if _finite(v)}
+        sound = type(step) is int and 0 <= step <= _MAX_INT
         if metrics:
             fields["metrics"] = metrics
+            sound = sound and len(metrics) <= _MAX_MAP and all(type(v) is float for v in metrics.values())
+            sound = sound and all(len(k) <= _MAX_KEY for k in metrics)
         if p.duration is not None and math.isfinite(p.duration) and p.duration >= 0:
             fields["duration"] = float(p.duration)
-        out.append(self._event("eval", t, fields))
-        return out
+        return self._event("eval", t, fields, sound)
 
-    def end(self, t: float, last_step: int | None) -> Iterator[Event]:
+    def end(self, t: float, last_step: int | None) -> Event:
         # "unknown" when the log cannot tell how the run ended: an imported run is not running,
         # but claiming it finished (or failed) would be a guess.
         fields: dict[str, Any] = {"status": self.meta.status or "unknown"}
         if last_step is not None:
             fields["step"] = last_step
-        yield self._event("run_end", t + 1e-3, fields)
+        return self._validated("run_end", t + 1e-3, fields)
 
 
-def _wire_float(x: float) -> float | str:
-    """Floats as the wire format encodes them (NaN/inf as its string markers)."""
-    if math.isfinite(x):
-        return float(x)
-    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+def _wire_float(x: float) -> float:
+    """A float as the wire format decodes it: the value, or NaN/inf as the constants its markers stand for."""
+    x = float(x)
+    if x - x == 0.0:  # finite: inf - inf and nan - nan are nan
+        return x
+    return math.nan if x != x else (math.inf if x > 0 else -math.inf)
 
 
 def lr_values(entry: dict[str, Any], keys: tuple[str, ...]) -> list[float] | None:

@@ -44,9 +44,10 @@ import csv
 import itertools
 import logging
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainmon.monitor.importers.common import (
     EvalPoint,
@@ -236,31 +237,68 @@ class _Rows:
         return _Rows(self.lines, [self._text[i] for i in keep])
 
 
-def _table_rows(reader: Any, header: list[str], path: Path) -> tuple[_Rows, int]:
-    """The well-formed data rows; malformed ones skipped with a warning."""
-    lines: list[int] = []
-    text: list[list[str]] = [[] for _ in header]
-    chunk: list[list[str]] = []  # rows are moved into the columns a chunk at a time: never all held as rows
+_CHUNK = 65536
+"""Lines cut into cells at a time: the file is never held whole, nor as one list per row."""
+
+
+def _table_rows(f: TextIO, width: int, path: Path) -> tuple[_Rows, int]:
+    """The well-formed data rows after the header; malformed ones skipped with a warning.
+
+    The csv module's reading, at C speed where it has nothing to do: a line of a file without a
+    quote character is its cells joined by commas (universal newlines already made every line end
+    ``\n``), so a chunk of such lines is cut with one ``str.split``. From the first chunk holding a
+    quote (a quoted cell may hold a comma or span lines) or a line longer than the csv module's field
+    limit (it refuses the field), the rest of the file is read by ``csv.reader``, as it always was.
+    """
+    line_numbers: list[int] = []
+    text: list[list[str]] = [[] for _ in range(width)]
     bad = 0
-    for n, row in enumerate(reader, 2):
-        if not row or not "".join(row).strip():  # every cell empty or spaces
-            continue
-        if len(row) != len(header):
-            bad += 1
-            log.warning("%s: line %d has %d fields, the header %d; skipped", path, n, len(row), len(header))
-            continue
-        lines.append(n)
-        chunk.append(row)
-        if len(chunk) == 65536:
-            _into_columns(chunk, text)
-    _into_columns(chunk, text)
-    return _Rows(lines, list(text)), bad
+    n = 2  # the next record's number in the file (the header is 1)
+    while chunk := list(itertools.islice(f, _CHUNK)):
+        joined = "".join(chunk)
+        if '"' in joined or max(map(len, chunk)) > csv.field_size_limit():
+            rows: Iterable[list[str]] = csv.reader(itertools.chain(chunk, f))
+        else:
+            cells = _plain_cells(chunk, joined, width)
+            if cells is not None:
+                line_numbers.extend(range(n, n + len(chunk)))
+                n += len(chunk)
+                _into_columns(cells, text)
+                continue
+            rows = [line.removesuffix("\n").split(",") for line in chunk]
+        cells = []
+        for row in rows:  # row by row: blank rows skipped, malformed ones counted and named
+            num, n = n, n + 1
+            if not row or not "".join(row).strip():  # every cell empty or spaces
+                continue
+            if len(row) != width:
+                bad += 1
+                log.warning("%s: line %d has %d fields, the header %d; skipped", path, num, len(row), width)
+                continue
+            line_numbers.append(num)
+            cells += row
+            if len(cells) >= _CHUNK * width:
+                _into_columns(cells, text)
+                cells = []
+        _into_columns(cells, text)
+    return _Rows(line_numbers, list(text)), bad
 
 
-def _into_columns(chunk: list[list[str]], text: list[list[str]]) -> None:
-    for col, cells in zip(text, zip(*chunk, strict=True), strict=False):  # an empty chunk adds nothing
-        col.extend(cells)
-    chunk.clear()
+def _plain_cells(chunk: list[str], joined: str, width: int) -> list[str] | None:
+    """The cells of quote-free lines, row after row, when every line is a well-formed row that is not
+    blank (the usual table); None when one is not, for the lines to be read one by one."""
+    if set(map(str.count, chunk, itertools.repeat(","))) != {width - 1}:
+        return None
+    cells = joined.removesuffix("\n").replace("\n", ",").split(",")
+    # a blank row's cells are all blank, its first one too: none is blank when no first cell is
+    return cells if all(map(str.strip, cells[::width])) else None
+
+
+def _into_columns(cells: list[str], text: list[list[str]]) -> None:
+    """Rows of cells, one after the other, appended to the columns they belong to."""
+    width = len(text)
+    for j, col in enumerate(text):
+        col.extend(cells[j::width])
 
 
 def _panel_runs(header: list[str], user: dict[str, str]) -> dict[str, list[int]]:
@@ -279,12 +317,11 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
     # Read line by line from the file (universal newlines, as read_text): a million-row file held as
     # one string and again in a StringIO's buffer took 250 MiB before the first row was parsed.
     with open(path, encoding="utf-8-sig", errors="replace") as f:
-        reader = csv.reader(f)
         try:
-            header = next(reader)
+            header = next(csv.reader(f))  # reads the header's line(s) only
         except StopIteration:
             raise ImportFormatError(f"{path}: empty CSV file") from None
-        rows, bad = _table_rows(reader, header, path)
+        rows, bad = _table_rows(f, len(header), path)
     user = mapping or {}
     runs = _panel_runs(header, user)
     notes = [f"{bad} malformed rows skipped"] if bad else []
@@ -389,51 +426,68 @@ def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str
     items: list[Item] = []
     last: TrainPoint | None = None
     bad = 0
-    field_cols = [(fld, column(i)) for fld, i in cols.items()]
-    loss_cols, signed_cols = [column(j) for j in loss_idx], [column(j) for j in signed_idx]
-    gn_cols, lr_cols = [column(j) for j in gn_idx], [column(j) for j in lr_idx]
+    width = len(rows.lines)
+
+    def field_column(fld: str) -> Iterable[float | None]:
+        return column(cols[fld]) if fld in cols else itertools.repeat(None, width)
+
+    # Each training field for every row at once, by the rules a row follows (structure.combine, ...)
+    term_cols = [column(j) for j in loss_idx + signed_idx]
+    losses = map(combine, _row_values(loss_idx, column, width), _row_values(signed_idx, column, width))
+    gn_cols = [column(j) for j in gn_idx]
+    norms = gn_cols[0] if len(gn_cols) == 1 else map(root_sum_squares, _row_values(gn_idx, column, width))
+    lrs = _lr_lists([column(j) for j in lr_idx], width)
     metric_values = [(column(j), name) for j, name in metric_cols.items()]
-    for r, n in enumerate(rows.lines):
-        vals: dict[str, float | None] = {fld: col[r] for fld, col in field_cols}
-        step_v = vals.get("step")
+    per_row = zip(
+        rows.lines,
+        column(cols["step"]),
+        field_column("time"),
+        field_column("eval_loss"),
+        losses,
+        norms,
+        lrs,
+        field_column("tokens"),
+        field_column("step_time"),
+        strict=True,
+    )
+    for r, (n, step_v, t, eval_loss, loss, norm, lr, tokens, step_time) in enumerate(per_row):
         if step_v is None or step_v < 0 or step_v != step_v:
             if any(not rows.blank(i, r) for fld, i in cols.items() if fld != "step"):
                 bad += 1
                 log.warning("%s: line %d has no usable step; skipped", path, n)
             continue
         step = int(step_v)
-        t = vals.get("time")
         if sets:
             eval_loss, metrics = eval_point_values(sets, lambda name, r=r: column(by_name[name])[r])
             if eval_loss is not None:
                 items.append(EvalPoint(step, eval_loss, metrics, time=t))
-        elif vals.get("eval_loss") is not None:
+        elif eval_loss is not None:
             metrics = {name: x for col, name in metric_values if (x := col[r]) is not None}
-            items.append(EvalPoint(step, vals["eval_loss"], metrics, time=t))  # type: ignore[arg-type]
-        terms = [col[r] for col in loss_cols]
-        signed = [col[r] for col in signed_cols]
-        norms = [col[r] for col in gn_cols]
-        lrs = [col[r] for col in lr_cols]
-        train: dict[str, Any] = {k: vals.get(k) for k in ("tokens", "step_time") if vals.get(k) is not None}
-        if (loss := combine(terms, signed)) is not None:
-            train["loss"] = loss
-        if (norm := norms[0] if len(norms) == 1 else root_sum_squares(norms)) is not None:
-            train["grad_norm"] = norm
-        if lrs and all(x is not None for x in lrs):
-            train["lr"] = lrs
-        if not train and all(x is None for x in (*terms, *signed)):
-            continue
+            items.append(EvalPoint(step, eval_loss, metrics, time=t))
+        if (
+            loss is None
+            and norm is None
+            and lr is None
+            and tokens is None
+            and step_time is None
+            and all(col[r] is None for col in term_cols)
+        ):
+            continue  # nothing of training on this row
         if last is not None and last.step == step and items and items[-1] is last:
-            point = last  # a sparse row of the same step (Lightning's LR monitor): merge
+            # a sparse row of the same step (Lightning's LR monitor): merged, what it holds laid over
+            if tokens is not None:
+                last.tokens = round(tokens)
+            if step_time is not None:
+                last.step_time = step_time
+            if loss is not None:
+                last.loss = loss
+            if norm is not None:
+                last.grad_norm = norm
+            if lr is not None:
+                last.lr = lr
         else:
-            point = TrainPoint(step=step, time=t)
-            items.append(point)
-        for k, v in train.items():
-            if k == "tokens":
-                point.tokens = round(v)
-            else:
-                setattr(point, k, v)
-        last = point
+            last = TrainPoint(step, loss, norm, lr, None if tokens is None else round(tokens), step_time, t)
+            items.append(last)
     fmt = "lightning_csv" if lightning else "csv"
     mapping = {fld: header[i] for fld, i in cols.items()}
     if choice.terms:
@@ -469,6 +523,22 @@ def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str
         gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
         mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
     return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
+
+
+def _row_values(
+    idx: list[int], column: Callable[[int], list[float | None]], width: int
+) -> Iterable[tuple[float | None, ...]]:
+    """The values of the columns ``idx``, one tuple per row (empty tuples without columns)."""
+    return zip(*(column(j) for j in idx), strict=True) if idx else itertools.repeat((), width)
+
+
+def _lr_lists(lr_cols: list[list[float | None]], width: int) -> Iterable[list[float | None] | None]:
+    """Each row's learning rates, one per param group, or None when one of them is missing."""
+    if not lr_cols:
+        return itertools.repeat(None, width)
+    if len(lr_cols) == 1:
+        return [None if x is None else [x] for x in lr_cols[0]]
+    return [None if None in row else list(row) for row in zip(*lr_cols, strict=True)]
 
 
 def _column_floats(cells: list[str]) -> tuple[list[float | None], bool]:
