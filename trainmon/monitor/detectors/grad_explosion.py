@@ -244,12 +244,15 @@ class GradExplosion(Detector):
         if not finite(loss):
             return
         flat = loss == 0.0 or loss == self._last_loss
-        if len(self._flat) == self._flat.maxlen:
-            self._n_flat -= self._flat[0]
-        self._flat.append(flat)
-        self._n_flat += flat
+        flats = self._flat
+        if len(flats) == flats.maxlen:
+            self._n_flat += flat - flats[0]
+        else:
+            self._n_flat += flat
+        flats.append(flat)
         self._last_loss = loss
-        if self._ep is None or self._ep.watch == 0:  # watched losses (and a spike's own) stay out
+        ep = self._ep
+        if ep is None or ep.watch == 0:  # watched losses (and a spike's own) stay out
             self._losses.append(loss)
 
     def _loss_ref(self) -> tuple[float, float] | None:

@@ -208,6 +208,9 @@ _EARLY_RECENT = 4
 """Recent accepted losses an explosion is measured against while the window is short."""
 
 
+_SQRT2 = math.sqrt(2.0)
+
+
 def _gaps(xs: Any) -> list[Any]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
@@ -249,10 +252,10 @@ class LossSpike(Detector):
 
     def _sigma(self, level: float) -> float:
         """Noise scale from the MAD of accepted step-to-step differences, with a small floor."""
-        if len(self._diffs) < 4:
-            return max(abs(level) * 0.01, 1e-6)
         n = len(self._diffs)
-        sigma = 1.4826 * self._diffs.median() / math.sqrt(2.0) * (1.0 + 1.7 / math.sqrt(n))
+        if n < 4:
+            return max(abs(level) * 0.01, 1e-6)
+        sigma = 1.4826 * self._diffs.median() / _SQRT2 * (1.0 + 1.7 / math.sqrt(n))
         return max(sigma, abs(level) * 1e-3, 1e-6)
 
     def _threshold(self, level: float, sigma: float, z: float) -> float:
@@ -422,7 +425,8 @@ class LossSpike(Detector):
     # -- events ------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "run_start":
             out: list[Finding] = []
             if not event.fields.get("resumed", False):
                 if self._ep is not None:
@@ -437,11 +441,11 @@ class LossSpike(Detector):
                 self._mean_over = float(mean_over)
             self._prev = None  # a resume may legitimately move the level a little; keep the window
             return out
-        if event.kind == "run_end":
+        if kind == "run_end":
             if self._ep is not None and self._spike is None:
                 return self._close("the run ended with the loss back in the band")
             return []  # a spike still up at the end stays open: it did not pass
-        if event.kind != "step":
+        if kind != "step":
             return []
         cfg = self.config
         f = event.fields
@@ -457,9 +461,9 @@ class LossSpike(Detector):
             self._recent.append((step, None, norm))
             return out  # non-finite values are nan_inf's business
         self._n += 1
-        self._prev_step = self._last_step
-        if self._last_step is not None and step > self._last_step:
-            self._gaps.append(step - self._last_step)
+        last = self._prev_step = self._last_step
+        if last is not None and step > last:
+            self._gaps.append(step - last)
         self._last_step = step
         if self._spike is not None:
             out.extend(self._follow(event, step, loss, norm))

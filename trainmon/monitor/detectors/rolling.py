@@ -43,7 +43,7 @@ def _check(size: int) -> None:
 class RollingWindow:
     """The last ``size`` finite values, kept sorted; non-finite values are never admitted."""
 
-    __slots__ = ("_bounds", "_order", "_sorted", "size")
+    __slots__ = ("_bounds", "_order", "_shift", "_sorted", "size")
 
     def __init__(self, size: int) -> None:
         _check(size)
@@ -53,6 +53,7 @@ class RollingWindow:
         # the MAD's bounds, cached until the window changes (detectors ask again before it does); equal once the
         # MAD itself was computed, or when they meet: either way they are the MAD
         self._bounds: tuple[float, float] | None = None
+        self._shift = 0  # where the MAD's bounding block starts, from the centre (see mad_bounds)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -124,36 +125,34 @@ class RollingWindow:
         block of ``t`` consecutive values (the whole block is within it), and, for a block whose first value
         is at most ``m`` and whose last is at least ``m``, at least the smaller of the two: a run of ``t``
         deviations no larger than the ``t``-th reaches past one of the block's ends, and the deviations beyond
-        an end are no smaller than the end's. One block centred on the median bounds each of the (one or
-        two) middle deviations; the MAD's own arithmetic (mean of two, times 1.4826) is monotone in them,
-        rounding included, so the bounds hold for the float ``mad()`` returns.
+        an end are no smaller than the end's. One such block bounds each of the (one or two) middle deviations,
+        the tighter the nearer its two end deviations are: each call moves it one value towards where they
+        meet, which moves little from one add to the next. The MAD's own arithmetic (mean of two, times 1.4826)
+        is monotone in the deviations, rounding included, so the bounds hold for the float ``mad()`` returns.
         """
-        if self._bounds is None:
-            self._bounds = self._block_bounds()
-        return self._bounds
-
-    def _block_bounds(self) -> tuple[float, float]:
+        if self._bounds is not None:
+            return self._bounds
         s = self._sorted
         n = len(s)
         k = n // 2
-        if n % 2:  # the (k+1)-th smallest deviation from m = s[k]: the block s[k//2 .. k//2 + k]
+        if n % 2:  # the (k+1)-th smallest deviation from m = s[k]: blocks s[j .. j + k], 0 <= j <= k
             m = s[k]
-            j = k // 2
+            j = min(max(k // 2 + self._shift, 0), k)
             a, b = m - s[j], s[j + k] - m
-            return (1.4826 * a, 1.4826 * b) if a <= b else (1.4826 * b, 1.4826 * a)
+            self._shift = j - k // 2 + (a > b) - (a < b)
+            self._bounds = (1.4826 * a, 1.4826 * b) if a <= b else (1.4826 * b, 1.4826 * a)
+            return self._bounds
         if n < 4:  # no block of k values straddles the median: the MAD itself
             mad = self.mad()
             return mad, mad
-        m = 0.5 * (s[k - 1] + s[k])  # the k-th and (k+1)-th smallest deviations, blocks of k and k + 1
-        j = k // 2
-        a, b = m - s[j], s[j + k - 1] - m
-        if a > b:
-            a, b = b, a
-        j = (k - 1) // 2
-        c, d = m - s[j], s[j + k] - m
-        if c > d:
-            c, d = d, c
-        return 1.4826 * (0.5 * (a + c)), 1.4826 * (0.5 * (b + d))
+        # the k-th and (k+1)-th smallest deviations from m: blocks s[j .. j + k - 1] and s[j .. j + k], 1 <= j < k
+        m = 0.5 * (s[k - 1] + s[k])
+        j = min(max(k // 2 + self._shift, 1), k - 1)
+        a, b, d = m - s[j], s[j + k - 1] - m, s[j + k] - m  # b <= d
+        self._shift = j - k // 2 + (a > d) - (a < b)
+        lo, hi = (a + a, b + d) if a <= b else (b + a, a + d) if a <= d else (b + d, a + a)
+        self._bounds = (1.4826 * (0.5 * lo), 1.4826 * (0.5 * hi))
+        return self._bounds
 
     def _kth_deviations(self, m: float, k: int) -> tuple[float, float]:
         """The ``k-1``-th and ``k``-th smallest ``|x - m|`` (0-based; ``-inf`` for the first when k is 0),
