@@ -106,7 +106,7 @@ def test_detector_state_does_not_grow_with_steps() -> None:
 
     steps(0, 2000)
     detection = ing.engine.detection.detection
-    dets = detection.rank_dets[("long", 0)] + detection.run_dets["long"]
+    dets = detection.rank_dets[("long", 0)].dets + detection.run_dets["long"].dets
     gc.collect()
     tracemalloc.start()
     steps(2000, 2000)

@@ -24,6 +24,28 @@ log = logging.getLogger("trainmon.collector")
 Found = tuple[str, int, Finding]
 
 
+class _Group:
+    """The detectors of one (run, rank) or one run, in engine order, and which of them each event kind
+    goes to (:attr:`Detector.consumes`), learnt at the kind's first event."""
+
+    __slots__ = ("dets", "routes")
+
+    def __init__(self, dets: list[Detector]) -> None:
+        self.dets = dets
+        self.routes: dict[str, list[Detector]] = {}
+
+    def route(self, kind: str) -> list[Detector]:
+        dets = self.routes.get(kind)
+        if dets is None:
+            dets = self.routes[kind] = [d for d in self.dets if d.consumes is None or kind in d.consumes]
+        return dets
+
+    def drop(self, failed: list[Detector]) -> None:
+        for det in failed:
+            self.dets.remove(det)
+        self.routes.clear()
+
+
 class Detection:
     """Detectors per (run, rank) for ``rank`` scope, per run for ``run`` scope; created on first sight."""
 
@@ -34,52 +56,70 @@ class Detection:
         # Only a detector with a tick of its own needs the clock (the built-in ones: run scope, hangs);
         # 16,384 ranks x 14 detectors were 230k empty calls a second in the detection process.
         self._rank_ticks = any(c.tick is not Detector.tick for c in self._rank_classes)
-        self.rank_dets: dict[tuple[str, int], list[Detector]] = {}
-        self.run_dets: dict[str, list[Detector]] = {}
+        self.rank_dets: dict[tuple[str, int], _Group] = {}
+        self.run_dets: dict[str, _Group] = {}
 
-    def _make(self, classes: list[type[Detector]]) -> list[Detector]:
+    def _make(self, classes: list[type[Detector]]) -> _Group:
         dets = []
         for cls in classes:
             try:
                 dets.append(cls(getattr(self._config, cls.kind)))
             except Exception:  # one broken detector must not blind the others
                 log.exception("detector %s could not be created; running without it", cls.kind)
-        return dets
+        return _Group(dets)
 
     def feed_rank(self, run: str, rank: int, history: list[tuple[Event, int]]) -> None:
         """Fresh detectors for (run, rank), rebuilt from its stored history; their findings are dropped
         (what they would report is stored already)."""
-        dets = self.rank_dets[(run, rank)] = self._make(self._rank_classes)
-        _feed(dets, history)
+        group = self.rank_dets[(run, rank)] = self._make(self._rank_classes)
+        _feed(group, history)
 
     def feed_run(self, run: str, history: list[tuple[Event, int]]) -> None:
         """Fresh run-scope detectors for ``run``, rebuilt from every rank's history (time order)."""
-        dets = self.run_dets[run] = self._make(self._run_classes)
-        _feed(dets, history)
+        group = self.run_dets[run] = self._make(self._run_classes)
+        _feed(group, history)
 
     def observe(self, items: list[tuple[Event, int]]) -> list[Found]:
-        """Events (with their attempt) in commit order; what the detectors found."""
+        """Events (with their attempt) in commit order; what the detectors found.
+
+        An event goes to those detectors of its (run, rank), then of its run, that read its kind. A
+        batch is mostly one rank's events in a row: the groups of the previous event are kept while
+        the rank stays the same.
+        """
         found: list[Found] = []
+        run: str | None = None
+        rank: int | None = None
+        rank_group = run_group = _Group([])
         for event, attempt in items:
-            rank_dets = self.rank_dets.get((event.run, event.rank))
-            if rank_dets is None:
-                rank_dets = self.rank_dets[(event.run, event.rank)] = self._make(self._rank_classes)
-            _observe(rank_dets, event, attempt, event.rank, found)
-            run_dets = self.run_dets.get(event.run)
-            if run_dets is None:
-                run_dets = self.run_dets[event.run] = self._make(self._run_classes)
-            _observe(run_dets, event, attempt, RUN_WIDE, found)
+            if event.rank != rank or event.run != run:
+                rank = event.rank
+                group = self.rank_dets.get((event.run, rank))
+                if group is None:
+                    group = self.rank_dets[(event.run, rank)] = self._make(self._rank_classes)
+                rank_group = group
+                if event.run != run:
+                    run = event.run
+                    group = self.run_dets.get(run)
+                    if group is None:
+                        group = self.run_dets[run] = self._make(self._run_classes)
+                    run_group = group
+            dets = rank_group.route(event.kind)
+            if dets:
+                _observe(rank_group, dets, event, attempt, event.rank, found)
+            dets = run_group.route(event.kind)
+            if dets:
+                _observe(run_group, dets, event, attempt, RUN_WIDE, found)
         return found
 
     def tick(self, now: float) -> list[Found]:
         """Silence checks (hangs): ``now`` is wall time live, or the log's clock on import."""
         found: list[Found] = []
         if self._rank_ticks:
-            for (run, rank), dets in self.rank_dets.items():
-                for det in dets:
+            for (run, rank), group in self.rank_dets.items():
+                for det in group.dets:
                     found.extend((run, _rank(f, rank), f) for f in det.tick(now))
-        for run, dets in self.run_dets.items():
-            for det in dets:
+        for run, group in self.run_dets.items():
+            for det in group.dets:
                 found.extend((run, _rank(f, RUN_WIDE), f) for f in det.tick(now))
         return found
 
@@ -89,8 +129,9 @@ class Detection:
         self.run_dets.pop(run, None)
 
 
-def _observe(dets: list[Detector], event: Event, attempt: int, rank: int, found: list[Found]) -> None:
-    """One event to each detector; a detector that raises is dropped (for this run or rank), not the others."""
+def _observe(group: _Group, dets: list[Detector], event: Event, attempt: int, rank: int, found: list[Found]) -> None:
+    """One event to ``dets`` (those of ``group`` that read its kind); a detector that raises is dropped
+    from the group (its run or rank), not the others."""
     failed = None
     for det in dets:
         try:
@@ -101,15 +142,15 @@ def _observe(dets: list[Detector], event: Event, attempt: int, rank: int, found:
             continue
         if out:  # usually empty: no generator per call
             found.extend((event.run, _rank(f, rank), f) for f in out)
-    for det in failed or ():
-        dets.remove(det)
+    if failed:
+        group.drop(failed)
 
 
 def _rank(f: Finding, default: int) -> int:
     return default if f.rank is None else f.rank
 
 
-def _feed(dets: list[Detector], history: list[tuple[Event, int]]) -> None:
+def _feed(group: _Group, history: list[tuple[Event, int]]) -> None:
     for event, attempt in history:
-        for det in dets:
+        for det in group.route(event.kind):
             det.observe(event, attempt)

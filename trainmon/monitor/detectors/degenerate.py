@@ -58,7 +58,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -130,6 +129,7 @@ class Degenerate(Detector):
     priority = 50
     plots = ("loss",)
     localised = False
+    consumes = frozenset(("run_start", "step", "eval"))
 
     def __init__(self, config: DegenerateConfig) -> None:
         self.config = config
@@ -138,7 +138,9 @@ class Degenerate(Detector):
         self._vocab: int | None = None
         self._preference: dict[str, Any] = {}
         # saturation
-        self._gn_before = RollingWindow(64)  # grad norms at entries with a nonzero loss
+        # grad norms at entries with a nonzero loss; their median is taken only when the loss has been 0.0 for
+        # saturated_entries entries (statistics.median of the same values: what a sorted window gives)
+        self._gn_before: collections.deque[float] = collections.deque(maxlen=64)
         self._zero_steps: list[int] = []  # the current run of exact zeros: its first 50 steps (evidence) ...
         self._zero_count = 0  # ... and its length
         self._zero_gn: collections.deque[float] = collections.deque(maxlen=64)  # grad norms at its latest entries
@@ -150,7 +152,7 @@ class Degenerate(Detector):
         self._loss_zero = 0
         self._noop_reported = 0
         # chance
-        self._train = RollingWindow(32)
+        self._train: collections.deque[float] = collections.deque(maxlen=32)  # train losses; median at an eval
         self._evals = 0
         self._eval_lo = math.inf
         self._eval_hi = -math.inf
@@ -168,7 +170,10 @@ class Degenerate(Detector):
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            return self._on_step(int(f["step"]), f.get("loss"), f.get("grad_norm"), f.get("skipped") is True)
+        if kind == "run_start":
             if not f.get("resumed", False):
                 self.__init__(self.config)
             vocab = f.get("vocab_size")
@@ -177,9 +182,7 @@ class Degenerate(Detector):
             if isinstance(cfg, dict):
                 self._read_config(cfg)
             return []
-        if event.kind == "step":
-            return self._on_step(int(f["step"]), f.get("loss"), f.get("grad_norm"), f.get("skipped") is True)
-        if event.kind == "eval":
+        if kind == "eval":
             return self._on_eval(int(f["step"]), f.get("loss"), f.get("metrics"))
         return []
 
@@ -199,30 +202,34 @@ class Degenerate(Detector):
     # -- training steps --------------------------------------------------------------------------
 
     def _on_step(self, step: int, loss: Any, gn: Any, skipped: bool = False) -> list[Finding]:
-        out: list[Finding] = []
-        if finite(gn) and finite(loss) and not skipped:  # a step the fp16 scaler skipped is no evidence
+        gn_ok = finite(gn)
+        if not finite(loss):
+            return self._noop(step)
+        if gn_ok and not skipped:  # a step the fp16 scaler skipped is no evidence
             self._gn_seen += 1
             if gn == 0.0:
                 self._gn_zero += 1
                 if self._gn_first_zero is None:
                     self._gn_first_zero = step
-        if finite(loss) and loss == 0.0:
+        if loss == 0.0:
             self._loss_zero += 1
-        out += self._noop(step)
-        if finite(loss):
-            self._train.add(float(loss))
-            out += self._saturation(step, float(loss), float(gn) if finite(gn) else None)
-        return out
+        out = self._noop(step)
+        loss = float(loss)
+        self._train.append(loss)
+        if out:
+            return out + self._saturation(step, loss, float(gn) if gn_ok else None)
+        return self._saturation(step, loss, float(gn) if gn_ok else None)
 
     def _saturation(self, step: int, loss: float, gn: float | None) -> list[Finding]:
         cfg = self.config
         if loss != 0.0:
-            self._zero_steps.clear()
-            self._zero_count = 0
-            self._zero_gn.clear()
+            if self._zero_count:  # (the run of zeros is empty already unless it counted one)
+                self._zero_steps.clear()
+                self._zero_count = 0
+                self._zero_gn.clear()
             self._last_nonzero = (step, loss)
             if gn is not None and gn > 0.0:
-                self._gn_before.add(gn)
+                self._gn_before.append(gn)
             if self._open == "saturated":
                 self._open = None
                 return [
@@ -254,7 +261,7 @@ class Degenerate(Detector):
         margins = self._preference_at("rewards/margins", step)
         accuracy = self._preference_at("rewards/accuracies", step)
         if len(self._zero_gn) >= cfg.saturated_entries and len(self._gn_before):
-            ref = self._gn_before.median()
+            ref = statistics.median(self._gn_before)
             now = statistics.median(self._zero_gn)
             if not (0.0 < now <= cfg.vanished_ratio * ref):
                 return []
@@ -403,7 +410,7 @@ class Degenerate(Detector):
         self._chance_lo = lo
         self._acc = [x[2] for x in run if x[2] is not None]
         self._first_eval = self._chance_first[0]
-        train = self._train.median() if len(self._train) else None
+        train = statistics.median(self._train) if self._train else None
         if train is not None and train < ln_k * (1 - cfg.chance_train_below):
             return []  # the train loss went below chance: memorising, not stuck (eval_regression's picture)
         acc_med = statistics.median(self._acc) if self._acc else None

@@ -265,6 +265,7 @@ class Divergence(Detector):
     priority = 30
     plots = ("loss", "grad")
     localised = True
+    consumes = frozenset(("run_start", "checkpoint", "eval", "step"))
 
     def __init__(self, config: DivergenceConfig) -> None:
         self.config = config
@@ -273,7 +274,9 @@ class Divergence(Detector):
         self._filtered: collections.deque[float] = collections.deque(maxlen=hist)
         self._smooth: collections.deque[float] = collections.deque(maxlen=hist)
         self._steps: collections.deque[int] = collections.deque(maxlen=hist)  # step of each smoothed entry
-        self._noise = RollingWindow(64)  # |raw loss - previous raw loss| of the last entries
+        # |raw loss - previous raw loss| of the last entries (the finite ones); their median is taken only where a
+        # rise is judged (statistics.median of the same values: what a sorted window gives)
+        self._noise: collections.deque[float] = collections.deque(maxlen=64)
         self._gaps: collections.deque[int] = collections.deque(maxlen=16)  # steps between logged entries
         self._wide_gaps = 0  # how many of them are sparse_min_interval or more
         self._prev_raw: float | None = None
@@ -311,14 +314,21 @@ class Divergence(Detector):
     # -- events ----------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            f = event.fields
+            loss = f.get("loss")
+            if not finite(loss):
+                return []
+            return self._on_loss(f["step"], float(loss), f.get("grad_norm"))
+        if kind == "run_start":
             if not event.fields.get("resumed", False):
                 self.__init__(self.config)  # a fresh run: forget the previous one's minimum
             sched = event.fields.get("schedule")
             if isinstance(sched, dict) and isinstance(sched.get("warmup_steps"), int):
                 self._warmup_end = sched["warmup_steps"]
             return []
-        if event.kind == "checkpoint":
+        if kind == "checkpoint":
             step = event.fields.get("step")
             if isinstance(step, int):
                 path = event.fields.get("path")
@@ -327,15 +337,9 @@ class Divergence(Detector):
                 self._health.checkpoint(ckpt)
                 self._pt_health.checkpoint(ckpt)
             return []
-        if event.kind == "eval":
+        if kind == "eval":
             return self._on_eval(event.fields)
-        if event.kind != "step":
-            return []
-        f = event.fields
-        loss = f.get("loss")
-        if not finite(loss):
-            return []
-        return self._on_loss(f["step"], float(loss), f.get("grad_norm"))
+        return []
 
     # -- the task metric -------------------------------------------------------------------------
 
@@ -406,48 +410,57 @@ class Divergence(Detector):
     def _on_loss(self, step: int, loss: float, gn: Any) -> list[Finding]:
         cfg = self.config
         self._entries += 1
-        if self._prev_step is not None and step > self._prev_step:
-            if len(self._gaps) == self._gaps.maxlen:
-                self._wide_gaps -= self._gaps[0] >= cfg.sparse_min_interval
-            self._gaps.append(step - self._prev_step)
-            self._wide_gaps += step - self._prev_step >= cfg.sparse_min_interval
+        prev_step = self._prev_step
+        if prev_step is not None and step > prev_step:
+            gaps = self._gaps
+            if len(gaps) == gaps.maxlen:
+                self._wide_gaps -= gaps[0] >= cfg.sparse_min_interval
+            gaps.append(step - prev_step)
+            self._wide_gaps += step - prev_step >= cfg.sparse_min_interval
         self._prev_step = step
         if self._prev_raw is not None:
-            self._noise.add(abs(loss - self._prev_raw))
+            noise = abs(loss - self._prev_raw)
+            if math.isfinite(noise):
+                self._noise.append(noise)
         self._prev_raw = loss
-        if self._health.first_step is None:  # the run's start: the reference for "did it ever learn"
-            self._health.add(step, loss, self._ckpts)
-        gated = step >= max(cfg.min_steps, self._warmup_end)
-        out = self._on_point(step, loss, gated)
-        self._raw.add(loss)
-        self._recent_steps.append(step)
-        if len(self._raw) < cfg.median_of:
+        health = self._health
+        if health.first_step is None:  # the run's start: the reference for "did it ever learn"
+            health.add(step, loss, self._ckpts)
+        gated = step >= cfg.min_steps and step >= self._warmup_end
+        out = self._on_point(step, loss, gated) if gated else []
+        raw = self._raw
+        raw.add(loss)
+        recent = self._recent_steps
+        recent.append(step)
+        if self._entries < cfg.median_of:  # every entry's loss is in the window (finite): it is not full yet
             return out
-        m = self._raw.median()
-        center = self._recent_steps[len(self._recent_steps) // 2]
+        m = raw.median()
+        center = recent[len(recent) // 2]
         self._centers.append(center)
         if self._first_center is None:
             self._first_center = center
-        self._health.add(center, m, self._ckpts)
+        health.add(center, m, self._ckpts)
         self._filtered.append(m)
-        self._ema = m if self._ema is None else self._ema + cfg.ema_alpha * (m - self._ema)
-        s = self._ema
+        ema = self._ema
+        s = self._ema = m if ema is None else ema + cfg.ema_alpha * (m - ema)
         self._smooth.append(s)
         self._steps.append(step)
         if finite(gn):
             self._grad_norms.append(gn)
         if not gated:
             return out
-        if self._min is None or s < self._min:
-            self._min, self._min_step = s, step
-        above = (s - self._min) / abs(self._min) if self._min else 0.0
-        big = above >= cfg.critical_rel and s - self._min >= cfg.min_rise_abs  # 67% of 0.006 is noise
+        low = self._min
+        if low is None or s < low:
+            low = self._min = s
+            self._min_step = step
+        above = (s - low) / abs(low) if low else 0.0
+        big = above >= cfg.critical_rel and s - low >= cfg.min_rise_abs  # 67% of 0.006 is noise
         self._critical_run = self._critical_run + 1 if big else 0
         self._envelope = max(above, self._envelope * self._decay)
         self._envelopes.append(self._envelope)
         if self._ep is not None:
             if self._ep.source == "trend":
-                out += self._follow(step, s, self._min, self._min_step, above, self._critical_run)
+                out += self._follow(step, s, low, self._min_step, above, self._critical_run)
             return out
         if out:
             return out
@@ -461,7 +474,7 @@ class Divergence(Detector):
             self._short_hits = 0
             return []
         # Per-entry noise of the raw loss (robust: MAD of successive differences / sqrt 2).
-        sigma = 1.4826 * self._noise.median() / math.sqrt(2.0) if len(self._noise) >= 8 else 0.0
+        sigma = 1.4826 * statistics.median(self._noise) / math.sqrt(2.0) if len(self._noise) >= 8 else 0.0
         hit = None
         band = 0.0
         env = self._envelopes
@@ -568,7 +581,7 @@ class Divergence(Detector):
             return []
         bar = max(best[1] * (1 + cfg.sparse_rise_rel), best[1] + cfg.min_rise_abs)
         if len(self._noise) >= 6:  # enough points to measure their own noise: the rise must stand out of it
-            bar = max(bar, best[1] + cfg.sparse_rise_sigma * 1.4826 * self._noise.median() / math.sqrt(2.0))
+            bar = max(bar, best[1] + cfg.sparse_rise_sigma * 1.4826 * statistics.median(self._noise) / math.sqrt(2.0))
         if any(p[0] <= best[0] or p[1] < bar for p in self._points):
             return []
         if self._metric_improved(best[0]) is not None:

@@ -100,7 +100,7 @@ class _Rank:
     last_event_time: float = 0.0
     intervals: RollingWindow = field(default_factory=lambda: RollingWindow(64))
     # steps between two logged steps: a log that skips steps (sampled W&B history) has longer gaps where it skips more
-    strides: RollingWindow = field(default_factory=lambda: RollingWindow(64))
+    strides: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=64))
     beats: RollingWindow = field(default_factory=lambda: RollingWindow(16))
     last_beat: float | None = None
     longest_pause: float = 0.0
@@ -163,8 +163,12 @@ class Hang(Detector):
             )
         if event.clock_offset is not None:
             st.offset = event.clock_offset
-        out: list[Finding] = []
         t = event.time
+        if event.kind == "step":
+            out = self._on_step(event.rank, st, event.fields, t)
+            st.last_event_time = max(st.last_event_time, t)
+            return out
+        out = []
         if event.kind == "run_end":
             if st.first_gap is not None:
                 out += self._judge_first_gap(event.rank, st)
@@ -188,53 +192,61 @@ class Hang(Detector):
             if st.last_beat is not None and t > st.last_beat:
                 st.beats.add(t - st.last_beat)
             st.last_beat = t
-        if event.kind == "step":
-            self._steps_seen += 1
-            step = event.fields["step"]
-            first_interval = st.last_step_time is not None and not len(st.intervals)
-            if st.last_step_time is not None and t >= st.last_step_time:
-                gap = t - st.last_step_time
-                phases = event.fields.get("phases") or {}
-                pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0)
-                if pause > 0:
-                    st.longest_pause = max(st.longest_pause, gap)
-                else:
-                    if len(st.intervals) and gap >= self.config.recurring_factor * st.intervals.median():
-                        st.long_gaps.append((step, gap))
-                    if not len(st.intervals) or (
-                        not st.open and (gap < self._least_timeout or gap < self.timeout(st, step))
-                    ):
-                        st.intervals.add(gap)  # the first interval is learnt however long (see the docstring)
-                    if st.first_gap is not None and len(st.early) < _EARLY:
-                        st.early.append(gap)
-            gap = t - (st.last_step_time if st.last_step_time is not None else st.started)
-            if st.open:
-                out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
-            elif not self._done(st):
-                # Seen only now (an import, or the collector was down): report the stall after the fact.
-                phases = event.fields.get("phases") or {}
-                unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0)
-                if unexplained >= self._least_timeout and first_interval and len(st.intervals):
-                    # the first interval, just learnt: judged against the intervals that follow it
-                    st.first_gap = (unexplained, st.last_step, step)
-                elif unexplained >= self._least_timeout:
-                    limit = self.timeout(st, step)
-                    if st.last_step is not None and step > st.last_step and len(st.strides):
-                        limit *= max(1.0, (step - st.last_step) / st.strides.median())  # a gap over more steps
-                    if unexplained >= limit:
-                        st.open = "stuck"
-                        out.append(self._finding(event.rank, st, gap, limit, 0.0, "stalled", ended_by=step))
-                        out.append(self._resolved(event.rank, st, step, f"steps resumed after {gap:.1f} s"))
-            if st.last_step is not None and step > st.last_step:
-                st.strides.add(step - st.last_step)
-            st.last_step, st.last_step_time = step, t
-            st.ended = False
-            if st.first_gap is not None and len(st.early) >= _EARLY:
-                out += self._judge_first_gap(event.rank, st)
         st.last_event_time = max(st.last_event_time, t)
-        if event.kind != "step":
-            # The rank's own clock: an event at t while its last step is older than the timeout.
-            out += self._check(event.rank, st, t, own_event=True)
+        # The rank's own clock: an event at t while its last step is older than the timeout.
+        out += self._check(event.rank, st, t, own_event=True)
+        return out
+
+    def _on_step(self, rank: int, st: _Rank, fields: dict[str, Any], t: float) -> list[Finding]:
+        out: list[Finding] = []
+        self._steps_seen += 1
+        step = fields["step"]
+        phases = fields.get("phases") or {}
+        last_time = st.last_step_time
+        intervals = st.intervals
+        known = len(intervals)
+        first_interval = last_time is not None and not known
+        if last_time is not None and t >= last_time:
+            gap = t - last_time
+            pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0) if phases else 0.0
+            if pause > 0:
+                st.longest_pause = max(st.longest_pause, gap)
+            else:
+                if known and gap >= self.config.recurring_factor * intervals.median():
+                    st.long_gaps.append((step, gap))
+                if not known or (not st.open and (gap < self._least_timeout or gap < self.timeout(st, step))):
+                    intervals.add(gap)  # the first interval is learnt however long (see the docstring)
+                if st.first_gap is not None and len(st.early) < _EARLY:
+                    st.early.append(gap)
+        gap = t - (last_time if last_time is not None else st.started)
+        if st.open:
+            out.append(self._resolved(rank, st, step, f"steps resumed after {gap:.1f} s"))
+        else:
+            # Seen only now (an import, or the collector was down): report the stall after the fact.
+            unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0) if phases else gap
+            if unexplained < self._least_timeout or self._done(st):
+                pass
+            elif first_interval and len(intervals):
+                # the first interval, just learnt: judged against the intervals that follow it
+                st.first_gap = (unexplained, st.last_step, step)
+            else:
+                limit = self.timeout(st, step)
+                if st.last_step is not None and step > st.last_step and st.strides:
+                    # a gap over more steps (the strides' median, taken only here)
+                    strides = RollingWindow(len(st.strides))
+                    for k in st.strides:
+                        strides.add(k)
+                    limit *= max(1.0, (step - st.last_step) / strides.median())
+                if unexplained >= limit:
+                    st.open = "stuck"
+                    out.append(self._finding(rank, st, gap, limit, 0.0, "stalled", ended_by=step))
+                    out.append(self._resolved(rank, st, step, f"steps resumed after {gap:.1f} s"))
+        if st.last_step is not None and step > st.last_step:
+            st.strides.append(step - st.last_step)
+        st.last_step, st.last_step_time = step, t
+        st.ended = False
+        if st.first_gap is not None and len(st.early) >= _EARLY:
+            out += self._judge_first_gap(rank, st)
         return out
 
     def _judge_first_gap(self, rank: int, st: _Rank) -> list[Finding]:

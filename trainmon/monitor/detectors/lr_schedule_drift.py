@@ -109,6 +109,7 @@ class LrScheduleDriftConfig:
 
 
 _SAME = 1e-9  # relative difference below which two logged LRs are the same value
+_REPR_DIGITS = 17  # the most significant digits a float's repr has
 _DECAY_POINTS = 128  # change points kept of an inferred decay (halved beyond twice this)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
 _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
@@ -136,6 +137,11 @@ class _Resolution:
     ``sig`` significant digits and ``decimals`` decimals, so a value's quantum is the coarser of
     the two grids. Full-precision floats need 15-17 digits: their quantum is negligible. A few
     distinct values are required first (a constant 1e-3 needs one digit, but says nothing).
+
+    Exact shortcut (every logged LR of a full-precision log was a ``Decimal`` parse): a repr has at most
+    17 digits, so once ``sig`` is 17 a value changes ``decimals`` only if its repr's own (``digits - 1 -
+    exponent``) exceeds it, impossible at or above ``10 ** (16 - decimals)``: such values are not parsed
+    (``tests/detectors/test_detector_speed.py`` checks it against parsing every value).
     """
 
     def __init__(self, min_values: int) -> None:
@@ -143,16 +149,23 @@ class _Resolution:
         self.sig = 0
         self.decimals = 0
         self._values: set[float] = set()
+        self._settled_from = math.inf  # values at or above it cannot change sig or decimals
 
     def add(self, x: float) -> None:
         if x <= 0 or x in self._values:
             return
         if len(self._values) < self.min_values:
             self._values.add(x)
+        if x >= self._settled_from:
+            return
         t = Decimal(repr(x)).normalize().as_tuple()
         assert isinstance(t.exponent, int)
         self.sig = max(self.sig, len(t.digits))
         self.decimals = max(self.decimals, -t.exponent)
+        if self.sig >= _REPR_DIGITS:
+            bound = Decimal(10) ** (_REPR_DIGITS - 1 - self.decimals)
+            low = float(bound)  # the least float at or above the bound
+            self._settled_from = low if Decimal(low) >= bound else math.nextafter(low, math.inf)
 
     def quantum(self, x: float) -> float:
         """The printing step around ``x`` (0 while too few distinct values were seen)."""
@@ -170,6 +183,7 @@ class LrScheduleDrift(Detector):
     priority = 110
     plots = ("lr",)
     localised = False
+    consumes = frozenset(("run_start", "resume", "run_end", "step"))
 
     def __init__(self, config: LrScheduleDriftConfig) -> None:
         self.config = config
@@ -231,20 +245,19 @@ class LrScheduleDrift(Detector):
     # -- events ------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            return self._on_step(event.fields)
+        if kind == "run_start":
             self._start(event.fields)
-            return []
-        if event.kind == "resume":
+        elif kind == "resume":
             self._attempt_first = self._resume_next = int(event.fields["step"]) + 1
             self._resumed = True
-            return []
-        if event.kind == "run_end" and self._open and self._ep_last is not None:
-            if self._ep_last[0] > self._reported[0]:
-                return [self._report(*self._ep_last)]  # the extent it reached when the attempt ended
-            return []
-        if event.kind != "step":
-            return []
-        f = event.fields
+        elif kind == "run_end" and self._open and self._ep_last is not None and self._ep_last[0] > self._reported[0]:
+            return [self._report(*self._ep_last)]  # the extent it reached when the attempt ended
+        return []
+
+    def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         step = f["step"]
         if self._awaiting_first:
             self._awaiting_first = False
@@ -275,9 +288,12 @@ class LrScheduleDrift(Detector):
                 self._cadence, self._schedule, self._opaque = "sparse", None, True
             self._counted = True
         lrs = f.get("lr")
-        if not lrs or not all(math.isfinite(x) and x >= 0 for x in lrs):
+        if not lrs:
             return out
-        lrs_t = tuple(float(x) for x in lrs)
+        lrs_t = tuple(map(float, lrs))
+        for x in lrs_t:
+            if not 0 <= x < math.inf:  # (NaN too)
+                return out
         self._res.add(lrs_t[0])
         self._recent.append((step, lrs_t))
         if self._schedule is not None and self._cadence is None:
@@ -455,8 +471,9 @@ class LrScheduleDrift(Detector):
             self._floor = min(self._floor if self._floor is not None else lr, lr)
             return False, {}
         floor = self._floor if self._floor is not None else lr
-        above = floor * (1 + cfg.rel_tol) + self._res.quantum(lr)
-        if lr > above and lr > self._peak * 1e-6:
+        # The quantum (>= 0) only raises the bar: below the bar without it, the LR is below it with it.
+        above = floor * (1 + cfg.rel_tol)
+        if lr > above and lr > self._peak * 1e-6 and lr > (above := above + self._res.quantum(lr)):
             if prev <= above:  # the rise starts here: from the floor of a decay, or from the middle of one
                 jump = self._fall_from is not None or lr >= 1.3 * prev
                 self._rise_from = max(prev, self._fall_from or 0.0) if jump else 0.0
