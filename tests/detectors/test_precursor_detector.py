@@ -249,3 +249,19 @@ def test_adam_epsilon_fires_on_a_real_capture_of_gradients_sinking_under_eps() -
 
 def test_adam_shares_of_the_clean_runs_are_silent() -> None:
     assert _signal("adam_eps_frac", EPS_CLEAN) == []
+
+
+def test_an_episode_open_when_the_attempt_ends_is_closed_by_the_next_attempt() -> None:
+    # The run restarts while blocks.1 is still growing: the new attempt re-learns the levels, so the episode is
+    # closed at its run_start, naming what was open, and the new attempt's growth opens a new anomaly.
+    det = InstabilityPrecursor(InstabilityPrecursorConfig())
+    found = det.observe(_ev("run_start", {"vocab_size": 64}), 0)
+    series = [0.3, 1.4, 2.0, 2.4, 2.1, 30.0, 40.0, 45.0]
+    for i, v in enumerate(series):
+        found += det.observe(_ev("step", {"step": i * 10, "loss": 2.0, "lr": [0.1], "attn_logit_max": {"b1": v}}), 0)
+    assert _anomalies(found) == [(60, None)]
+    closed = det.observe(_ev("run_start", {"vocab_size": 64, "resumed": True}), 1)
+    (f,) = closed
+    assert f.resolved and f.step == 70 and [o["module"] for o in f.evidence["open"]] == ["b1"]
+    assert "attention_logit_growth in b1" in f.message and "new attempt" in f.message
+    assert det.observe(_ev("run_start", {"vocab_size": 64}), 2) == []  # nothing open: nothing to close

@@ -369,6 +369,7 @@ class InstabilityPrecursor(Detector):
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
+            out = self._closed_by_restart()
             self._series.clear()  # a new attempt: its model may differ (resumed or not, levels are re-learnt)
             self._losses.clear()
             schedule = event.fields.get("schedule")
@@ -376,7 +377,7 @@ class InstabilityPrecursor(Detector):
             self._peak_lr = float(peak) if finite(peak) and peak > 0 else None
             warmup = schedule.get("warmup_steps") if isinstance(schedule, dict) else None
             self._warmup = warmup if isinstance(warmup, int) else 0
-            return []
+            return out
         if event.kind != "step":
             return []
         loss = event.fields.get("loss")
@@ -459,6 +460,25 @@ class InstabilityPrecursor(Detector):
             self._evidence(m, module, s, value, level, ratio),
         )
 
+    def _closed_by_restart(self) -> list[Finding]:
+        """A new attempt re-learns every level, so an episode still open when the previous attempt ended can
+        neither settle nor grow any more: it is closed here, saying so, rather than left open for ever (it is
+        reported again if the new attempt rises again)."""
+        still = self._open()
+        if not still:
+            return []
+        last = self._losses[-1][0] if self._losses else None
+        rising = ", ".join(f"{name} in {mod} ({o.severity} since step {o.since})" for name, mod, o in still)
+        evidence = {"open": self._open_list()}
+        return [
+            self.resolve(
+                last,
+                f"the attempt ended with {rising} still open; a new attempt started and its levels are learnt afresh",
+                "Look at the new attempt's precursors: a growth that comes back is reported again.",
+                evidence,
+            )
+        ]
+
     def _loss_moved(self, since: int | None) -> bool:
         """The loss of the latest steps is ``loss_moved_ratio`` x its median before ``since`` or more."""
         before = [loss for step, loss in self._losses if since is not None and step < since]
@@ -488,11 +508,15 @@ class InstabilityPrecursor(Detector):
             "ratio": ratio,
             "since_step": s.since,
             "samples": s.run,
-            "open": [
-                {"mechanism": name, "module": mod, "severity": o.severity, "since_step": o.since}
-                for name, mod, o in self._open()
-            ],
+            "open": self._open_list(),
         }
+
+    def _open_list(self) -> list[dict[str, Any]]:
+        """What the evidence says is still open: the reader's list of the episodes behind the one anomaly."""
+        return [
+            {"mechanism": name, "module": mod, "severity": o.severity, "since_step": o.since}
+            for name, mod, o in self._open()
+        ]
 
     def _settled(
         self, m: _Mechanism, module: str, s: _Series, step: int, value: float, level: float, ratio: float
