@@ -60,6 +60,7 @@ from trainmon.monitor.importers.common import (
     to_float,
 )
 from trainmon.monitor.importers.structure import (
+    EvalSet,
     LossChoice,
     choose_grad_norm,
     choose_loss,
@@ -423,21 +424,90 @@ def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str
     if not (len(sets) > 1 or ("eval_loss" not in cols and sets)):
         sets = []  # one named eval: read by name, with the metrics beside it
     lightning = "epoch" in {h.strip() for h in header} and any(h.strip().endswith(("_step", "_epoch")) for h in header)
+    series = _Series(cols, loss_idx, signed_idx, gn_idx, lr_idx, metric_cols, sets, by_name)
+    items, bad = _table_items(path, rows, series)
+    fmt = "lightning_csv" if lightning else "csv"
+    mapping = {fld: header[i] for fld, i in cols.items()}
+    if choice.terms:
+        mapping["loss"] = " + ".join(header[j] for j in loss_idx)
+    else:
+        mapping.pop("loss", None)
+    if gn_idx:
+        mapping["grad_norm"] = (
+            header[gn_idx[0]] if len(gn_idx) == 1 else "rss(" + ", ".join(header[j] for j in gn_idx) + ")"
+        )
+    if lr_idx:
+        mapping["lr"] = header[lr_idx[0]] if len(lr_idx) == 1 else [header[j] for j in lr_idx]  # type: ignore[assignment]
+    config: dict[str, Any] = {"column_mapping": mapping}
+    notes = [f"{bad} rows without a usable step skipped"] if bad else []
+    if choice.how not in ("named", ""):
+        config["loss_series"] = choice.facts()
+    notes += choice.notes()
+    if len(gn_idx) > 1:
+        config["grad_norm_series"] = {"how": gn_how, "terms": [header[j] for j in gn_idx]}
+        notes.append(f"the grad norm is the {gn_how} ({len(gn_idx)} columns; no total grad norm is logged)")
+    if len(lr_idx) > 1:
+        notes.append(f"{len(lr_idx)} learning rates, one per param group ({', '.join(header[j] for j in lr_idx)})")
+    if sets:
+        mapping.pop("eval_loss", None)
+        mapping["eval_loss"] = " + ".join(sets[0].loss)
+        config["eval_sets"] = eval_sets_facts(sets)
+        notes += eval_sets_notes(sets)
+    train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
+    base, why = _step_base(names[cols["step"]], lightning, train_steps)
+    config["step_base_from"] = why
+    mean_over = None
+    if names[cols["step"]].lower() in _HF_STEPS and len(train_steps) > 1:
+        gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
+        mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
+    return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
+
+
+@dataclass
+class _Series:
+    """Which columns make each field of a run's points (column indices)."""
+
+    fields: dict[str, int]
+    """The columns of the named fields (:data:`FIELDS`)."""
+    loss: list[int]
+    """The loss terms, summed."""
+    signed: list[int]
+    """Loss-like series left out of the loss: only their non-finite values count."""
+    grad_norm: list[int]
+    """The grad norm, or the per-part norms of a root sum of squares."""
+    lr: list[int]
+    """One learning rate per param group."""
+    metrics: dict[int, str]
+    """The task metrics beside a named eval loss: column -> metric name."""
+    eval_sets: list[EvalSet]
+    """Several eval sets, read by name (none: the named eval loss and its metrics)."""
+    by_name: dict[str, int]
+
+
+def _table_items(path: Path, rows: _Rows, series: _Series) -> tuple[list[Item], int]:
+    """The points of a table's rows, and how many rows had no usable step.
+
+    A row is a training point when it holds any training field, merged into the previous point when
+    that is the same step's (Lightning's sparse rows), and an eval when it holds an eval loss; its
+    fields are computed column by column (the rows' losses by ``structure.combine`` ...), then the
+    rows are walked once."""
+    cols, sets, by_name = series.fields, series.eval_sets, series.by_name
+    column = rows.column
     items: list[Item] = []
     last: TrainPoint | None = None
     bad = 0
-    width = len(rows.lines)
+    count = len(rows.lines)
 
     def field_column(fld: str) -> Iterable[float | None]:
-        return column(cols[fld]) if fld in cols else itertools.repeat(None, width)
+        return column(cols[fld]) if fld in cols else itertools.repeat(None, count)
 
     # Each training field for every row at once, by the rules a row follows (structure.combine, ...)
-    term_cols = [column(j) for j in loss_idx + signed_idx]
-    losses = map(combine, _row_values(loss_idx, column, width), _row_values(signed_idx, column, width))
-    gn_cols = [column(j) for j in gn_idx]
-    norms = gn_cols[0] if len(gn_cols) == 1 else map(root_sum_squares, _row_values(gn_idx, column, width))
-    lrs = _lr_lists([column(j) for j in lr_idx], width)
-    metric_values = [(column(j), name) for j, name in metric_cols.items()]
+    term_cols = [column(j) for j in series.loss + series.signed]
+    losses = map(combine, _row_values(series.loss, column, count), _row_values(series.signed, column, count))
+    gn_cols = [column(j) for j in series.grad_norm]
+    norms = gn_cols[0] if len(gn_cols) == 1 else map(root_sum_squares, _row_values(series.grad_norm, column, count))
+    lrs = _lr_lists([column(j) for j in series.lr], count)
+    metric_values = [(column(j), name) for j, name in series.metrics.items()]
     per_row = zip(
         rows.lines,
         column(cols["step"]),
@@ -488,54 +558,20 @@ def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str
         else:
             last = TrainPoint(step, loss, norm, lr, None if tokens is None else round(tokens), step_time, t)
             items.append(last)
-    fmt = "lightning_csv" if lightning else "csv"
-    mapping = {fld: header[i] for fld, i in cols.items()}
-    if choice.terms:
-        mapping["loss"] = " + ".join(header[j] for j in loss_idx)
-    else:
-        mapping.pop("loss", None)
-    if gn_idx:
-        mapping["grad_norm"] = (
-            header[gn_idx[0]] if len(gn_idx) == 1 else "rss(" + ", ".join(header[j] for j in gn_idx) + ")"
-        )
-    if lr_idx:
-        mapping["lr"] = header[lr_idx[0]] if len(lr_idx) == 1 else [header[j] for j in lr_idx]  # type: ignore[assignment]
-    config: dict[str, Any] = {"column_mapping": mapping}
-    notes = [f"{bad} rows without a usable step skipped"] if bad else []
-    if choice.how not in ("named", ""):
-        config["loss_series"] = choice.facts()
-    notes += choice.notes()
-    if len(gn_idx) > 1:
-        config["grad_norm_series"] = {"how": gn_how, "terms": [header[j] for j in gn_idx]}
-        notes.append(f"the grad norm is the {gn_how} ({len(gn_idx)} columns; no total grad norm is logged)")
-    if len(lr_idx) > 1:
-        notes.append(f"{len(lr_idx)} learning rates, one per param group ({', '.join(header[j] for j in lr_idx)})")
-    if sets:
-        mapping.pop("eval_loss", None)
-        mapping["eval_loss"] = " + ".join(sets[0].loss)
-        config["eval_sets"] = eval_sets_facts(sets)
-        notes += eval_sets_notes(sets)
-    train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
-    base, why = _step_base(names[cols["step"]], lightning, train_steps)
-    config["step_base_from"] = why
-    mean_over = None
-    if names[cols["step"]].lower() in _HF_STEPS and len(train_steps) > 1:
-        gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
-        mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
-    return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
+    return items, bad
 
 
 def _row_values(
-    idx: list[int], column: Callable[[int], list[float | None]], width: int
+    idx: list[int], column: Callable[[int], list[float | None]], count: int
 ) -> Iterable[tuple[float | None, ...]]:
     """The values of the columns ``idx``, one tuple per row (empty tuples without columns)."""
-    return zip(*(column(j) for j in idx), strict=True) if idx else itertools.repeat((), width)
+    return zip(*(column(j) for j in idx), strict=True) if idx else itertools.repeat((), count)
 
 
-def _lr_lists(lr_cols: list[list[float | None]], width: int) -> Iterable[list[float | None] | None]:
+def _lr_lists(lr_cols: list[list[float | None]], count: int) -> Iterable[list[float | None] | None]:
     """Each row's learning rates, one per param group, or None when one of them is missing."""
     if not lr_cols:
-        return itertools.repeat(None, width)
+        return itertools.repeat(None, count)
     if len(lr_cols) == 1:
         return [None if x is None else [x] for x in lr_cols[0]]
     return [None if None in row else list(row) for row in zip(*lr_cols, strict=True)]
