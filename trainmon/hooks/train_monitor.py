@@ -23,8 +23,11 @@ What ``watch`` installs, and what each phase means:
   backward), per micro-batch.
 - ``comm``: DDP all-reduce time not hidden behind backward (a DDP comm hook wrapping the
   default all-reduce).
-- ``optimizer``: clipping, then from ``optimizer.step`` (a step pre-hook) to ``step_end``: the
-  update, the scheduler step and ``zero_grad``.
+- ``optimizer``: from the end of the last micro-batch's backward (or from a clip through
+  ``clip_grad_norm_``) to ``step_end``: clipping, the update, the scheduler step and ``zero_grad``.
+  Which steps updated, and the LRs each update used, are recorded by a callable of C iterators that
+  ``optimizer.step`` calls after the update: no Python hook on the optimizer, except on the sampled
+  steps, whose pre-hook copies the parameters for the update/param ratio.
 - ``data``: time before each forward not spent in another phase, unless the loop times it
   itself with ``phase("data")``. ``checkpoint`` and ``eval`` are timed with ``phase(...)``.
 - ``other``: the rest of the step.
@@ -40,6 +43,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import itertools
 import math
 import operator
 import os
@@ -87,6 +91,7 @@ _reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 # (a list comprehension is a frame of its own in Python 3.11) and the clock is a module global (one lookup, not two).
 _now = time.perf_counter
 _LR = operator.itemgetter("lr")
+_NO_CODE = (lambda: None).__code__
 
 
 class _Step:
@@ -104,7 +109,7 @@ class _Step:
     samples: int | None = None
     fields: dict[str, Any] | None = None
     micro_batches = 0
-    optimizer_steps = 0
+    stepped = False  # optimizer.step ran (a GradScaler that skips the step never calls it)
     explicit_data = False
     lr: list[float] | None = None
     scale: torch.Tensor | None = None  # the loss scale this step's loss was multiplied by
@@ -235,6 +240,8 @@ class TrainMonitor:
         self._grad_param: torch.Tensor | None = None
         self._precursors: Precursors | None = None
         self._precursors_armed = False  # the sampled step's forward hooks are registered
+        self._update_hook: Any = None  # the sampled step's optimizer pre-hook, until the update
+        self._updates: collections.deque[list[float]] = collections.deque(maxlen=1)  # the last update's LRs
         self._last_step = -1
         self._closed = False
         self._reset_step(time.perf_counter())
@@ -295,7 +302,7 @@ class TrainMonitor:
         } or None
         self._handles.extend((self._grad_hooks or {}).values())
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._on_optimizer_start))
+            self._watch_updates(optimizer)
         # The scheduler is read, not patched (a patched method would end up in its state_dict):
         # last_epoch counts its steps, so the delta per optimizer step should be 1.
         self._scheduler_epoch = getattr(scheduler, "last_epoch", None)
@@ -368,7 +375,8 @@ class TrainMonitor:
         self._explicit: str | None = None  # inside phase("eval") or phase("checkpoint")
         self._forward_open: Any = None  # start marks of the phases in progress
         self._backward_open: Any = None
-        self._optimizer_open: Any = None
+        self._optimizer_open: Any = None  # opened by the clip wrapper
+        self._after_backward: Any = None  # the last backward's end: the optimizer's start, unless a forward follows
         self._backward_end: float | None = None  # host time the watched gradient arrived
         self._backward_event: Any = None  # and its CUDA event on GPU
         self._comm_end = 0.0
@@ -380,6 +388,7 @@ class TrainMonitor:
         s = self._s
         if self._backward_open is not None:
             self._close_backward(t0)  # the previous micro-batch's
+        self._after_backward = None  # what followed that backward was the wait for this batch, not the optimizer
         # Host time between phases before a forward is time spent waiting for the next batch.
         gap = self._gap_start
         if gap is not None and not s.explicit_data:
@@ -388,8 +397,9 @@ class TrainMonitor:
         s.micro_batches += 1
         if s.micro_batches == 1:
             if self._optimizer is not None:
-                # The LR this step will use; the optimizer pre-hook refines it (a skipped fp16 step
-                # never calls optimizer.step, and reading it at step_end would give the next LR).
+                # The LR this step will use, for a step that ends up skipped (a GradScaler that skips the update
+                # never calls optimizer.step, and reading it at step_end would give the next LR); an update
+                # records the LRs it used itself (_update_recorder).
                 s.lr = list(map(float, map(_LR, self._optimizer.param_groups)))
             if self._scaler is not None and self._scaler._scale is not None:
                 # The scale this step's loss is multiplied by; scaler.update() changes it in place
@@ -397,10 +407,15 @@ class TrainMonitor:
                 s.scale = self._scaler._scale.detach().clone()
             if s.checksum_due and self._model is not None:
                 s.checksum = weights_checksum(self._model.parameters())  # device reductions, read back later
-            p = self._precursors
-            if s.sampled and p is not None and p.measurable:  # a model with something to measure
-                p.arm()  # removed at this forward's end: other steps run no hook of ours
-                self._precursors_armed = True
+            if s.sampled:
+                p = self._precursors
+                if p is not None and p.measurable:  # a model with something to measure
+                    p.arm()  # removed at this forward's end: other steps run no hook of ours
+                    self._precursors_armed = True
+                if self._optimizer is not None and self._update_hook is None:
+                    # The parameters before this step's update, for the update/param ratio: a pre-hook that
+                    # removes itself, so other steps run no optimizer hook of ours.
+                    self._update_hook = self._optimizer.register_step_pre_hook(self._on_sampled_update)
         # A phase boundary: the host time on CPU, a CUDA event queued on the current stream on GPU.
         self._forward_open = self._events.record() if self._cuda else t0
         self.overhead_s += _now() - t0
@@ -450,7 +465,10 @@ class TrainMonitor:
             comm_end = min(self._comm_end, now)
             s.marks.append(("comm", end, comm_end))
             end = comm_end
+            mark = self._events.record() if self._cuda else comm_end  # queued behind the all-reduce's wait
         self._gap_start = end
+        if self._optimizer is not None:
+            self._after_backward = mark
         self._backward_open = self._backward_end = self._backward_event = None
         self._comm_end = 0.0
         if self._grad_hooks is not None and self._grad_param is not None:
@@ -476,28 +494,41 @@ class TrainMonitor:
         with contextlib.suppress(RuntimeError):  # the job has its own comm hook: leave it alone
             ddp.register_comm_hook(None, lambda state, bucket: allreduce_hook(state, bucket).then(done))
 
-    def _on_optimizer_start(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _watch_updates(self, optimizer: torch.optim.Optimizer) -> None:
+        """Know which steps updated, with the LRs each update used, without a Python call per step.
+
+        torch's wrapper around every ``Optimizer.step`` calls ``optimizer._optimizer_step_code()`` right after the
+        update (a no-op entry point for torch's profiler): set on the instance, the recorder runs there with no
+        Python frame (a pre-hook cost ~6 us a step with the caches the model's work left cold). A torch whose wrapper
+        no longer calls it gets the recorder through a step post-hook. ``close`` gives the profiler its entry back.
+        """
+        record = _update_recorder(optimizer.param_groups, self._updates)
+        if "_optimizer_step_code" in getattr(type(optimizer).step, "__code__", _NO_CODE).co_names:
+            setattr(optimizer, "_optimizer_step_code", record)  # noqa: B010 (mypy: a method is not assignable)
+        else:
+            self._handles.append(optimizer.register_step_post_hook(lambda _opt, _args, _kwargs: record()))
+
+    def _on_sampled_update(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """A sampled step's optimizer pre-hook: copies of parameters about to be updated (update/param ratio)."""
         t0 = _now()
-        s = self._s
-        if self._backward_open is not None:
-            self._close_backward(t0)
-        # The LR this update uses, whenever the loop steps its scheduler (host floats).
-        s.lr = list(map(float, map(_LR, optimizer.param_groups)))
-        self._gap_start = None
-        if s.sampled:
-            s.update_sample = snapshot_for_update_ratio(optimizer)
-        s.optimizer_steps += 1  # a GradScaler that skips the step never calls optimizer.step
-        # Closed by the loop's next call (one hook call fewer per step than a post-hook).
-        self._optimizer_open = self._events.record() if self._cuda else t0
+        assert self._update_hook is not None
+        self._update_hook.remove()
+        self._update_hook = None
+        if self._s.sampled:  # not a later step's, after a sampled step that skipped its update
+            self._s.update_sample = snapshot_for_update_ratio(optimizer)
         self.overhead_s += _now() - t0
 
     def _close_open_phases(self, now: float) -> None:
         """Backward and optimizer end at the loop's next call into trainmon."""
         if self._backward_open is not None:
             self._close_backward(now)
-        if self._optimizer_open is not None:
-            self._s.marks.append(("optimizer", self._optimizer_open, self._events.record() if self._cuda else now))
-            self._optimizer_open = None
+        start = self._optimizer_open
+        if start is None and self._updates:  # no clip through trainmon, but the update ran since the last backward
+            start = self._after_backward
+        if start is not None:
+            self._s.marks.append(("optimizer", start, self._events.record() if self._cuda else now))
+            self._gap_start = None
+        self._optimizer_open = self._after_backward = None
 
     # -- the loop's calls -----------------------------------------------------------------
 
@@ -546,6 +577,10 @@ class TrainMonitor:
         t0 = _now()
         if self._backward_open is not None:
             self._close_backward(t0)
+        if self._optimizer_open is None:  # the optimizer phase starts with the clip, or at the last backward's end
+            start = self._after_backward
+            self._optimizer_open = start if start is not None else self._events.record() if self._cuda else t0
+            self._after_backward = None
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         with_grad = [p for p in params if p.grad is not None]
         grads = [g for p in with_grad if (g := p.grad) is not None]  # all of with_grad's: the check narrows the type
@@ -563,9 +598,8 @@ class TrainMonitor:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         t1 = _now()  # clipping itself is the loop's work, not trainmon overhead
         self._s.clip = (total.data, max_norm, per_param, with_grad)
-        self._gap_start = _now()
-        self._s.marks.append(("optimizer", t0, self._gap_start))
-        self.overhead_s += self._gap_start - t1
+        self._gap_start = None  # inside the optimizer phase, closed by step_end
+        self.overhead_s += _now() - t1
         return total
 
     def record_grad_norm(
@@ -603,10 +637,17 @@ class TrainMonitor:
         s = self._s
         if self._backward_open is not None:
             self._close_backward(t0)
+        # _close_open_phases, inlined: the optimizer phase runs from the clip, or else from the last backward's end
         opened = self._optimizer_open
-        if opened is not None:  # _close_open_phases, inlined: the optimizer phase is open on every step
+        if opened is None:
+            opened = self._after_backward
+        if opened is not None:
             s.marks.append(("optimizer", opened, self._events.record() if self._cuda else t0))
-            self._optimizer_open = None
+            self._optimizer_open = self._after_backward = None
+        updates = self._updates
+        if updates:  # optimizer.step ran: the LRs it used replace those read at the step's first forward
+            s.lr = updates.pop()
+            s.stepped = True
         s.step, s.end, s.tokens, s.samples, s.fields = step, t0, tokens, samples, fields
         # .data, not .detach(): the same graph-free alias without a dispatcher call that releases the GIL
         # (a training thread that lets the GIL go waits for the sender thread to give it back).
@@ -621,7 +662,7 @@ class TrainMonitor:
             s.update_ratio, groups = update_ratios(s.update_sample)
             s.update_sample = None
             s.precursors = _joined(s.precursors, groups)
-        if s.optimizer_steps and s.sampled:  # after the update: the second moments it used
+        if s.stepped and s.sampled:  # after the update: the second moments it used
             s.precursors = _joined(s.precursors, adam_eps_fractions(self._optimizer))
         if self._cuda:
             s.memory = _cuda_memory()
@@ -673,7 +714,7 @@ class TrainMonitor:
             record["micro_batches"] = s.micro_batches
         if self._optimizer is not None:
             record["lr"] = s.lr
-            record["skipped"] = s.optimizer_steps == 0
+            record["skipped"] = not s.stepped
         if s.scheduler_epoch is not None and self._scheduler_epoch is not None:
             record["scheduler_steps"] = s.scheduler_epoch - self._scheduler_epoch
             self._scheduler_epoch = s.scheduler_epoch
@@ -791,6 +832,10 @@ class TrainMonitor:
         atexit.unregister(self.close)
         for handle in self._handles:
             handle.remove()
+        if self._update_hook is not None:
+            self._update_hook.remove()
+        if self._optimizer is not None:
+            vars(self._optimizer).pop("_optimizer_step_code", None)  # torch's profiler entry point again
         if self._health is not None:
             self._health.stop()
         self._stacks.detach()
@@ -850,6 +895,18 @@ def json_config(d: dict[Any, Any]) -> dict[str, Any]:
         elif isinstance(v, (list, tuple)) and all(ok(x) for x in v):
             out[str(k)] = list(v)
     return out
+
+
+def _update_recorder(groups: list[dict[str, Any]], out: collections.deque[list[float]]) -> Callable[[], Any]:
+    """A callable built of C iterators only: each call appends the param groups' current LRs (floats) to ``out``.
+
+    Called right after an update, the LRs it records are the ones the update used, whenever the loop sets them
+    (a scheduler stepped after the update, a loop setting ``group["lr"]`` just before ``optimizer.step``). Each
+    call maps ``float`` over a fresh ``map(_LR, groups)``, so groups added later are read too.
+    """
+    fresh = map(map, itertools.repeat(_LR), itertools.repeat(groups))  # map(_LR, groups), anew at each call
+    lrs = map(list, map(map, itertools.repeat(float), fresh))
+    return map(out.append, lrs).__next__
 
 
 def _joined(a: Sampled | None, b: Sampled | None) -> Sampled | None:
