@@ -427,7 +427,11 @@ class Divergence(Detector):
         if health.first_step is None:  # the run's start: the reference for "did it ever learn"
             health.add(step, loss, self._ckpts)
         gated = step >= cfg.min_steps and step >= self._warmup_end
-        out = self._on_point(step, loss, gated) if gated else []
+        out: list[Finding] = []
+        if gated:
+            following = self._ep is not None and self._ep.source == "sparse"
+            if following or self._sparse():
+                out = self._on_point(step, loss, following)
         raw = self._raw
         raw.add(loss)
         recent = self._recent_steps
@@ -464,15 +468,16 @@ class Divergence(Detector):
             return out
         if out:
             return out
+        if above < cfg.above_min_rel:
+            self._short_hits = 0
+            return out
         return self._open_trend(step, s, above)
 
     # -- dense logs: the trend rule --------------------------------------------------------------
 
     def _open_trend(self, step: int, s: float, above: float) -> list[Finding]:
+        """A trend opening an episode, once the smoothed loss is ``above_min_rel`` above its minimum."""
         cfg = self.config
-        if above < cfg.above_min_rel:
-            self._short_hits = 0
-            return []
         # Per-entry noise of the raw loss (robust: MAD of successive differences / sqrt 2).
         sigma = 1.4826 * statistics.median(self._noise) / math.sqrt(2.0) if len(self._noise) >= 8 else 0.0
         hit = None
@@ -561,12 +566,10 @@ class Divergence(Detector):
         the first point of a sparse log must be kept, it is often its best)."""
         return 2 * self._wide_gaps >= len(self._gaps)
 
-    def _on_point(self, step: int, loss: float, gated: bool) -> list[Finding]:
-        """The rule for logs whose entries are far apart; it also follows an episode it opened."""
+    def _on_point(self, step: int, loss: float, following: bool) -> list[Finding]:
+        """The rule for logs whose entries are far apart (past the gate); it also follows an episode it
+        opened (``following``)."""
         cfg = self.config
-        following = self._ep is not None and self._ep.source == "sparse"
-        if not gated or not (following or self._sparse()):
-            return []
         health = self._pt_health
         health.add(step, loss, self._ckpts)
         assert health.best is not None

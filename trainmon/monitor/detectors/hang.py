@@ -166,7 +166,8 @@ class Hang(Detector):
         t = event.time
         if event.kind == "step":
             out = self._on_step(event.rank, st, event.fields, t)
-            st.last_event_time = max(st.last_event_time, t)
+            if t > st.last_event_time:
+                st.last_event_time = t
             return out
         out = []
         if event.kind == "run_end":

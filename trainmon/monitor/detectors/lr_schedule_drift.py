@@ -279,7 +279,8 @@ class LrScheduleDrift(Detector):
         gap = step - self._last_logged if self._last_logged is not None and step > self._last_logged else 1
         self._last_logged = step
         self._multi = self._multi + 1 if sched_steps is not None and sched_steps > gap else 0
-        if self._cadence is None and sched_steps is not None and not f.get("skipped"):
+        skipped = f.get("skipped")
+        if self._cadence is None and sched_steps is not None and not skipped:
             if sched_steps and not self._counted:
                 self._cadence = "step"  # stepped with the first counted step: the schedule is in steps
             elif sched_steps:
@@ -306,7 +307,7 @@ class LrScheduleDrift(Detector):
             bad, worst = self._check_inferred(step, lrs_t[0])
             if self._ratios is None or len(self._ratios) != len(lrs_t):
                 self._learn_ratios(lrs_t)
-        if f.get("skipped"):
+        if skipped:
             self._skipped += 1  # from the next step on, the LR may lag by one more step
         if self._multi >= self.config.scheduler_steps_min and not bad:
             bad, worst = True, {"group": 0, "actual": lrs_t[0]}
@@ -428,29 +429,33 @@ class LrScheduleDrift(Detector):
         cfg = self.config
         prev = self._prev
         self._prev = lr
-        self._n += 1
+        n = self._n = self._n + 1
         if prev is None:
             self._flat_since = step
             self._peak, self._peak_step = lr, step
             return False, {}
-        same = abs(lr - prev) <= _SAME * max(abs(prev), 1e-30)
+        scale = abs(prev)
+        same = abs(lr - prev) <= _SAME * (scale if scale >= 1e-30 else 1e-30)
+        lower = lr < prev
         if same:
             self._equal_run += 1
             if self._equal_run == 1:
                 self._flat_next = step
         else:
             self._equal_run = 0
-            self._decaying = lr < prev and self._decreases >= 2
-            self._decreases = self._decreases + 1 if lr < prev else 0
-            if lr < prev:  # held for 3+ logged points, then down by a large fraction: a step schedule
-                held = self._n - self._changed_at
-                self._stepwise = held >= 3 and 1.0 - lr / prev > cfg.frozen_max_drop
+            if lower:  # held for 3+ logged points, then down by a large fraction: a step schedule
+                self._decaying = self._decreases >= 2
+                self._decreases += 1
+                self._stepwise = n - self._changed_at >= 3 and 1.0 - lr / prev > cfg.frozen_max_drop
                 self._fall_from = prev if lr <= 0.5 * prev else None
-            self._changed_at = self._n
+            else:
+                self._decaying = False
+                self._decreases = 0
+            self._changed_at = n
             if self._flat_since is not None:
                 self._level = step - self._flat_since
             self._flat_since = step
-            if self._peak_done and lr < prev:
+            if lower and self._peak_done:
                 self._fell = True
                 self._remember_decay(step, lr)
         if not self._peak_done:
