@@ -31,15 +31,19 @@ own ``run_start`` and ``run_end``. Importing such a file yields one run id per r
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
+import itertools
 import logging
 import math
+import operator
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from trainmon.wire import _MAX_INT, _MAX_KEY, _MAX_MAP, _MAX_TIME, Event, validate_event
 
@@ -57,6 +61,7 @@ __all__ = [
     "build_events",
     "eval_metric_names",
     "file_digest",
+    "gc_paused",
     "read_scheduler_end",
     "run_id_from_path",
     "split_runs",
@@ -97,6 +102,9 @@ BOOKKEEPING_KEYS = frozenset(
 a comparison of two imports leaves them out."""
 
 log = logging.getLogger("trainmon.import")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 HOST = "imported"
 """Host name of imported events: the log does not say which machine wrote it."""
@@ -330,6 +338,28 @@ def run_id_from_path(path: Path) -> str:
     return clean
 
 
+def gc_paused(parse: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run a log's parser with the cyclic garbage collector paused.
+
+    A long log's parse allocates a million points that all live on, no garbage among them: each
+    collection the allocations trigger scans them all again for nothing (a 1M-row CSV's points took
+    2.1 CPU seconds to build, 0.9 of them without collections). Reference counting still frees
+    whatever the parser drops; the collector runs again, as it was, once the parser returns.
+    """
+
+    @functools.wraps(parse)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return run
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -353,9 +383,9 @@ def build_events(
     runs = split_runs(items, meta, run)
     if not runs:
         raise ImportFormatError(f"{source}: no training steps found in this {meta.format} log")
-    if len(runs) == 1 and not any(isinstance(it, RunMark) for it in items):
+    if len(runs) == 1 and RunMark not in map(type, items):
         name, its, m = runs[0]
-        train = [it for it in its if isinstance(it, TrainPoint)]
+        train = [it for it in its if type(it) is TrainPoint]
         return _events(its, train, m, run=name, source=source, digest=digest, mtime=mtime)
     return _runs_events(runs, source=source, digest=digest, mtime=mtime)
 
@@ -368,8 +398,8 @@ def split_runs(items: list[Item], meta: LogMeta, run: str) -> list[tuple[str, li
     with the mark's planned steps, status and config laid over it; a run without a training step
     (a launch that crashed before its first iteration) is left out with a warning.
     """
-    if not any(isinstance(it, RunMark) for it in items):
-        return [(run, items, meta)] if any(isinstance(it, TrainPoint) for it in items) else []
+    if RunMark not in map(type, items):  # the usual file, asked at C speed
+        return [(run, items, meta)] if TrainPoint in map(type, items) else []
     groups: list[tuple[RunMark | None, list[Item]]] = [(None, [])]
     for it in items:
         if isinstance(it, RunMark):
@@ -431,7 +461,7 @@ def _runs_events(
     for k in range(len(runs) - 1, -1, -1):
         train = [it for it in runs[k][1] if isinstance(it, TrainPoint)]
         ends[k] = end
-        if all(p.time is not None for p in train):
+        if not _any_missing(train, "time"):
             end = float(min(p.time for p in train)) - 2.0  # type: ignore[type-var]
         else:
             end -= len(train) + 2.0
@@ -450,11 +480,9 @@ def _events(
     digest: str,
     mtime: float | None,
 ) -> Iterator[Event]:
-    real_time = all(p.time is not None for p in train)
-    missing = [
-        name for name in _OPTIONAL_SIGNALS if not any(getattr(p, name) is not None for p in train) and name != "loss"
-    ]
-    if not any(p.loss is not None for p in train):
+    real_time = not _any_missing(train, "time")
+    missing = [name for name in _OPTIONAL_SIGNALS if name != "loss" and _all_missing(train, name)]
+    if _all_missing(train, "loss"):
         missing.insert(0, "loss")
     if not real_time:
         missing.append("wall_time")
@@ -526,6 +554,16 @@ def _events(
                 yield emitter.start(t)
             yield emitter.eval(it, t)  # type: ignore[arg-type]
     yield emitter.end(last_time, prev_step)
+
+
+def _all_missing(points: list[TrainPoint], name: str) -> bool:
+    """No point holds ``name`` (asked at C speed: a long log asks it of a million points)."""
+    return not any(map(operator.is_not, map(operator.attrgetter(name), points), itertools.repeat(None)))
+
+
+def _any_missing(points: list[TrainPoint], name: str) -> bool:
+    """Some point lacks ``name``."""
+    return any(map(operator.is_, map(operator.attrgetter(name), points), itertools.repeat(None)))
 
 
 def _advance(prev_step: int | None, p: TrainPoint) -> float:
@@ -618,7 +656,7 @@ class _Emitter:
         if p.grad_norm is not None:
             fields["grad_norm"] = _wire_float(p.grad_norm)
         if p.lr:
-            fields["lr"] = [_wire_float(x) for x in p.lr]
+            fields["lr"] = list(map(_wire_float, p.lr))
         if p.tokens is not None and p.tokens >= 0:
             tokens = fields["tokens"] = int(p.tokens)
             sound = sound and tokens <= _MAX_INT

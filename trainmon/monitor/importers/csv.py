@@ -57,6 +57,7 @@ from trainmon.monitor.importers.common import (
     RunMark,
     TrainPoint,
     eval_metric_names,
+    gc_paused,
     to_float,
 )
 from trainmon.monitor.importers.structure import (
@@ -314,6 +315,7 @@ def _panel_runs(header: list[str], user: dict[str, str]) -> dict[str, list[int]]
     return {r: cols for r, cols in runs.items() if r in picked} if picked else runs
 
 
+@gc_paused
 def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:
     # Read line by line from the file (universal newlines, as read_text): a million-row file held as
     # one string and again in a StringIO's buffer took 250 MiB before the first row was parsed.

@@ -67,6 +67,7 @@ from trainmon.monitor.importers.common import (
     LogMeta,
     ResumeMark,
     TrainPoint,
+    gc_paused,
     lr_values,
     to_count,
     to_float,
@@ -213,6 +214,7 @@ def _trainer_best(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@gc_paused
 def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     state, salvaged = _load(path)
     history = state["log_history"]

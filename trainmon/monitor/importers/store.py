@@ -8,6 +8,9 @@ column mapping.
 
 from __future__ import annotations
 
+import gc
+import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +21,12 @@ from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.store.storage import Storage
-from trainmon.wire import Event
 
 __all__ = ["ImportResult", "import_log"]
 
 _BATCH = 5000
+_RUN = operator.attrgetter("run")
+_TIME = operator.attrgetter("time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,26 +52,22 @@ def import_log(
     """
     config = config or CollectorConfig()
     ingestor = Ingestor(storage, Engine(storage, config.detectors), LiveState())
-    seen: dict[str, None] = {}
-    batch: list[Event] = []
+    runs: dict[str, None] = {}
     total = stored = 0
-
-    def flush() -> None:
-        nonlocal stored
-        stored += ingestor.ingest(batch).accepted
-        ingestor.engine.tick(max(e.time for e in batch))  # the log's own clock, for silence checks
-        batch.clear()
-        if progress is not None:
-            progress(total)
-
-    for event in read_events(path, run=run, mapping=mapping):
-        seen.setdefault(event.run)
-        batch.append(event)
-        total += 1
-        if len(batch) >= _BATCH:
-            flush()
-    if batch:
-        flush()
-    if not seen:
+    events = read_events(path, run=run, mapping=mapping)
+    # The parsed log lives until its last event is ingested: kept out of the garbage collector's scans,
+    # which it would otherwise lengthen all through the ingest (see importers.common.gc_paused).
+    gc.freeze()
+    try:
+        while batch := list(itertools.islice(events, _BATCH)):
+            runs.update(dict.fromkeys(map(_RUN, batch)))
+            total += len(batch)
+            stored += ingestor.ingest(batch).accepted
+            ingestor.engine.tick(max(map(_TIME, batch)))  # the log's own clock, for silence checks
+            if progress is not None:
+                progress(total)
+    finally:
+        gc.unfreeze()
+    if not runs:
         raise ValueError(f"{path}: no events found")
-    return ImportResult(list(seen), total, stored)
+    return ImportResult(list(runs), total, stored)
