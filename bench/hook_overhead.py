@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from trainmon.hooks.train_monitor import TrainMonitor, _update_recorder
+from trainmon.hooks.train_monitor import TrainMonitor, _timestamper, _update_recorder
 from trainmon.reference_trainer.model import GPT, GPTConfig
 
 VOCAB, SEQ, BATCH, D_MODEL, HEADS, LAYERS = 256, 64, 8, 128, 4, 2
@@ -251,6 +251,7 @@ class Trainmon(Variant):
         self.spool = spool
         # overhead_s does not count the gradient hook that marks the end of backward; time it
         # from outside (watch() registers the instance attribute, so wrapping here catches every call).
+        # On CPU only the first backward runs it: the hook kept after that is C functions (in hook_dispatch_s).
         self.hook_s = 0.0
         for attr in ("_on_grad",):
             setattr(self.mon, attr, self._timed(getattr(self.mon, attr)))
@@ -479,18 +480,23 @@ def spooled_events(spool: Path, pattern: str = "*.jsonl") -> list[dict]:
 
 
 def hook_dispatch_s(n: int = 20000) -> float:
-    """Extra cost per step of having hooks at all: the module pre/post hooks ``watch`` installs, and the update
-    recorder it gives the optimizer (C iterators that ``optimizer.step`` calls; the gradient hook's call from the
-    autograd engine adds ~0.1 us to a backward, median).
+    """Extra cost per step of having hooks at all: the module pre/post hooks ``watch`` installs, the update
+    recorder it gives the optimizer (C iterators that ``optimizer.step`` calls) and, on CPU, the gradient hook that
+    marks the end of backward (C functions too after the first backward; on GPU it is Python, timed around it).
 
-    Measured in isolation, the module hooks as no-ops (their bodies are counted by overhead_s), the recorder as it
-    is (nothing counts it). Iso timings are lower than in-step ones (warm caches), so this is a floor, and small.
+    Measured in isolation, the module hooks as no-ops (their bodies are counted by overhead_s), the recorder and
+    the gradient hook as they are (nothing counts them). Iso timings are lower than in-step ones (warm caches), so
+    this is a floor, and small.
     """
     m = torch.nn.Identity()
     x = torch.zeros(1)
     p = torch.nn.Parameter(torch.zeros(1))
     p.grad = torch.zeros(1)
     opt = torch.optim.SGD([p], lr=0.0)
+    q = torch.nn.Parameter(torch.zeros(1))
+
+    def backward() -> None:
+        (q * 2.0).sum().backward()
 
     def timed(fn: Callable[[], Any]) -> float:
         best = math.inf
@@ -501,11 +507,14 @@ def hook_dispatch_s(n: int = 20000) -> float:
             best = min(best, (perf() - t0) / (n // 5))
         return best
 
-    bare = timed(lambda: m(x)) + timed(opt.step)
+    cpu = DEVICE.type == "cpu"
+    bare = timed(lambda: m(x)) + timed(opt.step) + (timed(backward) if cpu else 0.0)
     handles = [m.register_forward_pre_hook(lambda *a: None), m.register_forward_hook(lambda *a: None)]
+    if cpu:
+        handles.append(q.register_post_accumulate_grad_hook(_timestamper(collections.deque(maxlen=1))))
     record = _update_recorder(opt.param_groups, collections.deque(maxlen=1))
     setattr(opt, "_optimizer_step_code", record)  # noqa: B010 (as watch does; mypy: a method is not assignable)
-    hooked = timed(lambda: m(x)) + timed(opt.step)
+    hooked = timed(lambda: m(x)) + timed(opt.step) + (timed(backward) if cpu else 0.0)
     for h in handles:
         h.remove()
     delattr(opt, "_optimizer_step_code")
@@ -611,7 +620,9 @@ IN_LOOP_HOOKS = {
 def hook_costs_in_loop(batches: Any, tmp: Path, collector: str, steps: int = 300) -> str:
     """Each entry's cost inside real training steps, where the model's work leaves the caches cold: the median
     over ``steps`` steps of the overhead_s each counted entry adds (its own timing, so the wrapper that reads it
-    costs nothing here), and the gradient hook timed around it; all threads on, sampled work included."""
+    costs nothing here), the Python gradient hook timed around it, and what no timer inside the loop sees: torch's
+    hook dispatch and the C-only hooks, measured in isolation (hook_dispatch_s); all threads on, sampled work
+    included."""
     v = Trainmon("in-loop", "in-loop", batches, collector, tmp / "spool-in-loop", "bench-in-loop", per_hook=True)
     for _ in range(20):
         v.run_step()
@@ -623,12 +634,14 @@ def hook_costs_in_loop(batches: Any, tmp: Path, collector: str, steps: int = 300
             v.settle()  # as between the bench's blocks: the sender's backlog is not charged to the next steps
     v.close()
     out = [f"each entry's cost inside the loop, median us over {steps} steps (all threads on):"]
-    total = med(grad)
+    dispatch = hook_dispatch_s()
+    total = med(grad) + dispatch
     for attr, label in IN_LOOP_HOOKS.items():
         calls = v.per_hook[attr]
         out.append(f"{label:30s} {med(calls) * 1e6:8.2f}")
         total += med(calls)
-    out.append(f"{'gradient hook (timed around)':30s} {med(grad) * 1e6:8.2f}")
+    out.append(f"{'gradient hook, Python (timed)':30s} {med(grad) * 1e6:8.2f}")
+    out.append(f"{'dispatch, C hooks (isolated)':30s} {dispatch * 1e6:8.2f}")
     out.append(f"{'a step (sum of medians)':30s} {total * 1e6:8.2f}")
     return "\n".join(out)
 
@@ -654,11 +667,12 @@ def hook_costs(batches: Any, tmp: Path, steps: int = 1000) -> str:
     lp.opt.step()
     mon.step_end(0, loss=loss, tokens=BATCH * SEQ)
     params = [p for p in lp.model.parameters() if p.grad is not None]
+    grad_hook = mon._on_grad if DEVICE.type == "cuda" else _timestamper(mon._grad_ends)  # what watch keeps
     clip = (torch.ones((), device=DEVICE), CLIP, torch.ones(len(params), device=DEVICE), params)
     calls: dict[str, Callable[[int], Any]] = {
         "forward pre-hook": lambda i: mon._on_forward_start(lp.model, ()),
         "forward hook": lambda i: mon._on_forward_end(lp.model, (), None),
-        "gradient hook": lambda i: mon._on_grad(params[0]),
+        "gradient hook": lambda i: grad_hook(params[0]),
         "update recorder": lambda i: lp.opt._optimizer_step_code(),  # what optimizer.step calls after the update
         "step_end": lambda i: (setattr(mon._s, "clip", clip), mon.step_end(i, loss=loss, tokens=BATCH * SEQ)),
     }
@@ -881,9 +895,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "  not counted by overhead_s, added here: the gradient hook that marks the end of backward "
-        "(timed around it), the clip wrapper's extra work vs plain clip_grad_norm_ and any extra in "
-        "scheduler.step (difference of medians vs baseline, floored at 0), torch's hook dispatch "
-        "(no-op hooks, isolated)."
+        "(timed around it; on CPU after the first backward, C functions: in the dispatch figure), the clip "
+        "wrapper's extra work vs plain clip_grad_norm_ and any extra in scheduler.step (difference of medians "
+        "vs baseline, floored at 0), torch's hook dispatch (no-op hooks, isolated) and the C-only hooks "
+        "(isolated)."
     )
 
     tm = instep["trainmon"]

@@ -275,3 +275,36 @@ def test_backward_ends_at_the_last_gradient_whatever_the_registration_order(tmp_
         # apart, so a loaded CI machine does not turn scheduling delay into a failure)
         assert 0.03 <= ph["backward"] < 0.2, (s["fields"]["step"], ph)
         assert ph["optimizer"] >= 0.25 and ph.get("data", 0.0) < 0.1
+
+
+def test_on_cpu_backward_and_the_update_run_no_python_of_trainmon_after_the_first_step(tmp_path: Path) -> None:
+    """Where the model's work leaves the caches cold a Python hook costs several us: after the first backward,
+    which learns which gradient comes last, the end of backward and the update are recorded by C functions."""
+    path = tmp_path / "e.jsonl"
+    mon = TrainMonitor("c-hooks", collector=f"file://{path}", health_interval=0, heartbeat_interval=0)
+    model = HeadFirst()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, opt)
+    mon.start()
+    hooks_dir = str(Path(TrainMonitor.__module__.replace(".", "/")).parent)
+    called: list[list[str]] = []
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and hooks_dir in frame.f_code.co_filename:
+            called[-1].append(frame.f_code.co_name)
+
+    for step in range(3):
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        called.append([])
+        sys.setprofile(profile)
+        try:
+            loss.backward()
+            opt.step()
+        finally:
+            sys.setprofile(None)
+        opt.zero_grad()
+        mon.step_end(step, loss=loss)
+    mon.close()
+    assert called[0] and called[1:] == [[], []]  # the first backward's hooks on every parameter, then none
+    ph = [s["fields"]["phases"] for s in _events(path)]
+    assert all(0.03 <= p["backward"] < 0.2 for p in ph), ph  # still ended by the last gradient (_SlowGrad's sleep)

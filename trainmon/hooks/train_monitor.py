@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import itertools
 import math
 import operator
@@ -238,6 +239,7 @@ class TrainMonitor:
         self._handles: list[Any] = []
         self._grad_hooks: dict[int, Any] | None = None  # until the first backward shows which gradient comes last
         self._grad_param: torch.Tensor | None = None
+        self._grad_ends: collections.deque[float] = collections.deque(maxlen=1)  # when the watched gradient came
         self._precursors: Precursors | None = None
         self._precursors_armed = False  # the sampled step's forward hooks are registered
         self._update_hook: Any = None  # the sampled step's optimizer pre-hook, until the update
@@ -377,8 +379,7 @@ class TrainMonitor:
         self._backward_open: Any = None
         self._optimizer_open: Any = None  # opened by the clip wrapper
         self._after_backward: Any = None  # the last backward's end: the optimizer's start, unless a forward follows
-        self._backward_end: float | None = None  # host time the watched gradient arrived
-        self._backward_event: Any = None  # and its CUDA event on GPU
+        self._backward_event: Any = None  # the CUDA event of the watched gradient's arrival, on GPU
         self._comm_end = 0.0
 
     def _on_forward_start(self, _module: Any, _args: Any) -> None:
@@ -439,26 +440,27 @@ class TrainMonitor:
         # the model (usually negligible next to the backward pass itself).
         self._forward_open = None
         self._backward_open = end
-        self._backward_end = None
+        self._grad_ends.clear()
         self._gap_start = None
         self.overhead_s += _now() - t0
 
     def _on_grad(self, param: torch.Tensor) -> None:
         # Only a timestamp: the phase is closed at the loop's next call into trainmon. On GPU this
         # runs on the autograd device thread, where the current stream is the backward's.
-        self._backward_end = _now()
+        self._grad_ends.append(_now())
         if self._cuda:
             self._backward_event = self._events.record()
         self._grad_param = param
 
     def _close_backward(self, now: float) -> None:
         s = self._s
-        end = self._backward_end
-        if end is None:  # the watched gradient did not come (unused this micro-batch): close it here
+        ends = self._grad_ends
+        if ends:
+            end = ends.pop()
+            mark = self._backward_event if self._cuda else end
+        else:  # the watched gradient did not come (unused this micro-batch): close it here
             end = now
             mark = self._events.record() if self._cuda else now
-        else:
-            mark = self._backward_event if self._cuda else end
         s.marks.append(("backward", self._backward_open, mark))
         if self._comm_end > end:
             # DDP all-reduce that finished after backward compute: time the step waited on the wire.
@@ -469,14 +471,19 @@ class TrainMonitor:
         self._gap_start = end
         if self._optimizer is not None:
             self._after_backward = mark
-        self._backward_open = self._backward_end = self._backward_event = None
+        self._backward_open = self._backward_event = None
         self._comm_end = 0.0
         if self._grad_hooks is not None and self._grad_param is not None:
-            # After the first backward: keep only the hook of the gradient that came last.
-            keep = id(self._grad_param)
+            # After the first backward: only the gradient that came last keeps a hook. On CPU, where all it does
+            # is take the time, that hook is made of C functions only (_timestamper); on GPU it stays _on_grad,
+            # which also records a CUDA event on the autograd thread's stream.
+            kept = self._grad_param
             for key, handle in self._grad_hooks.items():
-                if key != keep:
+                if key != id(kept) or not self._cuda:
                     handle.remove()
+            if not self._cuda:
+                hook = _timestamper(self._grad_ends)
+                self._handles.append(kept.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
             self._grad_hooks = self._grad_param = None
 
     def _on_comm_done(self) -> None:
@@ -895,6 +902,16 @@ def json_config(d: dict[Any, Any]) -> dict[str, Any]:
         elif isinstance(v, (list, tuple)) and all(ok(x) for x in v):
             out[str(k)] = list(v)
     return out
+
+
+def _timestamper(out: collections.deque[float]) -> Callable[[torch.Tensor], None]:
+    """A gradient hook made of C functions only: each call appends ``time.perf_counter()`` to ``out``.
+
+    The hook is ``next(clock, param)``: the parameter the autograd engine passes is ``next``'s default, never
+    returned, as the clock never ends. Where the backward has left the caches cold, a Python hook costs ~7 us.
+    """
+    clock = map(out.append, iter(time.perf_counter, None))
+    return functools.partial(next, clock)
 
 
 def _update_recorder(groups: list[dict[str, Any]], out: collections.deque[list[float]]) -> Callable[[], Any]:
