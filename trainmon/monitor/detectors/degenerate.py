@@ -202,18 +202,20 @@ class Degenerate(Detector):
     # -- training steps --------------------------------------------------------------------------
 
     def _on_step(self, step: int, loss: Any, gn: Any, skipped: bool = False) -> list[Finding]:
+        loss_ok = finite(loss)
         gn_ok = finite(gn)
-        if not finite(loss):
-            return self._noop(step)
-        if gn_ok and not skipped:  # a step the fp16 scaler skipped is no evidence
-            self._gn_seen += 1
-            if gn == 0.0:
-                self._gn_zero += 1
-                if self._gn_first_zero is None:
-                    self._gn_first_zero = step
-        if loss == 0.0:
-            self._loss_zero += 1
-        out = self._noop(step)
+        if loss_ok:
+            if gn_ok and not skipped:  # a step the fp16 scaler skipped is no evidence
+                self._gn_seen += 1
+                if gn == 0.0:
+                    self._gn_zero += 1
+                    if self._gn_first_zero is None:
+                        self._gn_first_zero = step
+            if loss == 0.0:
+                self._loss_zero += 1
+        out = self._noop(step) if self._gn_zero >= self.config.noop_min else []
+        if not loss_ok:
+            return out
         loss = float(loss)
         self._train.append(loss)
         if out:
@@ -314,9 +316,10 @@ class Degenerate(Detector):
         return ", ".join(parts) + f" at step {step}", {"now": got, "first": first}
 
     def _noop(self, step: int) -> list[Finding]:
+        """No-op steps, once ``noop_min`` grad norms were exactly 0.0 (the caller's gate: most logs have none)."""
         cfg = self.config
         seen, zero = self._gn_seen, self._gn_zero
-        if zero < cfg.noop_min or seen == 0:
+        if seen == 0:
             return []
         share = zero / seen
         if share < cfg.noop_share or (seen - zero) / seen < cfg.noop_share:

@@ -430,7 +430,9 @@ class Divergence(Detector):
         out: list[Finding] = []
         if gated:
             following = self._ep is not None and self._ep.source == "sparse"
-            if following or self._sparse():
+            # A sparse log: most entries are sparse_min_interval or more steps apart (true before there is a gap:
+            # the first point of a sparse log must be kept, it is often its best).
+            if following or 2 * self._wide_gaps >= len(self._gaps):
                 out = self._on_point(step, loss, following)
         raw = self._raw
         raw.add(loss)
@@ -560,11 +562,6 @@ class Divergence(Detector):
         return w, start, rise, up
 
     # -- sparse logs: the logged points ----------------------------------------------------------
-
-    def _sparse(self) -> bool:
-        """Most entries are ``sparse_min_interval`` or more steps apart (True before there is a gap:
-        the first point of a sparse log must be kept, it is often its best)."""
-        return 2 * self._wide_gaps >= len(self._gaps)
 
     def _on_point(self, step: int, loss: float, following: bool) -> list[Finding]:
         """The rule for logs whose entries are far apart (past the gate); it also follows an episode it

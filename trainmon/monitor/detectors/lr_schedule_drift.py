@@ -275,10 +275,13 @@ class LrScheduleDrift(Detector):
         out: list[Finding] = []
         sched_steps = f.get("scheduler_steps")
         self._sched_steps = sched_steps
-        # a loop that logs every k-th step steps its scheduler k times between two logged steps
-        gap = step - self._last_logged if self._last_logged is not None and step > self._last_logged else 1
-        self._last_logged = step
-        self._multi = self._multi + 1 if sched_steps is not None and sched_steps > gap else 0
+        last, self._last_logged = self._last_logged, step
+        if sched_steps is None:
+            self._multi = 0
+        else:
+            # a loop that logs every k-th step steps its scheduler k times between two logged steps
+            gap = step - last if last is not None and step > last else 1
+            self._multi = self._multi + 1 if sched_steps > gap else 0
         skipped = f.get("skipped")
         if self._cadence is None and sched_steps is not None and not skipped:
             if sched_steps and not self._counted:
