@@ -52,6 +52,7 @@ damage, with a warning; anything after ``log_history`` (``max_steps`` ...) is th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -90,40 +91,61 @@ _EVAL_SET_LOSS = re.compile(r"^eval_(.+)_loss$")
 _EVAL_TIMING = ("runtime", "samples_per_second", "steps_per_second")
 
 
-def _eval_set_of(entry: dict[str, Any]) -> tuple[str, float, dict[str, float]] | None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Keys:
+    """What the keys of a log_history entry say, whatever their values."""
+
+    eval_set: str | None
+    """The first ``eval_<set>_loss`` key: the entry is an evaluation of that set (when it has no ``eval_loss``)."""
+    unknown: tuple[str, ...]
+    """Keys a training row does not read (``config.ignored_keys``)."""
+    rewards: tuple[str, ...]
+    """Keys named as a policy's reward, in the entry's order (not the preference trainers' implicit ones)."""
+    preference: tuple[str, ...]
+    """The preference trainers' keys (``_PREFERENCE_KEYS``) it holds, in their order."""
+    tokens: tuple[str, ...]
+    """The token counters (``_TOKEN_KEYS``) it holds, in their order."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _keys(names: tuple[str, ...]) -> _Keys:
+    """Worked out once per distinct set of keys: a log's entries share a few, and a long log has 300,000."""
+    sets = (k for k in names if k.startswith("eval_") and _EVAL_SET_LOSS.match(k))
+    return _Keys(
+        eval_set=next(sets, None),
+        unknown=tuple(k for k in names if k not in _KNOWN_TRAIN_KEYS),
+        rewards=tuple(
+            k
+            for k in names
+            if is_reward_name(k) and k not in _IMPLICIT_REWARDS and "zero_std" not in k and not k.endswith("_std")
+        ),
+        preference=tuple(k for k in _PREFERENCE_KEYS if k in names),
+        tokens=tuple(k for k in _TOKEN_KEYS if k in names),
+    )
+
+
+def _eval_set_of(entry: dict[str, Any], key: str | None) -> tuple[str, float, dict[str, float]] | None:
     """An evaluation of one named set (``Trainer(eval_dataset={"squad": ..., "wiki": ...})`` logs each as its
-    own entry: ``eval_squad_loss``, ``eval_squad_accuracy``, ``eval_squad_runtime``): (set, loss, metrics)."""
-    for key in entry:
-        if not key.startswith("eval_"):  # most keys: decided without the pattern
-            continue
-        m = _EVAL_SET_LOSS.match(key)
-        if m is None:
-            continue
-        loss = to_float(entry[key])
-        if loss is None:
-            return None
-        name = m.group(1)
-        prefix = f"eval_{name}_"
-        metrics = {
-            k[len(prefix) :]: x
-            for k, v in entry.items()
-            if k.startswith(prefix)
-            and k != key
-            and k[len(prefix) :] not in _EVAL_TIMING
-            and (x := to_float(v)) is not None
-        }
-        return name, loss, metrics
-    return None
+    own entry: ``eval_squad_loss``, ``eval_squad_accuracy``, ``eval_squad_runtime``): (set, loss, metrics).
+    ``key``: the entry's set loss key (:attr:`_Keys.eval_set`)."""
+    if key is None:
+        return None
+    loss = to_float(entry[key])
+    if loss is None:
+        return None
+    name = _EVAL_SET_LOSS.match(key).group(1)  # type: ignore[union-attr]
+    prefix = f"eval_{name}_"
+    metrics = {
+        k[len(prefix) :]: x
+        for k, v in entry.items()
+        if k.startswith(prefix) and k != key and k[len(prefix) :] not in _EVAL_TIMING and (x := to_float(v)) is not None
+    }
+    return name, loss, metrics
 
 
 def _policy_reward(entry: dict[str, Any]) -> str | None:
     """The key of a policy's reward in a training row (an RL run), None for a supervised or preference row."""
-    for key, value in entry.items():
-        if not is_reward_name(key) or key in _IMPLICIT_REWARDS or "zero_std" in key or key.endswith("_std"):
-            continue
-        if to_float(value) is not None:
-            return key
-    return None
+    return next((k for k in _keys(tuple(entry)).rewards if to_float(entry[k]) is not None), None)
 
 
 _PREFERENCE_KEEP = 256
@@ -246,7 +268,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
             finished = True  # the Trainer writes this closing entry when train() returns
             runtime = to_float(entry.get("train_runtime"))
             continue
-        named = _eval_set_of(entry) if "eval_loss" not in entry else None
+        keys = _keys(tuple(entry))
+        named = _eval_set_of(entry, keys.eval_set) if "eval_loss" not in entry else None
         if named is not None:
             name, loss, metrics = named
             primary_set = primary_set or name
@@ -313,17 +336,17 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
             why = f"epoch went back from {prev_epoch:g} to {epoch:g} after step {prev_train_step}"
             items.append(ResumeMark(prev_train_step, why))
         tokens = None
-        for key in _TOKEN_KEYS:
-            seen = to_float(entry.get(key))
+        for key in keys.tokens:
+            seen = to_float(entry[key])
             if seen is None or seen <= 0:
                 continue
             if prev_tokens is not None and step > prev_tokens[0] and seen >= prev_tokens[1]:
                 tokens = round((seen - prev_tokens[1]) / (step - prev_tokens[0]))
             prev_tokens = (step, seen)
             break
-        ignored.update(k for k in entry if k not in _KNOWN_TRAIN_KEYS)
-        for key in _PREFERENCE_KEYS:
-            x = to_float(entry.get(key))
+        ignored.update(keys.unknown)
+        for key in keys.preference:
+            x = to_float(entry[key])
             if x is not None and math.isfinite(x):
                 kept = preference.setdefault(key, [])
                 kept.append([step, x])
