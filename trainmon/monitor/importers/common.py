@@ -491,11 +491,7 @@ def _events(
     # The synthetic clock ends at the file's modification time and ticks once per logged entry.
     if not real_time:
         mtime = mtime if mtime is not None else 0.0
-        span = 0.0
-        prev = None
-        for p in train:
-            span += _advance(prev, p)
-            prev = p.step
+        span = _TICK * len(train)  # exactly the ticks' sum: whole numbers of seconds
         t0 = mtime - span - 1.0
     config_base: dict[str, Any] = {
         "imported_from": str(source),
@@ -531,7 +527,7 @@ def _events(
             if real_time:
                 t = float(it.time)  # type: ignore[arg-type, union-attr]
             else:
-                clock += _advance(prev_step, it)  # type: ignore[arg-type]
+                clock += _TICK
                 t = clock
             if last_time > t:  # max(t, last_time), NaN handling included
                 t = last_time
@@ -566,14 +562,13 @@ def _any_missing(points: list[TrainPoint], name: str) -> bool:
     return any(map(operator.is_, map(operator.attrgetter(name), points), itertools.repeat(None)))
 
 
-def _advance(prev_step: int | None, p: TrainPoint) -> float:
-    """Seconds the synthetic clock moves for this point: one per logged entry.
+_TICK = 1.0
+"""Seconds the synthetic clock moves for each logged training step: one per logged entry.
 
-    Deliberately ordinal, not proportional to steps or logged durations: the clock is made up,
-    so it must not look irregular to silence-based detectors (``hang`` learns step intervals),
-    and a log printed every N steps must not look like N-second stalls.
-    """
-    return 1.0
+Deliberately ordinal, not proportional to steps or logged durations: the clock is made up,
+so it must not look irregular to silence-based detectors (``hang`` learns step intervals),
+and a log printed every N steps must not look like N-second stalls.
+"""
 
 
 class _Emitter:
