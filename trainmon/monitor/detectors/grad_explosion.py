@@ -203,6 +203,7 @@ class GradExplosion(Detector):
     priority = 140
     plots = ("grad",)
     localised = True
+    consumes = frozenset(("run_start", "run_end", "step"))
 
     def __init__(self, config: GradExplosionConfig) -> None:
         self.config = config

@@ -123,6 +123,7 @@ class LossNoise(Detector):
     priority = None
     plots = ()
     localised = False
+    consumes = frozenset(("run_start", "step"))
 
     def __init__(self, config: LossNoiseConfig) -> None:
         self.config = config

@@ -224,6 +224,7 @@ class LossSpike(Detector):
     priority = 20
     plots = ("loss", "grad")
     localised = True
+    consumes = frozenset(("run_start", "run_end", "step"))
 
     def __init__(self, config: LossSpikeConfig) -> None:
         self.config = config
