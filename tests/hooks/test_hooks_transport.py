@@ -301,3 +301,17 @@ def test_events_the_collector_refuses_are_counted_in_dropped_events(live_collect
         (dropped,) = conn.execute(select(streams.c.dropped_events)).one()
     assert mon.transport.rejected >= 1 and dropped == mon.transport.rejected
     assert stored + dropped >= 20 and stored < 20
+
+
+def test_a_step_the_read_back_has_no_room_for_is_counted_not_queued(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    mon = TrainMonitor("full", collector=f"file://{path}", health_interval=0, heartbeat_interval=0)
+    mon.start()
+    mon._readback.capacity = 0  # full: step_end queues a CPU step itself, without Readback.submit
+    for step in range(3):
+        mon.step_end(step, loss=1.0)
+    mon._readback.capacity = 100  # room again for run_end
+    mon.close()
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["run_start", "run_end"]
+    assert events[-1]["fields"]["dropped_events"] == 3

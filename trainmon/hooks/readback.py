@@ -32,8 +32,11 @@ class Readback:
     """Items in flight from the training thread to the sender thread, in submission order."""
 
     def __init__(self, capacity: int = 4096) -> None:
-        self._pending: collections.deque[tuple[Any, _Copy | None, Sequence[Any]]] = collections.deque()
-        self._capacity = capacity
+        # Public for the hot path: ``TrainMonitor.step_end`` queues a CPU step (nothing to copy, nothing to wait for)
+        # as ``submit`` would, ``pending.append((item, None, ()))`` below ``capacity`` and ``dropped += 1`` above,
+        # without the Python frame of a call (~3 us where the model's work has left the caches cold).
+        self.pending: collections.deque[tuple[Any, _Copy | None, Sequence[Any]]] = collections.deque()
+        self.capacity = capacity
         self._lock = threading.Lock()  # between the sender thread and close(); never the training thread
         self._events: EventPool | None = None  # the events behind the copies, made on the first one
         # Pinned buffers read by the sender thread, by (length, dtype), for the next copies of that shape: the
@@ -48,7 +51,7 @@ class Readback:
 
         Returns False (and counts) when too many items wait: never blocks.
         """
-        if len(self._pending) >= self._capacity:
+        if len(self.pending) >= self.capacity:
             self.dropped += 1
             return False
         copy = None
@@ -63,15 +66,15 @@ class Readback:
             if self._events is None:
                 self._events = EventPool(enable_timing=False)
             copy = (pinned, self._events.record(), [(k, t.numel(), t.dim() == 0) for k, t in device.items()])
-        self._pending.append((item, copy, events))
+        self.pending.append((item, copy, events))
         return True
 
     def ready(self) -> list[tuple[Any, dict[str, Any]]]:
         """Items whose device work has completed, oldest first, with their copied values; never blocks."""
         out = []
         with self._lock:
-            while self._pending and _complete(self._pending[0]):
-                item, copy, _ = self._pending.popleft()
+            while self.pending and _complete(self.pending[0]):
+                item, copy, _ = self.pending.popleft()
                 out.append((item, self._values(copy)))
         return out
 
@@ -79,8 +82,8 @@ class Readback:
         """Everything in flight, waiting for the device if needed (close() only: a sync point)."""
         out = []
         with self._lock:
-            while self._pending:
-                item, copy, events = self._pending.popleft()
+            while self.pending:
+                item, copy, events = self.pending.popleft()
                 if copy is not None:
                     copy[1].synchronize()  # SYNC: only at close()
                 for ev in events:

@@ -93,6 +93,7 @@ _reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 _now = time.perf_counter
 _LR = operator.itemgetter("lr")
 _NO_CODE = (lambda: None).__code__
+_new_step = object.__new__
 
 
 class _Step:
@@ -123,6 +124,7 @@ class _Step:
     precursors: Sampled | None = None  # sampled steps: names, stacked device values (trainmon.hooks.precursors)
 
     def __init__(self, start: float, number: int, checksum_every: int, detail_every: int) -> None:
+        # TrainMonitor.step_end inlines this: a change here goes there too.
         self.start = start
         self.marks: list[tuple[str, Any, Any]] = []
         # What this step samples, decided once here rather than in each hook (a call costs ~2 us on the hot
@@ -675,12 +677,22 @@ class TrainMonitor:
             s.memory = _cuda_memory()
             events = [end for _, _, end in s.marks if not isinstance(end, float)]
             self._readback.submit(s, _device_tensors(s), events)
-        else:
-            self._readback.submit(s)
+        else:  # self._readback.submit(s), inlined (see Readback.pending)
+            readback = self._readback
+            if len(readback.pending) < readback.capacity:
+                readback.pending.append((s, None, ()))
+            else:
+                readback.dropped += 1
         self._last_step = step
-        now = _now()
+        # The next step, which starts after ours: _Step.__init__, inlined (no frame on the hot path).
+        s = self._s = _new_step(_Step)
+        s.marks = []
+        every, number = self.checksum_every, step + 1
+        s.checksum_due = every > 0 and number % every == 0
+        every = self.detail_every
+        s.sampled = every > 0 and number % every == 0
+        s.start = now = _now()
         self.overhead_s += now - t0
-        self._s = _Step(now, step + 1, self.checksum_every, self.detail_every)  # the next step starts after ours
         self._gap_start = now
         if self.policy is not None and self.policy.pending:  # filled by the sender thread from acknowledgements
             self._act(step)
