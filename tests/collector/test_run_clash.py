@@ -143,6 +143,41 @@ def test_a_relaunch_after_the_job_ended_is_a_restart_of_the_same_run(storage: St
         assert "run_clash" not in {a["kind"] for a in anomaly_rows(conn, "test")}
 
 
+@pytest.mark.parametrize("gap", [3.0, 30.0, 1800.0])
+def test_a_relaunch_after_a_silent_crash_is_a_restart_of_the_same_run(storage: Storage, gap: float) -> None:
+    """Killed without a word (OOM, SIGKILL: no run_end) and relaunched with a new launch id (a new process,
+    torchrun --standalone's fresh rendezvous id) seconds later: its restart, not a second job. The first
+    job sent every 0.5 s; silent for `gap` seconds, it has stopped."""
+    ingestor = _ingestor(storage)
+    for rank in (0, 1):
+        _post(ingestor, [_start("job-a", rank, f"job-a-r{rank}", T0, JOBS["job-a"][1][rank])])
+        _post(ingestor, _steps("job-a", rank, 0))
+    later = T0 + 0.5 * (CHUNK - 1) + gap
+    for rank in (0, 1):
+        _post(ingestor, [_start("job-b", rank, f"job-b-r{rank}", later, JOBS["job-b"][1][rank])])
+        _post(ingestor, _steps("job-b", rank, CHUNK, t0=later))
+    with storage.connect() as conn:
+        assert [r["run"] for r in run_rows(conn)] == ["test"]
+        assert sorted((s["rank"], s["attempt"]) for s in stream_rows(conn, "test")) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert "run_clash" not in {a["kind"] for a in anomaly_rows(conn, "test")}
+
+
+def test_a_crash_and_relaunch_within_one_imported_batch_is_a_restart(storage: Storage) -> None:
+    """A trainer's own events file (one batch on import): the crashed process, then 8 s later its relaunch."""
+    ingestor = _ingestor(storage)
+    first = [_start("process:a:1", 0, "p1", T0, "a"), *_steps("job-a", 0, 0)]
+    for ev in first[1:]:
+        ev["stream"] = "p1"
+    later = T0 + 0.5 * CHUNK + 8.0
+    second = [_start("process:a:2", 0, "p2", later, "a"), *_steps("job-a", 0, CHUNK, t0=later)]
+    for i, ev in enumerate(second[1:]):
+        ev["stream"], ev["seq"] = "p2", i + 1
+    _post(ingestor, first + second)
+    with storage.connect() as conn:
+        assert [r["run"] for r in run_rows(conn)] == ["test"]
+        assert sorted(s["attempt"] for s in stream_rows(conn, "test")) == [0, 1]
+
+
 def test_ranks_of_one_job_go_together_and_survive_a_collector_restart(url: str) -> None:
     storage = Storage(url)
     _run_concurrently(_ingestor(storage))

@@ -57,6 +57,19 @@ def test_ack_carries_the_runs_new_findings_at_or_above_the_severity(live_collect
     assert _post(live_collector, batch([other]), "findings=warning&run=r2")[1]["findings"] == []
     late = event("heartbeat", {"step": 7}, run="r1", stream="s-late", seq=0)
     assert _post(live_collector, batch([late]), "findings=critical&run=r1")[1]["findings"] == []
+    # Another job under the same run name (a launch of its own) is stored apart: its acknowledgements carry its
+    # own run's findings, never the first job's NaN, so on_critical="stop" cannot stop it for the other's losses.
+    job_a = event("run_start", {"world_size": 1, "launch_id": "job-a"}, run="r3", stream="s-a", seq=0)
+    nan = step_events(3, run="r3", stream="s-a", loss=lambda i: "NaN")
+    assert _post(live_collector, batch([job_a, *nan]), "findings=critical&run=r3")[0] == 200
+    job_b = event("run_start", {"world_size": 1, "launch_id": "job-b"}, run="r3", stream="s-b", seq=0)
+    status, ack = _post(live_collector, batch([job_b]), "findings=critical&run=r3&after=0")
+    assert status == 200 and ack["stored_as"]["r3"].startswith("r3.launch-")
+    assert ack["findings"] == []  # job A's critical nan_inf is in run r3, not in job B's
+    status, ack = _post(
+        live_collector, batch(step_events(3, run="r3", stream="s-b", start_seq=1)), "findings=critical&run=r3&after=0"
+    )
+    assert status == 200 and ack["findings"] == []
     # Without the query, the acknowledgement is what it always was.
     plain = live_collector.post(batch([event("heartbeat", {"step": 7}, run="r1", stream="s-plain", seq=0)]))
     assert plain == (200, {"accepted": 1, "duplicates": 0})

@@ -167,6 +167,12 @@ class CollectorConfig:
     evict_idle_seconds: float = 3600.0
     """A run that sent nothing for this long leaves memory too (crashed without ``run_end``). A hung
     rank is found long before (the hang detector's timeout); the run stays in storage."""
+    clash_window_seconds: float = 15.0
+    """A new job (launch id) under a run name whose earlier job was heard from within this long, and has
+    not ended, is a second job (stored apart, ``run_clash``); silent longer, it may have died without a
+    word and the newcomer is its restart. A live job is heard at least every heartbeat (5 s by default);
+    the bound shrinks to a few of the job's own intervals between events when it sends more often
+    (``trainmon.monitor.collector.launches``)."""
     web_cache_seconds: float = 2.0
     """The web view (``GET /``, ``GET /runs/{run}``) serves a rendered page again for this long (or three
     times its render time, if longer) before rendering it anew: open tabs cost no extra work."""

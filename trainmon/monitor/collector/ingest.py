@@ -32,7 +32,7 @@ from sqlalchemy import Connection
 from trainmon.clock import ClockOffset, aligned
 from trainmon.monitor.collector.detection import Found
 from trainmon.monitor.collector.engine import Engine
-from trainmon.monitor.collector.launches import Launches, stored_apart
+from trainmon.monitor.collector.launches import Launches, Pulse, stored_apart
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.collector.seqs import SeqSet
 from trainmon.monitor.config import CollectorConfig
@@ -154,17 +154,17 @@ class Ingestor:
         engine: Engine,
         live: LiveState,
         limits: IngestLimits | None = None,
-        idle_after: float = CollectorConfig.evict_idle_seconds,
+        clash_window: float = CollectorConfig.clash_window_seconds,
     ) -> None:
-        """``idle_after``: seconds of silence after which a run that did not end is no longer live (a new
-        job under its name is then a restart of it, not a clash)."""
+        """``clash_window``: the longest silence after which a run that did not end is still live (a new job
+        under its name is then a second job, not its restart: ``launches``)."""
         self.storage = storage
         self.engine = engine
         self.live = live
         self.limits = limits  # None: unlimited (imports, tests)
         self._lock = threading.Lock()  # held while a group is committed
         self._streams: dict[str, _Stream] = {}
-        self._launches = Launches(idle_after)
+        self._launches = Launches(clash_window)
 
     def ingest(self, events: list[Event], arrival: float | None = None, sent: float | None = None) -> IngestResult:
         """Store one validated batch (received at ``arrival``, collector wall time, if it arrived live; sent at
@@ -359,6 +359,7 @@ class Ingestor:
         (``launches``) gets that run's id."""
         events, arrival = slot.events, slot.arrival
         launches: dict[str, str | None] | None = None  # stream -> launch id, of the batch's run_start events
+        pulses = self._launches.pulses  # when each run was last heard from: whether a new job meets a live one
         for ev in events:
             if ev.stream in known:
                 st = known[ev.stream]
@@ -374,18 +375,17 @@ class Ingestor:
                     if launches is None:
                         launches = {e.stream: e.fields.get("launch_id") for e in events if e.kind == "run_start"}
                     run = self._launches.run_of(
-                        conn,
-                        ev.run,
-                        launches.get(ev.stream),
-                        ev.host,
-                        ev.time if arrival is None else arrival,
-                        lambda: {s.run for s in known.values()},
+                        conn, ev.run, launches.get(ev.stream), ev.host, ev.time if arrival is None else arrival
                     )
                     attempt = stream_count(conn, run, ev.rank)
                     attempt += sum(1 for s in known.values() if s.new and s.run == run and s.rank == ev.rank)
                     st = _Stream(run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), new=True)
                 known[ev.stream] = st
                 added.append(ev.stream)
+            pulse = pulses.get(st.run)
+            if pulse is None:
+                pulse = pulses[st.run] = Pulse()
+            pulse.beat(ev.time if arrival is None else arrival, ev.kind, ev.rank)
             if (st.run, st.rank) != (ev.run, ev.rank):
                 if st.rank == ev.rank and stored_apart(st.run, ev.run):
                     slot.stored_as[ev.run] = st.run

@@ -11,10 +11,17 @@ one job and across its restarts.
 The rule, decided when a launch's first stream arrives (every later stream of that launch, another
 rank or a restart, follows it to the same run):
 
-* a new stream of (run, rank) is a restart (a new attempt of the same run) only if the run's earlier
-  launch is over: it ended (rank 0 sent ``run_end``) or has been silent past the liveness bound
-  (``evict_idle_seconds``, the bound by which the collector deems a run no longer receiving:
-  ``retention.receiving``);
+* a new stream of (run, rank) is a restart (a new attempt of the same run) if the run's earlier launch
+  is over: it ended (rank 0 sent ``run_end``) or it has gone silent (:class:`Pulse`). Silence is judged
+  against the job's own rhythm, because the commonest way a run gets its next attempt is a process
+  killed without a word (OOM, SIGKILL, a node lost) and relaunched at once, often with a new launch id
+  (a new process, ``torchrun --standalone``'s fresh rendezvous id): a job that sent every half second
+  and then nothing for a few of its intervals has stopped, while a live job is heard at least every
+  heartbeat (5 s by default). So a launch is live if it was heard from within four of its own recent
+  intervals between events, never less than :data:`MIN_SILENCE` (no relaunch reaches its
+  ``run_start`` sooner: Python, torch and the model are loaded first) and never more than the
+  collector's ``clash_window_seconds``; after a collector restart, with no rhythm in memory, the
+  store's last update is held against that window;
 * a stream of a different launch arriving while another launch of that name is live is a clash: the
   newcomer is stored under a run id of its own, derived from the name and its launch
   (:func:`derived_run`), so the API, ``runs``, detection, goodput and notifications see two runs, never
@@ -23,6 +30,11 @@ rank or a restart, follows it to the same run):
 Nothing new is persisted: the launch id is stored with each stream's ``run_start`` (``streams.start``)
 and a derived run id is a function of the name and the launch, so after a collector restart a stream
 of a known launch finds its run in the store again.
+
+What this rule cannot tell: a job that is silent longer than its bound while alive (a hung job, a
+network partition) is taken for dead, and a second job started then is its restart, merged with it as
+before launch ids existed; a relaunch within :data:`MIN_SILENCE` of its crash would be taken for a
+second job.
 
 Producers without a launch id (hooks older than it, imported logs, a multi-rank job whose launcher
 the hooks do not recognise) are stored under the name they send, as attempts in arrival order, as
@@ -34,16 +46,15 @@ only once both are stored in one run. Upgrading the hooks, or distinct run names
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Row
 
 from trainmon.monitor.collector.detection import RUN_WIDE, Found
 from trainmon.monitor.detectors import Finding
 from trainmon.monitor.store.queries import launch_hosts, launch_run, name_runs
 from trainmon.monitor.store.retention import receiving
 
-__all__ = ["KIND", "Launches", "clash_finding", "derived_run", "stored_apart"]
+__all__ = ["KIND", "MIN_SILENCE", "Launches", "Pulse", "clash_finding", "derived_run", "stored_apart"]
 
 KIND = "run_clash"
 """The anomaly kind of a clash: a ``warning`` (it is not the training's fault, but until the jobs have
@@ -53,6 +64,45 @@ _SEPARATOR = ".launch-"  # within the run id pattern, so the API and the CLI tak
 _DIGEST = 10
 _NAME_CHARS = 128 - len(_SEPARATOR) - _DIGEST  # a derived id stays within the 128 characters of a run id
 _MAX_HOSTS = 8  # named in a finding; the rest counted
+
+MIN_SILENCE = 2.0
+"""Seconds of silence a launch is always allowed: no process relaunched after a crash sends its
+``run_start`` sooner (interpreter, torch and model load), so a launch heard from this recently is alive."""
+_RHYTHM = 4.0  # a launch silent for this many of its own recent intervals between events has stopped
+_SMOOTH = 0.2  # weight of the newest interval in the running estimate of a launch's rhythm
+
+
+class Pulse:
+    """When a run was last heard from, whether it ended, and its rhythm (a running mean of the intervals
+    between the times it was heard: arrivals live, event times on import)."""
+
+    __slots__ = ("ended", "interval", "last")
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.interval: float | None = None
+        self.ended = False
+
+    def beat(self, t: float, kind: str, rank: int) -> None:
+        if kind == "run_end":
+            if rank == 0:  # as the run's status: rank 0's end is the run's
+                self.ended = True
+        elif kind == "run_start":
+            self.ended = False
+        last = self.last
+        if last is None:
+            self.last = t
+        elif t > last:  # the events of one live batch share its arrival: one beat
+            gap = t - last
+            self.interval = gap if self.interval is None else self.interval + _SMOOTH * (gap - self.interval)
+            self.last = t
+
+    def live(self, now: float, window: float) -> bool:
+        """Heard from recently enough, for its rhythm, that it is still running."""
+        if self.ended or self.last is None:
+            return False
+        bound = window if self.interval is None else min(window, max(MIN_SILENCE, _RHYTHM * self.interval))
+        return now - self.last <= bound
 
 
 def derived_run(name: str, launch: str) -> str:
@@ -94,8 +144,8 @@ def clash_finding(name: str, run: str, jobs: dict[str, tuple[str | None, list[st
         f"{len(jobs)} jobs use the run name {name!r} at the same time; they are kept apart: this run holds "
         f"launch {launch or 'not sent'} ({_hosts(hosts)}), the other job(s): {_jobs(jobs, others)}",
         "Give each job a run name of its own (TrainMonitor(run=...), e.g. with the date or the scheduler's job "
-        "id). A relaunch is a restart of the same run once the old job has ended or has been silent for "
-        "evict_idle_seconds: stop the old job first. Processes that are one job need one launch id "
+        "id). A relaunch is a restart of the same run once the old job has ended or gone silent: stop the old "
+        "job first. Processes that are one job need one launch id "
         "(TRAINMON_LAUNCH_ID, or start(launch_id=...)).",
         {
             "name": name,
@@ -111,25 +161,24 @@ class Launches:
     kept only if it commits (:meth:`commit`, :meth:`rollback`; :meth:`mark` and :meth:`undo` for one
     batch of it that is refused)."""
 
-    def __init__(self, idle_after: float) -> None:
-        self.idle_after = idle_after
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.pulses: dict[str, Pulse] = {}  # run -> its pulse, kept by the ingest path as it reads events
         self._runs: dict[tuple[str, str], str] = {}
         self._pending: dict[tuple[str, str], str] = {}
         self._hosts: dict[str, list[str]] = {}  # of the launches placed here, for the findings
         self._found: list[Found] = []
 
-    def run_of(
-        self, conn: Connection, name: str, launch: str | None, host: str, now: float, group: Callable[[], set[str]]
-    ) -> str:
+    def run_of(self, conn: Connection, name: str, launch: str | None, host: str, now: float) -> str:
         """The run a new stream of ``name`` and ``launch`` (from ``host``, arriving at ``now``) is stored
-        under; ``group``: the runs the group being committed writes to."""
+        under."""
         if launch is None:
             return name
         key = (name, launch)
         run = self._pending.get(key) or self._runs.get(key)
         if run is None:
             run = launch_run(conn, [name, derived_run(name, launch)], launch) or self._place(
-                conn, name, launch, host, now, group()
+                conn, name, launch, host, now
             )
             self._pending[key] = run
         hosts = self._hosts.setdefault(run, [])
@@ -137,20 +186,23 @@ class Launches:
             hosts.append(host)
         return run
 
-    def _place(self, conn: Connection, name: str, launch: str, host: str, now: float, group: set[str]) -> str:
+    def _place(self, conn: Connection, name: str, launch: str, host: str, now: float) -> str:
         """A launch new to ``name``: the run itself if no other launch of it is live, else a run of its own."""
         stored = {r.run: r for r in name_runs(conn, name, _prefix(name))}
         placed = {r for (n, _), r in self._pending.items() if n == name} - set(stored)  # by this group
-        live = sorted(
-            r
-            for r in set(stored) | placed
-            if (receiving(stored[r].status, stored[r].updated_at, now, self.idle_after) if r in stored else r in group)
-        )
+        live = sorted(r for r in set(stored) | placed if self._live(r, stored.get(r), now))
         run = derived_run(name, launch) if name in live else name
         if live:
             jobs = {run: (launch, [host]), **{r: self._job(conn, r) for r in live}}
             self._found += [(r, RUN_WIDE, clash_finding(name, r, jobs)) for r in jobs]
         return run
+
+    def _live(self, run: str, stored: Row | None, now: float) -> bool:
+        pulse = self.pulses.get(run)
+        if pulse is not None:
+            return pulse.live(now, self.window)
+        # Not heard from since this collector started: the store's last word, against the window.
+        return stored is not None and receiving(stored.status, stored.updated_at, now, self.window)
 
     def _job(self, conn: Connection, run: str) -> tuple[str | None, list[str]]:
         launch, hosts = launch_hosts(conn, run)
@@ -183,3 +235,4 @@ class Launches:
         self._runs = {k: r for k, r in self._runs.items() if r not in runs}
         for run in runs:
             self._hosts.pop(run, None)
+            self.pulses.pop(run, None)

@@ -218,7 +218,10 @@ class IngestWriter:
             self._metrics.duplicates.inc(result.duplicates)
             for kind, n in collections.Counter(ev.kind for ev in events).items():
                 self._metrics.events.labels(kind).inc(n)
-            done((200, {"accepted": result.accepted, "duplicates": result.duplicates}, []))
+            payload: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates}
+            if result.stored_as:  # a job kept apart from another under its run name: its findings are there
+                payload["stored_as"] = result.stored_as
+            done((200, payload, []))
 
     def _decode(self, body: bytes, done: Callable[[Reply], None]) -> list[wire.Event] | None:
         try:

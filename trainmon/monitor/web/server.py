@@ -181,7 +181,7 @@ class Collector:
         engine = Engine(storage, config.detectors, process=True, on_changes=publish)
         registry.register(DetectionCollector(engine.detection))
         limits = IngestLimits(config.max_live_runs, config.max_ranks_per_run, config.max_runs_per_batch)
-        ingestor = Ingestor(storage, engine, live, limits)
+        ingestor = Ingestor(storage, engine, live, limits, clash_window=config.clash_window_seconds)
         metrics = CollectorMetrics(registry)
         for name in _EXPORTED_LIMITS:
             metrics.limits.labels(name).set(getattr(config, name))
@@ -416,6 +416,7 @@ class _Ingress:
         status, payload, headers = await fut
         if asked is not None and status == 200:
             run, severity, after = asked
+            run = payload.get("stored_as", {}).get(run, run)  # the job's own run, not another job's of its name
             found, revision = self.collector.findings.since(run, severity, after) if run else ([], after)
             payload = {**payload, "findings": found, "findings_rev": revision}
         await self._reply(send, status, payload, headers)
