@@ -97,21 +97,19 @@ def _widen(extremes: dict[str, list[float]], steps: list[dict[str, Any]]) -> Non
         span[0], span[1] = low, high
 
 
-_Steps = dict[tuple[str, int], tuple[RankState, list[tuple[dict[str, Any], float]]]]
-"""(run, rank) -> its state and its steps of a batch (fields, time on the collector's clock), in order."""
+_Steps = dict[tuple[str, int], tuple[RankState, list[dict[str, Any]]]]
+"""(run, rank) -> its state and the fields of its steps in a batch, in order."""
 
 
-def _fold_steps(rank: RankState, steps: list[tuple[dict[str, Any], float]]) -> None:
-    """A batch's steps of the rank's current attempt (fields, time on the collector's clock), in order."""
-    fields = [f for f, _ in steps]
-    rank.last, rank.last_step_time = steps[-1]
-    rank.step = rank.last["step"]
-    _widen(rank.extremes, fields)
-    for f in reversed(fields):
-        if not _PRECURSORS.isdisjoint(f):
+def _fold_steps(rank: RankState, steps: list[dict[str, Any]]) -> None:
+    """What a batch's steps of the rank's current attempt add up to: the interval's extremes, the latest
+    sampled step's precursors, tokens."""
+    _widen(rank.extremes, steps)
+    for f in reversed(steps):
+        if not f.keys().isdisjoint(_PRECURSORS):
             rank.precursors = {k: f[k] for k in PRECURSOR_FIELDS if k in f}
             break
-    for f in fields:
+    for f in steps:
         tokens = f.get("tokens")
         if tokens is not None:
             rank.tokens_total += tokens
@@ -129,10 +127,11 @@ class LiveState:
     def apply(self, items: list[tuple[Event, int]]) -> None:
         """Fold stored events (with their attempt) into the live values, under one lock per batch.
 
-        Every event is counted, in order: sequence gaps, the attempt, the goodput ledger (rank 0's), and the
-        rarer kinds (run_start, run_end, eval, health). What a rank's steps leave (the latest step and its
-        fields, the interval's extremes, tokens, precursors) is folded once per batch from all of them, in
-        order, giving the values that folding them one by one gives: an import sends 5,000 steps a batch.
+        Every event is counted, in order: sequence gaps, the attempt, the latest step, the goodput ledger
+        (rank 0's), and the rarer kinds (run_start, run_end, eval, health). What a rank's steps add up to (the
+        interval's extremes, tokens, precursors) is folded once per batch from all of them, in order, giving
+        the values that folding them one by one gives: an import sends 5,000 steps a batch. Nothing is kept
+        per step but its fields in a list: objects that outlive the call cost the garbage collector's time.
         """
         with self.lock:
             steps: _Steps = {}
@@ -153,7 +152,10 @@ class LiveState:
                 run, rank = self._states(event.run, event.rank)
                 run.received_at = now
                 hung = hang_open(run.anomalies_active)  # anomalies change under self.lock only
-                pending = steps.setdefault(key, (rank, []))[1]
+                entry = steps.get(key)
+                if entry is None:
+                    entry = steps[key] = (rank, [])
+                pending = entry[1]
             rank.host = event.host
             t = aligned(event.time, event.clock_offset)  # a skewed trainer must not look silent, or fresh
             if t > rank.last_seen:
@@ -170,7 +172,10 @@ class LiveState:
             if event.rank == 0:
                 run.goodput.observe(event.kind, event.fields, t, attempt, hung)
             if event.kind == "step":
-                pending.append((event.fields, t))
+                rank.last = event.fields
+                rank.step = rank.last["step"]
+                rank.last_step_time = t
+                pending.append(rank.last)
             else:
                 self._other(run, rank, event, attempt)
 
