@@ -242,6 +242,7 @@ class TrainMonitor:
         self._grad_hooks: dict[int, Any] | None = None  # until the first backward shows which gradient comes last
         self._grad_param: torch.Tensor | None = None
         self._grad_ends: collections.deque[float] = collections.deque(maxlen=1)  # when the watched gradient came
+        self._forward_end = 0.0  # host time of the last forward's end: an earlier gradient was another backward's
         self._precursors: Precursors | None = None
         self._precursors_armed = False  # the sampled step's forward hooks are registered
         self._update_hook: Any = None  # the sampled step's optimizer pre-hook, until the update
@@ -442,7 +443,7 @@ class TrainMonitor:
         # the model (usually negligible next to the backward pass itself).
         self._forward_open = None
         self._backward_open = end
-        self._grad_ends.clear()
+        self._forward_end = t0
         self._gap_start = None
         self.overhead_s += _now() - t0
 
@@ -457,7 +458,7 @@ class TrainMonitor:
     def _close_backward(self, now: float) -> None:
         s = self._s
         ends = self._grad_ends
-        if ends:
+        if ends and ends[-1] >= self._forward_end:
             end = ends.pop()
             mark = self._backward_event if self._cuda else end
         else:  # the watched gradient did not come (unused this micro-batch): close it here
