@@ -152,11 +152,13 @@ class Ingestor:
         self,
         storage: Storage,
         engine: Engine,
-        live: LiveState,
+        live: LiveState | None,
         limits: IngestLimits | None = None,
         clash_window: float = CollectorConfig.clash_window_seconds,
     ) -> None:
-        """``clash_window``: the longest silence after which a run that did not end is still live (a new job
+        """``live``: the latest values the exporter, the API and the limits read; None where nothing reads them
+        (an import, which reads its run back from the store: a third of its ingest cost went to them).
+        ``clash_window``: the longest silence after which a run that did not end is still live (a new job
         under its name is then a second job, not its restart: ``launches``)."""
         self.storage = storage
         self.engine = engine
@@ -218,7 +220,8 @@ class Ingestor:
                     results.append(IngestResult(len(slot.fresh), len(slot.events) - len(slot.fresh), slot.stored_as))
                     fresh.extend(slot.fresh)
             if fresh:
-                self.live.apply(fresh)
+                if self.live is not None:
+                    self.live.apply(fresh)
                 # Under the lock: the detectors must see groups in commit order.
                 self.engine.submit(fresh, lambda: done(results), clashes)
         if not fresh:
@@ -294,7 +297,7 @@ class Ingestor:
             raise LimitError(
                 f"{len(ranks)} runs in one batch, at most {limits.max_runs_per_batch} (max_runs_per_batch)"
             )
-        live = self.live.runs
+        live = self.live.runs if self.live is not None else {}
         new = {run for run in (*ranks, *admitted) if run not in live}
         if new and len(live) + len(new) > limits.max_live_runs:
             raise LimitError(
@@ -321,6 +324,8 @@ class Ingestor:
         Held under the ingest lock, so a batch of the run cannot interleave; if the run sends
         again, it is primed from storage like after a restart.
         """
+        if self.live is None:
+            return []
         with self._lock:
             gone = self.live.idle_runs(ended_after, idle_after)
             if not gone:
@@ -340,7 +345,8 @@ class Ingestor:
         self._launches.forget(runs)
         for run in runs:
             self.engine.forget(run)
-            self.live.forget(run)
+            if self.live is not None:
+                self.live.forget(run)
 
     def _load_streams(self, conn: Connection, slot: _Slot, known: dict[str, _Stream]) -> None:
         """Add the batch's streams to ``known`` (the group's); on a conflict, take them out again."""

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
-from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.importers import read_events
 from trainmon.monitor.store.storage import Storage
@@ -51,7 +50,7 @@ def import_log(
     ``progress`` is called with the number of events read so far after each batch.
     """
     config = config or CollectorConfig()
-    ingestor = Ingestor(storage, Engine(storage, config.detectors), LiveState())
+    ingestor = Ingestor(storage, Engine(storage, config.detectors), None)  # nothing reads live values of a log
     runs: dict[str, None] = {}
     total = stored = 0
     events = read_events(path, run=run, mapping=mapping)
