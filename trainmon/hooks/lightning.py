@@ -353,7 +353,7 @@ def _closure_first(step: Callable[..., Any]) -> Callable[..., Any]:
             return step(**kwargs)
         with torch.enable_grad():  # what torch's first-order optimizers do with the closure
             loss = closure()
-        step(**kwargs)  # the optimizer's step hooks now time only the update
+        step(**kwargs)  # the update alone: the forward and backward are done and timed by then
         return loss
 
     return closure_first_step
