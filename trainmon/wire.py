@@ -36,6 +36,10 @@ __all__ = [
     "EVENT_KINDS",
     "HEADER_FIELDS",
     "MAX_EVENTS_PER_BATCH",
+    "MAX_INT",
+    "MAX_KEY",
+    "MAX_MAP",
+    "MAX_TIME",
     "PHASES",
     "RUN_ID_PATTERN",
     "SENT_HEADER",
@@ -296,10 +300,10 @@ HEADER_FIELDS: dict[str, Field] = {
 }
 
 _MAX_STR = 4096
-_MAX_INT = 2**53  # integers every JSON parser reads exactly (doubles), on both sides of the schema
-_MAX_TIME = 2.0**32  # seconds since the epoch: year 2106; beyond it dates overflow in the views
-_MAX_KEY = 256  # characters of a name in a float_map or a json object
-_MAX_MAP = 65_536  # entries of a float_map (per-parameter grad norms of a large model)
+MAX_INT = 2**53  # integers every JSON parser reads exactly (doubles), on both sides of the schema
+MAX_TIME = 2.0**32  # seconds since the epoch: year 2106; beyond it dates overflow in the views
+MAX_KEY = 256  # characters of a name in a float_map or a json object
+MAX_MAP = 65_536  # entries of a float_map (per-parameter grad norms of a large model)
 _MAX_GPUS = 64
 _MAX_DEPTH = 16  # nesting of a json field
 _MAX_NODES = 20_000  # values in a json field, all levels
@@ -388,8 +392,8 @@ def _check_json(value: Any) -> None:
             if depth > _MAX_DEPTH:
                 raise WireError(path, f"nested deeper than {_MAX_DEPTH} levels")
             for k, item in v.items():
-                if len(k) > _MAX_KEY:
-                    raise WireError(path, f"a key longer than {_MAX_KEY} characters")
+                if len(k) > MAX_KEY:
+                    raise WireError(path, f"a key longer than {MAX_KEY} characters")
                 stack.append((f"{path}.{_name(k)}", item, depth + 1))
         elif isinstance(v, list):
             if depth > _MAX_DEPTH:
@@ -419,7 +423,7 @@ def _check(value: Any, spec: Field) -> Any:
             value = int(value)  # JSON Schema's "integer" admits 52.0, and so do we
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError("", f"expected an integer, got {_show(value)}")
-        if not 0 <= value <= _MAX_INT:
+        if not 0 <= value <= MAX_INT:
             raise WireError("", f"must be between 0 and 2**53, got {value}")
         return value
     if t == "str":
@@ -442,11 +446,11 @@ def _check(value: Any, spec: Field) -> Any:
     if t == "float_map":
         if not isinstance(value, dict):
             raise WireError("", f"expected an object of numbers, got {_show(value)}")
-        if len(value) > _MAX_MAP:
-            raise WireError("", f"more than {_MAX_MAP} entries")
+        if len(value) > MAX_MAP:
+            raise WireError("", f"more than {MAX_MAP} entries")
         for k, v in value.items():
-            if len(k) > _MAX_KEY:
-                raise WireError("", f"a key longer than {_MAX_KEY} characters")
+            if len(k) > MAX_KEY:
+                raise WireError("", f"a key longer than {MAX_KEY} characters")
             if type(v) is not float:
                 try:
                     decode_float(v)
@@ -527,7 +531,7 @@ def validate_event(raw: Any, path: str = "event") -> Event:
             header[key] = _check(raw[key], header_spec)
         except WireError as exc:
             raise WireError(f"{path}.{key}{exc.path}", exc.problem) from None
-    if not 0.0 <= header["time"] <= _MAX_TIME:
+    if not 0.0 <= header["time"] <= MAX_TIME:
         raise WireError(f"{path}.time", f"must be seconds since the epoch, between 0 and 2**32, got {header['time']}")
     kind = header["kind"]
     if kind not in EVENT_KINDS:
@@ -567,7 +571,7 @@ def parse_sent(value: bytes | str | None) -> float | None:
         sent = float(value)
     except ValueError:
         return None
-    return sent if 0.0 < sent <= _MAX_TIME else None  # NaN fails the comparison
+    return sent if 0.0 < sent <= MAX_TIME else None  # NaN fails the comparison
 
 
 def validate_batch(raw: Any) -> list[Event]:
@@ -594,7 +598,7 @@ def validate_batch(raw: Any) -> list[Event]:
 
 
 _JSON_TYPES: dict[str, dict[str, Any]] = {
-    "int": {"type": "integer", "minimum": 0, "maximum": _MAX_INT},
+    "int": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
     "str": {"type": "string", "maxLength": _MAX_STR},
     "bool": {"type": "boolean"},
     "fields": {"type": "object"},
@@ -614,8 +618,8 @@ def _field_schema(spec: Field) -> dict[str, Any]:
         schema = {
             "type": "object",
             "additionalProperties": _NUMBER_OR_MARKER,
-            "propertyNames": {"maxLength": _MAX_KEY},
-            "maxProperties": _MAX_MAP,
+            "propertyNames": {"maxLength": MAX_KEY},
+            "maxProperties": MAX_MAP,
         }
     elif spec.type == "gpus":
         schema = {
@@ -648,7 +652,7 @@ def json_schema() -> dict[str, Any]:
         header["kind"] = {"const": kind}
         header["run"] = {"type": "string", "pattern": RUN_ID_PATTERN}
         header["stream"] = {"type": "string", "pattern": STREAM_PATTERN}
-        header["time"] = {**_NUMBER, "minimum": 0, "maximum": _MAX_TIME, "description": HEADER_FIELDS["time"].doc}
+        header["time"] = {**_NUMBER, "minimum": 0, "maximum": MAX_TIME, "description": HEADER_FIELDS["time"].doc}
         header["fields"] = {
             "type": "object",
             "properties": {k: _field_schema(s) for k, s in specs.items()},

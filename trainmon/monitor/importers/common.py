@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from trainmon.wire import _MAX_INT, _MAX_KEY, _MAX_MAP, _MAX_TIME, Event, validate_event
+from trainmon.wire import MAX_INT, MAX_KEY, MAX_MAP, MAX_TIME, Event, validate_event
 
 __all__ = [
     "BOOKKEEPING_KEYS",
@@ -631,7 +631,7 @@ class _Emitter:
 
     def _event(self, kind: str, t: float, fields: dict[str, Any], sound: bool) -> Event:
         """The event; ``sound``: the caller vouches for ``fields`` (typed, in range), so only the time is checked."""
-        if not (sound and 0.0 <= t <= _MAX_TIME):
+        if not (sound and 0.0 <= t <= MAX_TIME):
             return self._validated(kind, t, fields)
         seq = self.seq
         self.seq = seq + 1
@@ -645,7 +645,7 @@ class _Emitter:
     def step(self, p: TrainPoint, t: float) -> Event:
         step = p.step
         fields: dict[str, Any] = {"step": step}
-        sound = type(step) is int and 0 <= step <= _MAX_INT
+        sound = type(step) is int and 0 <= step <= MAX_INT
         if p.loss is not None:
             fields["loss"] = _wire_float(p.loss)
         if p.grad_norm is not None:
@@ -654,7 +654,7 @@ class _Emitter:
             fields["lr"] = list(map(_wire_float, p.lr))
         if p.tokens is not None and p.tokens >= 0:
             tokens = fields["tokens"] = int(p.tokens)
-            sound = sound and tokens <= _MAX_INT
+            sound = sound and tokens <= MAX_INT
         if p.step_time is not None and math.isfinite(p.step_time) and p.step_time >= 0:
             fields["step_time"] = float(p.step_time)
         if p.loss_scale is not None:
@@ -667,11 +667,11 @@ class _Emitter:
         step = p.step
         fields: dict[str, Any] = {"step": step, "loss": _wire_float(p.loss)}
         metrics = {k: v for k, v in p.metrics.items() if _finite(v)}
-        sound = type(step) is int and 0 <= step <= _MAX_INT
+        sound = type(step) is int and 0 <= step <= MAX_INT
         if metrics:
             fields["metrics"] = metrics
-            sound = sound and len(metrics) <= _MAX_MAP and all(type(v) is float for v in metrics.values())
-            sound = sound and all(len(k) <= _MAX_KEY for k in metrics)
+            sound = sound and len(metrics) <= MAX_MAP and all(type(v) is float for v in metrics.values())
+            sound = sound and all(len(k) <= MAX_KEY for k in metrics)
         if p.duration is not None and math.isfinite(p.duration) and p.duration >= 0:
             fields["duration"] = float(p.duration)
         return self._event("eval", t, fields, sound)
