@@ -675,9 +675,7 @@ def test_after_a_restart_open_anomalies_are_not_paged_again_but_still_reposted(
         lc.stop()
 
 
-def test_a_deleted_runs_alerts_are_ended_at_alertmanager_and_never_reposted(
-    tmp_path: Path, receiver: Receiver
-) -> None:
+def test_a_deleted_runs_alerts_are_ended_at_alertmanager_and_never_reposted(tmp_path: Path, receiver: Receiver) -> None:
     """Deleting a run with an open anomaly: Alertmanager gets it ended once, then nothing more about that
     run; the webhook hears nothing (a person deleted it); another run's open alert is still re-posted."""
     notify = NotifyConfig(
