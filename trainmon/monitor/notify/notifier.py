@@ -401,12 +401,7 @@ class Notifier:
             for run in runs & self._groups.keys():
                 del self._groups[run]
                 self._busy(-1)  # the group's own unit of work: it will not be flushed
-            for i in range(0, len(ended), _RESEND_CHUNK):
-                chunk = ended[i : i + _RESEND_CHUNK]
-                for sender in self._resend_to:
-                    body = sender.target.render_resend(chunk)
-                    if body is not None:
-                        sender.put(_Message(body, f"{len(chunk)} anomalies of deleted runs ended"))
+            self._repost(ended, "anomalies of deleted runs ended")
         finally:
             self._busy(-len(runs))
 
@@ -518,13 +513,16 @@ class Notifier:
             self._busy(-1)
 
     def _resend(self) -> None:
-        alerts = [st.alert for st in self._states.values() if st.open and st.notified]
+        self._repost([st.alert for st in self._states.values() if st.open and st.notified], "open anomalies re-posted")
+
+    def _repost(self, alerts: list[Alert], what: str) -> None:
+        """``alerts`` as they stand to the targets that take re-posts (Alertmanager), a chunk per request."""
         for i in range(0, len(alerts), _RESEND_CHUNK):
             chunk = alerts[i : i + _RESEND_CHUNK]
             for sender in self._resend_to:
                 body = sender.target.render_resend(chunk)
                 if body is not None:
-                    sender.put(_Message(body, f"{len(chunk)} open anomalies re-posted"))
+                    sender.put(_Message(body, f"{len(chunk)} {what}"))
 
     def _prune(self, now: float) -> None:
         """Forget resolved anomalies whose cooldown is over (bounded memory on long-lived collectors)."""
