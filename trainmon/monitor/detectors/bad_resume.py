@@ -172,6 +172,7 @@ class BadResume(Detector):
     priority = 60
     plots = ("loss", "lr")
     localised = False
+    consumes = frozenset(("run_start", "step", "checkpoint", "resume"))
 
     def __init__(self, config: BadResumeConfig) -> None:
         self.config = config

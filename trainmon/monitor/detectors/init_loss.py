@@ -84,6 +84,7 @@ class InitLoss(Detector):
     priority = 70
     plots = ("loss",)
     localised = False
+    consumes = frozenset(("run_start", "step"))
 
     def __init__(self, config: InitLossConfig) -> None:
         self.config = config

@@ -357,6 +357,7 @@ class InstabilityPrecursor(Detector):
     priority = 150
     plots = ("loss",)
     localised = False
+    consumes = frozenset(("run_start", "step"))
 
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config

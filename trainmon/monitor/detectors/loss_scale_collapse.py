@@ -68,6 +68,7 @@ class LossScaleCollapse(Detector):
     priority = 120
     plots = ("loss",)
     localised = False
+    consumes = frozenset(("run_start", "run_end", "step"))
 
     def __init__(self, config: LossScaleCollapseConfig) -> None:
         self.config = config

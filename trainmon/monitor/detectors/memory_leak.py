@@ -157,6 +157,7 @@ class MemoryLeak(Detector):
     priority = 130
     plots = ()
     localised = False
+    consumes = frozenset(("run_start", "health", "step"))
 
     def __init__(self, config: MemoryLeakConfig) -> None:
         self.config = config

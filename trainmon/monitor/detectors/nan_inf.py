@@ -98,6 +98,7 @@ class NanInf(Detector):
     priority = 10
     plots = ("loss", "grad")
     localised = True
+    consumes = frozenset(("run_start", "step"))
 
     def __init__(self, config: NanInfConfig) -> None:
         self.config = config

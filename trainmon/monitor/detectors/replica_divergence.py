@@ -96,6 +96,7 @@ class ReplicaDivergence(Detector):
     priority = None
     plots = ()
     localised = False
+    consumes = frozenset(("run_start", "step"))
     scope = "run"
 
     def __init__(self, config: ReplicaDivergenceConfig) -> None:

@@ -123,6 +123,7 @@ class Straggler(Detector):
     priority = 100
     plots = ("throughput",)
     localised = False
+    consumes = frozenset(("run_start", "run_end", "step"))
     scope = "run"
 
     def __init__(self, config: StragglerConfig) -> None:

@@ -325,6 +325,7 @@ class ThroughputCollapse(Detector):
     priority = 90
     plots = ("throughput",)
     localised = False
+    consumes = frozenset(("run_start", "checkpoint", "step"))
 
     def __init__(self, config: ThroughputCollapseConfig) -> None:
         self.config = config
