@@ -93,6 +93,8 @@ def test_one_module_settling_leaves_the_anomaly_open_while_another_still_rises()
         (60, "warning"), (70, "critical"), (80, "critical"), (90, "warning"), (110, "info"),
     ]  # fmt: skip
     assert found[-1].evidence["open"] == []
+    # The anomaly names every module it covered, for the plot, on every finding and at its resolution.
+    assert found[-1].evidence["modules"] == ["blocks.0.attn", "blocks.1.attn"]
 
 
 @pytest.mark.parametrize(

@@ -306,16 +306,17 @@ def _precursor_value(v: Any) -> float:
 
 def plot_precursors(a: Analysis) -> Figure | None:
     """The sampled instability precursors of the lowest rank (issue 28): per signal the extreme over the
-    modules (the largest bound and RMS, the lowest entropy) and the series of each module a finding
-    names, with the loss plot's findings marked, so the lead of ``instability_precursor`` over the
-    loss-based findings is read off the plot. A step run again after a resume shows its last attempt's
-    values. Fewer than two sampled steps: no trend, no plot."""
+    modules (the largest bound and RMS, the lowest entropy) and the series of every module an anomaly named
+    (``evidence["modules"]``), with the loss plot's findings marked, so the lead of ``instability_precursor``
+    over the loss-based findings is read off the plot. A step run again after a resume shows its last
+    attempt's values. Fewer than two sampled steps: no trend, no plot."""
     if len(a.precursors) < 2:
         return None
     named = {
-        (an["evidence"] or {}).get("module")
+        module
         for an in a.summary["anomalies"]
         if an["kind"] == "instability_precursor" and isinstance(an.get("evidence"), dict)
+        for module in an["evidence"].get("modules") or [an["evidence"].get("module")]
     }
     latest = [row for _, row in sorted({row.step: row for row in a.precursors}.items())]  # a rerun step: its last
     panels = []

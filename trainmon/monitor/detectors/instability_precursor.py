@@ -367,6 +367,7 @@ class InstabilityPrecursor(Detector):
         self._peak_lr: float | None = None  # the declared schedule's peak
         self._warmup = 0  # and its warmup steps: the LR rises only then (the declared shapes decay after it)
         self._losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=_LOSS_HISTORY)
+        self._covered: dict[str, None] = {}  # every module the open anomaly has named, in order (the plot's lines)
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
@@ -448,6 +449,7 @@ class InstabilityPrecursor(Detector):
             if severity == s.severity and (not m.escalates_on_peaks or ratio <= s.peak_ratio):
                 return None  # nothing new: the anomaly already says this
         s.open = True
+        self._covered[module] = None
         s.severity = severity
         s.peak_ratio = max(s.peak_ratio, ratio)
         lr_text = ", ".join(f"{x:.3g}" for x in lrs) if isinstance(lr, list) else "not logged"
@@ -470,7 +472,8 @@ class InstabilityPrecursor(Detector):
             return []
         last = self._losses[-1][0] if self._losses else None
         rising = ", ".join(f"{name} in {mod} ({o.severity} since step {o.since})" for name, mod, o in still)
-        evidence = {"open": self._open_list()}
+        evidence = {"open": self._open_list(), "modules": list(self._covered)}
+        self._covered.clear()
         return [
             self.resolve(
                 last,
@@ -510,6 +513,7 @@ class InstabilityPrecursor(Detector):
             "since_step": s.since,
             "samples": s.run,
             "open": self._open_list(),
+            "modules": list(self._covered),
         }
 
     def _open_list(self) -> list[dict[str, Any]]:
@@ -528,6 +532,7 @@ class InstabilityPrecursor(Detector):
         text = m.resolved(module, step, value, level, ratio)
         still = self._open()
         if not still:
+            self._covered.clear()  # the anomaly closes: the next one names its own modules
             return self.resolve(step, text, m.calmed, evidence)
         rising = ", ".join(f"{name} in {mod} ({o.severity} since step {o.since})" for name, mod, o in still)
         return Finding(self.kind, self._severity(), step, f"{text}; still open: {rising}", still[0][2].hint, evidence)
