@@ -126,33 +126,25 @@ def test_two_concurrent_jobs_under_one_name_are_stored_apart_and_named(
     assert "test: 1 open: run_clash" in listed and f"{second}: 1 open: run_clash" in listed
 
 
-def test_a_relaunch_after_the_job_ended_is_a_restart_of_the_same_run(storage: Storage) -> None:
+@pytest.mark.parametrize(
+    ("ended", "gap"), [(True, 30.0), (False, 3.0), (False, 30.0), (False, 1800.0)], ids=["ended", "3s", "30s", "30min"]
+)
+def test_a_relaunch_after_the_job_ended_or_went_silent_is_a_restart_of_the_same_run(
+    storage: Storage, ended: bool, gap: float
+) -> None:
+    """The first job ended (rank 0's run_end), or was killed without a word (OOM, SIGKILL) and relaunched with a
+    new launch id (a new process, torchrun --standalone's fresh rendezvous id) `gap` seconds later: a restart,
+    not a second job. The first job sent every 0.5 s; silent for seconds, it has stopped."""
     ingestor = _ingestor(storage)
     for rank in (0, 1):
         _post(ingestor, [_start("job-a", rank, f"job-a-r{rank}", T0, JOBS["job-a"][1][rank])])
         _post(ingestor, _steps("job-a", rank, 0))
-        end = event("run_end", {"status": "failed", "step": CHUNK - 1}, run="test", rank=rank, stream=f"job-a-r{rank}")
-        _post(ingestor, [{**end, "seq": CHUNK + 1, "time": T0 + 0.5 * CHUNK}])
-    later = T0 + 0.5 * CHUNK + 30
-    for rank in (0, 1):
-        _post(ingestor, [_start("job-b", rank, f"job-b-r{rank}", later, JOBS["job-b"][1][rank])])
-        _post(ingestor, _steps("job-b", rank, CHUNK, t0=later))
-    with storage.connect() as conn:
-        assert [r["run"] for r in run_rows(conn)] == ["test"]
-        assert sorted((s["rank"], s["attempt"]) for s in stream_rows(conn, "test")) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-        assert "run_clash" not in {a["kind"] for a in anomaly_rows(conn, "test")}
-
-
-@pytest.mark.parametrize("gap", [3.0, 30.0, 1800.0])
-def test_a_relaunch_after_a_silent_crash_is_a_restart_of_the_same_run(storage: Storage, gap: float) -> None:
-    """Killed without a word (OOM, SIGKILL: no run_end) and relaunched with a new launch id (a new process,
-    torchrun --standalone's fresh rendezvous id) seconds later: its restart, not a second job. The first
-    job sent every 0.5 s; silent for `gap` seconds, it has stopped."""
-    ingestor = _ingestor(storage)
-    for rank in (0, 1):
-        _post(ingestor, [_start("job-a", rank, f"job-a-r{rank}", T0, JOBS["job-a"][1][rank])])
-        _post(ingestor, _steps("job-a", rank, 0))
-    later = T0 + 0.5 * (CHUNK - 1) + gap
+        if ended:
+            end = event(
+                "run_end", {"status": "failed", "step": CHUNK - 1}, run="test", rank=rank, stream=f"job-a-r{rank}"
+            )
+            _post(ingestor, [{**end, "seq": CHUNK + 1, "time": T0 + 0.5 * CHUNK}])
+    later = T0 + 0.5 * (CHUNK if ended else CHUNK - 1) + gap
     for rank in (0, 1):
         _post(ingestor, [_start("job-b", rank, f"job-b-r{rank}", later, JOBS["job-b"][1][rank])])
         _post(ingestor, _steps("job-b", rank, CHUNK, t0=later))
