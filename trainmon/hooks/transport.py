@@ -8,6 +8,10 @@ order once it answers again; the collector deduplicates by (stream, seq), so a b
 is stored once. Segments left behind by an earlier process (a crash while the collector was
 down) are replayed too.
 
+The ranks of one node can share their requests: with forwarding on (several local ranks on Linux, by
+default; ``trainmon.hooks.forwarder``), each batch goes to the node's forwarder, which posts the node's
+batches as one request and relays the collector's answer; everything above holds per rank as before.
+
 ``file://PATH`` targets skip HTTP entirely and append JSONL, one event per line, for offline
 runs that are imported later; spool segments use the same line format.
 """
@@ -19,16 +23,26 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import os
 import random
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainmon.hooks.forwarder import (
+    LINGER_FRACTION,
+    ForwarderGone,
+    NodeLink,
+    blames_the_batch,
+    forwarding,
+    node_address,
+)
+from trainmon.hooks.launch import launch_id
 from trainmon.hooks.policy import StopPolicy
 from trainmon.wire import MAX_EVENTS_PER_BATCH, SENT_HEADER, VERSION, json_safe
 
@@ -61,7 +75,8 @@ def encode_event(event: dict[str, Any]) -> str:
 
 
 class _HttpSink:
-    """POSTs batches over one keep-alive connection; raises ``OSError`` when it cannot deliver.
+    """POSTs batches over one keep-alive connection (or hands them to the node's forwarder, ``link``);
+    raises ``OSError`` when it cannot deliver.
 
     A request has ``timeout`` seconds in all, not per socket operation: a collector that accepts the
     connection and never answers, or trickles its answer a byte at a time, would otherwise hold the
@@ -69,7 +84,14 @@ class _HttpSink:
     down when the budget is spent, which wakes the blocked read with an error.
     """
 
-    def __init__(self, url: str, token: str | None, timeout: float, policy: StopPolicy | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        policy: StopPolicy | None = None,
+        link: NodeLink | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https"):
             raise ValueError(f"collector: unsupported URL scheme in {url!r}, use http://, https:// or file://")
@@ -81,24 +103,71 @@ class _HttpSink:
             self._headers["Authorization"] = f"Bearer {token}"
         self._timeout = timeout
         self._policy = policy  # asks each acknowledgement for the run's findings and files them
+        self._link = link
         self._conn: http.client.HTTPConnection | None = None
         self._until = 0.0  # monotonic end of the request in flight; 0: none
         self._lock = threading.Lock()  # the connection and ``_until``, between the sender and the watchdog
 
+    @property
+    def serving(self) -> bool:
+        return self._link is not None and self._link.serving
+
+    @property
+    def phase(self) -> float | None:
+        return None if self._link is None else self._link.phase
+
     def send(self, lines: list[str], deadline: float = float("inf")) -> None:
         """Deliver within ``timeout`` seconds, and by ``deadline`` (monotonic) at the latest."""
-        body = f'{{"version":{VERSION},"events":[{",".join(lines)}]}}'.encode()
+        query = "" if self._policy is None else self._policy.query()
+        with self._budget(deadline):
+            status, text = self._exchange(lines, query)
+        if status < 300:
+            if self._policy is not None:
+                self._policy.receive(text)
+            return
+        if status == 413 and len(lines) > 1:
+            half = len(lines) // 2
+            self.send(lines[:half], deadline)
+            self.send(lines[half:], deadline)
+            return
+        if status in (401, 403):  # a token problem is fixed by an operator, not by dropping data
+            raise OSError(f"collector refused the bearer token ({status}); set TRAINMON_TOKEN")
+        if blames_the_batch(status):
+            # The collector will never accept this batch; keeping it would block the spool.
+            raise _Rejected(f"collector rejected {len(lines)} events: {status} {text[:300]!r}")
+        raise OSError(f"collector answered {status}")
+
+    def post(self, body: bytes, query: str, deadline: float) -> tuple[int, bytes]:
+        """One request to the collector, as is: its status and body (the node's forwarder posts with this)."""
+        with self._budget(deadline):
+            return self._post(body, query)
+
+    @contextlib.contextmanager
+    def _budget(self, deadline: float) -> Iterator[None]:
+        """The request in flight has ``timeout`` seconds in all, and ends by ``deadline`` at the latest."""
         with self._lock:
             self._until = min(time.monotonic() + self._timeout, deadline)
         _WATCHDOG.watch(self)
         try:
-            self._post(body, lines, deadline)
+            yield
         finally:
             _WATCHDOG.forget(self)
             with self._lock:
                 self._until = 0.0
 
-    def _post(self, body: bytes, lines: list[str], deadline: float) -> None:
+    def _exchange(self, lines: list[str], query: str) -> tuple[int, bytes]:
+        if self._link is not None:
+            try:
+                answer = self._link.exchange(lines, query, self._until)
+            except ForwarderGone:
+                if time.monotonic() >= self._until:  # aborted: the budget is spent
+                    raise
+                answer = None  # the forwarder died mid-request: post directly (the collector deduplicates)
+            if answer is not None:
+                return answer
+        return self._post(f'{{"version":{VERSION},"events":[{",".join(lines)}]}}'.encode(), query)
+
+    def _post(self, body: bytes, query: str) -> tuple[int, bytes]:
         for attempt in (0, 1):  # one silent retry on a stale keep-alive connection
             with self._lock:
                 if self._conn is None:
@@ -106,7 +175,7 @@ class _HttpSink:
                     self._conn = cls(self._netloc, timeout=max(0.05, self._until - time.monotonic()))
                 conn = self._conn
             try:
-                path = self._path if self._policy is None else f"{self._path}?{self._policy.query()}"
+                path = f"{self._path}?{query}" if query else self._path
                 # When this request left, on this host's clock: the collector judges the clock by it, since a
                 # batch replayed from the spool holds events from long ago (trainmon.clock).
                 headers = {**self._headers, SENT_HEADER: repr(time.time())}
@@ -118,24 +187,11 @@ class _HttpSink:
                 if attempt or time.monotonic() >= self._until:
                     raise OSError(f"collector unreachable: {exc}") from exc
                 continue
-            if resp.status < 300:
-                if not _complete(resp, text):
-                    self._drop(conn)
-                    raise OSError("collector's acknowledgement was cut off before its end; not taken as one")
-                if self._policy is not None:
-                    self._policy.receive(text)
-                return
-            if resp.status == 413 and len(lines) > 1:
-                half = len(lines) // 2
-                self.send(lines[:half], deadline)
-                self.send(lines[half:], deadline)
-                return
-            if resp.status in (401, 403):  # a token problem is fixed by an operator, not by dropping data
-                raise OSError(f"collector refused the bearer token ({resp.status}); set TRAINMON_TOKEN")
-            if 400 <= resp.status < 500 and resp.status not in (408, 429):
-                # The collector will never accept this batch; keeping it would block the spool.
-                raise _Rejected(f"collector rejected {len(lines)} events: {resp.status} {text[:300]!r}")
-            raise OSError(f"collector answered {resp.status}")
+            if resp.status < 300 and not _complete(resp, text):
+                self._drop(conn)
+                raise OSError("collector's acknowledgement was cut off before its end; not taken as one")
+            return resp.status, text
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _drop(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -158,12 +214,16 @@ class _HttpSink:
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+            if self._link is not None:
+                self._link.abort()
 
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        if self._link is not None:
+            self._link.close()
 
 
 def _complete(resp: http.client.HTTPResponse, body: bytes) -> bool:
@@ -242,6 +302,9 @@ class Transport:
             there (step records whose device values have landed).
         policy: asks the collector, with each batch, for the run's findings and files them
             there for the training thread (HTTP targets only).
+        forward: send through the node's forwarder (``trainmon.hooks.forwarder``), one request per node
+            and flush: True, False, or None for ``$TRAINMON_FORWARD`` (``1``/``0``), else on where several
+            ranks share this node (``$LOCAL_WORLD_SIZE`` > 1) on Linux. HTTP targets only.
     """
 
     def __init__(
@@ -256,7 +319,9 @@ class Transport:
         timeout: float = 5.0,
         poll: Callable[[], Iterable[dict[str, Any]]] | None = None,
         policy: StopPolicy | None = None,
+        forward: bool | None = None,
     ) -> None:
+        forward = forwarding(forward)  # validated for every target: a bad setting is an error wherever it is
         self._poll = poll  # called on the sender thread before each drain: events completed there
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._seq = 0  # numbered here, in queue order, so producers on several threads stay ordered
@@ -276,7 +341,14 @@ class Transport:
         else:
             if spool_dir is None:
                 raise ValueError("spool_dir is required for an HTTP collector")
-            self._sink = _HttpSink(target, token, timeout, policy)
+            link = None
+            if forward:
+                link = NodeLink(
+                    node_address(target, token, launch_id()),
+                    lambda: _HttpSink(target, token, timeout).post,
+                    flush_interval * LINGER_FRACTION,
+                )
+            self._sink = _HttpSink(target, token, timeout, policy, link)
             # Created on first use and removed once drained: a run whose collector was up throughout
             # leaves no folder behind. ``_made`` holds the folders this transport created, deepest first.
             self._spool = Path(spool_dir)
@@ -349,6 +421,11 @@ class Transport:
                 self._held_events = 0
 
     @property
+    def serving(self) -> bool:
+        """This process forwards its node's batches (``trainmon.hooks.forwarder``)."""
+        return self._sink is not None and self._sink.serving
+
+    @property
     def pending_spool_bytes(self) -> int:
         if self._sink is None:
             return 0
@@ -361,9 +438,14 @@ class Transport:
         # previous send, so an event waits at most one interval plus one round trip. Each tick sends what
         # was queued when it began; what arrives during a slow send waits for the next tick instead of
         # going out in a trickle of small requests, which would cost a loaded collector more per event.
+        # Forwarding, the ticks fall on the node's grid (``NodeLink.phase``) instead, so the node's ranks send
+        # at one instant and their forwarder posts them as one request without lingering.
+        phase = self._sink.phase if self._sink is not None else None
         due = time.monotonic()
         while True:
             due = max(due + self._flush_interval, time.monotonic())  # behind after a slow send: go at once
+            if phase is not None:
+                due = (math.ceil(due / self._flush_interval - phase - 1e-9) + phase) * self._flush_interval
             self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             stopping = self._stop
