@@ -235,3 +235,29 @@ def test_the_setting() -> None:
 def test_a_refusal_that_blames_the_batch_is_told_apart_from_one_that_does_not() -> None:
     assert blames_the_batch(413) and blames_the_batch(422) and blames_the_batch(400)
     assert not any(blames_the_batch(s) for s in (200, 401, 403, 408, 429, 500, 503))
+
+
+def test_train_monitor_takes_the_setting(
+    live_collector: LiveCollector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainmon.hooks import TrainMonitor
+
+    def monitor(name: str, forward: bool | None = None) -> TrainMonitor:
+        quiet = {"health_interval": 0, "heartbeat_interval": 0}
+        return TrainMonitor("tm", live_collector.url, spool_dir=tmp_path / name, forward=forward, **quiet)
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("TRAINMON_FORWARD", "maybe")
+    with pytest.raises(ValueError, match="TRAINMON_FORWARD"):
+        monitor("bad")
+    monkeypatch.setenv("TRAINMON_FORWARD", "0")
+    alone = monitor("alone")
+    assert alone.transport._sink is not None and alone.transport._sink.phase is None  # posts itself, as before
+    pair = [monitor("a", forward=True), monitor("b", forward=True)]  # the argument wins over the environment
+    for mon in [alone, *pair]:
+        mon.emit("step", {"step": 0, "loss": 1.0})
+        assert mon.transport.flush()
+    assert sorted(mon.transport.serving for mon in pair) == [False, True]  # one forwards for both
+    for mon in [alone, *pair]:
+        mon.close()
+    assert [(mon.transport.sent, mon.transport.spooled) for mon in [alone, *pair]] == [(2, 0)] * 3  # the step, run_end

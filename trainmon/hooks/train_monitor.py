@@ -177,6 +177,9 @@ class TrainMonitor:
         stack_after: seconds without a step (or 10x the median step interval, if longer) after which
             the sender thread captures the training thread's Python stack and sends it (where a hung
             rank waits). Defaults to ``$TRAINMON_STACK_AFTER`` or 30.
+        forward: send through the node's forwarder, one request per node and flush instead of one per
+            rank (``trainmon.hooks.forwarder``): ``True``, ``False``, or ``None`` for ``$TRAINMON_FORWARD``
+            (``1``/``0``), else on where several ranks share the node (``$LOCAL_WORLD_SIZE`` > 1) on Linux.
     """
 
     def __init__(
@@ -202,6 +205,7 @@ class TrainMonitor:
         stop_on: str = "critical",
         checkpoint: Callable[[], Any] | None = None,
         stack_after: float | None = None,
+        forward: bool | None = None,
     ) -> None:
         self.run = run
         self.close_timeout = close_timeout
@@ -225,6 +229,7 @@ class TrainMonitor:
             flush_interval=flush_interval,
             poll=self._completed,
             policy=self.policy,
+            forward=forward,
         )
         self.detail_every = detail_every
         self.detail_trigger = detail_trigger
