@@ -363,6 +363,7 @@ class InstabilityPrecursor(Detector):
         self.config = config
         self._mechanisms = [m(config) for m in (_LogitGrowth, _OutputGrowth, _EntropyCollapse, _EpsilonShare)]
         self._names = {m.field: m.name for m in self._mechanisms}
+        self._fields = frozenset(self._names)  # a step without any of them (most logs) costs one test
         self._series: dict[tuple[str, str], _Series] = {}  # (field, module or group) -> its series
         self._peak_lr: float | None = None  # the declared schedule's peak
         self._warmup = 0  # and its warmup steps: the LR rises only then (the declared shapes decay after it)
@@ -370,7 +371,14 @@ class InstabilityPrecursor(Detector):
         self._covered: dict[str, None] = {}  # every module the open anomaly has named, in order (the plot's lines)
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            f = event.fields
+            loss = f.get("loss")
+            if finite(loss):
+                self._losses.append((f["step"], float(loss)))
+            return [] if self._fields.isdisjoint(f) else self._on_step(f)
+        if kind == "run_start":
             out = self._closed_by_restart()
             self._series.clear()  # a new attempt: its model may differ (resumed or not, levels are re-learnt)
             self._losses.clear()
@@ -380,17 +388,16 @@ class InstabilityPrecursor(Detector):
             warmup = schedule.get("warmup_steps") if isinstance(schedule, dict) else None
             self._warmup = warmup if isinstance(warmup, int) else 0
             return out
-        if event.kind != "step":
-            return []
-        loss = event.fields.get("loss")
-        if finite(loss):
-            self._losses.append((event.fields["step"], float(loss)))
+        return []
+
+    def _on_step(self, f: dict[str, Any]) -> list[Finding]:
+        """A step that carries module statistics: each mechanism's values, module by module."""
         out = []
+        step = f["step"]
         for mechanism in self._mechanisms:
-            values = event.fields.get(mechanism.field)
+            values = f.get(mechanism.field)
             if not isinstance(values, dict):
                 continue
-            step = event.fields["step"]
             for module, value in values.items():
                 if not finite(value):
                     continue  # non-finite values are nan_inf's
@@ -399,7 +406,7 @@ class InstabilityPrecursor(Detector):
                     if len(self._series) >= self.config.max_modules:
                         continue
                     series = self._series[(mechanism.field, module)] = _Series(self.config.window)
-                finding = self._sample(mechanism, module, series, step, float(value), event.fields.get("lr"))
+                finding = self._sample(mechanism, module, series, step, float(value), f.get("lr"))
                 if finding is not None:
                     out.append(finding)
         return out

@@ -85,7 +85,13 @@ class LossScaleCollapse(Detector):
         self._searching: list[tuple[int, float | None]] = []  # (step, scale) skipped before the first applied step
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            f = event.fields
+            if "loss_scale" in f or "skipped" in f:  # most logs carry neither: one test a step
+                return self._on_step(f)
+            return []
+        if kind == "run_start":
             self._calibrated = False
             self._scale = None
             self._consecutive = 0
@@ -94,11 +100,11 @@ class LossScaleCollapse(Detector):
             self._highs.clear()
             self._skips = 0
             return []
-        if event.kind == "run_end":
+        if kind == "run_end":
             return self._never_applied()
-        if event.kind != "step":
-            return []
-        f = event.fields
+        return []
+
+    def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         scale = f.get("loss_scale")
         if finite(scale) and scale <= 0:
             scale = None  # a placeholder: no scaler of this trainer's own to watch

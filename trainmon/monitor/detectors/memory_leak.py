@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.wire import Event
@@ -178,7 +179,10 @@ class MemoryLeak(Detector):
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            return self._on_step(f, event.time)
+        if kind == "run_start":
             self._on_cpu = not str(f.get("device") or "cpu").startswith("cuda")
             self._steps_since_start = 0
             self._warm_since = None
@@ -186,24 +190,25 @@ class MemoryLeak(Detector):
             self._device.clear()
             self._rss.clear()
             return []
-        if event.kind == "health":
+        if kind == "health":
             return self._observe_health(event)
-        if event.kind != "step":
-            return []
+        return []
+
+    def _on_step(self, f: dict[str, Any], t: float) -> list[Finding]:
         self._last_step = f["step"]
         self._steps_since_start += 1
         if self._steps_since_start <= self.config.warmup_steps:
             return []
         if self._warm_since is None:
-            self._warm_since = event.time
+            self._warm_since = t
         mem = f.get("mem_allocated_bytes")
-        if not mem or not self._device.add(event.time, float(mem), f["step"]):
+        if not mem or not self._device.add(t, float(mem), f["step"]):
             return []
         self._kept += 1
         if self._kept % 4:  # judge every 4th kept sample: the fit is O(points^2)
             return []
         what = "process memory (RSS)" if self._on_cpu else "device memory"
-        return self._judge(self._device, what, self._on_cpu, event.time)
+        return self._judge(self._device, what, self._on_cpu, t)
 
     def _observe_health(self, event: Event) -> list[Finding]:
         f = event.fields

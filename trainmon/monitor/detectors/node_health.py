@@ -145,10 +145,12 @@ class NodeHealth(Detector):
         self._skew: dict[str, tuple[str, str, dict[str, Any]]] = {}  # the clock condition, while reported
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        clock = event.clock_offset is not None and self._clock_changed(event.time, event.clock_offset)
-        if event.kind == "step":
-            self._last_step = event.fields["step"]
-        if event.kind != "health":
+        offset = event.clock_offset
+        clock = offset is not None and self._clock_changed(event.time, offset)
+        kind = event.kind
+        if kind != "health":
+            if kind == "step":
+                self._last_step = event.fields["step"]
             return self._report(event.host, sample=False) if clock else []
         found = self._conditions(event.fields)
         active: dict[str, tuple[str, str, dict[str, Any]]] = {}

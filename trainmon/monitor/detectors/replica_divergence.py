@@ -114,16 +114,19 @@ class ReplicaDivergence(Detector):
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            return self._on_step(event, f, attempt) if "weights_checksum" in f else []
+        if kind == "run_start":
             if attempt > self._attempt:
                 self._new_attempt(attempt)
             self._world = max(self._world, int(f.get("world_size") or 0), event.rank + 1)
             layout = f.get("layout")
             if isinstance(layout, dict):
                 self._layout = {k: v for k, v in layout.items() if isinstance(v, int) and v > 0}
-            return []
-        if event.kind != "step":
-            return []
+        return []
+
+    def _on_step(self, event: Event, f: dict[str, Any], attempt: int) -> list[Finding]:
         raw = f.get("weights_checksum")
         if (
             not isinstance(raw, list)

@@ -143,19 +143,24 @@ class Straggler(Detector):
         self._last_step: int | None = None
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            rank = event.rank
+            self._hosts[rank] = event.host
+            if rank >= self._world:
+                self._world = rank + 1
+            return self._on_step(event) if self._world > 1 else []
+        if kind == "run_start":
             self._world = max(self._world, int(event.fields.get("world_size") or 0), event.rank + 1)
             self._device = str(event.fields.get("device") or "")
             self._pending.clear()
             return []
-        if event.kind == "run_end":
+        if kind == "run_end":
             return self._at_end()
-        if event.kind != "step":
-            return []
-        self._world = max(self._world, event.rank + 1)
-        self._hosts[event.rank] = event.host
-        if self._world < 2:
-            return []
+        return []
+
+    def _on_step(self, event: Event) -> list[Finding]:
+        """A step of a run of several ranks: its timings join those of the other ranks at that step."""
         times = _times(event.fields)
         if times is None:
             return []

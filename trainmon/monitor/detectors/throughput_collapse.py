@@ -357,7 +357,16 @@ class ThroughputCollapse(Detector):
         self._inter_reported: tuple[int, str] = (-1, "")  # step and severity of the last intermittent report
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "step":
+            save_seen, self._save_seen_since_step = self._save_seen_since_step, False
+            if self._first_step_time is None:
+                self._first_step_time = event.time
+            f = event.fields
+            if "step_time" in f or "phases" in f:  # most imported logs carry no timings: one test a step
+                return self._on_step(event, save_seen)
+            return []
+        if kind == "run_start":
             self._since_start = 0
             self._recent.clear()
             self._short_spt.clear()
@@ -367,27 +376,23 @@ class ThroughputCollapse(Detector):
             device = event.fields.get("device")
             self._device = device if isinstance(device, str) and device else None
             return []
-        if event.kind == "checkpoint":
+        if kind == "checkpoint":
             duration = event.fields.get("duration")
             self._save_seen_since_step = True
             return self._check_save(event.fields["step"], duration, event.time)
-        if event.kind != "step":
-            return []
-        return self._on_step(event)
+        return []
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def _on_step(self, event: Event) -> list[Finding]:
+    def _on_step(self, event: Event, save_seen: bool) -> list[Finding]:
+        """A step with timings (``save_seen``: a checkpoint event came since the previous step)."""
         f = event.fields
         step = f["step"]
         phases: dict[str, float] = f.get("phases") or {}
         out: list[Finding] = []
-        if self._first_step_time is None:
-            self._first_step_time = event.time
-        if not self._save_seen_since_step and phases.get("checkpoint", 0.0) > 0:
+        if not save_seen and phases.get("checkpoint", 0.0) > 0:
             # No checkpoint event (another framework): judge the save from its phase.
             out += self._check_save(max(0, step - 1), phases["checkpoint"], event.time)
-        self._save_seen_since_step = False
         seconds = f.get("step_time")
         if seconds is None or not math.isfinite(seconds):
             return out
