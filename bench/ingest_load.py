@@ -27,6 +27,12 @@ detection process), growth = late median minus early median.
     .venv/bin/python bench/ingest_load.py --sweep-only --collectors 1,2 --ranks-per-batch 1,8
     .venv/bin/python bench/ingest_load.py --soak 600   # 10-minute soak for the RSS figure
     .venv/bin/python bench/ingest_load.py --quick --postgres   # on a throwaway PostgreSQL cluster
+    .venv/bin/python bench/ingest_load.py --quick --forward    # the headline twice: per rank, then per node
+
+``--forward`` runs the headline a second time against a fresh collector, the ranks grouped 8 per node
+through real forwarders (``trainmon.hooks.forwarder``: each node's transports meet on a socket of their
+own, one of them posting the node's batches as one request), and compares what a stored step costs the
+collector in CPU in the two runs (``fwd_cpu_ratio``: per node / per rank).
 
 Rank sweep (issue 24): how large a job one collector keeps up with. World sizes (``--sweep``,
 1,024, 4,096 and 16,384 by default) at 1 step/s per rank (``--sweep-step-hz``), each against a
@@ -43,9 +49,11 @@ own: the scale-out plan, measured in the same run as one collector.
 Figures and what limits them: ``bench/README.md`` ("ingest_load.py").
 
 The last line is ``samples_per_s=... p50_latency_s=... p99_latency_s=... rss_growth_mib=...``,
-then with a sweep ``max_ranks_p99_2s=...`` and per point ``r{ranks}_steps_per_s r{ranks}_p99_s
-r{ranks}_cores r{ranks}_us_per_step`` (suffixed ``_per8``, ``_c2`` for the other configurations); ``--sweep-only``
-prints the sweep's keys alone.
+then ``us_per_step`` and ``requests_per_s`` (the collector's CPU per stored step and its requests per
+second), with ``--forward`` the second run's ``fwd_*`` figures and ``fwd_cpu_ratio``, then with a sweep
+``max_ranks_p99_2s=...`` and per point ``r{ranks}_steps_per_s r{ranks}_p99_s r{ranks}_cores
+r{ranks}_us_per_step`` (suffixed ``_per8``, ``_c2`` for the other configurations); ``--sweep-only`` prints the
+sweep's keys alone.
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ from trainmon.wire import MAX_EVENTS_PER_BATCH, VERSION
 
 RUN = "load"
 SAMPLE_FIELDS = 19  # numeric leaves of the step below, ``step`` itself not counted
+RANKS_PER_NODE = 8  # --forward: ranks sharing a forwarder
 
 
 def _step_fields(step: int, rank: int, nan: bool) -> dict[str, Any]:
@@ -131,11 +140,18 @@ def _client(
     t_stop: float,
     faults: dict[int, float],
     out: Any,
+    forward: bool,
 ) -> None:
-    """One client process: a Transport per rank, steps paced by wall clock; reports fault times."""
-    transports = {
-        r: Transport(url, spool_dir=f"{spool}/rank{r}", flush_interval=flush, queue_size=1 << 16) for r in ranks
-    }
+    """One client process: a Transport per rank, steps paced by wall clock; reports fault times.
+
+    ``forward``: the ranks of each node (8 consecutive ranks, spread over the client processes) send through
+    their node's forwarder; a node is told apart from the others on this host by a launch id of its own."""
+    transports = {}
+    for r in ranks:
+        os.environ["TRAINMON_LAUNCH_ID"] = f"{RUN}-node{r // RANKS_PER_NODE}"
+        transports[r] = Transport(
+            url, spool_dir=f"{spool}/rank{r}", flush_interval=flush, queue_size=1 << 16, forward=forward
+        )
     streams = {r: f"load{os.getpid()}r{r}" for r in ranks}
     for r in ranks:
         start = {"world_size": world, "planned_steps": 10**6, "vocab_size": 64, "framework": "bench"}
@@ -355,14 +371,21 @@ def _rss_mib(procs: list[psutil.Process]) -> float:
     return total / 2**20
 
 
-def _ack_histogram(url: str) -> list[tuple[float, float]]:
-    """Cumulative (upper bound, count) of the collector's receive-to-acknowledgement histogram."""
+def _metrics(url: str) -> tuple[list[tuple[float, float]], float]:
+    """Cumulative (upper bound, count) of the collector's receive-to-acknowledgement histogram, and the
+    requests (batches) it accepted."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
+    buckets: list[tuple[float, float]] | None = None
+    requests = math.nan
     for family in text_string_to_metric_families(text):
         if family.name == "trainmon_ingest_duration_seconds":
-            return [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
-    raise SystemExit("collector exports no trainmon_ingest_duration_seconds")
+            buckets = [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
+        elif family.name == "trainmon_ingest_batches":
+            requests = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    if buckets is None:
+        raise SystemExit("collector exports no trainmon_ingest_duration_seconds")
+    return buckets, requests
 
 
 def _bucket_quantile(start: list[tuple[float, float]], end: list[tuple[float, float]], q: float) -> float:
@@ -405,6 +428,11 @@ def main() -> None:
     ap.add_argument(
         "--postgres", action="store_true", help="store in a throwaway PostgreSQL cluster (fsync on) instead"
     )
+    ap.add_argument(
+        "--forward",
+        action="store_true",
+        help=f"run the headline again with the ranks sending through a forwarder per node of {RANKS_PER_NODE}",
+    )
     ap.add_argument("--profile", help="py-spy profile of the collector to this file (.svg: flame graph, else raw)")
     ap.add_argument(
         "--sweep",
@@ -446,7 +474,14 @@ def main() -> None:
             new_db: Callable[[str], str] = lambda name: create_database(cluster, prefix=f"{name}_")  # noqa: E731
         else:
             new_db = lambda name: str(tmp / f"{name}.sqlite")  # noqa: E731
-        line = [] if args.sweep_only else [_load(args, tmp, args.db or new_db("load"), stack)]
+        line = []
+        if not args.sweep_only:
+            alone = _load(args, tmp, args.db or new_db("load"), stack, forward=False)
+            line.append(" ".join(f"{k}={v}" for k, v in alone.items()))
+            if args.forward:
+                node = _load(args, tmp, new_db("load_forward"), stack, forward=True)
+                ratio = float(node["us_per_step"]) / float(alone["us_per_step"])
+                line.append(" ".join(f"fwd_{k}={node[k]}" for k in _FORWARD_KEYS) + f" fwd_cpu_ratio={ratio:.3f}")
         if args.sweep:
             line.append(_sweep(args, tmp, new_db))
         print(" ".join(line))
@@ -465,12 +500,17 @@ def _store(db: str) -> sqlalchemy.Engine:
     return sqlalchemy.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=sqlalchemy.pool.NullPool)
 
 
-def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitStack) -> str:
-    """The headline run: ``--ranks`` real transports at ``--step-hz``; its key=value summary."""
+# The second headline run's figures on the last line (prefixed ``fwd_``), with --forward.
+_FORWARD_KEYS = ("samples_per_s", "p99_latency_s", "ack_p99_s", "missed_faults", "us_per_step", "requests_per_s")
+
+
+def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitStack, forward: bool) -> dict[str, str]:
+    """The headline run: ``--ranks`` real transports at ``--step-hz`` (``forward``: through a forwarder per node
+    of 8); its key=value summary."""
     store = _store(db)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    collector = _start_collector(db, tmp / "collector.log", port)
+    collector = _start_collector(db, tmp / ("collector-forward.log" if forward else "collector.log"), port)
     clients: list[mp.process.BaseProcess] = []
     stack.callback(_leave_nothing_behind, collector, clients)  # whatever goes wrong below
     _wait_healthy(url, collector)
@@ -490,8 +530,9 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_client,
-            args=(ranks, args.ranks, url, str(tmp / "spool"), args.step_hz, args.flush_interval, t_start, t_stop,
-                  {r: t for r, t in plan.items() if r in set(ranks)}, send),
+            args=(ranks, args.ranks, url, str(tmp / ("spool-forward" if forward else "spool")), args.step_hz,
+                  args.flush_interval, t_start, t_stop, {r: t for r, t in plan.items() if r in set(ranks)}, send,
+                  forward),
         )  # fmt: skip
         p.start()
         clients.append(p)
@@ -511,6 +552,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
     print(f"{args.ranks} ranks x {args.step_hz} steps/s = {offered_samples:,.0f} samples/s offered;")
     print(
         f"flush every {args.flush_interval}s; {len(plan)} NaN faults; warmup {args.warmup}s, measured {args.duration}s"
+        + (f"; {RANKS_PER_NODE} ranks per node, through its forwarder" if forward else "; a request per rank")
     )
     rss: list[tuple[float, float]] = []
     counts: list[tuple[float, int]] = []
@@ -523,7 +565,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
             cpu_start = (now, _cpu(_tree(proc)))
             load_start = _cpu(client_procs)
             counts.append((now, _stored_steps(store)))
-            acks_start = _ack_histogram(url)
+            acks_start, requests_start = _metrics(url)
         if now - last_print >= (30 if args.duration > 120 else 5):
             last_print = now
             print(
@@ -533,7 +575,7 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
         time.sleep(min(1.0, max(0.0, t_stop - time.time())))
     end = time.time()
     counts.append((end, _stored_steps(store)))
-    acks_end = _ack_histogram(url)
+    acks_end, requests_end = _metrics(url)
     cpu_used = _cpu(_tree(proc)) - cpu_start[1] if cpu_start else math.nan
     load_used = _cpu(client_procs) - load_start if cpu_start else math.nan
     rss.append((end, _rss_mib(_tree(proc))))
@@ -592,6 +634,9 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
     print(f"stored steps/s        {steps_per_s:,.0f} (offered {offered:,.0f}); {n1 - n0:,} steps in {t1 - t0:.1f}s")
     print(f"samples/s             {samples_per_s:,.0f} ({SAMPLE_FIELDS} numeric fields per step)")
     print(f"collector CPU         {cpu_used / (t1 - t0):.2f} cores over the measured window")
+    us_per_step = 1e6 * cpu_used / max(1, n1 - n0)
+    requests_per_s = (requests_end - requests_start) / (t1 - t0)
+    print(f"collector CPU a step  {us_per_step:.0f} us; {requests_per_s:,.0f} requests/s")
     print(f"load generator CPU    {load_used / (t1 - t0):.2f} cores (the simulated ranks share the machine)")
     print(f"all steps stored      {total_steps:,} of {expected_steps:,} sent")
     print(f"producers             dropped {dropped}, spooled {spooled} (spooled: timed out or backed off)")
@@ -613,11 +658,20 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
         print("RSS over time (MiB)   " + " ".join(f"{m:.0f}" for m in measured[::step]))
     if args.profile:
         print(f"profile               {args.profile}")
-    return (
-        f"samples_per_s={samples_per_s:.0f} steps_per_s={steps_per_s:.0f} p50_latency_s={_pct(latencies, 0.5):.3f} "
-        f"p99_latency_s={_pct(latencies, 0.99):.3f} ack_p99_s={ack99:.3f} missed_faults={missed} "
-        f"rss_growth_mib={growth:.1f} ranks={args.ranks} seconds={t1 - t0:.0f} sigterm_exit_s={stop_s:.1f}"
-    )
+    return {
+        "samples_per_s": f"{samples_per_s:.0f}",
+        "steps_per_s": f"{steps_per_s:.0f}",
+        "p50_latency_s": f"{_pct(latencies, 0.5):.3f}",
+        "p99_latency_s": f"{_pct(latencies, 0.99):.3f}",
+        "ack_p99_s": f"{ack99:.3f}",
+        "missed_faults": f"{missed}",
+        "rss_growth_mib": f"{growth:.1f}",
+        "ranks": f"{args.ranks}",
+        "seconds": f"{t1 - t0:.0f}",
+        "sigterm_exit_s": f"{stop_s:.1f}",
+        "us_per_step": f"{us_per_step:.0f}",
+        "requests_per_s": f"{requests_per_s:.0f}",
+    }
 
 
 # The sweep's bar: a step acknowledged (stored and detected) within 2 s of being due, for 99 % of them.

@@ -17,8 +17,8 @@ retry. A rank drops nothing until the collector acknowledged it; a batch posted 
 before answering is posted again by its rank, and the collector's (stream, seq) deduplication stores it
 once. When the forwarder is gone (its process crashed or ended first) the next send of each client
 finds the socket unbound, posts directly, and one of them binds it and forwards from then on; a
-forwarder that does not answer within a request's budget (a stopped process) is left alone for
-``_SHUN_S`` seconds, the ranks posting directly meanwhile.
+forwarder that does not answer within a request's budget twice in a row (a stopped process) is left
+alone for ``_SHUN_S`` seconds, the ranks posting directly meanwhile.
 
 Standard library only: ``trainmon.hooks.transport`` imports this module and lends it its HTTP poster.
 """
@@ -59,8 +59,11 @@ _ASK = struct.Struct("!IdHI")
 _ANSWER = struct.Struct("!IH")
 _MAX_FRAME = 64 << 20  # a client that announces more is broken: dropped
 _MAX_BODY = 4 << 20  # bytes of events in one merged request (the collector's default limit is 8 MiB)
-_MARGIN_S = 0.2  # a forwarder's request ends this long before its clients' budgets, so its answer is in time
-_SHUN_S = 30.0  # a forwarder that let a request's budget pass is not asked again for this long
+# A forwarder's request ends this long before its clients' budgets, so that its answer is in time: the
+# watchdog ends a request up to 0.2 s late (``transport._Watchdog``), and the thread waits for the GIL.
+_MARGIN_S = 0.5
+_SHUN_S = 30.0  # a forwarder that let requests' budgets pass (_SHUN_AFTER in a row) is not asked for this long
+_SHUN_AFTER = 2
 LINGER_FRACTION = 0.2  # of the flush interval: how long a forwarder waits for the other ranks' frames
 
 
@@ -135,6 +138,7 @@ class NodeLink:
         self._sock: socket.socket | None = None
         self._server: _Server | None = None
         self._shun_until = 0.0
+        self._late = 0  # requests in a row that the forwarder did not answer in time
 
     @property
     def serving(self) -> bool:
@@ -166,12 +170,16 @@ class NodeLink:
             body = _recv_exactly(sock, length, until)
         except TimeoutError as exc:
             self._drop()
-            self._shun_until = time.monotonic() + _SHUN_S
-            log.warning("trainmon: the node's forwarder did not answer in time; posting directly for %.0fs", _SHUN_S)
+            self._late += 1
+            if self._late >= _SHUN_AFTER:
+                self._late = 0
+                self._shun_until = time.monotonic() + _SHUN_S
+                log.warning("trainmon: the node's forwarder does not answer; posting directly for %.0fs", _SHUN_S)
             raise OSError(f"the node's forwarder did not answer in time: {exc}") from exc
         except OSError as exc:
             self._drop()
             raise ForwarderGone(f"the node's forwarder went away: {exc}") from exc
+        self._late = 0
         if status == 0:
             raise OSError(body.decode("utf-8", "replace"))
         return status, body
@@ -397,8 +405,11 @@ class _Server:
         if afters:
             query += ("&" if query else "") + f"after={min(afters)}"
         body = b'{"version":%d,"events":[%b]}' % (VERSION, b",".join(f.events for f in chunk))
+        deadline = min(f.until for f in chunk) - _MARGIN_S
         try:
-            status, text = self._post(body, query, min(f.until for f in chunk) - _MARGIN_S)
+            if deadline <= time.monotonic():  # behind another request of this round: its clients gave up
+                raise OSError("the node's forwarder had no time left for this batch")
+            status, text = self._post(body, query, deadline)
         except OSError as exc:
             status, text = 0, str(exc).encode()
         if len(chunk) > 1 and blames_the_batch(status):
