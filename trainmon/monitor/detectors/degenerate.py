@@ -172,7 +172,7 @@ class Degenerate(Detector):
         f = event.fields
         kind = event.kind
         if kind == "step":
-            return self._on_step(int(f["step"]), f.get("loss"), f.get("grad_norm"), f.get("skipped") is True)
+            return self._on_step(f["step"], f)
         if kind == "run_start":
             if not f.get("resumed", False):
                 self.__init__(self.config)
@@ -201,26 +201,28 @@ class Degenerate(Detector):
 
     # -- training steps --------------------------------------------------------------------------
 
-    def _on_step(self, step: int, loss: Any, gn: Any, skipped: bool = False) -> list[Finding]:
-        loss_ok = finite(loss)
-        gn_ok = finite(gn)
-        if loss_ok:
-            if gn_ok and not skipped:  # a step the fp16 scaler skipped is no evidence
+    def _on_step(self, step: int, f: dict[str, Any]) -> list[Finding]:
+        # a validated event's step is an int and its loss and grad norm floats (trainmon.wire): read as they are
+        loss = f.get("loss")
+        if not finite(loss):  # no evidence of its own; the no-op share is restated all the same
+            return self._noop(step) if self._gn_zero >= self.config.noop_min else []
+        gn = f.get("grad_norm")
+        if finite(gn):
+            if f.get("skipped") is not True:  # a step the fp16 scaler skipped is no evidence
                 self._gn_seen += 1
                 if gn == 0.0:
                     self._gn_zero += 1
                     if self._gn_first_zero is None:
                         self._gn_first_zero = step
-            if loss == 0.0:
-                self._loss_zero += 1
-        out = self._noop(step) if self._gn_zero >= self.config.noop_min else []
-        if not loss_ok:
-            return out
-        loss = float(loss)
+        else:
+            gn = None
+        if loss == 0.0:
+            self._loss_zero += 1
         self._train.append(loss)
-        if out:
-            return out + self._saturation(step, loss, float(gn) if gn_ok else None)
-        return self._saturation(step, loss, float(gn) if gn_ok else None)
+        if self._gn_zero >= self.config.noop_min:  # most logs have no zero grad norm: the no-op rule is not asked
+            out = self._noop(step)  # first: an open no-op finding keeps the saturation rule out
+            return out + self._saturation(step, loss, gn)
+        return self._saturation(step, loss, gn)
 
     def _saturation(self, step: int, loss: float, gn: float | None) -> list[Finding]:
         cfg = self.config

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.wire import Event
@@ -98,9 +99,27 @@ class InitLoss(Detector):
         self._leak_done = False
         self._scratch: bool | None = None  # from scratch (None: not known yet, or never)
         self._loss0: float | None = None
+        self._until = self._busy_until()
+
+    def _busy_until(self) -> float:
+        """The step from which this attempt's steps have nothing left to check, so that they cost one comparison:
+        both rules watch the first steps only (the first losses of a fresh run, and the leak rule before
+        ``early_steps`` with a floor to hold the loss to), and a 1M-step log has them all after those."""
+        initial = self._fresh or self._open in ("high", "low")
+        if (self._fresh and self._scratch is None) or (initial and self._ln_v is not None):
+            return math.inf
+        if self._leak_done or (self._floor is None and not self._scratch):
+            return -math.inf
+        return self.config.early_steps
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
+        if event.kind == "step":
+            if f["step"] >= self._until:
+                return []
+            out = self._on_step(f)
+            self._until = self._busy_until()
+            return out
         if event.kind == "run_start":
             v = f.get("vocab_size")
             # A fine-tune starts from pretrained weights: its first loss owes nothing to ln V.
@@ -116,9 +135,10 @@ class InitLoss(Detector):
             if floor is None and isinstance(cfg, dict):
                 floor = cfg.get("entropy_floor")  # older reference-trainer logs
             self._floor = floor if finite(floor) and floor > 0 else None
-            return []
-        if event.kind != "step":
-            return []
+            self._until = self._busy_until()
+        return []
+
+    def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         loss = f.get("loss")
         if not finite(loss):
             return []

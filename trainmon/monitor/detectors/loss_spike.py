@@ -229,6 +229,8 @@ class LossSpike(Detector):
     def __init__(self, config: LossSpikeConfig) -> None:
         self.config = config
         self._level = RollingWindow(config.window)
+        self._warm = len(self._level) >= config.min_history  # the level window holds min_history losses
+        self._least_z = min(config.z, config.tail_min_z)  # sigma above the level below which no rule speaks
         self._diffs = RollingWindow(2 * config.window)
         self._prev: float | None = None
         self._norms = LazyWindow(config.window)  # read only when a spike's cause is asked
@@ -279,6 +281,8 @@ class LossSpike(Detector):
             self._diffs.add(abs(loss - self._prev))
         self._prev = loss
         self._level.add(loss)
+        if not self._warm:  # the window only grows: once it holds min_history losses, the robust rule applies
+            self._warm = len(self._level) >= self.config.min_history
 
     def _descending(self) -> bool:
         """The level falls by more than ``descent_drop`` per window: oldest quarter against newest.
@@ -311,10 +315,15 @@ class LossSpike(Detector):
                 self._excursion[1] = max(self._excursion[1], size)
                 self._excursion[2] += 1
         elif self._excursion is not None:
-            entry, size, length = self._excursion
-            self._excursion = None
-            if length <= self._quick() and not self._descending():
-                self._tail.append((entry, size))
+            self._end_excursion()
+
+    def _end_excursion(self) -> None:
+        """The accepted excursion is over: one that came back at once is part of the run's tail."""
+        assert self._excursion is not None
+        entry, size, length = self._excursion
+        self._excursion = None
+        if length <= self._quick() and not self._descending():
+            self._tail.append((entry, size))
 
     def _early(self, loss: float) -> tuple[float, float, float] | None:
         """(level, sigma, threshold) when ``loss`` is an explosion seen with too few points for the robust
@@ -427,6 +436,8 @@ class LossSpike(Detector):
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         kind = event.kind
+        if kind == "step":
+            return self._on_step(event)
         if kind == "run_start":
             out: list[Finding] = []
             if not event.fields.get("resumed", False):
@@ -446,9 +457,9 @@ class LossSpike(Detector):
             if self._ep is not None and self._spike is None:
                 return self._close("the run ended with the loss back in the band")
             return []  # a spike still up at the end stays open: it did not pass
-        if kind != "step":
-            return []
-        cfg = self.config
+        return []
+
+    def _on_step(self, event: Event) -> list[Finding]:
         f = event.fields
         step = f["step"]
         loss = f.get("loss")
@@ -457,10 +468,10 @@ class LossSpike(Detector):
         lrs = f.get("lr")
         if isinstance(lrs, list):
             self._lrs.append((step, lrs[:64]))  # a slice is a copy
-        out: list[Finding] = []
         if not finite(loss):
             self._recent.append((step, None, norm))
-            return out  # non-finite values are nan_inf's business
+            return []  # non-finite values are nan_inf's business
+        out: list[Finding] = []
         self._n += 1
         last = self._prev_step = self._last_step
         if last is not None and step > last:
@@ -473,7 +484,7 @@ class LossSpike(Detector):
             if held:
                 self._recent.append((step, loss, norm))
                 return out
-        elif len(self._level) < cfg.min_history:
+        elif not self._warm:
             early = self._early(loss)
             if early is not None:
                 level, sigma, threshold = early
@@ -484,19 +495,25 @@ class LossSpike(Detector):
                 return out
         else:
             level = self._level.median()
-            sigma = self._sigma(level)
-            threshold = self._threshold(level, sigma, cfg.z)
-            # a spike departs from the loss's path: the last step carries at least half of the excess
-            # the threshold asks for; a creep of small steps past a lagging median is a trend (divergence's)
-            jumped = self._prev is None or loss - self._prev >= 0.5 * (threshold - level)
-            if loss > threshold and jumped:
-                cause = self._cause(norm, self._near_zero(level, sigma))
-                if not cause["named"] and level > 0 and self._descending():
-                    threshold = max(threshold, cfg.descent_ratio * level)
-                if loss > threshold:
-                    out.extend(self._new_spike(event, step, loss, level, sigma, threshold, cause))
-            if self._spike is None:
-                self._track(loss, level, sigma)
+            # A spike (over z sigma above the level, and more) and an excursion (tail_min_z sigma above it) both
+            # lie at least _least_z sigma above the level (z and tail_min_z are positive, sigma > 0): a loss at or
+            # below the level, half the steps of a healthy run, needs no sigma, and most others no threshold.
+            if loss > level and loss - level >= self._least_z * (sigma := self._sigma(level)):
+                cfg = self.config
+                threshold = self._threshold(level, sigma, cfg.z)
+                # a spike departs from the loss's path: the last step carries at least half of the excess
+                # the threshold asks for; a creep of small steps past a lagging median is a trend (divergence's)
+                jumped = self._prev is None or loss - self._prev >= 0.5 * (threshold - level)
+                if loss > threshold and jumped:
+                    cause = self._cause(norm, self._near_zero(level, sigma))
+                    if not cause["named"] and level > 0 and self._descending():
+                        threshold = max(threshold, cfg.descent_ratio * level)
+                    if loss > threshold:
+                        out.extend(self._new_spike(event, step, loss, level, sigma, threshold, cause))
+                if self._spike is None:
+                    self._track(loss, level, sigma)
+            elif self._excursion is not None:
+                self._end_excursion()
         if self._spike is None:
             self._accept(loss)
             if norm is not None:

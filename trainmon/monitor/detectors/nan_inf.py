@@ -102,7 +102,8 @@ class NanInf(Detector):
 
     def __init__(self, config: NanInfConfig) -> None:
         self.config = config
-        self._log_norms: collections.deque[float] = collections.deque(maxlen=config.precursor_window)
+        # grad norms above zero; their logs are taken only when a first non-finite value asks what came before
+        self._norms: collections.deque[float] = collections.deque(maxlen=config.precursor_window)
         self._losses: collections.deque[float] = collections.deque(maxlen=config.precursor_window)
         self._finite_steps = 0  # steps with finite values, over the detector's life (history for the precursor)
         self._attempt_finite = False  # a finite step since the current attempt's run_start
@@ -114,35 +115,37 @@ class NanInf(Detector):
         # the non-finite episode
         self._ep: dict[str, Any] = {}
         # exact zeros
-        self._last_nonzero: tuple[int, float] | None = None  # (step, loss) of the last finite nonzero loss
+        self._nonzero_step: int | None = None  # the step of the last finite nonzero loss (_losses[-1])
         self._zero_run: list[int] = []  # first step and count of the current run of exact zeros
         self._zero_before: tuple[int, float] | None = None  # the nonzero loss just before that run
         # the open zero note: first zero step, zero steps, logged steps since, last zero step
         self._z_first = self._z_count = self._z_seen = self._z_last = 0
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
-            self._attempt_finite = False
-            self._resumed = bool(event.fields.get("resumed"))
-            self._framework = str(event.fields.get("framework") or "").lower()
-            self._loss_series = _series_name(event.fields.get("config"))
-            return []
-        if event.kind != "step":
-            return []
         f = event.fields
+        if event.kind != "step":
+            if event.kind == "run_start":
+                self._attempt_finite = False
+                self._resumed = bool(f.get("resumed"))
+                self._framework = str(f.get("framework") or "").lower()
+                self._loss_series = _series_name(f.get("config"))
+            return []
         step = f["step"]
         loss, norm = f.get("loss"), f.get("grad_norm")
-        if norm is not None and not finite(norm) and f.get("skipped") is True and finite(loss):
-            norm = None  # an fp16 overflow the scaler skipped: expected, and loss_scale_collapse's business
-        bad = {k: v for k, v in (("loss", loss), ("grad_norm", norm)) if v is not None and not finite(v)}
-        if bad:
+        # each value tested once: a healthy step (a finite loss and norm, nothing open) costs a few comparisons
+        loss_ok = finite(loss)
+        norm_ok = norm is None or finite(norm)
+        if not norm_ok and loss_ok and f.get("skipped") is True:
+            norm, norm_ok = None, True  # an fp16 overflow the scaler skipped: expected, and loss_scale_collapse's
+        if not (norm_ok and (loss_ok or loss is None)):
+            bad = {k: v for k, v in (("loss", loss), ("grad_norm", norm)) if v is not None and not finite(v)}
             return self._nonfinite(step, bad, hidden_loss=loss == 0.0)
         if loss is None and norm is None:
             return []
         self._attempt_finite = True
         self._finite_steps += 1
         if norm is not None and norm > 0:
-            self._log_norms.append(math.log(norm))
+            self._norms.append(norm)
         if self._open == "nonfinite":
             self._ep["seen"] += 1
             if loss == 0.0:
@@ -155,8 +158,9 @@ class NanInf(Detector):
             return []
         if loss != 0.0:
             self._losses.append(loss)
-            self._last_nonzero = (step, loss)
-            self._zero_run = []
+            self._nonzero_step = step
+            if self._zero_run:
+                self._zero_run = []
             if self._open == "zero":
                 self._finite_run += 1
                 self._z_seen += 1
@@ -209,11 +213,14 @@ class NanInf(Detector):
             "norm_climb": norm_climb,
             "loss_climb": loss_climb,
             "finite_before": self._finite_steps,
-            "has_norms": bool(self._log_norms),
+            "has_norms": bool(self._norms),
         }
 
+    def _log_norms(self) -> list[float]:
+        return [math.log(n) for n in self._norms]
+
     def _precursor_z(self) -> float | None:
-        hist = list(self._log_norms)
+        hist = self._log_norms()
         if len(hist) < 5:
             return None
         base = hist[:-3]
@@ -223,7 +230,7 @@ class NanInf(Detector):
     def _norm_ratio(self) -> float:
         """The largest of the last 3 grad norms over the median before them: a z-score alone calls a
         1.4x step on a quiet series a climb, and a sudden NaN after it numerical instability."""
-        hist = list(self._log_norms)
+        hist = self._log_norms()
         return math.exp(max(hist[-3:]) - statistics.median(hist[:-3]))
 
     def _loss_rise(self) -> float | None:
@@ -400,7 +407,7 @@ class NanInf(Detector):
             return [self._zero_finding(step, step)]
         if not self._zero_run:
             self._zero_run = [step, 0]
-            self._zero_before = self._last_nonzero
+            self._zero_before = (self._nonzero_step, self._losses[-1]) if self._nonzero_step is not None else None
         self._zero_run[1] += 1
         first, count = self._zero_run
         before = self._zero_before
