@@ -86,6 +86,15 @@ def test_resumed_attempt_keeps_the_from_scratch_verdict() -> None:
     assert feed(_det(), after) == []
 
 
+def test_a_resume_that_does_not_declare_the_vocabulary_still_names_the_first_attempts_ln_v() -> None:
+    # the verdict was read with ln V known; the leak message formatted the resume's missing one (a TypeError)
+    det = _det()
+    assert feed(det, _steps([math.log(256) * math.exp(-t / 10) for t in range(20)])) == []
+    after = [ev("run_start", {"resumed": True})] + [ev("step", {"step": 20 + t, "loss": 0.05}) for t in range(5)]
+    found = [f for e in after for f in det.observe(e, 1)]
+    assert [f.severity for f in found] == ["critical"] and "ln V 5.545" in found[0].message
+
+
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("noise", [0.005, 0.02, 0.05])
 def test_clean_runs_are_silent(seed: int, noise: float) -> None:

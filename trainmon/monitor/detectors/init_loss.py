@@ -99,6 +99,7 @@ class InitLoss(Detector):
         self._leak_done = False
         self._scratch: bool | None = None  # from scratch (None: not known yet, or never)
         self._loss0: float | None = None
+        self._loss0_ln_v: float | None = None  # ln V when the first loss was read (a resume may not declare it)
         self._until = self._busy_until()
 
     def _busy_until(self) -> float:
@@ -129,7 +130,7 @@ class InitLoss(Detector):
             self._fresh = not f.get("resumed", False) and attempt == 0
             self._first = []
             if self._fresh:  # a new run: decided again from its first loss
-                self._scratch = self._loss0 = None
+                self._scratch = self._loss0 = self._loss0_ln_v = None
             floor = f.get("loss_floor")
             cfg = f.get("config")
             if floor is None and isinstance(cfg, dict):
@@ -145,7 +146,7 @@ class InitLoss(Detector):
         step = f["step"]
         if self._fresh and self._scratch is None:
             # Decided once, on the first loss of a fresh run: near or above ln V is a fresh model.
-            self._loss0 = loss
+            self._loss0, self._loss0_ln_v = loss, self._ln_v
             self._scratch = self._ln_v is not None and loss >= self._ln_v - self.config.tolerance
         out: list[Finding] = []
         if (self._fresh or self._open in ("high", "low")) and self._ln_v is not None:
@@ -242,7 +243,8 @@ class InitLoss(Detector):
             why = f"{cfg.floor_fraction:.0%} of the declared data-entropy floor {self._floor:.4g}"
         elif self._scratch:
             limit = cfg.leak_loss
-            why = f"{cfg.leak_loss} nats (a from-scratch run: first loss {self._loss0:.4g}, ln V {self._ln_v:.4g})"
+            loss0, ln_v = self._loss0, self._loss0_ln_v
+            why = f"{cfg.leak_loss} nats (a from-scratch run: first loss {loss0:.4g}, ln V {ln_v:.4g})"
         else:
             return []  # a fine-tune, or a run that does not say how it started: no floor is known
         if loss >= limit:
