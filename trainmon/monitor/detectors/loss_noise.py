@@ -38,6 +38,11 @@ from trainmon.wire import Event
 
 __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
 
+_isfinite, _log = math.isfinite, math.log
+_FLOOR_ADDS = 16
+"""Admissions one floor of the absolute baseline's MAD covers (a sixteenth of its bounds' cost per entry; a floor
+this far ahead still proves a continuous loss's differences spread)."""
+
 
 @dataclass
 class LossNoiseConfig:
@@ -146,32 +151,38 @@ class LossNoise(Detector):
         self._high = False  # both noises were admit_ratio x their baseline's at the last entry
         self._since: int | None = None  # step at which the noise first rose past admit_ratio
         self._reported = 0  # step of the last finding of the open anomaly
+        self._judged = False  # the recent window and the baseline full: so until the next attempt
+        self._ba_sure = -1  # admissions through which the absolute baseline's MAD is proven positive (-1: not now)
 
     # -- events ----------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
-            out = []
-            if self._open:
-                out.append(self._finding(None, "a new attempt: its noise is judged afresh", {}, resolved=True))
-                self._open = False
-            sched = event.fields.get("schedule")
-            warmup = sched.get("warmup_steps") if isinstance(sched, dict) else None
-            self._reset(warmup_end=warmup if isinstance(warmup, int) else 0)
-            return out
-        if event.kind != "step":
+        if event.kind == "step":  # the common kind first, each field read once: called on every logged step
+            f = event.fields
+            loss = f.get("loss")
+            if type(loss) is not float:
+                loss = float(loss) if finite(loss) else math.nan
+            if not _isfinite(loss) or loss <= 0:
+                self._prev = None  # no difference across a gap in the losses
+                return []
+            prev, self._prev = self._prev, loss
+            if prev is None:
+                return []
+            lrs = f.get("lr")
+            lr = lrs[0] if isinstance(lrs, list) and lrs else None
+            if lr is not None and not (_isfinite(lr) if type(lr) is float else finite(lr)):
+                lr = None
+            return self._add(f["step"], loss, _log(loss / prev), loss - prev, lr, f.get("batch_fingerprint"))
+        if event.kind != "run_start":
             return []
-        f = event.fields
-        loss, step = f.get("loss"), f["step"]
-        if not finite(loss) or loss <= 0:
-            self._prev = None  # no difference across a gap in the losses
-            return []
-        prev, self._prev = self._prev, float(loss)
-        if prev is None:
-            return []
-        lrs = f.get("lr")
-        lr = lrs[0] if isinstance(lrs, list) and lrs and finite(lrs[0]) else None
-        return self._add(step, float(loss), math.log(loss / prev), loss - prev, lr, f.get("batch_fingerprint"))
+        out = []
+        if self._open:
+            out.append(self._finding(None, "a new attempt: its noise is judged afresh", {}, resolved=True))
+            self._open = False
+        sched = event.fields.get("schedule")
+        warmup = sched.get("warmup_steps") if isinstance(sched, dict) else None
+        self._reset(warmup_end=warmup if isinstance(warmup, int) else 0)
+        return out
 
     # -- the rule --------------------------------------------------------------------------------
 
@@ -184,20 +195,24 @@ class LossNoise(Detector):
             return None  # a baseline with no measurable noise (a quantised or constant log)
         return self._rd.mad() / bd, self._ra.mad() / ba
 
-    def _quiet(self) -> bool:
-        """Judged, and one noise is proven under ``admit_ratio`` x its baseline's: what ``_ratios`` says on most
-        entries, from the MADs' O(1) bounds (``RollingWindow.mad_bounds``) instead of four MADs.
+    def _judging(self) -> bool:
+        """The windows full enough to judge (``_ratios`` judges then); they stay so until the attempt ends."""
+        self._judged = len(self._recent) >= self.config.window and self._bd.full
+        return self._judged
 
-        Why exact: with both baselines' lower bounds positive ``_ratios`` is not None, and each ratio is at most
-        its recent window's upper bound over its baseline's lower bound (float division is monotone in both).
-        """
-        if len(self._recent) < self.config.window or not self._bd.full:
-            return False
-        bd, ba = self._bd.mad_bounds()[0], self._ba.mad_bounds()[0]
-        if bd <= 0 or ba <= 0:
-            return False
-        bar = self.config.admit_ratio
-        return self._rd.mad_bounds()[1] / bd < bar or self._ra.mad_bounds()[1] / ba < bar
+    def _ba_positive(self) -> bool:
+        """The absolute baseline's MAD proven positive, which is all the rule asks of it on most entries (the relative
+        ratio decides them): for the next ``_FLOOR_ADDS`` admissions from one floor (``RollingWindow.mad_floor``),
+        else now from its bounds."""
+        if self._ba.mad_floor(_FLOOR_ADDS) > 0:
+            self._ba_sure = _FLOOR_ADDS
+            return True
+        return self._ba.mad_bounds()[0] > 0
+
+    def _absolute_quiet(self, bar: float) -> bool:
+        """The absolute noise proven under ``bar`` x its baseline's from the MADs' bounds (the baseline's positive)."""
+        ba = self._ba.mad_bounds()[0]
+        return ba > 0 and self._ra.mad_bounds()[1] / ba < bar
 
     def _descending(self) -> bool:
         """The recent window's median log-loss change exceeds ``trend_max`` x its noise. The MAD is computed only
@@ -225,24 +240,34 @@ class LossNoise(Detector):
     def _add(self, step: int, loss: float, d: float, a: float, lr: float | None, fingerprint: Any) -> list[Finding]:
         c = self.config
         rising = self._settled and self._high  # the noise before this entry (the windows are as the last left them)
-        self._recent.append((loss, d, a, lr, step))
+        recent = self._recent
+        recent.append((loss, d, a, lr, step))
         self._rd.add(d)
         self._ra.add(a)
         if lr is not None:
             self._rlr.add(lr)
         self._prints.append(fingerprint)
-        if len(self._recent) > c.window:
-            old_loss, old_d, old_a, old_lr, old_step = self._recent.popleft()
-            descending = self._descending()
-            if not (rising or self._open or descending or old_step < self._warmup_end):
+        if len(recent) > c.window:
+            old_loss, old_d, old_a, old_lr, old_step = recent.popleft()
+            # the descent last: it decides the entry's admission only while nothing else excludes it
+            if not (rising or self._open or old_step < self._warmup_end or self._descending()):
                 self._levels.append(old_loss)
                 self._bd.add(old_d)
                 self._ba.add(old_a)
+                self._ba_sure -= 1
                 if old_lr is not None:
                     self._blr.add(old_lr)
-        if not self._open and self._quiet():  # what the rule below does with a noise under admit_ratio
-            self._since, self._settled, self._high, self._hits = None, True, False, 0
-            return []
+        if not self._open and (self._judged or self._judging()):
+            # Judged, and one noise proven under admit_ratio x its baseline's from the MADs' O(1) bounds: what the
+            # rule below does with such a noise, on most entries without four exact MADs. Exact: with both baselines'
+            # lower bounds positive the ratios exist, and each is at most its recent window's upper bound over its
+            # baseline's lower bound (float division is monotone in both).
+            bd = self._bd.mad_bounds()[0]
+            if bd > 0 and (self._ba_sure >= 0 or self._ba_positive()):
+                bar = c.admit_ratio
+                if self._rd.mad_bounds()[1] / bd < bar or self._absolute_quiet(bar):
+                    self._since, self._settled, self._high, self._hits = None, True, False, 0
+                    return []
         ratios = self._ratios()
         if ratios is None:
             self._high = False
@@ -256,8 +281,9 @@ class LossNoise(Detector):
             self._since = step
         if not self._open:
             # A streak starts at ``ratio`` and holds while the noise stays ``admit_ratio`` up (hysteresis).
-            judged = noise >= c.admit_ratio and self._settled and self._lr_steady() and self._level_steady()
-            self._hits = self._hits + 1 if judged and (self._hits or rel >= c.ratio) else 0
+            # (the LR and the level, dearest, asked last: only of an entry that starts or holds a streak)
+            held = noise >= c.admit_ratio and self._settled and (self._hits or rel >= c.ratio)
+            self._hits = self._hits + 1 if held and self._lr_steady() and self._level_steady() else 0
             if self._hits < c.sustain or rel < c.ratio:
                 return []
             self._open, self._calm, self._reported = True, 0, step

@@ -130,29 +130,86 @@ class RollingWindow:
         meet, which moves little from one add to the next. The MAD's own arithmetic (mean of two, times 1.4826)
         is monotone in the deviations, rounding included, so the bounds hold for the float ``mad()`` returns.
         """
-        if self._bounds is not None:
-            return self._bounds
+        bounds = self._bounds
+        if bounds is not None:
+            return bounds
         s = self._sorted
         n = len(s)
-        k = n // 2
-        if n % 2:  # the (k+1)-th smallest deviation from m = s[k]: blocks s[j .. j + k], 0 <= j <= k
+        k = n >> 1
+        c = k >> 1  # the block's start when centred; _shift is where it starts from there
+        j = c + self._shift
+        if n & 1:  # the (k+1)-th smallest deviation from m = s[k]: blocks s[j .. j + k], 0 <= j <= k
+            if j < 0:
+                j = 0
+            elif j > k:
+                j = k
             m = s[k]
-            j = min(max(k // 2 + self._shift, 0), k)
             a, b = m - s[j], s[j + k] - m
-            self._shift = j - k // 2 + (a > b) - (a < b)
-            self._bounds = (1.4826 * a, 1.4826 * b) if a <= b else (1.4826 * b, 1.4826 * a)
-            return self._bounds
+            if a < b:
+                self._shift = j - c - 1
+                bounds = self._bounds = (1.4826 * a, 1.4826 * b)
+            elif a > b:
+                self._shift = j - c + 1
+                bounds = self._bounds = (1.4826 * b, 1.4826 * a)
+            else:
+                self._shift = j - c
+                bounds = self._bounds = (1.4826 * a, 1.4826 * b)
+            return bounds
         if n < 4:  # no block of k values straddles the median: the MAD itself
             mad = self.mad()
             return mad, mad
-        # the k-th and (k+1)-th smallest deviations from m: blocks s[j .. j + k - 1] and s[j .. j + k], 1 <= j < k
+        # the k-th and (k+1)-th smallest deviations from m: blocks s[j .. j + k - 1] and s[j .. j + k], 1 <= j < k;
+        # a, b, d: the deviations at s[j], s[j + k - 1], s[j + k] (b <= d), none NaN (m is finite or infinite)
+        if j < 1:
+            j = 1
+        elif j >= k:
+            j = k - 1
         m = 0.5 * (s[k - 1] + s[k])
-        j = min(max(k // 2 + self._shift, 1), k - 1)
-        a, b, d = m - s[j], s[j + k - 1] - m, s[j + k] - m  # b <= d
-        self._shift = j - k // 2 + (a > d) - (a < b)
-        lo, hi = (a + a, b + d) if a <= b else (b + a, a + d) if a <= d else (b + d, a + a)
-        self._bounds = (1.4826 * (0.5 * lo), 1.4826 * (0.5 * hi))
-        return self._bounds
+        a, b = m - s[j], s[j + k - 1] - m
+        if a <= b:
+            self._shift = j - c - 1 if a < b else j - c
+            lo, hi = a + a, b + (s[j + k] - m)
+        else:
+            d = s[j + k] - m
+            if a <= d:
+                self._shift = j - c
+                lo, hi = b + a, a + d
+            else:
+                self._shift = j - c + 1
+                lo, hi = b + d, a + a
+        bounds = self._bounds = (1.4826 * (0.5 * lo), 1.4826 * (0.5 * hi))
+        return bounds
+
+    def mad_floor(self, adds: int) -> float:
+        """A lower bound of ``mad()`` that holds until ``adds`` more values joined this full window: for a rule that
+        must know a MAD positive on every add (a baseline's, that a ratio's divisor exists), one bound for many adds.
+        ``-inf`` (no bound) while the window is not full or ``adds`` reaches half its size.
+
+        Why exact: an add to a full window drops one value and inserts one, which moves each order statistic at
+        most one place, so after ``r`` adds the ``i``-th smallest value is between the current ``(i - r)``-th and
+        ``(i + r)``-th. The median, the mean of two of them, stays within the means of those (float addition is
+        monotone), and so do the ends of :meth:`mad_bounds`' block (taken at its current place): the block then
+        straddles the median, and each end's deviation is at least the current median's lowest reach minus the
+        end's highest (``m - x`` is monotone in both), which is the lower bound ``mad_bounds`` takes from them,
+        rounding included. With ``adds`` 0 it is ``mad_bounds()``'s lower bound.
+        """
+        s = self._sorted
+        n = len(s)
+        k = n >> 1
+        r = adds
+        if n < self.size or r >= k:
+            return -math.inf
+        j = (k >> 1) + self._shift
+        if n & 1:  # the (k+1)-th smallest deviation, from m between s[k - r] and s[k + r]; blocks s[j .. j + k]
+            j = 0 if j < 0 else k if j > k else j
+            a, b = s[k - r] - s[j + r], s[j + k - r] - s[k + r]
+            return 1.4826 * (a if a <= b else b)
+        # the k-th and (k+1)-th, from m between the means of s[k - 1 -+ r] and s[k -+ r]; blocks s[j .. j + k - 1]
+        # and s[j .. j + k]
+        j = 1 if j < 1 else k - 1 if j >= k else j
+        m_lo, m_hi = 0.5 * (s[k - 1 - r] + s[k - r]), 0.5 * (s[k - 1 + r] + s[k + r])
+        a, b, d = m_lo - s[j + r], s[j + k - 1 - r] - m_hi, s[j + k - r] - m_hi
+        return 1.4826 * (0.5 * ((a if a <= b else b) + (a if a <= d else d)))
 
     def _kth_deviations(self, m: float, k: int) -> tuple[float, float]:
         """The ``k-1``-th and ``k``-th smallest ``|x - m|`` (0-based; ``-inf`` for the first when k is 0),
