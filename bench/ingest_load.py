@@ -540,11 +540,14 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
     client_procs = [psutil.Process(p.pid) for p in clients]
 
     spy = None
-    if args.profile:
+    profile = args.profile
+    if profile and forward:  # beside the first run's
+        profile = str(Path(profile).with_suffix(".forward" + Path(profile).suffix))
+    if profile:
         spy = subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "-o", args.profile, "--pid", str(collector.pid),
+            [str(Path(sys.executable).parent / "py-spy"), "record", "-o", profile, "--pid", str(collector.pid),
              "--duration", str(int(args.duration)), "--rate", "50", "--nonblocking",
-             "--format", "flamegraph" if args.profile.endswith(".svg") else "raw"],
+             "--format", "flamegraph" if profile.endswith(".svg") else "raw"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     print(f"collector pid {collector.pid} on {url}, store {store.url.render_as_string(hide_password=True)}")
@@ -656,8 +659,8 @@ def _load(args: argparse.Namespace, tmp: Path, db: str, stack: contextlib.ExitSt
     if len(measured) > 10:
         step = max(1, len(measured) // 10)
         print("RSS over time (MiB)   " + " ".join(f"{m:.0f}" for m in measured[::step]))
-    if args.profile:
-        print(f"profile               {args.profile}")
+    if profile:
+        print(f"profile               {profile}")
     return {
         "samples_per_s": f"{samples_per_s:.0f}",
         "steps_per_s": f"{steps_per_s:.0f}",

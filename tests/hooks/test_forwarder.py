@@ -55,7 +55,7 @@ _RANK = textwrap.dedent(
     transport._HttpSink.send = counted
     seen = []
     policy = StopPolicy("fwd", "stop" if on_critical == "stop" else seen.append)
-    t = transport.Transport(url, spool_dir=out / f"spool{rank}", flush_interval=0.2, timeout=3.0, policy=policy)
+    t = transport.Transport(url, spool_dir=out / f"spool{rank}", flush_interval=0.2, policy=policy)
 
     def event(kind, fields):
         return {"kind": kind, "run": "fwd", "rank": rank, "host": "node", "stream": f"fwd-{rank}",

@@ -295,7 +295,7 @@ class _Server:
         self._thread = threading.Thread(target=self._run, name="trainmon-forwarder", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 1.0) -> None:
+    def stop(self, timeout: float = 0.5) -> None:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         self._thread.join(timeout)

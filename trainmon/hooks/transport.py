@@ -440,7 +440,7 @@ class Transport:
         # going out in a trickle of small requests, which would cost a loaded collector more per event.
         # Forwarding, the ticks fall on the node's grid (``NodeLink.phase``) instead, so the node's ranks send
         # at one instant and their forwarder posts them as one request without lingering.
-        phase = self._sink.phase if self._sink is not None else None
+        phase = self._sink.phase if self._sink is not None and self._flush_interval > 0 else None
         due = time.monotonic()
         while True:
             due = max(due + self._flush_interval, time.monotonic())  # behind after a slow send: go at once
