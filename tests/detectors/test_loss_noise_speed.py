@@ -17,7 +17,7 @@ from tests.detectors.helpers import ev, start
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.base import Finding, finite
 from trainmon.monitor.detectors.loss_noise import LossNoise
-from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
 adversarial = st.one_of(
@@ -116,6 +116,22 @@ def test_a_far_floor_still_proves_a_continuous_window_spread() -> None:
     for _ in range(150):
         w.add(rng.gauss(0, 1))
     assert 0 < w.mad_floor(16) < w.mad()
+
+
+# -- a window sorted on demand: the same MAD, read between adds ----------------------------------------------------
+
+
+@settings(max_examples=1000)
+@given(st.lists(adversarial, min_size=1, max_size=150), st.integers(1, 60), st.integers(1, 4))
+def test_a_window_sorted_on_demand_has_the_kept_ones_mad(xs: list[float], size: int, every: int) -> None:
+    lazy, kept = LazyWindow(size), RollingWindow(size)
+    for i, x in enumerate(xs):
+        lazy.add(x)
+        kept.add(x)
+        if len(kept) and i % every == 0:
+            mad = _bits(kept.mad())
+            assert _bits(lazy.mad()) == mad and list(map(_bits, lazy.mad_bounds())) == [mad, mad]
+            assert _bits(lazy.median()) == _bits(kept.median())
 
 
 # -- loss_noise: the rule as it was before issue 24's second pass --------------------------------------------------

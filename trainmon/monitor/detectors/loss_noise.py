@@ -142,7 +142,8 @@ class LossNoise(Detector):
         self._recent: collections.deque[tuple[float, float, float, float | None, int]] = collections.deque()
         self._levels: collections.deque[float] = collections.deque(maxlen=c.baseline)  # the baseline's losses
         self._settled = False  # the noise was once near the baseline's: a rise after it is an onset
-        self._rd, self._ra = RollingWindow(c.window), RollingWindow(c.window)
+        self._rd = RollingWindow(c.window)
+        self._ra = LazyWindow(c.window)  # read only where the relative noise does not decide an entry
         self._bd, self._ba = RollingWindow(c.baseline), RollingWindow(c.baseline)
         self._rlr, self._blr = LazyWindow(c.window), LazyWindow(c.baseline)  # read only when judging or reporting
         self._prints: collections.deque[Any] = collections.deque(maxlen=c.window)

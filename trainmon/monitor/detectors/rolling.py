@@ -8,9 +8,11 @@ windows, one set of statistics (``_median``, ``_quantile`` of a sorted list):
   every step: adding is one ``insort`` and one ``bisect`` removal (C memmove of at most ``size``
   pointers), median and quantiles are O(1), the MAD is O(log size), computed on demand and kept until
   the next add, and bounded in O(1) (:meth:`RollingWindow.mad_bounds`) for rules that only need to know
-  which side of a bar it is on.
+  which side of a bar it is on, or for many adds at once (:meth:`RollingWindow.mad_floor`) for rules that
+  only need to know it positive.
 * :class:`LazyWindow` keeps arrival order only and sorts when a statistic is asked, for statistics read on
-  rare steps (a candidate spike, a finding): an ``add`` is one deque append.
+  rare steps (a candidate spike, a finding, a noise the other one did not decide): an ``add`` is one deque
+  append.
 """
 
 from __future__ import annotations
@@ -33,6 +35,41 @@ def _median(s: list[float]) -> float:
 def _quantile(s: list[float], q: float) -> float:
     """Nearest-rank quantile of the sorted ``s``, ``q`` in [0, 1]."""
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def _mad(s: list[float]) -> float:
+    """Median absolute deviation of the sorted ``s``, scaled by 1.4826 to estimate sigma for normal data."""
+    n = len(s)
+    below, raw = _kth_deviations(s, _median(s), n // 2)
+    return 1.4826 * (raw if n % 2 else 0.5 * (below + raw))
+
+
+def _kth_deviations(s: list[float], m: float, k: int) -> tuple[float, float]:
+    """The ``k-1``-th and ``k``-th smallest ``|x - m|`` of the sorted ``s`` (0-based; ``-inf`` for the first when
+    k is 0), in O(log len(s)), without sorting the deviations.
+
+    The deviations of the values below ``m`` (read from ``m`` outwards) and of the others are two
+    sorted runs of the sorted window; the ``k + 1`` smallest of their union are the first ``i`` of
+    one and ``k + 1 - i`` of the other, ``i`` found by bisection. The largest taken is the ``k``-th,
+    the next largest the ``k-1``-th: an even window's MAD (the mean of the two) costs one search. A
+    detector asks for the MAD on every step (loss_noise: four windows), and sorting the deviations
+    each time made a 200k-step import take half a minute.
+    """
+    below = bisect.bisect_left(s, m)  # run A: m - s[below - 1 - i]; run B: s[below + j] - m
+    n_b = len(s) - below
+    lo, hi = max(0, k + 1 - n_b), min(k + 1, below)
+    while lo < hi:  # the fewest taken from A such that A's next is not below B's last taken
+        i = (lo + hi) // 2
+        if m - s[below - 1 - i] < s[below + k - i] - m:
+            lo = i + 1
+        else:
+            hi = i
+    j = k + 1 - lo
+    a = m - s[below - lo] if lo > 0 else -math.inf  # the largest taken from A, from B
+    b = s[below + j - 1] - m if j > 0 else -math.inf
+    if a >= b:
+        return max(b, m - s[below - lo + 1] if lo > 1 else -math.inf), a
+    return max(a, s[below + j - 2] - m if j > 1 else -math.inf), b
 
 
 def _check(size: int) -> None:
@@ -105,13 +142,7 @@ class RollingWindow:
         b = self._bounds
         if b is not None and b[0] == b[1]:
             return b[0]
-        m = self.median()
-        n = len(self._sorted)
-        mid = n // 2
-        below, raw = self._kth_deviations(m, mid)
-        if n % 2 == 0:
-            raw = 0.5 * (below + raw)
-        mad = 1.4826 * raw
+        mad = _mad(self._sorted)
         self._bounds = (mad, mad)
         return mad
 
@@ -211,44 +242,18 @@ class RollingWindow:
         a, b, d = m_lo - s[j + r], s[j + k - 1 - r] - m_hi, s[j + k - r] - m_hi
         return 1.4826 * (0.5 * ((a if a <= b else b) + (a if a <= d else d)))
 
-    def _kth_deviations(self, m: float, k: int) -> tuple[float, float]:
-        """The ``k-1``-th and ``k``-th smallest ``|x - m|`` (0-based; ``-inf`` for the first when k is 0),
-        in O(log size), without sorting the deviations.
-
-        The deviations of the values below ``m`` (read from ``m`` outwards) and of the others are two
-        sorted runs of the sorted window; the ``k + 1`` smallest of their union are the first ``i`` of
-        one and ``k + 1 - i`` of the other, ``i`` found by bisection. The largest taken is the ``k``-th,
-        the next largest the ``k-1``-th: an even window's MAD (the mean of the two) costs one search. A
-        detector asks for the MAD on every step (loss_noise: four windows), and sorting the deviations
-        each time made a 200k-step import take half a minute.
-        """
-        s = self._sorted
-        below = bisect.bisect_left(s, m)  # run A: m - s[below - 1 - i]; run B: s[below + j] - m
-        n_b = len(s) - below
-        lo, hi = max(0, k + 1 - n_b), min(k + 1, below)
-        while lo < hi:  # the fewest taken from A such that A's next is not below B's last taken
-            i = (lo + hi) // 2
-            if m - s[below - 1 - i] < s[below + k - i] - m:
-                lo = i + 1
-            else:
-                hi = i
-        j = k + 1 - lo
-        a = m - s[below - lo] if lo > 0 else -math.inf  # the largest taken from A, from B
-        b = s[below + j - 1] - m if j > 0 else -math.inf
-        if a >= b:
-            return max(b, m - s[below - lo + 1] if lo > 1 else -math.inf), a
-        return max(a, s[below + j - 2] - m if j > 1 else -math.inf), b
-
 
 class LazyWindow:
-    """The last ``size`` finite values in arrival order, sorted only when a statistic is asked: for windows
-    read on rare steps, where keeping them sorted on every add cost more than sorting them when read."""
+    """The last ``size`` finite values in arrival order, sorted only when a statistic is asked (and kept so until the
+    next add): for windows read on rare steps, where keeping them sorted on every add cost more than sorting them
+    when read."""
 
-    __slots__ = ("_order",)
+    __slots__ = ("_order", "_sorted")
 
     def __init__(self, size: int) -> None:
         _check(size)
         self._order: collections.deque[float] = collections.deque(maxlen=size)
+        self._sorted: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self._order)
@@ -256,10 +261,27 @@ class LazyWindow:
     def add(self, x: float) -> None:
         if _isfinite(x):
             self._order.append(x)
+            self._sorted = None
 
     def median(self) -> float:
-        return _median(sorted(self._order))
+        return _median(self._view())
 
     def quantile(self, q: float) -> float:
         """Nearest-rank quantile, ``q`` in [0, 1]."""
-        return _quantile(sorted(self._order), q)
+        return _quantile(self._view(), q)
+
+    def mad(self) -> float:
+        """Median absolute deviation, scaled by 1.4826 to estimate sigma for normal data."""
+        return _mad(self._view())
+
+    def mad_bounds(self) -> tuple[float, float]:
+        """``(lo, hi)`` with ``lo <= mad() <= hi``, as :meth:`RollingWindow.mad_bounds`: here the MAD itself, which
+        costs little beside the sort a read needs anyway."""
+        mad = self.mad()
+        return mad, mad
+
+    def _view(self) -> list[float]:
+        s = self._sorted
+        if s is None:
+            s = self._sorted = sorted(self._order)
+        return s
