@@ -220,6 +220,20 @@ def test_with_the_collector_down_each_rank_spools_as_it_would_alone(tmp_path: Pa
         live.stop()
 
 
+def test_a_collector_that_never_answers_costs_each_rank_a_timeout_not_its_events(tmp_path: Path) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # connections wait in its backlog, never answered
+    node = _Node(f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path)
+    try:
+        for rank in range(4):
+            node.start(rank, steps=20)
+        reports = node.reports()
+    finally:
+        node.kill()
+        silent.close()
+    assert sorted(reports) == [0, 1, 2, 3]  # every rank closed (bounded), none waited on the forwarder for ever
+    assert all(r["sent"] == 0 and r["spooled"] == 21 and r["dropped"] == 0 for r in reports.values())
+
+
 def test_the_setting() -> None:
     linux = sys.platform.startswith("linux")
     assert forwarding(None, {"LOCAL_WORLD_SIZE": "8"}) == linux
