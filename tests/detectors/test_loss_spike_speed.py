@@ -53,6 +53,19 @@ def test_a_loss_the_gate_lets_pass_is_neither_a_spike_nor_an_excursion(cfg: Loss
             assert not loss - level >= cfg.tail_min_z * sigma, (trial, loss, level, sigma)
 
 
+def test_sigma_is_its_definition() -> None:
+    rng = random.Random(5)
+    for _ in range(2000):
+        det = LossSpike(LossSpikeConfig())
+        scale = rng.choice([0.0, 1e-12, 1e-6, 1e-3, 1.0, 1e300])
+        for _ in range(rng.choice([4, 5, 9, 128, 300])):
+            det._diffs.add(round(abs(rng.gauss(0, scale)), rng.choice([2, 12])))
+        n = len(det._diffs)
+        for level in (0.0, 1e-4, -1e-4, rng.uniform(-1e4, 1e4), 1e300):
+            raw = 1.4826 * det._diffs.median() / math.sqrt(2.0) * (1.0 + 1.7 / math.sqrt(n))
+            assert det._sigma(level) == max(raw, abs(level) * 1e-3, 1e-6)
+
+
 def _series(rng: random.Random, n: int) -> list[float]:
     level, out = rng.uniform(-1, 10), []
     for t in range(n):

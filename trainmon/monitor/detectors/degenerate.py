@@ -171,38 +171,20 @@ class Degenerate(Detector):
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
         kind = event.kind
-        if kind == "step":
-            return self._on_step(f["step"], f)
-        if kind == "run_start":
-            if not f.get("resumed", False):
-                self.__init__(self.config)
-            vocab = f.get("vocab_size")
-            self._vocab = vocab if isinstance(vocab, int) and vocab > 1 else None
-            cfg = f.get("config")
-            if isinstance(cfg, dict):
-                self._read_config(cfg)
+        if kind != "step":
+            if kind == "run_start":
+                if not f.get("resumed", False):
+                    self.__init__(self.config)
+                vocab = f.get("vocab_size")
+                self._vocab = vocab if isinstance(vocab, int) and vocab > 1 else None
+                cfg = f.get("config")
+                if isinstance(cfg, dict):
+                    self._read_config(cfg)
+            elif kind == "eval":
+                return self._on_eval(int(f["step"]), f.get("loss"), f.get("metrics"))
             return []
-        if kind == "eval":
-            return self._on_eval(int(f["step"]), f.get("loss"), f.get("metrics"))
-        return []
-
-    def _read_config(self, cfg: dict[str, Any]) -> None:
-        step = cfg.get("best_global_step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            self._best_step = step
-        ckpt = cfg.get("best_model_checkpoint")
-        if self._best_step is None and isinstance(ckpt, str):
-            m = _CHECKPOINT.search(ckpt)
-            if m:
-                self._best_step = int(m.group(1))
-        pref = cfg.get("preference")
-        if isinstance(pref, dict):
-            self._preference = pref
-
-    # -- training steps --------------------------------------------------------------------------
-
-    def _on_step(self, step: int, f: dict[str, Any]) -> list[Finding]:
-        # a validated event's step is an int and its loss and grad norm floats (trainmon.wire): read as they are
+        # a step; a validated event's step is an int and its loss and grad norm floats (trainmon.wire): read as they are
+        step = f["step"]
         loss = f.get("loss")
         if not finite(loss):  # no evidence of its own; the no-op share is restated all the same
             return self._noop(step) if self._gn_zero >= self.config.noop_min else []
@@ -224,8 +206,22 @@ class Degenerate(Detector):
             return out + self._saturation(step, loss, gn)
         return self._saturation(step, loss, gn)
 
+    def _read_config(self, cfg: dict[str, Any]) -> None:
+        step = cfg.get("best_global_step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            self._best_step = step
+        ckpt = cfg.get("best_model_checkpoint")
+        if self._best_step is None and isinstance(ckpt, str):
+            m = _CHECKPOINT.search(ckpt)
+            if m:
+                self._best_step = int(m.group(1))
+        pref = cfg.get("preference")
+        if isinstance(pref, dict):
+            self._preference = pref
+
+    # -- training steps --------------------------------------------------------------------------
+
     def _saturation(self, step: int, loss: float, gn: float | None) -> list[Finding]:
-        cfg = self.config
         if loss != 0.0:
             if self._zero_count:  # (the run of zeros is empty already unless it counted one)
                 self._zero_steps.clear()
@@ -245,6 +241,7 @@ class Degenerate(Detector):
                     )
                 ]
             return []
+        cfg = self.config
         if len(self._zero_steps) < 50:
             self._zero_steps.append(step)
         self._zero_count += 1

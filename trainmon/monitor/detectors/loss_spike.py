@@ -259,7 +259,12 @@ class LossSpike(Detector):
         if n < 4:
             return max(abs(level) * 0.01, 1e-6)
         sigma = 1.4826 * self._diffs.median() / _SQRT2 * (1.0 + 1.7 / math.sqrt(n))
-        return max(sigma, abs(level) * 1e-3, 1e-6)
+        # max(sigma, abs(level) * 1e-3, 1e-6) spelled out (asked at half the steps of a long log, and max() of three
+        # costs more than the rest of this line)
+        floor = abs(level) * 1e-3
+        if floor > sigma:
+            sigma = floor
+        return 1e-6 if sigma < 1e-6 else sigma
 
     def _threshold(self, level: float, sigma: float, z: float) -> float:
         return level + max(z * sigma, self.config.min_rel * abs(level), self.config.min_abs)
@@ -435,31 +440,8 @@ class LossSpike(Detector):
     # -- events ------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        kind = event.kind
-        if kind == "step":
-            return self._on_step(event)
-        if kind == "run_start":
-            out: list[Finding] = []
-            if not event.fields.get("resumed", False):
-                if self._ep is not None:
-                    out = self._close("the run restarted from scratch")
-                self.__init__(self.config)  # a fresh run (same id, restarted from scratch): a new baseline
-                vocab = event.fields.get("vocab_size")
-                if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 1:
-                    self._ln_vocab = math.log(vocab)
-            config = event.fields.get("config")
-            mean_over = config.get("loss_mean_over_steps") if isinstance(config, dict) else None
-            if finite(mean_over) and mean_over >= 1:
-                self._mean_over = float(mean_over)
-            self._prev = None  # a resume may legitimately move the level a little; keep the window
-            return out
-        if kind == "run_end":
-            if self._ep is not None and self._spike is None:
-                return self._close("the run ended with the loss back in the band")
-            return []  # a spike still up at the end stays open: it did not pass
-        return []
-
-    def _on_step(self, event: Event) -> list[Finding]:
+        if event.kind != "step":
+            return self._on_run(event)
         f = event.fields
         step = f["step"]
         loss = f.get("loss")
@@ -522,6 +504,30 @@ class LossSpike(Detector):
                 out.extend(self._close(f"no spike for {self._n - self._ep['last_entry']} entries"))
         self._recent.append((step, loss, norm))
         return out
+
+    def _on_run(self, event: Event) -> list[Finding]:
+        """A run's start (a fresh baseline unless it resumes) or end (an episode back in the band closes)."""
+        kind = event.kind
+        if kind == "run_start":
+            out: list[Finding] = []
+            if not event.fields.get("resumed", False):
+                if self._ep is not None:
+                    out = self._close("the run restarted from scratch")
+                self.__init__(self.config)  # a fresh run (same id, restarted from scratch): a new baseline
+                vocab = event.fields.get("vocab_size")
+                if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 1:
+                    self._ln_vocab = math.log(vocab)
+            config = event.fields.get("config")
+            mean_over = config.get("loss_mean_over_steps") if isinstance(config, dict) else None
+            if finite(mean_over) and mean_over >= 1:
+                self._mean_over = float(mean_over)
+            self._prev = None  # a resume may legitimately move the level a little; keep the window
+            return out
+        if kind == "run_end":
+            if self._ep is not None and self._spike is None:
+                return self._close("the run ended with the loss back in the band")
+            return []  # a spike still up at the end stays open: it did not pass
+        return []
 
     # -- spikes and episodes -----------------------------------------------------------------
 

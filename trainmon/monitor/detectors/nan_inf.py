@@ -135,13 +135,14 @@ class NanInf(Detector):
         # each value tested once: a healthy step (a finite loss and norm, nothing open) costs a few comparisons
         loss_ok = finite(loss)
         norm_ok = norm is None or finite(norm)
-        if not norm_ok and loss_ok and f.get("skipped") is True:
-            norm, norm_ok = None, True  # an fp16 overflow the scaler skipped: expected, and loss_scale_collapse's
-        if not (norm_ok and (loss_ok or loss is None)):
-            bad = {k: v for k, v in (("loss", loss), ("grad_norm", norm)) if v is not None and not finite(v)}
-            return self._nonfinite(step, bad, hidden_loss=loss == 0.0)
-        if loss is None and norm is None:
-            return []
+        if not (loss_ok and norm_ok):
+            if not norm_ok and loss_ok and f.get("skipped") is True:
+                norm, norm_ok = None, True  # an fp16 overflow the scaler skipped: expected, loss_scale_collapse's
+            if not (norm_ok and (loss_ok or loss is None)):
+                bad = {k: v for k, v in (("loss", loss), ("grad_norm", norm)) if v is not None and not finite(v)}
+                return self._nonfinite(step, bad, hidden_loss=loss == 0.0)
+            if loss is None and norm is None:
+                return []
         self._attempt_finite = True
         self._finite_steps += 1
         if norm is not None and norm > 0:
