@@ -245,16 +245,54 @@ class BadResume(Detector):
         return out
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
+        """Every step feeds the history a resume is judged against; the steps just after one are checked. Each
+        field is read and tested once: this runs on every step of a log that may never resume."""
         step = int(f["step"])
-        out: list[Finding] = []
-        chk = self._check
         fp = f.get("batch_fingerprint")
+        if not isinstance(fp, str):
+            fp = None
         loss = f.get("loss")
+        if not (isinstance(loss, float) and math.isfinite(loss)):
+            loss = None
         gn = f.get("grad_norm")
         gn = float(gn) if isinstance(gn, (int, float)) and math.isfinite(gn) and gn > 0 else None
-        lr = self._lr_of(f)
-        window = self.config.shock_steps if chk is not None and chk.starts_here else self.config.check_steps
-        if chk is not None and chk.steps_seen < window:
+        lrs = f.get("lr")  # group 0's
+        lr = (
+            float(lrs[0])
+            if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) and math.isfinite(lrs[0])
+            else None
+        )
+        chk = self._check
+        out = [] if chk is None else self._after_resume(chk, step, f, fp, loss, gn, lr)
+        if fp is not None:
+            self._remember_batch(fp, step)
+        if loss is not None:
+            self._losses.append((step, loss))
+        if gn is not None:
+            self._gns.append(gn)
+        if lr is not None:
+            self._lrs.append((step, lr))
+            peak = self._peak_lr
+            if peak is None or lr > peak:
+                self._peak_lr = lr
+        self._last_step = step
+        return out
+
+    def _after_resume(
+        self,
+        chk: _Check,
+        step: int,
+        f: dict[str, Any],
+        fp: str | None,
+        loss: float | None,
+        gn: float | None,
+        lr: float | None,
+    ) -> list[Finding]:
+        """One of the first steps of a resumed attempt (``fp``, ``loss``, ``gn``, ``lr``: its fields, None when
+        absent or unusable): its checks."""
+        out: list[Finding] = []
+        window = self.config.shock_steps if chk.starts_here else self.config.check_steps
+        if chk.steps_seen < window:
             chk.steps_seen += 1
             if gn is not None:
                 chk.grad_norms.append(gn)
@@ -265,11 +303,11 @@ class BadResume(Detector):
                 earlier = [(s, v) for s, v in self._lrs if s < step]
                 chk.lr_before = max(earlier)[1] if earlier else None
                 self._lr_shock(lr)
-            if isinstance(fp, str) and not self._data_repeats:
+            if fp is not None and not self._data_repeats:
                 seen = self._head.get(fp, self._tail_steps.get(fp))
                 if seen is not None and seen < step:
                     chk.replayed.append((step, seen))
-            if isinstance(loss, float) and math.isfinite(loss):
+            if loss is not None:
                 chk.losses.append(loss)
             if chk.steps_seen == self.config.check_steps:
                 self._replay_check()
@@ -282,24 +320,7 @@ class BadResume(Detector):
                 out.append(self._finding(chk.first_step if chk.first_step is not None else step))
             if chk.steps_seen == window:
                 out += self._finish_check()
-        if isinstance(fp, str):
-            self._remember_batch(fp, step)
-        if isinstance(loss, float) and math.isfinite(loss):
-            self._losses.append((step, loss))
-        if gn is not None:
-            self._gns.append(gn)
-        if lr is not None:
-            self._lrs.append((step, lr))
-            self._peak_lr = lr if self._peak_lr is None else max(self._peak_lr, lr)
-        self._last_step = step
         return out
-
-    @staticmethod
-    def _lr_of(f: dict[str, Any]) -> float | None:
-        lrs = f.get("lr")
-        if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) and math.isfinite(lrs[0]):
-            return float(lrs[0])
-        return None
 
     # -- a resume seen in a log ------------------------------------------------------------------
 

@@ -143,7 +143,8 @@ class Hang(Detector):
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         st = self._ranks.get(event.rank)
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "run_start":
             st = self._ranks[event.rank] = _Rank(
                 host=event.host,
                 started=event.time,
@@ -164,13 +165,13 @@ class Hang(Detector):
         if event.clock_offset is not None:
             st.offset = event.clock_offset
         t = event.time
-        if event.kind == "step":
+        if kind == "step":
             out = self._on_step(event.rank, st, event.fields, t)
             if t > st.last_event_time:
                 st.last_event_time = t
             return out
         out = []
-        if event.kind == "run_end":
+        if kind == "run_end":
             if st.first_gap is not None:
                 out += self._judge_first_gap(event.rank, st)
             st.ended = True
@@ -182,14 +183,14 @@ class Hang(Detector):
                 out.append(self._resolved(event.rank, st, st.last_step, "the rank ended"))
             st.last_event_time = max(st.last_event_time, t)
             return out
-        if event.kind in ("checkpoint", "eval") and (duration := event.fields.get("duration")):
+        if kind in ("checkpoint", "eval") and (duration := event.fields.get("duration")):
             st.longest_pause = max(st.longest_pause, float(duration))
-        if event.kind == "stack":
+        if kind == "stack":
             frames = (event.fields.get("stack") or {}).get("frames")
             if isinstance(frames, list):
                 st.stack = (event.fields.get("step"), frames, event.fields.get("nccl"))
                 self._stacks_version += 1
-        if event.kind == "heartbeat":
+        if kind == "heartbeat":
             if st.last_beat is not None and t > st.last_beat:
                 st.beats.add(t - st.last_beat)
             st.last_beat = t
@@ -202,30 +203,33 @@ class Hang(Detector):
         out: list[Finding] = []
         self._steps_seen += 1
         step = fields["step"]
-        phases = fields.get("phases") or {}
+        phases = fields.get("phases")  # most logs carry none: read once
         last_time = st.last_step_time
         intervals = st.intervals
-        known = len(intervals)
-        first_interval = last_time is not None and not known
-        if last_time is not None and t >= last_time:
+        least = self._least_timeout
+        if last_time is None:
+            first_interval = False
+            gap = t - st.started
+        else:
+            known = len(intervals)
+            first_interval = not known
             gap = t - last_time
-            pause = phases.get("checkpoint", 0.0) + phases.get("eval", 0.0) if phases else 0.0
-            if pause > 0:
-                st.longest_pause = max(st.longest_pause, gap)
-            else:
-                if known and gap >= self.config.recurring_factor * intervals.median():
-                    st.long_gaps.append((step, gap))
-                if not known or (not st.open and (gap < self._least_timeout or gap < self.timeout(st, step))):
-                    intervals.add(gap)  # the first interval is learnt however long (see the docstring)
-                if st.first_gap is not None and len(st.early) < _EARLY:
-                    st.early.append(gap)
-        gap = t - (last_time if last_time is not None else st.started)
+            if t >= last_time:
+                if phases and phases.get("checkpoint", 0.0) + phases.get("eval", 0.0) > 0:
+                    st.longest_pause = max(st.longest_pause, gap)
+                else:
+                    if known and gap >= self.config.recurring_factor * intervals.median():
+                        st.long_gaps.append((step, gap))
+                    if not known or (not st.open and (gap < least or gap < self.timeout(st, step))):
+                        intervals.add(gap)  # the first interval is learnt however long (see the docstring)
+                    if st.first_gap is not None and len(st.early) < _EARLY:
+                        st.early.append(gap)
         if st.open:
             out.append(self._resolved(rank, st, step, f"steps resumed after {gap:.1f} s"))
         else:
             # Seen only now (an import, or the collector was down): report the stall after the fact.
             unexplained = gap - phases.get("checkpoint", 0.0) - phases.get("eval", 0.0) if phases else gap
-            if unexplained < self._least_timeout or self._done(st):
+            if unexplained < least or self._done(st):
                 pass
             elif first_interval and len(intervals):
                 # the first interval, just learnt: judged against the intervals that follow it

@@ -213,9 +213,9 @@ class LrScheduleDrift(Detector):
         self._ep_last: tuple[int, dict[str, Any]] | None = None
         self._reported: tuple[int, float | None] = (0, None)  # step and magnitude last reported
         self._run_first: int | None = None  # first step of the run (a new attempt at or before it is a fresh start)
-        self._attempt_points = 0  # steps logged in the current attempt
         self._skipped = 0
         self._attempt_first: int | None = None  # first step of the latest resumed attempt
+        self._attempt_points = 0  # steps logged in the current attempt
         self._awaiting_first = False
         self._resume_next: int | None = None  # checkpoint step + 1 of the latest resume
         self._first_seen: int | None = None  # the first step logged after it
@@ -276,21 +276,21 @@ class LrScheduleDrift(Detector):
         sched_steps = f.get("scheduler_steps")
         self._sched_steps = sched_steps
         last, self._last_logged = self._last_logged, step
+        skipped = f.get("skipped")
         if sched_steps is None:
             self._multi = 0
         else:
             # a loop that logs every k-th step steps its scheduler k times between two logged steps
             gap = step - last if last is not None and step > last else 1
             self._multi = self._multi + 1 if sched_steps > gap else 0
-        skipped = f.get("skipped")
-        if self._cadence is None and sched_steps is not None and not skipped:
-            if sched_steps and not self._counted:
-                self._cadence = "step"  # stepped with the first counted step: the schedule is in steps
-            elif sched_steps:
-                # First stepped after optimizer steps without: once per epoch (or every N steps). The
-                # schedule read off it counts epochs, so the scheduler owns the LR's shape from here.
-                self._cadence, self._schedule, self._opaque = "sparse", None, True
-            self._counted = True
+            if self._cadence is None and not skipped:
+                if sched_steps and not self._counted:
+                    self._cadence = "step"  # stepped with the first counted step: the schedule is in steps
+                elif sched_steps:
+                    # First stepped after optimizer steps without: once per epoch (or every N steps). The
+                    # schedule read off it counts epochs, so the scheduler owns the LR's shape from here.
+                    self._cadence, self._schedule, self._opaque = "sparse", None, True
+                self._counted = True
         lrs = f.get("lr")
         if not lrs:
             return out
@@ -298,39 +298,44 @@ class LrScheduleDrift(Detector):
         for x in lrs_t:
             if not 0 <= x < math.inf:  # (NaN too)
                 return out
-        self._res.add(lrs_t[0])
+        lr = lrs_t[0]
+        self._res.add(lr)
         self._recent.append((step, lrs_t))
-        if self._schedule is not None and self._cadence is None:
-            bad, worst = False, {}  # not stepped yet: per epoch, or never; nothing to compare until it is
-        elif self._schedule is not None:
-            bad, worst = self._check_declared(step, lrs_t)
+        # what is off at this step (None: nothing)
+        worst: dict[str, Any] | None
+        if self._schedule is not None:
+            # not stepped yet (per epoch, or never): nothing to compare until it is
+            worst = None if self._cadence is None else self._check_declared(step, lrs_t)
         elif self._opaque:
-            bad, worst = False, {}
+            worst = None
         else:
-            bad, worst = self._check_inferred(step, lrs_t[0])
-            if self._ratios is None or len(self._ratios) != len(lrs_t):
+            worst = self._check_inferred(step, lr)
+            ratios = self._ratios
+            if ratios is None or len(ratios) != len(lrs_t):
                 self._learn_ratios(lrs_t)
         if skipped:
             self._skipped += 1  # from the next step on, the LR may lag by one more step
-        if self._multi >= self.config.scheduler_steps_min and not bad:
-            bad, worst = True, {"group": 0, "actual": lrs_t[0]}
-        if bad:
-            self._bad += 1
+        cfg = self.config
+        multi = self._multi >= cfg.scheduler_steps_min
+        if multi and worst is None:
+            worst = {"group": 0, "actual": lr}
+        if worst is not None:
+            bad = self._bad = self._bad + 1
             self._good = 0
-            if self._bad == 1:
+            if bad == 1:
                 self._bad_since = step
             if self._open:
                 self._ep_bad += 1
                 self._ep_last = (step, worst)
                 if self._update_due(step, worst):
                     out.append(self._report(step, worst))
-            elif self._bad >= self.config.min_steps or (self._multi >= self.config.scheduler_steps_min):
+            elif bad >= cfg.min_steps or multi:
                 out.append(self._fire(step, worst))
         else:
             self._bad = 0
             if self._open:
                 self._good += 1
-                if self._good >= self.config.resolve_after:
+                if self._good >= cfg.resolve_after:
                     out += self._resolve(step, lrs_t)
         return out
 
@@ -403,7 +408,8 @@ class LrScheduleDrift(Detector):
         assert self._schedule is not None
         return _lr_at(self._schedule, step - self._step_base, self._warmup_offset)
 
-    def _check_declared(self, step: int, lrs: tuple[float, ...]) -> tuple[bool, dict[str, Any]]:
+    def _check_declared(self, step: int, lrs: tuple[float, ...]) -> dict[str, Any] | None:
+        """The group furthest off the schedule, when one is more than ``rel_tol`` off (None: on schedule)."""
         sched = self._schedule
         assert sched is not None
         if self._ratios is None or len(self._ratios) != len(lrs):
@@ -423,12 +429,14 @@ class LrScheduleDrift(Detector):
             if err > worst_err:
                 worst_err = err
                 worst = {"group": g, "actual": actual, "expected": want * ratio, "rel_err": round(err, 6)}
-        return worst_err > tol, worst
+        return worst if worst_err > tol else None
 
     # -- inferred schedule ---------------------------------------------------------------------
 
-    def _check_inferred(self, step: int, lr: float) -> tuple[bool, dict[str, Any]]:
-        """Warmup (rising), then never rising again; frozen mid-decay when the length is known."""
+    def _check_inferred(self, step: int, lr: float) -> dict[str, Any] | None:
+        """Warmup (rising), then never rising again; frozen mid-decay when the length is known. What is off
+        (None: nothing). Runs on every logged step of a log without a declared schedule, so each piece of
+        state is read once."""
         cfg = self.config
         prev = self._prev
         self._prev = lr
@@ -436,63 +444,68 @@ class LrScheduleDrift(Detector):
         if prev is None:
             self._flat_since = step
             self._peak, self._peak_step = lr, step
-            return False, {}
+            return None
         scale = abs(prev)
         same = abs(lr - prev) <= _SAME * (scale if scale >= 1e-30 else 1e-30)
         lower = lr < prev
+        peak_done = self._peak_done
         if same:
-            self._equal_run += 1
-            if self._equal_run == 1:
+            equal_run = self._equal_run = self._equal_run + 1
+            if equal_run == 1:
                 self._flat_next = step
         else:
-            self._equal_run = 0
+            equal_run = self._equal_run = 0
             if lower:  # held for 3+ logged points, then down by a large fraction: a step schedule
-                self._decaying = self._decreases >= 2
-                self._decreases += 1
+                decreases = self._decreases
+                self._decaying = decreases >= 2
+                self._decreases = decreases + 1
                 self._stepwise = n - self._changed_at >= 3 and 1.0 - lr / prev > cfg.frozen_max_drop
                 self._fall_from = prev if lr <= 0.5 * prev else None
             else:
                 self._decaying = False
                 self._decreases = 0
             self._changed_at = n
-            if self._flat_since is not None:
-                self._level = step - self._flat_since
+            flat_since = self._flat_since
+            if flat_since is not None:
+                self._level = step - flat_since
             self._flat_since = step
-            if lower and self._peak_done:
+            if lower and peak_done:
                 self._fell = True
                 self._remember_decay(step, lr)
-        if not self._peak_done:
+        if not peak_done:
             if lr >= self._peak:
                 self._peak, self._peak_step = lr, step
-            if (lr < prev and not same) or self._equal_run >= cfg.infer_points - 1:
+            if (lower and not same) or equal_run >= cfg.infer_points - 1:
                 self._peak_done = True
                 self._floor = lr
-                if lr < prev:
+                if lower:
                     self._fell = True
                     self._remember_decay(step, lr)
-            return False, {}
+            return None
         if not self._fell and lr > prev:  # a level held, then higher (ConstantLR, a stepped warmup): still warmup
             self._peak_done = False
             self._peak, self._peak_step = lr, step
-            return False, {}
-        if self._n < cfg.infer_points:
-            self._floor = min(self._floor if self._floor is not None else lr, lr)
-            return False, {}
-        floor = self._floor if self._floor is not None else lr
+            return None
+        floor = self._floor
+        if n < cfg.infer_points:
+            self._floor = lr if floor is None or lr < floor else floor
+            return None
+        if floor is None:
+            floor = lr
         # The quantum (>= 0) only raises the bar: below the bar without it, the LR is below it with it.
         above = floor * (1 + cfg.rel_tol)
         if lr > above and lr > self._peak * 1e-6 and lr > (above := above + self._res.quantum(lr)):
             if prev <= above:  # the rise starts here: from the floor of a decay, or from the middle of one
                 jump = self._fall_from is not None or lr >= 1.3 * prev
                 self._rise_from = max(prev, self._fall_from or 0.0) if jump else 0.0
-            return True, {
+            return {
                 "group": 0,
                 "actual": lr,
                 "expected_max": floor,
                 "rule": "rise_after_peak",
                 "rise_from": self._rise_from,
             }
-        self._floor = min(floor, lr)
+        self._floor = lr if lr < floor else floor
         if (
             same
             and self._decaying
@@ -503,8 +516,8 @@ class LrScheduleDrift(Detector):
             and step - self._flat_since >= cfg.frozen_level_ratio * self._level  # longer than rounding explains
             and step < 0.95 * self._planned
         ):
-            return True, {"group": 0, "actual": lr, "flat_since": self._flat_since, "rule": "frozen"}
-        return False, {}
+            return {"group": 0, "actual": lr, "flat_since": self._flat_since, "rule": "frozen"}
+        return None
 
     def _remember_decay(self, step: int, lr: float) -> None:
         """Keep the decay's change points for the shape check, halving them when they get too many."""

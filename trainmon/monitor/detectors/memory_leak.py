@@ -196,10 +196,10 @@ class MemoryLeak(Detector):
 
     def _on_step(self, f: dict[str, Any], t: float) -> list[Finding]:
         self._last_step = f["step"]
-        self._steps_since_start += 1
-        if self._steps_since_start <= self.config.warmup_steps:
-            return []
-        if self._warm_since is None:
+        if self._warm_since is None:  # still warming up (it is set at the first step past the warm-up)
+            self._steps_since_start += 1
+            if self._steps_since_start <= self.config.warmup_steps:
+                return []
             self._warm_since = t
         mem = f.get("mem_allocated_bytes")
         if not mem or not self._device.add(t, float(mem), f["step"]):
