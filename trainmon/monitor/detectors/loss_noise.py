@@ -259,14 +259,15 @@ class LossNoise(Detector):
                 if old_lr is not None:
                     self._blr.add(old_lr)
         if not self._open and (self._judged or self._judging()):
-            # Judged, and one noise proven under admit_ratio x its baseline's from the MADs' O(1) bounds: what the
-            # rule below does with such a noise, on most entries without four exact MADs. Exact: with both baselines'
-            # lower bounds positive the ratios exist, and each is at most its recent window's upper bound over its
-            # baseline's lower bound (float division is monotone in both).
+            # Judged, and one noise proven under admit_ratio x its baseline's: what the rule below does with such a
+            # noise, on most entries from the MADs' O(1) bounds, then from the relative ratio itself, before the four
+            # exact MADs. Exact: with both baselines' MADs positive (their lower bounds) the ratios exist, and each is
+            # at most its recent window's upper bound over its baseline's lower bound (float division is monotone).
             bd = self._bd.mad_bounds()[0]
             if bd > 0 and (self._ba_sure >= 0 or self._ba_positive()):
                 bar = c.admit_ratio
-                if self._rd.mad_bounds()[1] / bd < bar or self._absolute_quiet(bar):
+                rd = self._rd
+                if rd.mad_bounds()[1] / bd < bar or rd.mad() / self._bd.mad() < bar or self._absolute_quiet(bar):
                     self._since, self._settled, self._high, self._hits = None, True, False, 0
                     return []
         ratios = self._ratios()
