@@ -115,7 +115,7 @@ class NanInf(Detector):
         # the non-finite episode
         self._ep: dict[str, Any] = {}
         # exact zeros
-        self._nonzero_step: int | None = None  # the step of the last finite nonzero loss (_losses[-1])
+        self._last_nonzero: tuple[int, float] | None = None  # (step, loss) of the last finite nonzero loss
         self._zero_run: list[int] = []  # first step and count of the current run of exact zeros
         self._zero_before: tuple[int, float] | None = None  # the nonzero loss just before that run
         # the open zero note: first zero step, zero steps, logged steps since, last zero step
@@ -159,7 +159,7 @@ class NanInf(Detector):
             return []
         if loss != 0.0:
             self._losses.append(loss)
-            self._nonzero_step = step
+            self._last_nonzero = (step, loss)
             if self._zero_run:
                 self._zero_run = []
             if self._open == "zero":
@@ -408,7 +408,7 @@ class NanInf(Detector):
             return [self._zero_finding(step, step)]
         if not self._zero_run:
             self._zero_run = [step, 0]
-            self._zero_before = (self._nonzero_step, self._losses[-1]) if self._nonzero_step is not None else None
+            self._zero_before = self._last_nonzero
         self._zero_run[1] += 1
         first, count = self._zero_run
         before = self._zero_before
