@@ -53,7 +53,7 @@ from typing import Any
 from trainmon.clock import aligned
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["Hang", "HangConfig"]
@@ -98,7 +98,11 @@ class _Rank:
     last_step: int | None = None
     last_step_time: float | None = None
     last_event_time: float = 0.0
-    intervals: RollingWindow = field(default_factory=lambda: RollingWindow(64))
+    # read on rare steps only (a long one, a stall): kept in arrival order, sorted when read (see _on_step)
+    intervals: LazyWindow = field(default_factory=lambda: LazyWindow(64))
+    # at most the median of ``intervals`` (every interval is >= 0): a gap under recurring_factor x this is no long
+    # pause, which decides most steps without the median (see _on_step)
+    median_floor: float = 0.0
     # steps between two logged steps: a log that skips steps (sampled W&B history) has longer gaps where it skips more
     strides: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=64))
     beats: RollingWindow = field(default_factory=lambda: RollingWindow(16))
@@ -149,7 +153,7 @@ class Hang(Detector):
                 host=event.host,
                 started=event.time,
                 last_event_time=event.time,
-                intervals=RollingWindow(self.config.history),
+                intervals=LazyWindow(self.config.history),
                 offset=event.clock_offset,
             )
             self._planned = event.fields.get("planned_steps") or self._planned
@@ -160,7 +164,7 @@ class Hang(Detector):
                 host=event.host,
                 started=event.time,
                 last_event_time=event.time,
-                intervals=RollingWindow(self.config.history),
+                intervals=LazyWindow(self.config.history),
             )
         if event.clock_offset is not None:
             st.offset = event.clock_offset
@@ -200,6 +204,19 @@ class Hang(Detector):
         return out
 
     def _on_step(self, rank: int, st: _Rank, fields: dict[str, Any], t: float) -> list[Finding]:
+        """A step of ``rank``: its interval is learnt, or judged as a stall seen after the fact.
+
+        Why a long pause is told on most steps without the intervals' median (sorting them, once a step, was half
+        of the detector's time on a long log): ``st.median_floor`` is set to the window's nearest-rank lower
+        quartile when it is read and lowered to every interval learnt since, and it stays at most the median. At
+        most ``(n - 1) // 2`` of the ``n`` values lie below the quartile (index ``round((n - 1) / 4)``); a value now
+        in the window and below the floor is one of them (every value added since is at least the floor), and the
+        window only grows or replaces values, so the ``(n' - 1) // 2``-th smallest value of any later window of
+        ``n' >= n`` values, and so its median (that value, or its mean with the next: rounding keeps it above), is
+        at least the floor. Every interval is >= 0, so ``gap < factor * floor`` implies ``gap < factor * median``
+        for a factor >= 0; a negative factor puts the bar at or below 0 (read each time), and an infinite or NaN
+        one fails both tests. ``tests/detectors/test_hang_speed.py`` checks it against the median itself.
+        """
         out: list[Finding] = []
         self._steps_seen += 1
         step = fields["step"]
@@ -218,10 +235,15 @@ class Hang(Detector):
                 if phases and phases.get("checkpoint", 0.0) + phases.get("eval", 0.0) > 0:
                     st.longest_pause = max(st.longest_pause, gap)
                 else:
-                    if known and gap >= self.config.recurring_factor * intervals.median():
-                        st.long_gaps.append((step, gap))
+                    factor = self.config.recurring_factor
+                    if known and gap >= factor * st.median_floor:
+                        st.median_floor = intervals.quantile(0.25)  # the floor, raised again (see below)
+                        if gap >= factor * intervals.median():
+                            st.long_gaps.append((step, gap))
                     if not known or (not st.open and (gap < least or gap < self.timeout(st, step))):
                         intervals.add(gap)  # the first interval is learnt however long (see the docstring)
+                        if gap < st.median_floor:
+                            st.median_floor = gap
                     if st.first_gap is not None and len(st.early) < _EARLY:
                         st.early.append(gap)
         if st.open:
@@ -267,7 +289,7 @@ class Hang(Detector):
             limit = max(limit, cfg.timeout_factor * sorted(early)[len(early) // 2])
         if gap < limit:
             return []
-        st.intervals = RollingWindow(cfg.history)
+        st.intervals, st.median_floor = LazyWindow(cfg.history), 0.0
         for g in early:
             st.intervals.add(g)
         last, last_time, opened = st.last_step, st.last_step_time, st.open
@@ -343,6 +365,8 @@ class Hang(Detector):
             return []
         since = st.last_step_time if st.last_step_time is not None else st.started
         silent = now - since
+        if silent < self._least_timeout:
+            return []  # within any timeout: the usual case, decided without computing it
         limit = self.timeout(st)
         if silent < limit:
             return []
