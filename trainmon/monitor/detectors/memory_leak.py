@@ -44,7 +44,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.wire import Event
@@ -181,7 +180,20 @@ class MemoryLeak(Detector):
         f = event.fields
         kind = event.kind
         if kind == "step":
-            return self._on_step(f, event.time)
+            step = self._last_step = f["step"]
+            if self._warm_since is None:  # still warming up (it is set at the first step past the warm-up)
+                self._steps_since_start += 1
+                if self._steps_since_start <= self.config.warmup_steps:
+                    return []
+                self._warm_since = event.time
+            mem = f.get("mem_allocated_bytes")
+            if not mem or not self._device.add(event.time, float(mem), step):
+                return []
+            self._kept += 1
+            if self._kept % 4:  # judge every 4th kept sample: the fit is O(points^2)
+                return []
+            what = "process memory (RSS)" if self._on_cpu else "device memory"
+            return self._judge(self._device, what, self._on_cpu, event.time)
         if kind == "run_start":
             self._on_cpu = not str(f.get("device") or "cpu").startswith("cuda")
             self._steps_since_start = 0
@@ -193,22 +205,6 @@ class MemoryLeak(Detector):
         if kind == "health":
             return self._observe_health(event)
         return []
-
-    def _on_step(self, f: dict[str, Any], t: float) -> list[Finding]:
-        self._last_step = f["step"]
-        if self._warm_since is None:  # still warming up (it is set at the first step past the warm-up)
-            self._steps_since_start += 1
-            if self._steps_since_start <= self.config.warmup_steps:
-                return []
-            self._warm_since = t
-        mem = f.get("mem_allocated_bytes")
-        if not mem or not self._device.add(t, float(mem), f["step"]):
-            return []
-        self._kept += 1
-        if self._kept % 4:  # judge every 4th kept sample: the fit is O(points^2)
-            return []
-        what = "process memory (RSS)" if self._on_cpu else "device memory"
-        return self._judge(self._device, what, self._on_cpu, t)
 
     def _observe_health(self, event: Event) -> list[Finding]:
         f = event.fields
