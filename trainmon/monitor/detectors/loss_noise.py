@@ -203,12 +203,13 @@ class LossNoise(Detector):
 
     def _ba_positive(self) -> bool:
         """The absolute baseline's MAD proven positive, which is all the rule asks of it on most entries (the relative
-        ratio decides them): for the next ``_FLOOR_ADDS`` admissions from one floor (``RollingWindow.mad_floor``),
-        else now from its bounds."""
+        ratio decides them): now from its bounds, and then for the next ``_FLOOR_ADDS`` admissions too where one floor
+        (``RollingWindow.mad_floor``) says so (a tied, quantised log's is not tried on every entry)."""
+        if self._ba.mad_bounds()[0] <= 0:
+            return False
         if self._ba.mad_floor(_FLOOR_ADDS) > 0:
             self._ba_sure = _FLOOR_ADDS
-            return True
-        return self._ba.mad_bounds()[0] > 0
+        return True
 
     def _absolute_quiet(self, bar: float) -> bool:
         """The absolute noise proven under ``bar`` x its baseline's from the MADs' bounds (the baseline's positive)."""
