@@ -257,7 +257,7 @@ def test_loss_noise_finds_exactly_what_its_former_rule_found() -> None:
             found = now.observe(e, 0)
             assert found == was.observe(e, 0), f"seed {seed}, {e.fields}"
             fired += bool(found)
-            floored += now._ba_sure > 0
+            floored += now._admitted < now._ba_proven
             assert (now._since, now._settled, now._hits, now._calm, now._open, now._prev) == (
                 was._since,
                 was._settled,

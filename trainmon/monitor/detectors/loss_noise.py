@@ -153,7 +153,9 @@ class LossNoise(Detector):
         self._since: int | None = None  # step at which the noise first rose past admit_ratio
         self._reported = 0  # step of the last finding of the open anomaly
         self._judged = False  # the recent window and the baseline full: so until the next attempt
-        self._ba_sure = -1  # admissions through which the absolute baseline's MAD is proven positive (-1: not now)
+        self._admitted = 0  # entries admitted to the baseline
+        self._ba_proven = -1  # the admission through which the absolute baseline's MAD is proven positive
+        self._ba_retry = 0  # the admission from which a floor of it is tried again
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -204,11 +206,15 @@ class LossNoise(Detector):
     def _ba_positive(self) -> bool:
         """The absolute baseline's MAD proven positive, which is all the rule asks of it on most entries (the relative
         ratio decides them): now from its bounds, and then for the next ``_FLOOR_ADDS`` admissions too where one floor
-        (``RollingWindow.mad_floor``) says so (a tied, quantised log's is not tried on every entry)."""
+        (``RollingWindow.mad_floor``) says so; where it does not (a tied, quantised log), no floor for as many."""
         if self._ba.mad_bounds()[0] <= 0:
             return False
-        if self._ba.mad_floor(_FLOOR_ADDS) > 0:
-            self._ba_sure = _FLOOR_ADDS
+        n = self._admitted
+        if n >= self._ba_retry:
+            if self._ba.mad_floor(_FLOOR_ADDS) > 0:
+                self._ba_proven = n + _FLOOR_ADDS
+            else:
+                self._ba_retry = n + _FLOOR_ADDS
         return True
 
     def _absolute_quiet(self, bar: float) -> bool:
@@ -256,7 +262,7 @@ class LossNoise(Detector):
                 self._levels.append(old_loss)
                 self._bd.add(old_d)
                 self._ba.add(old_a)
-                self._ba_sure -= 1
+                self._admitted += 1
                 if old_lr is not None:
                     self._blr.add(old_lr)
         if not self._open and (self._judged or self._judging()):
@@ -265,7 +271,7 @@ class LossNoise(Detector):
             # exact MADs. Exact: with both baselines' MADs positive (their lower bounds) the ratios exist, and each is
             # at most its recent window's upper bound over its baseline's lower bound (float division is monotone).
             bd = self._bd.mad_bounds()[0]
-            if bd > 0 and (self._ba_sure >= 0 or self._ba_positive()):
+            if bd > 0 and (self._admitted <= self._ba_proven or self._ba_positive()):
                 bar = c.admit_ratio
                 rd = self._rd
                 if rd.mad_bounds()[1] / bd < bar or rd.mad() / self._bd.mad() < bar or self._absolute_quiet(bar):
