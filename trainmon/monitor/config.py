@@ -231,6 +231,8 @@ def _apply(obj: Any, raw: dict, prefix: str) -> None:
             value, ok = float(value), True
         if not ok:
             raise ConfigError(f"{name}: expected {expected.__name__}, got {value!r}")
+        if known[key].metadata.get("positive") and not value > 0:
+            raise ConfigError(f"{name}: must be greater than 0, got {value!r}")
         setattr(obj, key, value)
 
 

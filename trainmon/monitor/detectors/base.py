@@ -23,11 +23,17 @@ from typing import Any, ClassVar
 
 from trainmon.wire import Event
 
-__all__ = ["PLOTS", "SEVERITIES", "Detector", "Finding"]
+__all__ = ["PLOTS", "POSITIVE", "SEVERITIES", "Detector", "Finding"]
 
 SEVERITIES = ("info", "warning", "critical")
 """Least to most urgent; what each means (and so when a detector may use it) is stated once, in this
 module's docstring."""
+
+POSITIVE = {"positive": True}
+"""Field metadata of a detector setting that means nothing at 0 or below (a bar in sigmas its rules
+compare against): ``z: float = field(default=6.5, metadata=POSITIVE)``. The configuration refuses such a
+value, naming the field, instead of a detector firing on every step or never.
+"""
 
 PLOTS = ("loss", "grad", "lr", "throughput")
 """The post-mortem plots a detector's findings can be marked on (:attr:`Detector.plots`)."""

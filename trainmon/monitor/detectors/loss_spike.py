@@ -87,11 +87,11 @@ import collections
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.monitor.core.fmt import fmt
-from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.base import POSITIVE, Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
@@ -121,7 +121,7 @@ class LossSpikeConfig:
     early_spread: float = 5.0
     """...and at least this many times the spread of the earlier losses above the highest of them (a
     signed or near-zero loss is not measured by a ratio)."""
-    z: float = 6.5
+    z: float = field(default=6.5, metadata=POSITIVE)
     """A loss more than this many robust sigma above the baseline median is a spike. sigma comes from
     the MAD of the last ``2 * window`` accepted step-to-step differences, so a trend does not
     inflate it and earlier spikes (never admitted) do not either; it is inflated by
@@ -161,7 +161,7 @@ class LossSpikeConfig:
     opens as info and escalates only if it does not come back within ``quick_steps``. Real logs' readings
     call one-step excursions of up to 1.9x (48, 56) and 2.3x (57) single-batch noise, and a wrong
     warning costs more than a late one: the rule that fires still fires on the spike step."""
-    tail_min_z: float = 3.0
+    tail_min_z: float = field(default=3.0, metadata=POSITIVE)
     """An accepted loss this many robust sigma above the baseline is an excursion the run's tail is
     learned from (with the spikes that came back at once): the MAD sigma describes the core of the
     noise, not a heavy tail."""
