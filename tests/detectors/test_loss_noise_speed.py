@@ -89,7 +89,7 @@ def test_a_mad_floor_holds_through_the_adds_it_covers(xs: list[float], size: int
         if i % 7 or not len(w):
             continue
         floor = w.mad_floor(adds)
-        if len(w) < size or adds >= size // 2:
+        if len(w) < size or adds >= size // 2 or size == 2:
             assert floor == -math.inf
         later = RollingWindow(size)
         for v in w.values():
@@ -108,6 +108,11 @@ def test_a_mad_floor_of_no_adds_is_the_bounds_lower_end() -> None:
             w.add(rng.choice([rng.gauss(0, 1), float(rng.randint(0, 3))]))
             if len(w) == size:
                 assert _bits(w.mad_floor(0)) == _bits(w.mad_bounds()[0])
+    for size in (1, 2):  # no block straddles the median: no floor
+        w = RollingWindow(size)
+        for x in (1.0, 2.0):
+            w.add(x)
+        assert w.mad_floor(0) == -math.inf
 
 
 def test_a_far_floor_still_proves_a_continuous_window_spread() -> None:

@@ -2,7 +2,7 @@
 
 Detectors run on every event of every rank, so the per-event cost matters (the collector
 targets 100k samples/s on two cores; a 1M-row post-mortem calls ``add`` ~19 times a row). Two
-windows, one set of statistics (``_median``, ``_quantile`` of a sorted list):
+windows, one set of statistics (``_median``, ``_quantile``, ``_mad`` of a sorted list):
 
 * :class:`RollingWindow` keeps its values in arrival order and in a sorted list, for statistics read on
   every step: adding is one ``insort`` and one ``bisect`` removal (C memmove of at most ``size``
@@ -176,15 +176,12 @@ class RollingWindow:
                 j = k
             m = s[k]
             a, b = m - s[j], s[j + k] - m
-            if a < b:
-                self._shift = j - c - 1
+            if a <= b:
+                self._shift = j - c - 1 if a < b else j - c
                 bounds = self._bounds = (1.4826 * a, 1.4826 * b)
-            elif a > b:
+            else:
                 self._shift = j - c + 1
                 bounds = self._bounds = (1.4826 * b, 1.4826 * a)
-            else:
-                self._shift = j - c
-                bounds = self._bounds = (1.4826 * a, 1.4826 * b)
             return bounds
         if n < 4:  # no block of k values straddles the median: the MAD itself
             mad = self.mad()
@@ -214,7 +211,7 @@ class RollingWindow:
     def mad_floor(self, adds: int) -> float:
         """A lower bound of ``mad()`` that holds until ``adds`` more values joined this full window: for a rule that
         must know a MAD positive on every add (a baseline's, that a ratio's divisor exists), one bound for many adds.
-        ``-inf`` (no bound) while the window is not full or ``adds`` reaches half its size.
+        ``-inf`` (no bound) while the window is not full, holds two values, or ``adds`` reaches half its size.
 
         Why exact: an add to a full window drops one value and inserts one, which moves each order statistic at
         most one place, so after ``r`` adds the ``i``-th smallest value is between the current ``(i - r)``-th and
@@ -235,6 +232,8 @@ class RollingWindow:
             j = 0 if j < 0 else k if j > k else j
             a, b = s[k - r] - s[j + r], s[j + k - r] - s[k + r]
             return 1.4826 * (a if a <= b else b)
+        if n < 4:  # no block of k values straddles the median
+            return -math.inf
         # the k-th and (k+1)-th, from m between the means of s[k - 1 -+ r] and s[k -+ r]; blocks s[j .. j + k - 1]
         # and s[j .. j + k]
         j = 1 if j < 1 else k - 1 if j >= k else j
