@@ -1,10 +1,11 @@
 """The collector's bulk insert stores what SQLAlchemy's own INSERT of full rows stores, value for value.
 
-``Storage.insert_ignore`` binds column by column, leaves out a column that is None in every row and takes
-step rows holding only the columns a step has (``ingest._step_row``); the reference here is the rows as
-they were built before (every column, looked up field by field) inserted by SQLAlchemy Core with its own
-bind processing. Compared as each database prints the stored value (SQLite's ``quote``, PostgreSQL's text),
-so a NaN marker, a JSON ``null`` or an integer stored as a real would show.
+``Storage.insert_ignore`` takes rows column by column, binds a column at a time, leaves out a column that is
+None in every row, and takes the steps' columns built from their fields with only the columns some step has
+(``ingest._step_columns``); the reference here is the rows as they were built before (every column, looked up
+field by field, one row per step) inserted by SQLAlchemy Core with its own bind processing. Compared as each
+database prints the stored value (SQLite's ``quote``, PostgreSQL's text), so a NaN marker, a JSON ``null`` or an
+integer stored as a real would show.
 """
 
 from __future__ import annotations
@@ -68,14 +69,21 @@ def _reference_layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
     return {**key, "grad_norms": f.get("layer_grad_norms") or None, "precursors": json_safe(precursors) or None}
 
 
-def _sqlalchemy_insert(storage: Storage) -> Any:
-    """``insert_ignore`` as SQLAlchemy Core does it: the reference."""
+def _reference_step_columns(events: list[Event], attempts: list[int]) -> dict[str, list[Any]]:
+    """The steps' rows as they were built before, one full row per step, handed over column by column."""
+    rows = [_reference_step_row(ev, attempt) for ev, attempt in zip(events, attempts, strict=True)]
+    return {name: [row[name] for row in rows] for name in rows[0]}
 
-    def insert(conn: Any, table: Table, rows: list[dict[str, Any]]) -> None:
+
+def _sqlalchemy_insert(storage: Storage) -> Any:
+    """``insert_ignore`` as SQLAlchemy Core does it, of the full rows: the reference."""
+
+    def insert(conn: Any, table: Table, columns: dict[str, list[Any]]) -> None:
         if storage.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as dialect_insert
         else:
             from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        rows = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
         conn.execute(dialect_insert(table).on_conflict_do_nothing(), rows)
 
     return insert
@@ -144,7 +152,7 @@ def _ingest(storage: Storage, events: list[Event], batch: int) -> None:
 
 
 def _reference(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ingest, "_step_row", _reference_step_row)
+    monkeypatch.setattr(ingest, "_step_columns", _reference_step_columns)
     monkeypatch.setattr(ingest, "_layer_row", _reference_layer_row)
     monkeypatch.setattr(storage, "insert_ignore", _sqlalchemy_insert(storage))
 
@@ -188,8 +196,8 @@ def test_an_imported_csv_stores_the_same_steps_as_before(tmp_path: Path, monkeyp
 def test_a_replayed_row_is_skipped_whatever_columns_it_fills(store: Storage) -> None:
     key = {"run": "r", "rank": 0, "attempt": 0, "time": 1.0}
     with store.begin() as conn:
-        store.insert_ignore(conn, steps, [{**key, "step": 1, "loss": 2.0, "lrs": None}])
-        store.insert_ignore(conn, steps, [{**key, "step": 1, "loss": 9.0, "grad_norm": 1.0, "lrs": [1.0]}])
+        store.insert_ignore(conn, steps, _one({**key, "step": 1, "loss": 2.0, "lrs": None}))
+        store.insert_ignore(conn, steps, _one({**key, "step": 1, "loss": 9.0, "grad_norm": 1.0, "lrs": [1.0]}))
     ((loss, grad_norm, lrs),) = _stored_values(store, "loss, grad_norm, lrs")
     assert (float(loss), grad_norm, lrs) == (2.0, None, "null")  # the first row's: a JSON null, not SQL NULL
 
@@ -203,9 +211,14 @@ def test_many_sets_of_columns_are_each_stored_right(store: Storage) -> None:
         for step in range(300):
             filled = rng.sample(optional, rng.randint(0, 5))
             row = {"run": "r", "rank": 0, "attempt": 0, "step": step, "time": 1.0, "lrs": None}
-            store.insert_ignore(conn, steps, [{**row, **{n: 1 for n in filled}}])
+            store.insert_ignore(conn, steps, _one({**row, **{n: 1 for n in filled}}))
             assert len(store._inserts) <= 256
     assert len(_stored(store, steps)) == 300
+
+
+def _one(row: dict[str, Any]) -> dict[str, list[Any]]:
+    """One row, column by column."""
+    return {name: [value] for name, value in row.items()}
 
 
 def _stored_values(store: Storage, columns: str) -> list[tuple]:

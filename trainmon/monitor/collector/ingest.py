@@ -22,6 +22,7 @@ per-event rows keep the producer's own times (durations within a rank are differ
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,26 +114,43 @@ def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
 _PHASE_KEYS = {p: f"phase_{p}" for p in PHASE_COLUMNS}
 _STEP_FIELDS = frozenset(STEP_FIELDS)
 _PRECURSORS = frozenset(PRECURSOR_FIELDS)
+_RUN = operator.attrgetter("run")
+_RANK = operator.attrgetter("rank")
+_TIME = operator.attrgetter("time")
+_FIELDS = operator.attrgetter("fields")
+_STEP = operator.itemgetter("step")
+
+Columns = dict[str, list[Any]]
+"""Rows given column by column (:meth:`Storage.insert_ignore`)."""
 
 
-def _step_row(ev: Event, attempt: int) -> dict[str, Any]:
-    """The step's ``steps`` row, with the columns the step has (``insert_ignore`` stores NULL in the others):
-    an imported step has 4 of 30, and a row of every column cost twice as much to build and to bind."""
-    f = ev.fields
-    row = _key(ev, attempt, f["step"])
-    for name, value in f.items():
-        if name in _STEP_FIELDS:
-            row[name] = value
-    lrs = f.get("lr")
-    row["lr"] = lrs[0] if lrs else None
-    row["lrs"] = lrs
-    phases = f.get("phases")
-    if phases:
-        for phase, seconds in phases.items():
-            column = _PHASE_KEYS.get(phase)
-            if column is not None:
-                row[column] = seconds
-    return row
+def _columns(rows: list[dict[str, Any]]) -> Columns:
+    """Rows as columns: each column some row has, None in the rows that lack it."""
+    return {name: [row.get(name) for row in rows] for name in set().union(*rows)}
+
+
+def _step_columns(events: list[Event], attempts: list[int]) -> Columns:
+    """The steps' ``steps`` rows, column by column, with the columns some step has (``insert_ignore`` stores NULL
+    in the others): an imported step has 4 of 30. Built from the fields at C speed, not as a row per step read
+    back column by column (a quarter of an import's store stage)."""
+    fields = list(map(_FIELDS, events))
+    present = set().union(*fields)
+    columns = {
+        "run": list(map(_RUN, events)),
+        "rank": list(map(_RANK, events)),
+        "attempt": attempts,
+        "step": list(map(_STEP, fields)),
+        "time": list(map(_TIME, events)),
+    }
+    for name in _STEP_FIELDS.intersection(present):
+        columns[name] = [f.get(name) for f in fields]
+    lrs = columns["lrs"] = [f.get("lr") for f in fields]
+    columns["lr"] = [x[0] if x else None for x in lrs]
+    if "phases" in present:
+        phases = [f.get("phases") or {} for f in fields]
+        for phase in _PHASE_KEYS.keys() & set().union(*phases):
+            columns[_PHASE_KEYS[phase]] = [p.get(phase) for p in phases]
+    return columns
 
 
 def _layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
@@ -143,6 +161,15 @@ def _layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
         return None  # most steps: not sampled
     precursors = {k: f[k] for k in PRECURSOR_FIELDS if k in f}
     return {**_key(ev, attempt, f["step"]), "grad_norms": grad_norms, "precursors": json_safe(precursors) or None}
+
+
+def _layer_rows(events: list[Event], attempts: list[int]) -> list[dict[str, Any]]:
+    """The per-layer rows of the sampled steps among ``events``; asked of the batch's fields first (most batches
+    hold no sampled step)."""
+    present = set().union(*map(_FIELDS, events))
+    if "layer_grad_norms" not in present and _PRECURSORS.isdisjoint(present):
+        return []
+    return [row for ev, attempt in zip(events, attempts, strict=True) if (row := _layer_row(ev, attempt))]
 
 
 class Ingestor:
@@ -367,9 +394,8 @@ class Ingestor:
         launches: dict[str, str | None] | None = None  # stream -> launch id, of the batch's run_start events
         pulses = self._launches.pulses  # when each run was last heard from: whether a new job meets a live one
         for ev in events:
-            if ev.stream in known:
-                st = known[ev.stream]
-            else:
+            st = known.get(ev.stream)
+            if st is None:
                 cached = self._streams.get(ev.stream)
                 # A copy the group can change and drop on a rollback (built directly: ``replace`` costs more).
                 st = (
@@ -377,7 +403,7 @@ class Ingestor:
                     if cached
                     else self._fetch(conn, ev.stream)
                 )
-                if st is None:
+                if st is None:  # a stream never seen
                     if launches is None:
                         launches = {e.stream: e.fields.get("launch_id") for e in events if e.kind == "run_start"}
                     run = self._launches.run_of(
@@ -392,7 +418,7 @@ class Ingestor:
             if pulse is None:
                 pulse = pulses[st.run] = Pulse()
             pulse.beat(ev.time if arrival is None else arrival, ev.kind, ev.rank)
-            if (st.run, st.rank) != (ev.run, ev.rank):
+            if st.run != ev.run or st.rank != ev.rank:
                 if st.rank == ev.rank and stored_apart(st.run, ev.run):
                     slot.stored_as[ev.run] = st.run
                     object.__setattr__(ev, "run", st.run)  # the collector's own stamp, as ``clock_offset``
@@ -410,7 +436,9 @@ class Ingestor:
         return _Stream(row.run, row.rank, row.attempt, seqs, row.missing, ClockOffset(row.clock_offset))
 
     def _write(self, conn: Connection, fresh: list[tuple[Event, int]], known: dict[str, _Stream]) -> None:
-        rows: dict[Any, list[dict]] = {t: [] for t in (steps, layer_stats, evals, checkpoints, resumes, health)}
+        step_events: list[Event] = []
+        step_attempts: list[int] = []
+        rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
         run_updates: dict[str, dict[str, Any]] = {}
         for ev, attempt in fresh:
@@ -430,10 +458,8 @@ class Ingestor:
             elif t < ru["first"]:
                 ru["first"] = t
             if ev.kind == "step":
-                rows[steps].append(_step_row(ev, attempt))
-                layer = _layer_row(ev, attempt)
-                if layer is not None:
-                    rows[layer_stats].append(layer)
+                step_events.append(ev)
+                step_attempts.append(attempt)
             elif ev.kind == "eval":
                 rows[evals].append(
                     {
@@ -481,9 +507,14 @@ class Ingestor:
                 )
                 if ev.rank == 0:
                     ru["status"] = f["status"]
+        if step_events:
+            self.storage.insert_ignore(conn, steps, _step_columns(step_events, step_attempts))
+            layers = _layer_rows(step_events, step_attempts)
+            if layers:
+                self.storage.insert_ignore(conn, layer_stats, _columns(layers))
         for table, batch in rows.items():
             if batch:
-                self.storage.insert_ignore(conn, table, batch)
+                self.storage.insert_ignore(conn, table, _columns(batch))
         self._write_streams(conn, stream_updates, known)
         self._write_runs(conn, run_updates)
 

@@ -15,8 +15,11 @@ keeps NaN as the text ``'NaN'`` on SQLite (PostgreSQL has a native NaN).
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import logging
 import math
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -91,6 +94,34 @@ class Real(TypeDecorator):
 def _nan_marker(value: Any) -> Any:
     return "NaN" if value != value else value  # only NaN differs from itself
 
+
+def _nan_markers(cells: list[Any]) -> list[Any]:
+    """A Real column's cells as bound on SQLite: each through :func:`_nan_marker`. Asked of the whole column at
+    C speed first (only NaN is unequal to itself): most columns hold no NaN, and are bound as they are."""
+    if all(map(operator.eq, cells, cells)):
+        return cells
+    return list(map(_nan_marker, cells))
+
+
+_NUMBERS = frozenset({int, float})
+
+
+def _json_texts(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
+    """A JSON column's cells as bound on SQLite, where ``process`` (SQLAlchemy's) binds a value as its
+    ``json.dumps``. A column of non-empty lists of plain numbers (a step's learning rates, one list per step) is
+    encoded by one ``json.dumps`` of the column and cut at the ``], [`` between its lists (a number's text holds
+    no bracket): the same texts, without a million calls through SQLAlchemy's wrapper and the encoder's."""
+    lists = set(map(type, cells)) == {list} and all(cells)
+    if lists and set(map(type, itertools.chain.from_iterable(cells))) <= _NUMBERS:
+        return [f"[{text}]" for text in json.dumps(cells)[2:-2].split("], [")]
+    return _each(process, cells)
+
+
+def _each(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
+    return list(map(process, cells))
+
+
+_Binder = Callable[[list[Any]], list[Any]]
 
 metadata = MetaData()
 
@@ -303,7 +334,7 @@ class Storage:
                 self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="trainmon-checkpoint")
                 self._checkpointer.daemon = True
         self._positional = self.engine.dialect.positional  # qmark (SQLite) or named (psycopg) parameters
-        self._inserts: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], list[Any]]] = {}
+        self._inserts: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], list[_Binder | None]]] = {}
         self._omit: dict[str, frozenset[str]] = {}  # per table: see _omissible
         if self.url == "sqlite://":
             metadata.create_all(self.engine)  # in memory, gone at exit: no history to migrate
@@ -337,37 +368,37 @@ class Storage:
         with self.engine.connect() as conn:
             yield conn
 
-    def insert_ignore(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-        """INSERT rows (column -> value; a column a row lacks is bound as None), skipping those whose key
-        exists: replays and retries store nothing twice.
+    def insert_ignore(self, conn: Connection, table: Table, columns: dict[str, list[Any]]) -> None:
+        """INSERT rows given column by column (column -> its value in each row, every list as long; a column not
+        given is left out of the statement), skipping those whose key exists: replays and retries store nothing twice.
 
-        Column by column: a column None in every row is left out of the statement where that stores the same
-        NULL (most of a step's 30 columns in an imported log: binding them was three quarters of SQLite's
-        time), each other one goes through its type's bind processor (NaN marker, JSON) in one ``map``, and
-        the driver's executemany gets the rows as tuples. The statement is compiled once per (table, columns):
-        SQLAlchemy's per-row parameter handling costs more than the insert itself at ingest rates.
+        Column by column, as the collector builds them: a column None in every row is left out of the statement
+        where that stores the same NULL (most of a step's 30 columns in an imported log: binding them was three
+        quarters of SQLite's time), each other one goes through its type's bind processor a column at a time
+        (``_binder``), and the driver's executemany gets the rows as tuples. The statement is compiled once per
+        (table, columns): SQLAlchemy's per-row parameter handling costs more than the insert itself at ingest rates.
         """
         omissible = self._omissible(table)
-        count = len(rows)
-        columns = {}
-        for name in sorted(set().union(*rows)):
-            cells = [row.get(name) for row in rows]
-            if name not in omissible or cells.count(None) < count:
-                columns[name] = cells
-        key = (table.name, tuple(columns))
+        count = len(next(iter(columns.values())))
+        kept = {
+            name: cells for name, cells in sorted(columns.items()) if name not in omissible or cells.count(None) < count
+        }
+        key = (table.name, tuple(kept))
         plan = self._inserts.get(key)
         if plan is None:
             if len(self._inserts) >= _MAX_PLANS:  # the columns follow what producers send: keep the cache bounded
                 self._inserts.clear()
             plan = self._inserts[key] = self._compile_insert(table, key[1])
-        sql, names, processors = plan
-        bound = [columns[n] if f is None else list(map(f, columns[n])) for n, f in zip(names, processors, strict=True)]
+        sql, names, binders = plan
+        bound = [kept[n] if f is None else f(kept[n]) for n, f in zip(names, binders, strict=True)]
         params: list[Any] = list(zip(*bound, strict=True))
         if not self._positional:
             params = [dict(zip(names, p, strict=True)) for p in params]
         conn.exec_driver_sql(sql, params)
 
-    def _compile_insert(self, table: Table, columns: tuple[str, ...]) -> tuple[str, tuple[str, ...], list[Any]]:
+    def _compile_insert(
+        self, table: Table, columns: tuple[str, ...]
+    ) -> tuple[str, tuple[str, ...], list[_Binder | None]]:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
@@ -375,7 +406,18 @@ class Storage:
         statement = insert(table).on_conflict_do_nothing()
         compiled = statement.compile(dialect=self.engine.dialect, column_keys=list(columns))
         names = tuple(compiled.positiontup) if self._positional else columns
-        return str(compiled), names, [self._bind_processor(table.c[n]) for n in names]
+        return str(compiled), names, [self._binder(table.c[n]) for n in names]
+
+    def _binder(self, column: Column[Any]) -> _Binder | None:
+        """How a column's cells are bound, the whole column at once (None: as they are)."""
+        process = self._bind_processor(column)
+        if process is None:
+            return None
+        if process is _nan_marker:
+            return _nan_markers
+        if isinstance(column.type, JSON) and self.dialect == "sqlite" and self.engine.dialect._json_serializer is None:
+            return functools.partial(_json_texts, process)
+        return functools.partial(_each, process)
 
     def _bind_processor(self, column: Column[Any]) -> Callable[[Any], Any] | None:
         """How a value of ``column`` is bound (None: as it is). Real's on SQLite is its NaN marker as one
