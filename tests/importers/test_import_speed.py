@@ -21,7 +21,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainmon.monitor.importers import csv as csv_importer
-from trainmon.monitor.importers.common import EvalPoint, Item, LogMeta, TrainPoint, _Emitter
+from trainmon.monitor.importers.common import (
+    EvalPoint,
+    Item,
+    LogMeta,
+    TrainPoint,
+    _Emitter,
+    lr_values,
+    to_count,
+    to_float,
+)
 from trainmon.monitor.importers.csv import _Rows, _Series, _table_items
 from trainmon.monitor.importers.structure import combine, eval_point_values, eval_sets, root_sum_squares
 from trainmon.wire import Event, WireError, validate_event
@@ -325,3 +334,46 @@ def test_an_eval_event_is_what_validate_event_made_of_it(p: EvalPoint, t: float)
     want = _outcome(lambda: _old_eval(em, p, t))
     got = _outcome(lambda: em.eval(p, t))
     assert _same(got, want), (got, want)
+
+
+# --- a log's numbers ----------------------------------------------------------------------------
+
+
+def _old_to_count(value: Any) -> int | None:
+    """``to_count`` as it was: every value through ``to_float``."""
+    x = to_float(value)
+    if x is None or not math.isfinite(x) or x < 0:
+        return None
+    return int(x)
+
+
+def _old_lr_values(entry: dict[str, Any], keys: tuple[str, ...]) -> list[float] | None:
+    for key in keys:
+        v = entry.get(key)
+        if isinstance(v, list):
+            vals = [to_float(x) for x in v]
+            if vals and all(x is not None for x in vals):
+                return vals  # type: ignore[return-value]
+        x = to_float(v)
+        if x is not None:
+            return [x]
+    return None
+
+
+_LOGGED = st.one_of(
+    _FLOAT,
+    st.integers(-(2**60), 2**60),
+    st.sampled_from([2**53 - 1, 2**53, 2**53 + 1, -1, 0, True, False, None, "12", " 7.0 ", "nan", "", "x", [1.0]]),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_LOGGED)
+def test_a_count_is_what_to_float_made_of_it(value: Any) -> None:
+    assert _same(to_count(value), _old_to_count(value))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.dictionaries(st.sampled_from(["learning_rate", "lr", "x"]), _LOGGED | st.lists(_LOGGED, max_size=3)))
+def test_learning_rates_are_what_to_float_made_of_them(entry: dict[str, Any]) -> None:
+    assert _same(lr_values(entry, ("learning_rate", "lr")), _old_lr_values(entry, ("learning_rate", "lr")))

@@ -646,21 +646,21 @@ class _Emitter:
         step = p.step
         fields: dict[str, Any] = {"step": step}
         sound = type(step) is int and 0 <= step <= MAX_INT
-        if p.loss is not None:
-            fields["loss"] = _wire_float(p.loss)
-        if p.grad_norm is not None:
-            fields["grad_norm"] = _wire_float(p.grad_norm)
-        if p.lr:
-            fields["lr"] = list(map(_wire_float, p.lr))
-        if p.tokens is not None and p.tokens >= 0:
-            tokens = fields["tokens"] = int(p.tokens)
+        if (x := p.loss) is not None:
+            fields["loss"] = _wire_float(x)
+        if (x := p.grad_norm) is not None:
+            fields["grad_norm"] = _wire_float(x)
+        if lr := p.lr:
+            fields["lr"] = [_wire_float(lr[0])] if len(lr) == 1 else list(map(_wire_float, lr))
+        if (n := p.tokens) is not None and n >= 0:
+            tokens = fields["tokens"] = int(n)
             sound = sound and tokens <= MAX_INT
-        if p.step_time is not None and math.isfinite(p.step_time) and p.step_time >= 0:
-            fields["step_time"] = float(p.step_time)
-        if p.loss_scale is not None:
-            fields["loss_scale"] = _wire_float(p.loss_scale)
-        if p.skipped is not None:
-            fields["skipped"] = bool(p.skipped)
+        if (x := p.step_time) is not None and math.isfinite(x) and x >= 0:
+            fields["step_time"] = float(x)
+        if (x := p.loss_scale) is not None:
+            fields["loss_scale"] = _wire_float(x)
+        if (b := p.skipped) is not None:
+            fields["skipped"] = bool(b)
         return self._event("step", t, fields, sound)
 
     def eval(self, p: EvalPoint, t: float) -> Event:
@@ -698,6 +698,8 @@ def lr_values(entry: dict[str, Any], keys: tuple[str, ...]) -> list[float] | Non
     or a single one."""
     for key in keys:
         v = entry.get(key)
+        if type(v) is float:  # the common case first: to_float's own
+            return [v]
         if isinstance(v, list):
             vals = [to_float(x) for x in v]
             if vals and all(x is not None for x in vals):
@@ -729,6 +731,8 @@ def to_float(value: Any) -> float | None:
 
 def to_count(value: Any) -> int | None:
     """A logged step number or count: a finite, non-negative number (a float like ``52.0`` too), else None."""
+    if type(value) is int and 0 <= value <= MAX_INT:  # the common case first: exact as a float, so itself
+        return value
     x = to_float(value)
     if x is None or not math.isfinite(x) or x < 0:
         return None

@@ -124,12 +124,10 @@ def _keys(names: tuple[str, ...]) -> _Keys:
     )
 
 
-def _eval_set_of(entry: dict[str, Any], key: str | None) -> tuple[str, float, dict[str, float]] | None:
+def _eval_set_of(entry: dict[str, Any], key: str) -> tuple[str, float, dict[str, float]] | None:
     """An evaluation of one named set (``Trainer(eval_dataset={"squad": ..., "wiki": ...})`` logs each as its
     own entry: ``eval_squad_loss``, ``eval_squad_accuracy``, ``eval_squad_runtime``): (set, loss, metrics).
     ``key``: the entry's set loss key (:attr:`_Keys.eval_set`)."""
-    if key is None:
-        return None
     loss = to_float(entry[key])
     if loss is None:
         return None
@@ -269,7 +267,7 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
             runtime = to_float(entry.get("train_runtime"))
             continue
         keys = _keys(tuple(entry))
-        named = _eval_set_of(entry, keys.eval_set) if "eval_loss" not in entry else None
+        named = _eval_set_of(entry, keys.eval_set) if keys.eval_set is not None and "eval_loss" not in entry else None
         if named is not None:
             name, loss, metrics = named
             primary_set = primary_set or name
@@ -324,7 +322,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
                     if k not in _EVAL_TIMING:
                         eval_metrics_without_loss.setdefault(k, None)
             continue  # another callback's numbers (e.g. only eval metrics without a loss)
-        reward_key = reward_key or _policy_reward(entry)
+        if reward_key is None and keys.rewards:  # asked only of a row that names a reward: most name none
+            reward_key = _policy_reward(entry)
         epoch = to_float(entry.get("epoch"))
         if (
             epoch is not None
@@ -344,14 +343,15 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
                 tokens = round((seen - prev_tokens[1]) / (step - prev_tokens[0]))
             prev_tokens = (step, seen)
             break
-        ignored.update(keys.unknown)
+        if keys.unknown:
+            ignored.update(keys.unknown)
         for key in keys.preference:
             x = to_float(entry[key])
             if x is not None and math.isfinite(x):
                 kept = preference.setdefault(key, [])
                 kept.append([step, x])
                 del kept[:-_PREFERENCE_KEEP]
-        items.append(TrainPoint(step=step, loss=loss, grad_norm=norm, lr=lr, tokens=tokens))
+        items.append(TrainPoint(step, loss, norm, lr, tokens))
         prev_train_step = step
         if epoch is not None:
             prev_epoch = epoch
