@@ -100,6 +100,8 @@ from trainmon.wire import Event
 
 __all__ = ["Divergence", "DivergenceConfig"]
 
+_GAPS = 16  # the gaps between logged entries that tell a sparse log
+
 
 @dataclass
 class DivergenceConfig:
@@ -230,9 +232,11 @@ class _Health:
     def add(self, step: int, loss: float, ckpts: collections.deque[tuple[int, str | None]]) -> None:
         if self.first_step is None:
             self.first_step = step
-        if self.best is None or loss < self.best:
-            self.best, self.best_step = loss, step
-        if loss <= self.best + self.rel * abs(self.best):
+        best = self.best
+        if best is None or loss < best:
+            best = self.best = loss
+            self.best_step = step
+        if loss <= best + self.rel * abs(best):
             self.step, self.loss = step, loss
             if ckpts:
                 self.ckpt = next((c for c in reversed(ckpts) if c[0] <= step), self.ckpt)
@@ -271,13 +275,13 @@ class Divergence(Detector):
         self.config = config
         hist = config.long_window + 1
         self._raw = RollingWindow(config.median_of)
-        self._filtered: collections.deque[float] = collections.deque(maxlen=hist)
-        self._smooth: collections.deque[float] = collections.deque(maxlen=hist)
-        self._steps: collections.deque[int] = collections.deque(maxlen=hist)  # step of each smoothed entry
+        # (step, middle step of its median window, median-filtered loss, smoothed loss) of each entry since the median
+        # window filled: one tuple a step, read only where a rise is judged
+        self._hist: collections.deque[tuple[int, int, float, float]] = collections.deque(maxlen=hist)
         # |raw loss - previous raw loss| of the last entries (the finite ones); their median is taken only where a
         # rise is judged (statistics.median of the same values: what a sorted window gives)
         self._noise: collections.deque[float] = collections.deque(maxlen=64)
-        self._gaps: collections.deque[int] = collections.deque(maxlen=16)  # steps between logged entries
+        self._gaps: collections.deque[int] = collections.deque(maxlen=_GAPS)  # steps between logged entries
         self._wide_gaps = 0  # how many of them are sparse_min_interval or more
         self._prev_raw: float | None = None
         self._prev_step: int | None = None
@@ -305,7 +309,6 @@ class Divergence(Detector):
         self._warmup_end = 0
         self._ep: _Episode | None = None
         self._grad_norms: collections.deque[float] = collections.deque(maxlen=hist)
-        self._centers: collections.deque[int] = collections.deque(maxlen=hist)  # middle step of each filtered one
         # the task metric (eval events): the metric the run optimises for outranks the training loss
         self._evals: dict[str, collections.deque[tuple[int, float]]] = {}
         self._eval_sign: dict[str, int] = {}
@@ -409,18 +412,20 @@ class Divergence(Detector):
 
     def _on_loss(self, step: int, loss: float, gn: Any) -> list[Finding]:
         cfg = self.config
-        self._entries += 1
+        entries = self._entries = self._entries + 1
         prev_step = self._prev_step
         if prev_step is not None and step > prev_step:
-            gaps = self._gaps
-            if len(gaps) == gaps.maxlen:
-                self._wide_gaps -= gaps[0] >= cfg.sparse_min_interval
-            gaps.append(step - prev_step)
-            self._wide_gaps += step - prev_step >= cfg.sparse_min_interval
+            gap, wide, gaps = step - prev_step, cfg.sparse_min_interval, self._gaps
+            if len(gaps) == _GAPS and gaps[0] >= wide:
+                self._wide_gaps -= 1
+            gaps.append(gap)
+            if gap >= wide:
+                self._wide_gaps += 1
         self._prev_step = step
-        if self._prev_raw is not None:
-            noise = abs(loss - self._prev_raw)
-            if math.isfinite(noise):
+        prev_raw = self._prev_raw
+        if prev_raw is not None:
+            noise = abs(loss - prev_raw)
+            if noise < math.inf:  # finite (the difference of two finite losses can overflow)
                 self._noise.append(noise)
         self._prev_raw = loss
         health = self._health
@@ -438,19 +443,16 @@ class Divergence(Detector):
         raw.add(loss)
         recent = self._recent_steps
         recent.append(step)
-        if self._entries < cfg.median_of:  # every entry's loss is in the window (finite): it is not full yet
+        if entries < cfg.median_of:  # every entry's loss is in the window (finite): it is not full yet
             return out
         m = raw.median()
         center = recent[len(recent) // 2]
-        self._centers.append(center)
         if self._first_center is None:
             self._first_center = center
         health.add(center, m, self._ckpts)
-        self._filtered.append(m)
         ema = self._ema
         s = self._ema = m if ema is None else ema + cfg.ema_alpha * (m - ema)
-        self._smooth.append(s)
-        self._steps.append(step)
+        self._hist.append((step, center, m, s))
         if finite(gn):
             self._grad_norms.append(gn)
         if not gated:
@@ -462,8 +464,9 @@ class Divergence(Detector):
         above = (s - low) / abs(low) if low else 0.0
         big = above >= cfg.critical_rel and s - low >= cfg.min_rise_abs  # 67% of 0.006 is noise
         self._critical_run = self._critical_run + 1 if big else 0
-        self._envelope = max(above, self._envelope * self._decay)
-        self._envelopes.append(self._envelope)
+        env = self._envelope * self._decay
+        env = self._envelope = env if env > above else above  # max(above, env), without the call
+        self._envelopes.append(env)
         if self._ep is not None:
             if self._ep.source == "trend":
                 out += self._follow(step, s, low, self._min_step, above, self._critical_run)
@@ -501,7 +504,7 @@ class Divergence(Detector):
             if self._short_hits < cfg.short_sustain:
                 return []
         w, start, rise, up = hit
-        span = step - self._steps[-w - 1]
+        span = step - self._hist[-w - 1][0]
         view: dict[str, Any] = {
             "window_entries": w,
             "window_steps": span,
@@ -525,7 +528,8 @@ class Divergence(Detector):
     def _onset(self, sigma: float) -> int:
         """Where the rise started, looking back past the detector's gates: the step after the last one at which
         the median-filtered loss was still within its noise (``healthy_rel``, and one raw sigma) of its lowest."""
-        fl, cs = list(self._filtered), list(self._centers)
+        cs = [e[1] for e in self._hist]
+        fl = [e[2] for e in self._hist]
         i_min = min(range(len(fl)), key=fl.__getitem__)
         lo = fl[i_min]
         band = max(sigma, self.config.healthy_rel * abs(lo))
@@ -538,19 +542,20 @@ class Divergence(Detector):
         Cheap tests first; the O(w) pair and jump tests run only when the rise is already large.
         """
         cfg = self.config
-        sm = self._smooth
-        if len(sm) <= w:
+        hist = self._hist
+        if len(hist) <= w:
             return None
-        start = sm[-w - 1]
-        rise = sm[-1] - start
+        start = hist[-w - 1][3]
+        rise = hist[-1][3] - start
         if rise <= 0 or rise < min_rel * abs(start) or rise < cfg.min_rise_sigma * sigma or rise < cfg.min_rise_abs:
             return None
-        fl = list(self._filtered)[-w - 1 :]
+        window = list(hist)[-w - 1 :]
+        fl = [e[2] for e in window]
         if fl[-1] - fl[0] <= 0:
             return None
         # A jump that stays up puts most of the rise into a few steps of the smoothed series;
         # a trend spreads it. (Checked on the EMA: single filtered increments are too noisy.)
-        ss = list(sm)[-w - 1 :]
+        ss = [e[3] for e in window]
         k = min(5, w // 4)
         if max(ss[i + k] - ss[i] for i in range(len(ss) - k)) > cfg.max_jump_share * rise:
             return None

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
 __all__ = ["EvalRegression", "EvalRegressionConfig", "metric_direction"]
@@ -269,10 +269,12 @@ class EvalRegression(Detector):
     priority = 40
     plots = ("loss",)
     localised = False
+    consumes = frozenset(("run_start", "step", "eval"))
 
     def __init__(self, config: EvalRegressionConfig) -> None:
         self.config = config
-        self._train = RollingWindow(config.train_window)
+        # the train level: added on every step, its median read only at evals (a few hundred in a long log)
+        self._train = LazyWindow(config.train_window)
         # (step, eval loss, train level at that eval, attempt)
         self._evals: collections.deque[tuple[int, float, float | None, int]] = collections.deque(maxlen=config.history)
         # best eval loss: (step, loss, train level, task-metric values at that eval)
@@ -289,12 +291,18 @@ class EvalRegression(Detector):
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         """The run's own eval, and each further eval set (``SET/loss`` and ``SET/METRIC`` in the eval's metrics,
         as the importers write them) judged on its own by an instance of this detector per set."""
-        if event.kind == "run_start" and not event.fields.get("resumed", False):
+        kind = event.kind
+        if kind == "run_start" and not event.fields.get("resumed", False):
             self._sets = {}
             self._set_open = set()
-        if event.kind != "eval":
+        if kind != "eval":
             for child in self._sets.values():
                 child.observe(event, attempt)
+            if kind == "step":  # nearly every event: only the train level, its median read at the next eval
+                loss = event.fields.get("loss")
+                if finite(loss):
+                    self._train.add(loss)
+                return []
             return self._observe_one(event, attempt)
         metrics = event.fields.get("metrics")
         if not isinstance(metrics, dict):
@@ -353,19 +361,15 @@ class EvalRegression(Detector):
 
     def _observe_one(self, event: Event, attempt: int) -> list[Finding]:
         f = event.fields
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind == "run_start":
             if not f.get("resumed", False):
                 sets, set_open = self._sets, self._set_open
                 self.__init__(self.config)  # a fresh run: its evals are not comparable with the previous one's
                 self._sets, self._set_open = sets, set_open
             self._read_config(f.get("config"))
             return []
-        if event.kind == "step":
-            loss = f.get("loss")
-            if finite(loss):
-                self._train.add(loss)
-            return []
-        if event.kind != "eval":
+        if kind != "eval":
             return []
         loss = f.get("loss")
         if not finite(loss):

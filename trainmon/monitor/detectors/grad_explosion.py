@@ -71,10 +71,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
+from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
 __all__ = ["GradExplosion", "GradExplosionConfig"]
+
+_log = math.log
+
+
+def _lower_middle(w: LazyWindow) -> float:
+    """The ``r = (n - 1) // 2``-th smallest of the ``n`` values of ``w`` (0-based: the lower of a median's two middle
+    values), read as the nearest-rank quantile ``r / (n - 1)``: ``r / (n - 1) * (n - 1)`` is within an ulp of ``r`` and
+    rounds back to it."""
+    n = len(w)
+    return w.quantile((n - 1) // 2 / (n - 1)) if n > 1 else w.quantile(0.0)
 
 
 @dataclass
@@ -207,7 +217,10 @@ class GradExplosion(Detector):
 
     def __init__(self, config: GradExplosionConfig) -> None:
         self.config = config
-        self._logs = RollingWindow(config.window)
+        self._min_bar = math.log(config.min_ratio)  # the first bar of a spike, asked of every norm
+        # the accepted log norms, whose median is the baseline: asked only when the floor does not decide (see _norm)
+        self._logs = LazyWindow(config.window)
+        self._floor: float | None = None  # at most every median of _logs since its last one was taken
         # read only when a norm is min_ratio x the median (see _norm): every recent log norm, spikes included
         # (the tail), and the accepted differences (the sigma)
         self._all = LazyWindow(config.window)
@@ -219,9 +232,9 @@ class GradExplosion(Detector):
         # losses outside loss watches, the reference a spike's loss watch compares with (its median and
         # spread are computed only when a spike needs them: spikes are rare, steps are not)
         self._losses: collections.deque[float] = collections.deque(maxlen=config.window)
-        self._last_loss: float | None = None  # last logged loss (degenerate test)
-        self._flat: collections.deque[bool] = collections.deque(maxlen=config.window)
-        self._n_flat = 0
+        # the last finite losses, one more than the degenerate test reads (it compares each with the one before):
+        # that test is asked only of a spike
+        self._recent_losses: collections.deque[float] = collections.deque(maxlen=config.window + 1)
         self._noted = False  # the degenerate-loss note was given
         self._clip_open = False
         self._clips: collections.deque[bool] = collections.deque(maxlen=config.clip_recent + config.clip_baseline)
@@ -236,22 +249,19 @@ class GradExplosion(Detector):
         return max(1.4826 * self._diffs.median() / math.sqrt(2.0), 0.01)
 
     def _accept(self, x: float) -> None:
-        if self._prev is not None:
-            self._diffs.add(abs(x - self._prev))
+        prev = self._prev
+        if prev is not None:
+            self._diffs.add(abs(x - prev))
         self._prev = x
         self._logs.add(x)
+        floor = self._floor
+        if floor is not None and x < floor:
+            self._floor = x
 
     def _track_loss(self, loss: Any) -> None:
         if not finite(loss):
             return
-        flat = loss == 0.0 or loss == self._last_loss
-        flats = self._flat
-        if len(flats) == flats.maxlen:
-            self._n_flat += flat - flats[0]
-        else:
-            self._n_flat += flat
-        flats.append(flat)
-        self._last_loss = loss
+        self._recent_losses.append(loss)
         ep = self._ep
         if ep is None or ep.watch == 0:  # watched losses (and a spike's own) stay out
             self._losses.append(loss)
@@ -264,9 +274,16 @@ class GradExplosion(Detector):
         diffs = [abs(b - a) for a, b in itertools.pairwise(losses)]
         return statistics.median(losses), 1.4826 * statistics.median(diffs) / math.sqrt(2.0)
 
+    def _flats(self) -> tuple[int, int]:
+        """(n, flat): of the last ``window`` finite losses (n), how many are exactly 0.0 or equal to the one
+        before them."""
+        losses = list(self._recent_losses)
+        flags = [b == 0.0 or b == a for a, b in itertools.pairwise([None, *losses])][-self.config.window :]
+        return len(flags), sum(flags)
+
     def _degenerate(self) -> bool:
-        n = len(self._flat)
-        return n >= self.config.min_history and self._n_flat >= self.config.degenerate_share * n
+        n, flat = self._flats()
+        return n >= self.config.min_history and flat >= self.config.degenerate_share * n
 
     def _push_clip(self, clipped: bool) -> None:
         cfg = self.config
@@ -283,44 +300,43 @@ class GradExplosion(Detector):
     # -- events ----------------------------------------------------------------------------------
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
-        if event.kind == "run_start":
+        kind = event.kind
+        if kind != "step":  # steps first: nearly every event
             out: list[Finding] = []
-            if not event.fields.get("resumed", False):
-                if self._ep is not None:  # restarted from scratch: the old episode belongs to the old run
-                    out = self._close(self._ep.last_step, "a new run started")
-                self.__init__(self.config)  # a fresh run: a new baseline
-            self._prev = None
+            if kind == "run_start":
+                if not event.fields.get("resumed", False):
+                    if self._ep is not None:  # restarted from scratch: the old episode belongs to the old run
+                        out = self._close(self._ep.last_step, "a new run started")
+                    self.__init__(self.config)  # a fresh run: a new baseline
+                self._prev = None
+            elif kind == "run_end":
+                out = self._end()
             return out
-        if event.kind == "run_end":
-            return self._end()
-        if event.kind != "step":
-            return []
         f = event.fields
         step = f["step"]
         loss = f.get("loss")
         out = []
         ep = self._ep
         changed = False
-        if ep is not None and ep.watch > 0:
-            changed = self._watch(ep, step, loss)
-        elif ep is not None:
-            changed = self._loss_back(ep, step, loss)
+        if ep is not None:
+            changed = self._watch(ep, step, loss) if ep.watch > 0 else self._loss_back(ep, step, loss)
         norm = f.get("grad_norm")
         layers = f.get("layer_grad_norms")
         if finite(norm) and norm > 0:  # non-finite norms are nan_inf's business
             changed |= self._norm(step, norm, layers, out, loss)
         ep = self._ep
-        if ep is not None and changed:
-            out.extend(self._report(ep))
-        if ep is not None and ep.said is None and ep.with_loss and ep.watch == 0 and ep.run == 0 and not ep.high:
-            self._ep = None  # the loss spike's incident is over: later spikes start their own episode
-        elif ep is not None and ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
-            out.extend(self._close(step, f"in band since step {ep.last_step}"))
+        if ep is not None:
+            if changed:
+                out.extend(self._report(ep))
+            if ep.said is None and ep.with_loss and ep.watch == 0 and ep.run == 0 and not ep.high:
+                self._ep = None  # the loss spike's incident is over: later spikes start their own episode
+            elif ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
+                out.extend(self._close(step, f"in band since step {ep.last_step}"))
         self._track_loss(loss)
         if isinstance(layers, dict):
             self._layers = {k: v for k, v in layers.items() if finite(v)}
         coef = f.get("clip_coef")
-        if finite(coef):
+        if coef is not None and finite(coef):  # most logs carry no clip coefficient
             if self._ep is not None:
                 self._ep.clip_n += 1
                 self._ep.clip_hits += coef < 1.0
@@ -340,18 +356,29 @@ class GradExplosion(Detector):
         return ref is not None and finite(loss) and self._above(loss, ref)
 
     def _norm(self, step: int, norm: float, layers: Any, out: list[Finding], loss: Any) -> bool:
-        """Judge one norm (``loss``: this step's); True when the open episode changed."""
+        """Judge one norm (``loss``: this step's); True when the open episode changed.
+
+        The median is taken only when the floor (a lower bound of it) does not decide: with no episode open, a norm
+        within ``min_ratio`` of the floor is within it of the median, no spike, and nothing else reads the median
+        (most steps of most runs). Why the floor bounds every later median: it starts as the lower middle value
+        ``m`` of the window when a median is taken, ``r = (n - 1) // 2`` values at most below it; the window only
+        grows, and every value it accepts since is at least the floor (which it lowers), so at most ``r`` values
+        of a later window of ``n' >= n`` values are below the floor, and its lower middle value (``(n' - 1) // 2``
+        values below it) is not: nor is its median, the upper middle or the mean of the two."""
         cfg = self.config
-        x = math.log(norm)
+        x = _log(norm)
         spike = changed = False
-        if len(self._logs) >= cfg.min_history:
-            med = self._logs.median()
+        logs = self._logs
+        ep, floor = self._ep, self._floor
+        decided = ep is None and floor is not None and x - floor <= self._min_bar
+        if not decided and len(logs) >= cfg.min_history:
+            med = logs.median()
+            self._floor = _lower_middle(logs)
             # Over max(z sigma, log min_ratio) and over the tail: sigma and the tail are asked only of a norm
             # past the first bar (x - med > max(a, b) is x - med > b and x - med > a): a few steps of most runs.
-            if x - med > math.log(cfg.min_ratio):
+            if x - med > self._min_bar:
                 sigma = self._sigma()
                 spike = x - med > cfg.z * sigma and x - self._all.quantile(cfg.tail_quantile) > math.log(cfg.tail_ratio)
-            ep = self._ep
             if spike and ep is None and self._degenerate():
                 out.extend(self._note(step, norm, math.exp(med)))
             elif spike:
@@ -710,10 +737,10 @@ class GradExplosion(Detector):
         if self._noted or self._clip_open:
             return []
         self._noted = True
-        n = len(self._flat)
+        n, flat = self._flats()
         message = (
             f"grad-norm spike at step {step} ({norm:.3g}, {_x(norm / med)} its median of {med:.3g}) not judged: "
-            f"the loss is 0.0 or repeats its previous value on {self._n_flat} of the last {n} entries, so the "
+            f"the loss is 0.0 or repeats its previous value on {flat} of the last {n} entries, so the "
             "gradients carry no signal"
         )
         hint = (
@@ -721,7 +748,7 @@ class GradExplosion(Detector):
             "all masked (-100), that the loss is connected to the trainable parameters, and whether NaN losses are "
             "logged as 0.0 (HF Trainer's logging_nan_inf_filter)."
         )
-        evidence = {"grad_norm": norm, "median": round(med, 6), "flat_losses": self._n_flat, "entries": n}
+        evidence = {"grad_norm": norm, "median": round(med, 6), "flat_losses": flat, "entries": n}
         return [
             Finding(self.kind, "info", step, message, hint, evidence),
             self.resolve(step, message, hint, evidence),
