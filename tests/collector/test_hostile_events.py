@@ -99,10 +99,10 @@ def test_a_batch_that_cannot_be_stored_is_refused_alone_and_its_group_commits(
     storage = lc.collector.storage
     real = storage.insert_ignore
 
-    def picky(conn, table, rows):  # type: ignore[no-untyped-def]
-        if any(r.get("run") == "poison" for r in rows):
+    def picky(conn, table, columns):  # type: ignore[no-untyped-def]
+        if "poison" in columns.get("run", ()):
             raise sqlalchemy.exc.DataError("INSERT ...", {}, ValueError("value refused by the database"))
-        return real(conn, table, rows)
+        return real(conn, table, columns)
 
     monkeypatch.setattr(storage, "insert_ignore", picky)
     bodies = [batch(step_events(5, run=f"ok{i}", stream=f"s{i}")) for i in range(30)]
