@@ -32,8 +32,10 @@ class _Former(GradExplosion):
         self._flat: collections.deque[bool] = collections.deque(maxlen=config.window)
         self._n_flat = 0
 
-    def _track_loss(self, loss: Any) -> None:
-        if finite(loss):
+    def observe(self, event: Event, attempt: int) -> list[Finding]:
+        out = super().observe(event, attempt)  # a fresh run_start: __init__ forgot the flat losses
+        loss = event.fields.get("loss")
+        if event.kind == "step" and finite(loss):  # after the step's norm was judged, as it was
             flat = loss == 0.0 or loss == self._last_loss
             flats = self._flat
             if len(flats) == flats.maxlen:
@@ -42,7 +44,7 @@ class _Former(GradExplosion):
                 self._n_flat += flat
             flats.append(flat)
             self._last_loss = loss
-        super()._track_loss(loss)
+        return out
 
     def _flats(self) -> tuple[int, int]:
         return len(self._flat), self._n_flat

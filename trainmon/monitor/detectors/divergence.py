@@ -238,8 +238,9 @@ class _Health:
             self.best_step = step
         if loss <= best + self.rel * abs(best):
             self.step, self.loss = step, loss
-            if ckpts:
-                self.ckpt = next((c for c in reversed(ckpts) if c[0] <= step), self.ckpt)
+            if ckpts:  # the last one reported at or before the step: most often the last one
+                last = ckpts[-1]
+                self.ckpt = last if last[0] <= step else next((c for c in reversed(ckpts) if c[0] <= step), self.ckpt)
 
     def checkpoint(self, ckpt: tuple[int, str | None]) -> None:
         if self.step is not None and ckpt[0] <= self.step:

@@ -292,12 +292,13 @@ class EvalRegression(Detector):
         """The run's own eval, and each further eval set (``SET/loss`` and ``SET/METRIC`` in the eval's metrics,
         as the importers write them) judged on its own by an instance of this detector per set."""
         kind = event.kind
-        if kind == "run_start" and not event.fields.get("resumed", False):
-            self._sets = {}
-            self._set_open = set()
         if kind != "eval":
-            for child in self._sets.values():
-                child.observe(event, attempt)
+            if kind == "run_start" and not event.fields.get("resumed", False):
+                self._sets = {}
+                self._set_open = set()
+            if self._sets:  # the further eval sets read the run's steps (their train level) as the run does
+                for child in self._sets.values():
+                    child.observe(event, attempt)
             if kind == "step":  # nearly every event: only the train level, its median read at the next eval
                 loss = event.fields.get("loss")
                 if finite(loss):

@@ -258,14 +258,6 @@ class GradExplosion(Detector):
         if floor is not None and x < floor:
             self._floor = x
 
-    def _track_loss(self, loss: Any) -> None:
-        if not finite(loss):
-            return
-        self._recent_losses.append(loss)
-        ep = self._ep
-        if ep is None or ep.watch == 0:  # watched losses (and a spike's own) stay out
-            self._losses.append(loss)
-
     def _loss_ref(self) -> tuple[float, float] | None:
         """(median, robust sigma from the MAD of entry-to-entry differences) of the reference losses."""
         losses = list(self._losses)
@@ -332,8 +324,12 @@ class GradExplosion(Detector):
                 self._ep = None  # the loss spike's incident is over: later spikes start their own episode
             elif ep.watch == 0 and ep.run == 0 and ep.calm >= self.config.quiet_entries:
                 out.extend(self._close(step, f"in band since step {ep.last_step}"))
-        self._track_loss(loss)
-        if isinstance(layers, dict):
+        if finite(loss):  # every finite loss (the degenerate test); outside loss watches, the reference ones
+            self._recent_losses.append(loss)
+            ep = self._ep
+            if ep is None or ep.watch == 0:  # watched losses (and a spike's own) stay out
+                self._losses.append(loss)
+        if layers is not None and isinstance(layers, dict):  # most logs carry no per-layer norms
             self._layers = {k: v for k, v in layers.items() if finite(v)}
         coef = f.get("clip_coef")
         if coef is not None and finite(coef):  # most logs carry no clip coefficient
