@@ -197,8 +197,38 @@ class BadResume(Detector):
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         kind = event.kind
         f = event.fields
-        if kind == "step":
-            return self._on_step(f)
+        if kind == "step":  # every step feeds the history a resume is judged against, each field read and
+            # tested once (a log may never resume); the steps just after one are checked
+            step = int(f["step"])
+            fp = f.get("batch_fingerprint")
+            if fp is not None and not isinstance(fp, str):
+                fp = None
+            loss = f.get("loss")
+            if not (isinstance(loss, float) and math.isfinite(loss)):
+                loss = None
+            gn = f.get("grad_norm")
+            gn = float(gn) if isinstance(gn, (int, float)) and math.isfinite(gn) and gn > 0 else None
+            lrs = f.get("lr")  # group 0's
+            lr = (
+                float(lrs[0])
+                if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) and math.isfinite(lrs[0])
+                else None
+            )
+            chk = self._check
+            out = [] if chk is None else self._after_resume(chk, step, f, fp, loss, gn, lr)
+            if fp is not None:
+                self._remember_batch(fp, step)
+            if loss is not None:
+                self._losses.append((step, loss))
+            if gn is not None:
+                self._gns.append(gn)
+            if lr is not None:
+                self._lrs.append((step, lr))
+                peak = self._peak_lr
+                if peak is None or lr > peak:
+                    self._peak_lr = lr
+            self._last_step = step
+            return out
         if kind == "checkpoint":
             fp = f.get("fingerprint")
             if isinstance(fp, dict):
@@ -242,40 +272,6 @@ class BadResume(Detector):
         self._check_topology()
         if chk.failures:
             out.append(self._finding(chk.ckpt_step + 1))
-        return out
-
-    def _on_step(self, f: dict[str, Any]) -> list[Finding]:
-        """Every step feeds the history a resume is judged against; the steps just after one are checked. Each
-        field is read and tested once: this runs on every step of a log that may never resume."""
-        step = int(f["step"])
-        fp = f.get("batch_fingerprint")
-        if not isinstance(fp, str):
-            fp = None
-        loss = f.get("loss")
-        if not (isinstance(loss, float) and math.isfinite(loss)):
-            loss = None
-        gn = f.get("grad_norm")
-        gn = float(gn) if isinstance(gn, (int, float)) and math.isfinite(gn) and gn > 0 else None
-        lrs = f.get("lr")  # group 0's
-        lr = (
-            float(lrs[0])
-            if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) and math.isfinite(lrs[0])
-            else None
-        )
-        chk = self._check
-        out = [] if chk is None else self._after_resume(chk, step, f, fp, loss, gn, lr)
-        if fp is not None:
-            self._remember_batch(fp, step)
-        if loss is not None:
-            self._losses.append((step, loss))
-        if gn is not None:
-            self._gns.append(gn)
-        if lr is not None:
-            self._lrs.append((step, lr))
-            peak = self._peak_lr
-            if peak is None or lr > peak:
-                self._peak_lr = lr
-        self._last_step = step
         return out
 
     def _after_resume(

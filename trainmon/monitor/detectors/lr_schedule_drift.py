@@ -469,18 +469,20 @@ class LrScheduleDrift(Detector):
             if flat_since is not None:
                 self._level = step - flat_since
             self._flat_since = step
-            if lower and peak_done:
-                self._fell = True
-                self._remember_decay(step, lr)
+        done_here = not peak_done and ((lower and not same) or equal_run >= cfg.infer_points - 1)
+        if lower and (done_here or (peak_done and not same)):
+            # down after the peak (or at it): the decay's change points, for the shape check, halved when too many
+            self._fell = True
+            decay = self._decay
+            decay.append((step, lr))
+            if len(decay) > 2 * _DECAY_POINTS:
+                self._decay = decay[::2]
         if not peak_done:
             if lr >= self._peak:
                 self._peak, self._peak_step = lr, step
-            if (lower and not same) or equal_run >= cfg.infer_points - 1:
+            if done_here:
                 self._peak_done = True
                 self._floor = lr
-                if lower:
-                    self._fell = True
-                    self._remember_decay(step, lr)
             return None
         if not self._fell and lr > prev:  # a level held, then higher (ConstantLR, a stepped warmup): still warmup
             self._peak_done = False
@@ -518,12 +520,6 @@ class LrScheduleDrift(Detector):
         ):
             return {"group": 0, "actual": lr, "flat_since": self._flat_since, "rule": "frozen"}
         return None
-
-    def _remember_decay(self, step: int, lr: float) -> None:
-        """Keep the decay's change points for the shape check, halving them when they get too many."""
-        self._decay.append((step, lr))
-        if len(self._decay) > 2 * _DECAY_POINTS:
-            self._decay = self._decay[::2]
 
     def _ended_early(self, end: int, lr: float) -> dict[str, Any] | None:
         """The flat LR is the floor of a complete standard decay that ended at ``end``, not a freeze.
