@@ -9,6 +9,8 @@ HF ``trainer_state.json`` ``hf``: the Trainer's ``log_history``
 LLaMA-Factory, ms-swift   ``jsonlog``: ``trainer_log.jsonl``, ``logging.jsonl``
 TensorBoard event files   ``tensorboard``: scalars, read without TensorBoard
 CSV                       ``csv``: W&B exports, Lightning ``metrics.csv``
+JSON lines of metrics     ``json_table``: W&B's run history, a loop's ``metrics.jsonl``
+                          (the CSV table rules, over objects instead of lines)
 text logs                 ``textlog``: llm.c and nanoGPT (``s:N trl:X``, ``step N | loss X``),
                           Megatron-LM / DeepSpeed stdout (``megatron``), nanochat,
                           modded-nanogpt records, MiniMind, DeepSpeed(-Chat) (``deepspeed``)
@@ -47,6 +49,7 @@ from pathlib import Path
 from trainmon.monitor.importers.common import ImportFormatError, build_events, file_digest, mtime_of, run_id_from_path
 from trainmon.monitor.importers.csv import looks_like_csv, parse_csv, parse_mapping
 from trainmon.monitor.importers.hf import looks_like_hf, parse_hf
+from trainmon.monitor.importers.json_table import looks_like_json_table, parse_json_table
 from trainmon.monitor.importers.jsonl import read_jsonl
 from trainmon.monitor.importers.jsonlog import (
     looks_like_llamafactory,
@@ -69,6 +72,7 @@ FORMATS = (
     "tensorboard",
     "csv",
     "textlog",
+    "json_table",
 )
 
 # What each format is, for the error that says none of them matched.
@@ -79,6 +83,7 @@ _TRIED = (
     "ms-swift logging.jsonl",
     "TensorBoard event file",
     "CSV with a step column",
+    "JSON lines of metrics with a step key",
     "text log (llm.c, nanoGPT, Megatron-LM, nanochat, modded-nanogpt, MiniMind, DeepSpeed)",
 )
 
@@ -175,6 +180,8 @@ def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
         return "hf_trainer_state"
     if _looks_like_jsonl(head):
         return "jsonl"
+    if looks_like_json_table(_head_objects(head), csv_hint):
+        return "json_table"
     if looks_like_csv(head, csv_hint or path.suffix.lower() == ".csv"):
         return "csv"
     if looks_like_textlog(head):
@@ -231,6 +238,8 @@ def read_events(
             items, meta = parse_ms_swift(path)
         elif fmt == "csv":
             items, meta = parse_csv(path, parse_mapping(mapping))
+        elif fmt == "json_table":
+            items, meta = parse_json_table(path, parse_mapping(mapping))
         else:
             items, meta = parse_textlog(path)
         digest = file_digest(path)

@@ -380,6 +380,7 @@ def build_events(
     no training step at all. With :class:`RunMark` items the events of each run follow one
     another, each run under its own name (see :func:`split_runs`).
     """
+    items = _wire_steps(items, meta, run)
     runs = split_runs(items, meta, run)
     if not runs:
         raise ImportFormatError(f"{source}: no training steps found in this {meta.format} log")
@@ -388,6 +389,20 @@ def build_events(
         train = [it for it in its if type(it) is TrainPoint]
         return _events(its, train, m, run=name, source=source, digest=digest, mtime=mtime)
     return _runs_events(runs, source=source, digest=digest, mtime=mtime)
+
+
+def _wire_steps(items: list[Item], meta: LogMeta, run: str) -> list[Item]:
+    """The items without the points whose step no step can be (negative, or past 2**53: a text log's
+    corrupted line, a counter gone wild), said in a note; one such point must not fail the whole log at
+    the wire's range check. Asked at C speed: a long log asks it of a million points."""
+    steps = list(map(getattr, items, itertools.repeat("step"), itertools.repeat(0)))
+    if not steps or (set(map(type, steps)) <= {int} and min(steps) >= 0 and max(steps) <= MAX_INT):
+        return items
+    kept = [it for it, s in zip(items, steps, strict=True) if type(s) is int and 0 <= s <= MAX_INT]
+    dropped = len(items) - len(kept)
+    log.warning("%s: %d entries with a step no step can be (negative or past 2**53) skipped", run, dropped)
+    meta.notes.append(f"{dropped} entries with a step no step can be (negative or past 2**53) skipped")
+    return kept
 
 
 def split_runs(items: list[Item], meta: LogMeta, run: str) -> list[tuple[str, list[Item], LogMeta]]:
@@ -652,9 +667,8 @@ class _Emitter:
             fields["grad_norm"] = _wire_float(x)
         if lr := p.lr:
             fields["lr"] = [_wire_float(lr[0])] if len(lr) == 1 else list(map(_wire_float, lr))
-        if (n := p.tokens) is not None and n >= 0:
-            tokens = fields["tokens"] = int(n)
-            sound = sound and tokens <= MAX_INT
+        if (n := p.tokens) is not None and 0 <= n <= MAX_INT:  # a count the wire cannot hold is left out
+            fields["tokens"] = int(n)
         if (x := p.step_time) is not None and math.isfinite(x) and x >= 0:
             fields["step_time"] = float(x)
         if (x := p.loss_scale) is not None:
@@ -730,11 +744,12 @@ def to_float(value: Any) -> float | None:
 
 
 def to_count(value: Any) -> int | None:
-    """A logged step number or count: a finite, non-negative number (a float like ``52.0`` too), else None."""
+    """A logged step number or count: a non-negative number the wire can hold (at most 2**53; a float like
+    ``52.0`` too), else None."""
     if type(value) is int and 0 <= value <= MAX_INT:  # the common case first: exact as a float, so itself
         return value
     x = to_float(value)
-    if x is None or not math.isfinite(x) or x < 0:
+    if x is None or not 0 <= x <= MAX_INT:  # NaN fails the comparison too
         return None
     return int(x)
 

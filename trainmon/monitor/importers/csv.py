@@ -75,8 +75,9 @@ from trainmon.monitor.importers.structure import (
     lr_groups,
     root_sum_squares,
 )
+from trainmon.wire import MAX_INT
 
-__all__ = ["DEFAULT_COLUMNS", "FIELDS", "looks_like_csv", "parse_csv", "parse_mapping"]
+__all__ = ["DEFAULT_COLUMNS", "FIELDS", "Rows", "looks_like_csv", "parse_csv", "parse_mapping", "parse_table"]
 
 log = logging.getLogger("trainmon.import")
 
@@ -206,7 +207,7 @@ def _eval_metric_columns(header: list[str], cols: dict[str, int]) -> dict[int, s
     return {names[n]: metric for n, metric in eval_metric_names(names, _clean(header[i])).items()}
 
 
-class _Rows:
+class Rows:
     """The well-formed data rows of a table, held column by column.
 
     A million rows held as lists of cells took 400 MiB, most of it the cells' strings: a column
@@ -234,16 +235,16 @@ class _Rows:
         cells = self._text[j]
         return cells is not None and not cells[r].strip()
 
-    def select(self, keep: list[int]) -> _Rows:
+    def select(self, keep: list[int]) -> Rows:
         """The rows with the columns ``keep`` only (one run's columns of a panel export)."""
-        return _Rows(self.lines, [self._text[i] for i in keep])
+        return Rows(self.lines, [self._text[i] for i in keep])
 
 
 _CHUNK = 65536
 """Lines cut into cells at a time: the file is never held whole, nor as one list per row."""
 
 
-def _table_rows(f: TextIO, width: int, path: Path) -> tuple[_Rows, int]:
+def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
     """The well-formed data rows after the header; malformed ones skipped with a warning.
 
     The csv module's reading, at C speed where it has nothing to do: a line of a file without a
@@ -283,7 +284,7 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[_Rows, int]:
                 _into_columns(cells, text)
                 cells = []
         _into_columns(cells, text)
-    return _Rows(line_numbers, list(text)), bad
+    return Rows(line_numbers, list(text)), bad
 
 
 def _plain_cells(chunk: list[str], joined: str, width: int) -> list[str] | None:
@@ -325,9 +326,17 @@ def parse_csv(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[I
         except StopIteration:
             raise ImportFormatError(f"{path}: empty CSV file") from None
         rows, bad = _table_rows(f, len(header), path)
-    user = mapping or {}
+    items, meta = parse_table(path, header, rows, mapping or {})
+    if bad:
+        meta.notes.insert(0, f"{bad} malformed rows skipped")
+    return items, meta
+
+
+def parse_table(path: Path, header: list[str], rows: Rows, user: dict[str, str]) -> tuple[list[Item], LogMeta]:
+    """The items of a table's rows, however the table was written (a CSV file, JSON lines of metrics:
+    :mod:`trainmon.monitor.importers.json_table`), by the rules of the module docstring."""
     runs = _panel_runs(header, user)
-    notes = [f"{bad} malformed rows skipped"] if bad else []
+    notes: list[str] = []
     if len(runs) <= 1:
         items, table = _parse_table(path, header, rows, user)
         config = table.config
@@ -384,7 +393,7 @@ class _Table:
     loss_mean_over: float | None = None
 
 
-def _parse_table(path: Path, header: list[str], rows: _Rows, user: dict[str, str]) -> tuple[list[Item], _Table]:
+def _parse_table(path: Path, header: list[str], rows: Rows, user: dict[str, str]) -> tuple[list[Item], _Table]:
     """One run's items from a table whose columns are that run's (see the module docstring)."""
     cols = _resolve(header, user)
     if "step" not in cols:
@@ -486,7 +495,7 @@ class _Series:
     by_name: dict[str, int]
 
 
-def _table_items(path: Path, rows: _Rows, series: _Series) -> tuple[list[Item], int]:
+def _table_items(path: Path, rows: Rows, series: _Series) -> tuple[list[Item], int]:
     """The points of a table's rows, and how many rows had no usable step.
 
     A row is a training point when it holds any training field, merged into the previous point when
@@ -523,12 +532,14 @@ def _table_items(path: Path, rows: _Rows, series: _Series) -> tuple[list[Item], 
         strict=True,
     )
     for r, (n, step_v, t, eval_loss, loss, norm, lr, tokens, step_time) in enumerate(per_row):
-        if step_v is None or step_v < 0 or step_v != step_v:
+        if step_v is None or not 0 <= step_v <= MAX_INT:  # NaN, inf and steps no step can be fail it too
             if any(not rows.blank(i, r) for fld, i in cols.items() if fld != "step"):
                 bad += 1
                 log.warning("%s: line %d has no usable step; skipped", path, n)
             continue
         step = int(step_v)
+        if tokens is not None:
+            tokens = _count(tokens)  # a count no count can be is not there
         if sets:
             eval_loss, metrics = eval_point_values(sets, lambda name, r=r: column(by_name[name])[r])
             if eval_loss is not None:
@@ -548,7 +559,7 @@ def _table_items(path: Path, rows: _Rows, series: _Series) -> tuple[list[Item], 
         if last is not None and last.step == step and items and items[-1] is last:
             # a sparse row of the same step (Lightning's LR monitor): merged, what it holds laid over
             if tokens is not None:
-                last.tokens = round(tokens)
+                last.tokens = tokens
             if step_time is not None:
                 last.step_time = step_time
             if loss is not None:
@@ -558,9 +569,15 @@ def _table_items(path: Path, rows: _Rows, series: _Series) -> tuple[list[Item], 
             if lr is not None:
                 last.lr = lr
         else:
-            last = TrainPoint(step, loss, norm, lr, None if tokens is None else round(tokens), step_time, t)
+            last = TrainPoint(step, loss, norm, lr, tokens, step_time, t)
             items.append(last)
     return items, bad
+
+
+def _count(x: float) -> int | None:
+    """A token count cell as a count; None for one no count can be (NaN, inf, negative, past 2**53): a corrupt
+    cell must not fail the log."""
+    return round(x) if 0 <= x <= MAX_INT else None
 
 
 def _row_values(

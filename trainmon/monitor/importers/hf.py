@@ -74,6 +74,7 @@ from trainmon.monitor.importers.common import (
     to_float,
 )
 from trainmon.monitor.importers.structure import is_reward_name
+from trainmon.wire import MAX_INT
 
 __all__ = ["looks_like_hf", "parse_hf"]
 
@@ -337,7 +338,7 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
         tokens = None
         for key in keys.tokens:
             seen = to_float(entry[key])
-            if seen is None or seen <= 0:
+            if seen is None or not 0 < seen <= MAX_INT:  # a count it cannot be (NaN, inf, past 2**53) says nothing
                 continue
             if prev_tokens is not None and step > prev_tokens[0] and seen >= prev_tokens[1]:
                 tokens = round((seen - prev_tokens[1]) / (step - prev_tokens[0]))
