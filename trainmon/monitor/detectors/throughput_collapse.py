@@ -359,7 +359,9 @@ class ThroughputCollapse(Detector):
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         kind = event.kind
         if kind == "step":
-            save_seen, self._save_seen_since_step = self._save_seen_since_step, False
+            save_seen = self._save_seen_since_step
+            if save_seen:
+                self._save_seen_since_step = False
             if self._first_step_time is None:
                 self._first_step_time = event.time
             f = event.fields
