@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainmon.hooks.fingerprint import batch_fingerprint, state_fingerprint
 
-__all__ = ["batch_fingerprint", "compare_fingerprints", "state_fingerprint"]
+__all__ = ["batch_fingerprint", "compare_fingerprints", "flatten", "state_fingerprint"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,12 +31,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'trainmon.fingerprint' has no attribute {name!r}")
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: nested records compared (or read as columns) key by key."""
     out: dict[str, Any] = {}
     for key, value in d.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            out.update(_flatten(value, name + "."))
+            out.update(flatten(value, sep, name + sep))
         else:
             out[name] = value
     return out
@@ -64,7 +65,7 @@ def compare_fingerprints(
     Keys present on one side only are reported with ``None`` on the other. Floats compare with
     ``rel_tol``. Standard library only, for the collector's bad-resume check.
     """
-    a, b = _flatten(saved), _flatten(restored)
+    a, b = flatten(saved), flatten(restored)
     skip = set(ignore)
     diff = {}
     for key in sorted(set(a) | set(b)):

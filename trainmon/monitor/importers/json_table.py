@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trainmon.fingerprint import flatten
 from trainmon.monitor.importers.common import Item, LogMeta, gc_paused
 from trainmon.monitor.importers.csv import DEFAULT_COLUMNS, Rows, parse_table
 
@@ -32,18 +33,6 @@ log = logging.getLogger("trainmon.import")
 _STEP_KEYS = frozenset(DEFAULT_COLUMNS["step"])
 
 
-def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"loss": 1}}`` -> ``{"train/loss": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat(value, name + "/"))
-        else:
-            out[name] = value
-    return out
-
-
 def looks_like_json_table(objects: list[object], named: bool = False) -> bool:
     """The first decodable lines are objects, one of them with a step key we know (any key with
     ``named``: the user mapped the columns). Wire events and the formats read by their own importers are
@@ -51,7 +40,7 @@ def looks_like_json_table(objects: list[object], named: bool = False) -> bool:
     rows = [o for o in objects if o is not None]
     if not rows or not all(isinstance(o, dict) for o in rows):
         return False
-    return named or any(k.lower() in _STEP_KEYS for o in rows for k in _flat(o))  # type: ignore[arg-type]
+    return named or any(k.lower() in _STEP_KEYS for o in rows for k in flatten(o, "/"))  # type: ignore[arg-type]
 
 
 def _cell(value: Any) -> str:
@@ -84,7 +73,7 @@ def parse_json_table(path: Path, mapping: dict[str, str] | None = None) -> tuple
                 continue
             r = len(lines)
             lines.append(n)
-            for key, value in _flat(obj).items():
+            for key, value in flatten(obj, "/").items():
                 col = columns.get(key)
                 if col is None:
                     col = columns[key] = [""] * r
