@@ -39,11 +39,14 @@ PLOTS = ("loss", "grad", "lr", "throughput")
 """The post-mortem plots a detector's findings can be marked on (:attr:`Detector.plots`)."""
 
 
+_isfinite = math.isfinite
+
+
 def finite(x: Any) -> bool:
     """A real number that is not NaN or infinite (fields are optional: None is not finite)."""
     if type(x) is float:  # the common case, first: detectors call this several times per event
-        return math.isfinite(x)
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        return _isfinite(x)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and _isfinite(x)
 
 
 @dataclass(frozen=True, slots=True)
