@@ -28,3 +28,24 @@ def test_matches_statistics_over_the_last_values(xs: list[float], size: int) -> 
         m = statistics.median(kept)
         assert math.isclose(w.mad(), 1.4826 * statistics.median([abs(x - m) for x in kept]), rel_tol=1e-9)
         assert min(kept) == w.quantile(0.0) and max(kept) == w.quantile(1.0)
+
+
+def test_a_value_replacing_its_equal_leaves_every_statistic_as_a_fresh_window_has_it() -> None:
+    """``add`` skips the sorted list when the value leaving equals the one arriving (a constant LR): the
+    statistics must still be those of a window built from the same values, signed zeros included."""
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        size = rng.randint(1, 9)
+        w = RollingWindow(size)
+        for _ in range(40):
+            x = rng.choice([0.0, -0.0, 1.0, 1.0, 2.5, -3.0, rng.random()])
+            w.add(x)
+            fresh = RollingWindow(size)
+            for v in w.values():
+                fresh.add(v)
+            assert [math.copysign(1, v) for v in w._sorted] == [math.copysign(1, v) for v in fresh._sorted]
+            assert w._sorted == fresh._sorted
+            assert w.median() == fresh.median() and w.mad() == fresh.mad()
+            assert w.mad_bounds()[0] <= w.mad() <= w.mad_bounds()[1]

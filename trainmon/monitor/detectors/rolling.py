@@ -102,11 +102,16 @@ class RollingWindow:
     def add(self, x: float) -> None:
         if not _isfinite(x):
             return
-        self._bounds = None
+        self._bounds = None  # asked again, the bounds move on (mad_bounds): as after any add
         order, ordered = self._order, self._sorted  # locals: called ~20 times per event of a long log
         if len(order) == self.size:
-            del ordered[_bisect_left(ordered, order.popleft())]
-        order.append(x)
+            old = order.popleft()
+            order.append(x)
+            if old == x and x != 0.0:  # the same value out and in (a constant LR, a regular clock): the same
+                return  # sorted list (equal nonzero floats are the same float; -0.0 and 0.0 are not)
+            del ordered[_bisect_left(ordered, old)]
+        else:
+            order.append(x)
         _insort(ordered, x)
 
     def clear(self) -> None:
