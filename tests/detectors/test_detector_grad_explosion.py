@@ -338,3 +338,21 @@ def test_a_level_shift_that_comes_back_down_says_so() -> None:
     found = feed(_det(), evs)
     assert any("back down at step 500" in f.message for f in found)
     assert found[-1].resolved
+
+
+@pytest.mark.parametrize("min_history", [1, 2, 3])
+def test_a_short_min_history_judges_a_spike_after_one_loss_without_failing(min_history: int) -> None:
+    """With ``min_history`` <= 3 the loss reference was asked of one loss: the median of no differences
+    raised, and the engine dropped the detector for the run."""
+    config = DetectorsConfig().grad_explosion
+    config.min_history = min_history
+    det = GradExplosion(config)
+    norms = [1.0] * 6 + [50.0] + [1.0] * 6
+    losses = [None, None, None, None, None, 2.0] + [2.0] * 7
+    evs = [start()]
+    for t, g in enumerate(norms):
+        f: dict[str, Any] = {"step": t, "grad_norm": g}
+        if losses[t] is not None:
+            f["loss"] = losses[t]
+        evs.append(ev("step", f, float(t)))
+    feed(det, evs)  # raised StatisticsError at the spike before

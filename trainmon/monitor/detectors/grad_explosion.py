@@ -261,7 +261,7 @@ class GradExplosion(Detector):
     def _loss_ref(self) -> tuple[float, float] | None:
         """(median, robust sigma from the MAD of entry-to-entry differences) of the reference losses."""
         losses = list(self._losses)
-        if len(losses) < self.config.min_history // 2:
+        if len(losses) < max(2, self.config.min_history // 2):  # a difference needs two (min_history <= 3)
             return None
         diffs = [abs(b - a) for a, b in itertools.pairwise(losses)]
         return statistics.median(losses), 1.4826 * statistics.median(diffs) / math.sqrt(2.0)
