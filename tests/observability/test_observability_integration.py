@@ -177,7 +177,12 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
         delivered = {(a["labels"]["alertname"], a["labels"].get("run")) for a in firing}
         assert delivered >= EXPECTED_DELIVERED, f"not delivered: {EXPECTED_DELIVERED - delivered}"
         for payload in receiver.payloads:
-            assert set(payload["groupLabels"]) == {"run"}, payload["groupLabels"]
+            names = {a["labels"]["alertname"] for a in payload["alerts"]}
+            if not payload["groupLabels"] and names == {"TrainmonCollectorDown"}:
+                # Every rule's ``for`` is 0 s here and the collector shares the test's process: one scrape
+                # over its 1 s timeout on a loaded machine fires this, in a group of its own (it has no run).
+                continue
+            assert set(payload["groupLabels"]) == {"run"}, [a["labels"] for a in payload["alerts"]]
             assert {a["labels"].get("run") for a in payload["alerts"]} == {payload["groupLabels"]["run"]}
         for alert in firing:
             labels, notes = alert["labels"], alert["annotations"]
