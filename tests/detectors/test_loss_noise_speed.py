@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.detectors.helpers import ev, start
+from tests.detectors.test_detectors_speed import _FormerLossNoise as _FormerRule
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors.base import Finding, finite
 from trainmon.monitor.detectors.loss_noise import LossNoise
@@ -142,8 +143,9 @@ def test_a_window_sorted_on_demand_has_the_kept_ones_mad(xs: list[float], size: 
 # -- loss_noise: the rule as it was before issue 24's second pass --------------------------------------------------
 
 
-class _FormerLossNoise(LossNoise):
-    """Every field read as before, every entry judged on four exact MADs, the LR and the level asked first."""
+class _FormerLossNoise(_FormerRule):
+    """Every field read as before, every entry judged on four exact MADs (``_FormerRule``, session 10's
+    reference), the LR and the level asked first."""
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         if event.kind == "run_start":
@@ -168,51 +170,6 @@ class _FormerLossNoise(LossNoise):
         lrs = f.get("lr")
         lr = lrs[0] if isinstance(lrs, list) and lrs and finite(lrs[0]) else None
         return self._add(step, float(loss), math.log(loss / prev), loss - prev, lr, f.get("batch_fingerprint"))
-
-    def _add(self, step: int, loss: float, d: float, a: float, lr: float | None, fingerprint: Any) -> list[Finding]:
-        c = self.config
-        ratios = self._ratios()
-        self._recent.append((loss, d, a, lr, step))
-        self._rd.add(d)
-        self._ra.add(a)
-        if lr is not None:
-            self._rlr.add(lr)
-        self._prints.append(fingerprint)
-        rising = self._settled and ratios is not None and min(ratios) >= c.admit_ratio
-        if len(self._recent) > c.window:
-            old_loss, old_d, old_a, old_lr, old_step = self._recent.popleft()
-            descending = abs(self._rd.median()) > c.trend_max * self._rd.mad()
-            if not (rising or self._open or descending or old_step < self._warmup_end):
-                self._levels.append(old_loss)
-                self._bd.add(old_d)
-                self._ba.add(old_a)
-                if old_lr is not None:
-                    self._blr.add(old_lr)
-        ratios = self._ratios()
-        if ratios is None:
-            return []
-        rel, ab = ratios
-        noise = min(rel, ab)
-        if noise < c.admit_ratio:
-            self._since, self._settled = None, True
-        elif self._since is None and self._settled:
-            self._since = step
-        if not self._open:
-            judged = noise >= c.admit_ratio and self._settled and self._lr_steady() and self._level_steady()
-            self._hits = self._hits + 1 if judged and (self._hits or rel >= c.ratio) else 0
-            if self._hits < c.sustain or rel < c.ratio:
-                return []
-            self._open, self._calm, self._reported = True, 0, step
-            return [self._report(step, rel, ab)]
-        self._calm = self._calm + 1 if noise < c.release_ratio else 0
-        if self._calm >= c.sustain:
-            self._open = False
-            msg = f"loss noise back to {noise:.1f}x its baseline (relative {rel:.1f}x, absolute {ab:.1f}x)"
-            return [self._finding(step, msg, {"relative_ratio": rel, "absolute_ratio": ab}, resolved=True)]
-        if step - self._reported >= c.window:
-            self._reported = step
-            return [self._report(step, rel, ab)]
-        return []
 
 
 def _stream(seed: int, n: int = 2500) -> list[Event]:
