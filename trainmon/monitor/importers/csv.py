@@ -43,11 +43,15 @@ from __future__ import annotations
 import csv
 import itertools
 import logging
+import math
+import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+import numpy as np
 
 from trainmon.monitor.importers.common import (
     EvalPoint,
@@ -499,98 +503,148 @@ def _table_items(path: Path, rows: Rows, series: _Series) -> tuple[list[Item], i
     """The points of a table's rows, and how many rows had no usable step.
 
     A row is a training point when it holds any training field, merged into the previous point when
-    that is the same step's (Lightning's sparse rows), and an eval when it holds an eval loss; its
-    fields are computed column by column (the rows' losses by ``structure.combine`` ...), then the
-    rows are walked once."""
+    that is the same step's (Lightning's sparse rows), and an eval when it holds an eval loss. Every
+    rule is asked of whole columns (numpy masks: which steps are usable, which rows hold what, which
+    rows merge), the points of a million rows are then made by one ``map`` each; only the rows that
+    are not the usual row (a step no step can be, an eval, a merged row) are walked one by one."""
     cols, sets, by_name = series.fields, series.eval_sets, series.by_name
     column = rows.column
-    items: list[Item] = []
-    last: TrainPoint | None = None
-    bad = 0
     count = len(rows.lines)
 
-    def field_column(fld: str) -> Iterable[float | None]:
-        return column(cols[fld]) if fld in cols else itertools.repeat(None, count)
+    def field_column(fld: str) -> list[float | None]:
+        return column(cols[fld]) if fld in cols else [None] * count
 
-    # Each training field for every row at once, by the rules a row follows (structure.combine, ...)
-    term_cols = [column(j) for j in series.loss + series.signed]
-    losses = map(combine, _row_values(series.loss, column, count), _row_values(series.signed, column, count))
+    step_col = column(cols["step"])
+    step_arr = _floats(step_col)
+    usable = (step_arr >= 0) & (step_arr <= MAX_INT)  # NaN (a blank, text) and inf fail it too
+    bad = 0
+    for r in np.flatnonzero(~usable).tolist():
+        if any(not rows.blank(i, r) for fld, i in cols.items() if fld != "step"):
+            bad += 1
+            log.warning("%s: line %d has no usable step; skipped", path, rows.lines[r])
+    times = field_column("time")
+    losses = _losses([column(j) for j in series.loss], [column(j) for j in series.signed], count)
     gn_cols = [column(j) for j in series.grad_norm]
-    norms = gn_cols[0] if len(gn_cols) == 1 else map(root_sum_squares, _row_values(series.grad_norm, column, count))
+    norms = gn_cols[0] if len(gn_cols) == 1 else list(map(root_sum_squares, _row_values(gn_cols, count)))
     lrs = _lr_lists([column(j) for j in series.lr], count)
-    metric_values = [(column(j), name) for j, name in series.metrics.items()]
-    per_row = zip(
-        rows.lines,
-        column(cols["step"]),
-        field_column("time"),
-        field_column("eval_loss"),
-        losses,
-        norms,
-        lrs,
-        field_column("tokens"),
-        field_column("step_time"),
-        strict=True,
+    tokens = _counts(field_column("tokens"))
+    step_times = field_column("step_time")
+    train = _given(losses) | _given(norms) | _given(lrs) | _given(tokens) | _given(step_times)
+    for j in series.loss + series.signed:  # a loss term's cell alone makes a training row
+        train |= _given(column(j))
+    if sets:
+        evals = np.logical_and.reduce([_given(column(by_name[n])) for n in sets[0].loss])
+    else:
+        evals = _given(field_column("eval_loss"))
+    evals &= usable
+    train &= usable
+
+    # the rows that make items, in order: a training row merges into the previous one's point when that
+    # row trained at the same step and neither row is an eval (an eval's point comes between them)
+    made = np.flatnonzero(train | evals)
+    t_made, e_made = train[made], evals[made]
+    steps = step_arr[made].astype(np.int64)  # int() of each step: truncated
+    merged = np.zeros(len(made), dtype=bool)
+    merged[1:] = t_made[1:] & ~e_made[1:] & t_made[:-1] & (steps[1:] == steps[:-1])
+    new = np.flatnonzero(t_made & ~merged)
+    at = made[new].tolist()
+    points = list(
+        map(
+            TrainPoint,
+            steps[new].tolist(),
+            _pick(losses, at),
+            _pick(norms, at),
+            _pick(lrs, at),
+            _pick(tokens, at),
+            _pick(step_times, at),
+            _pick(times, at),
+        )
     )
-    for r, (n, step_v, t, eval_loss, loss, norm, lr, tokens, step_time) in enumerate(per_row):
-        if step_v is None or not 0 <= step_v <= MAX_INT:  # NaN, inf and steps no step can be fail it too
-            if any(not rows.blank(i, r) for fld, i in cols.items() if fld != "step"):
-                bad += 1
-                log.warning("%s: line %d has no usable step; skipped", path, n)
-            continue
-        step = int(step_v)
-        if tokens is not None:
-            tokens = _count(tokens)  # a count no count can be is not there
+    if merged.any():  # laid over the point it merges into: what the row holds
+        owner = np.maximum.accumulate(np.where(t_made & ~merged, np.arange(len(made)), 0))
+        point_of = dict(zip(new.tolist(), points, strict=True))
+        for k in np.flatnonzero(merged).tolist():
+            p, r = point_of[int(owner[k])], int(made[k])
+            if (n := tokens[r]) is not None:
+                p.tokens = n
+            if (x := step_times[r]) is not None:
+                p.step_time = x
+            if (x := losses[r]) is not None:
+                p.loss = x
+            if (x := norms[r]) is not None:
+                p.grad_norm = x
+            if (lr := lrs[r]) is not None:
+                p.lr = lr
+    where = np.flatnonzero(e_made)
+    if not len(where):
+        return points, bad  # type: ignore[return-value]
+    eval_points: list[Item] = []
+    eval_losses = field_column("eval_loss")
+    metric_values = [(column(j), name) for j, name in series.metrics.items()]
+    for k in where.tolist():
+        r = int(made[k])
         if sets:
             eval_loss, metrics = eval_point_values(sets, lambda name, r=r: column(by_name[name])[r])
-            if eval_loss is not None:
-                items.append(EvalPoint(step, eval_loss, metrics, time=t))
-        elif eval_loss is not None:
-            metrics = {name: x for col, name in metric_values if (x := col[r]) is not None}
-            items.append(EvalPoint(step, eval_loss, metrics, time=t))
-        if (
-            loss is None
-            and norm is None
-            and lr is None
-            and tokens is None
-            and step_time is None
-            and all(col[r] is None for col in term_cols)
-        ):
-            continue  # nothing of training on this row
-        if last is not None and last.step == step and items and items[-1] is last:
-            # a sparse row of the same step (Lightning's LR monitor): merged, what it holds laid over
-            if tokens is not None:
-                last.tokens = tokens
-            if step_time is not None:
-                last.step_time = step_time
-            if loss is not None:
-                last.loss = loss
-            if norm is not None:
-                last.grad_norm = norm
-            if lr is not None:
-                last.lr = lr
         else:
-            last = TrainPoint(step, loss, norm, lr, tokens, step_time, t)
-            items.append(last)
-    return items, bad
+            eval_loss = eval_losses[r]
+            metrics = {name: x for col, name in metric_values if (x := col[r]) is not None}
+        eval_points.append(EvalPoint(int(steps[k]), eval_loss, metrics, time=times[r]))  # type: ignore[arg-type]
+    # each row's eval before its training point
+    order = np.argsort(np.concatenate([2 * where, 2 * new + 1]), kind="stable")
+    both = eval_points + points
+    return list(map(both.__getitem__, order.tolist())), bad
 
 
-def _count(x: float) -> int | None:
-    """A token count cell as a count; None for one no count can be (NaN, inf, negative, past 2**53): a corrupt
-    cell must not fail the log."""
-    return round(x) if 0 <= x <= MAX_INT else None
+def _floats(values: list[float | None]) -> np.ndarray:
+    """A column's values as an array, a missing one NaN (a mask's input, never a value read back)."""
+    return np.array(values, dtype=float)
 
 
-def _row_values(
-    idx: list[int], column: Callable[[int], list[float | None]], count: int
-) -> Iterable[tuple[float | None, ...]]:
-    """The values of the columns ``idx``, one tuple per row (empty tuples without columns)."""
-    return zip(*(column(j) for j in idx), strict=True) if idx else itertools.repeat((), count)
+def _given(values: list[Any]) -> np.ndarray:
+    """Which rows hold a value (not None)."""
+    return np.fromiter(map(operator.is_not, values, itertools.repeat(None)), dtype=bool, count=len(values))
 
 
-def _lr_lists(lr_cols: list[list[float | None]], count: int) -> Iterable[list[float | None] | None]:
+def _pick(values: list[Any], at: list[int]) -> list[Any]:
+    """The values of the rows ``at``; the list itself when they are all its rows."""
+    return values if len(at) == len(values) else list(map(values.__getitem__, at))
+
+
+def _losses(terms: list[list[float | None]], signed: list[list[float | None]], count: int) -> list[float | None]:
+    """Each row's loss by ``structure.combine``. A row whose values are all there and finite (the usual row)
+    is the sum combine would make, ``math.fsum`` of its terms, asked of them all at C speed."""
+    if not terms and not signed:
+        return [None] * count
+    plain = np.logical_and.reduce([np.isfinite(_floats(c)) for c in terms + signed])
+    term_rows = _row_values(terms, count)
+    if terms and plain.all():
+        return list(map(math.fsum, term_rows))
+    return [
+        math.fsum(t) if p and terms else combine(t, s)  # type: ignore[arg-type]
+        for t, s, p in zip(term_rows, _row_values(signed, count), plain.tolist(), strict=True)
+    ]
+
+
+def _counts(values: list[float | None]) -> list[int | None]:
+    """A token count column's counts: a cell no count can be (NaN, inf, negative, past 2**53) is not there,
+    so a corrupt cell does not fail the log; a count is the cell rounded."""
+    arr = _floats(values)
+    ok = (arr >= 0) & (arr <= MAX_INT)
+    if ok.all():
+        return list(map(round, values))  # type: ignore[arg-type]
+    counts = iter(map(round, _pick(values, np.flatnonzero(ok).tolist())))  # type: ignore[arg-type]
+    return [next(counts) if k else None for k in ok.tolist()]
+
+
+def _row_values(cols: list[list[float | None]], count: int) -> Iterable[tuple[float | None, ...]]:
+    """The values of the columns ``cols``, one tuple per row (empty tuples without columns)."""
+    return zip(*cols, strict=True) if cols else itertools.repeat((), count)
+
+
+def _lr_lists(lr_cols: list[list[float | None]], count: int) -> list[list[float | None] | None]:
     """Each row's learning rates, one per param group, or None when one of them is missing."""
     if not lr_cols:
-        return itertools.repeat(None, count)
+        return [None] * count
     if len(lr_cols) == 1:
         return [None if x is None else [x] for x in lr_cols[0]]
     return [None if None in row else list(row) for row in zip(*lr_cols, strict=True)]
