@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import itertools
 import json
 import logging
 import os
+import pickle
 import queue
 import select
 import signal
@@ -172,7 +174,7 @@ class DetectionProcess:
             self._closing = True
         proc = self._proc
         # From a thread of its own: the write blocks if the child does not read, and must not hold up the deadline.
-        threading.Thread(target=self._write, args=(b'["stop"]',), name="trainmon-detection-stop", daemon=True).start()
+        threading.Thread(target=self._write, args=(_STOP,), name="trainmon-detection-stop", daemon=True).start()
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -197,7 +199,7 @@ class DetectionProcess:
         if done is not None:
             key = next(self._ids)
             message.insert(1, key)
-        data = json.dumps(message).encode()  # outside any lock: the tick thread sends too
+        data = pickle.dumps(message, _PROTOCOL)  # outside any lock: the tick thread sends too
         if key is not None:
             with self._lock:
                 closing = self._closing
@@ -241,7 +243,7 @@ class DetectionProcess:
                     if self._stuck(proc):
                         break
                     continue
-                key, found = json.loads(frame)
+                key, found = pickle.loads(frame)
                 findings = [(run, rank, Finding(*f)) for run, rank, f in found]
             except (EOFError, OSError):
                 break
@@ -285,6 +287,10 @@ class DetectionProcess:
             return False
         log.error("detection process %s answered nothing for %.0f s; replacing it", proc.pid, self._stuck_after)
         return True
+
+
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_STOP = pickle.dumps(["stop"], _PROTOCOL)
 
 
 def _secret(name: str) -> bool:
@@ -351,28 +357,40 @@ def _serve() -> None:
         return
     while True:
         try:
-            message = json.loads(frames.read())
+            frame = frames.read()
         except EOFError:
             return
-        op = message[0]
-        if op == "stop":
-            return
-        found: list[Found] = []
+        # No collection while a message is decoded and handled: its events and rows are acyclic garbage that
+        # reference counting frees, and the collector's passes over them took 3.7 of the 4.3 us that decoding an
+        # event cost. It runs again between messages.
+        gc.disable()
         try:
-            if op == "observe":
-                found = detection.observe(_items(message[2]))
-            elif op == "tick":
-                found = detection.tick(message[2])
-            elif op == "feed_rank":
-                detection.feed_rank(message[1], message[2], _items(message[3]))
-            elif op == "feed_run":
-                detection.feed_run(message[1], _items(message[2]))
-            elif op == "forget":
-                detection.forget(message[1])
-        except Exception:  # a detector bug costs this group's findings, not the process
-            log.exception("detection (%s) failed", op)
-        if op in ("observe", "tick"):  # the calls the parent waits for
-            _write_frame(out, json.dumps([message[1], _found(found)]).encode())
+            message = pickle.loads(frame)
+            if message[0] == "stop":
+                return
+            _answer(detection, message, out)
+        finally:
+            gc.enable()
+
+
+def _answer(detection: Detection, message: list[Any], out: int) -> None:
+    op = message[0]
+    found: list[Found] = []
+    try:
+        if op == "observe":
+            found = detection.observe(_items(message[2]))
+        elif op == "tick":
+            found = detection.tick(message[2])
+        elif op == "feed_rank":
+            detection.feed_rank(message[1], message[2], _items(message[3]))
+        elif op == "feed_run":
+            detection.feed_run(message[1], _items(message[2]))
+        elif op == "forget":
+            detection.forget(message[1])
+    except Exception:  # a detector bug costs this group's findings, not the process
+        log.exception("detection (%s) failed", op)
+    if op in ("observe", "tick"):  # the calls the parent waits for
+        _write_frame(out, pickle.dumps([message[1], _found(found)], _PROTOCOL))
 
 
 if __name__ == "__main__":

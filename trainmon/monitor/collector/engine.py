@@ -21,6 +21,7 @@ the writer commits the next. Every change to the anomaly table goes to one liste
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -63,6 +64,10 @@ class Engine:
 
     ``process=True`` runs the detectors in a child process (the collector); otherwise they run
     in the calling thread and every callback has run when a call returns.
+
+    ``deferred=True`` stores findings on the caller's thread, when it calls :meth:`settle`, instead of on the
+    thread that delivers them: an import, whose in-memory SQLite store is one database per thread, sends
+    detection its batches in a child process and settles between them. :meth:`tick` then does not wait either.
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class Engine:
         detectors: tuple[type[Detector], ...] = ALL_DETECTORS,
         *,
         process: bool = False,
+        deferred: bool = False,
         on_changes: Callable[[list[AnomalyChange]], None] | None = None,
     ) -> None:
         self._storage = storage
@@ -83,6 +89,11 @@ class Engine:
         self._primed_ranks: set[tuple[str, int]] = set()
         self._primed_runs: set[str] = set()
         self._generation = 0  # of the detection process the primed sets were fed to
+        # deferred: the answers delivered and not settled yet, and how many calls are still owed one
+        self._inbox: queue.SimpleQueue[tuple[Callable[[list[Found]], None], list[Found]]] | None = (
+            queue.SimpleQueue() if deferred else None
+        )
+        self._owed = 0
         with storage.connect() as conn:
             # (run, kind, rank) -> (id, stored severity) of each open anomaly
             self._open: dict[tuple[str, str, int], tuple[int, str]] = {
@@ -150,12 +161,16 @@ class Engine:
             finally:
                 done()
 
-        self._detection.observe(items, detected)
+        self._detection.observe(items, self._deliver(detected))
 
     def tick(self, now: float | None = None) -> list[AnomalyChange]:
         """Let detectors notice silence (hangs); the collector calls this every second. Waits for the
-        detection process to get to it (after the groups sent before)."""
+        detection process to get to it (after the groups sent before), except when ``deferred``: then it
+        returns at once, with no changes, and :meth:`settle` stores what the silence showed."""
         now = time.time() if now is None else now
+        if self._inbox is not None:
+            self._detection.tick(now, self._deliver(self._store_later))
+            return []
         result: list[list[AnomalyChange]] = []
         ready = threading.Event()
 
@@ -168,6 +183,29 @@ class Engine:
         self._detection.tick(now, detected)
         ready.wait()
         return result[0] if result else []
+
+    def _deliver(self, answer: Callable[[list[Found]], None]) -> Callable[[list[Found]], None]:
+        """``answer`` as the detection's callback: itself, or when ``deferred`` a note for :meth:`settle`."""
+        inbox = self._inbox
+        if inbox is None:
+            return answer
+        self._owed += 1
+        return lambda found: inbox.put((answer, found))
+
+    def _store_later(self, found: list[Found]) -> None:
+        self._apply(found)
+
+    def settle(self, wait: bool = False) -> None:
+        """``deferred``: store, on this thread, the findings detection has delivered, in the order it was asked;
+        with ``wait``, every call made so far (a stuck detection process is replaced within its ``stuck_after`` and
+        its calls answered with nothing, so this returns)."""
+        inbox = self._inbox
+        if inbox is None:
+            return
+        while self._owed and (wait or not inbox.empty()):
+            answer, found = inbox.get()
+            self._owed -= 1
+            answer(found)
 
     def _apply(self, found: list[Found]) -> list[AnomalyChange]:
         """Findings into the anomaly table, and what changed to the listener.
