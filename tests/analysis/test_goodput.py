@@ -17,12 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import LiveCollector
 from tests.events import event
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.core.goodput import CAUSES, MARKS, Ledger, headline
+from trainmon.monitor.core.goodput import CAUSES, MARKS, Ledger, _columns, _seconds, headline
 from trainmon.monitor.store.storage import Storage
 
 NORMAL = {"data": 0.01, "forward": 0.5, "backward": 0.4}
@@ -359,3 +362,29 @@ def test_the_last_attempt_interrupted_is_how_the_run_ended_not_a_failure() -> No
     ledger.end(0, end + 0.5, "interrupted")
     r = ledger.result()
     assert r["failures"] == 0 and shares(r).get("recomputation", 0.0) == 0.0
+
+
+_cell = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**53), 2**53),
+    st.booleans(),
+    st.sampled_from(["NaN", "nan", "-1.5", "abc", ""]),
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(st.integers(0, 2**53), st.floats(0, 2.0**32), _cell, _cell, _cell, _cell), min_size=1))
+def test_a_table_read_at_once_equals_its_columns_read_one_by_one(rows: list[tuple[Any, ...]]) -> None:
+    """The ledger's rows as one array (SQLite's rows: numbers, None, 'NaN') and, where a cell is not a number,
+    column by column: the same steps, times and durations as the column-by-column conversion always gave."""
+    cols = list(zip(*rows, strict=True))
+    expected = (
+        np.array(cols[0], dtype=np.int64),
+        np.array(cols[1], dtype=float),
+        *(_seconds(c) for c in cols[2:6]),
+    )
+    got = _columns(rows)
+    assert got[0].dtype == np.int64
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
