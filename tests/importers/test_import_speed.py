@@ -10,6 +10,7 @@ built without ``validate_event`` is the event it returned, or fails with its err
 from __future__ import annotations
 
 import csv
+import itertools
 import logging
 import math
 import struct
@@ -132,9 +133,54 @@ def test_lines_cut_into_cells_equal_the_csv_modules_records(
         next(csv.reader(f))
         rows, bad = csv_importer._table_rows(f, width, path)
     assert rows.lines == want_lines
-    assert [rows._text[j] for j in range(width)] == want_cols
+    got_cols = [rows._text[j] for j in range(width)]
+    assert list(map(len, got_cols)) == list(map(len, want_cols))
+    assert all(map(_same_cell, itertools.chain(*got_cols), itertools.chain(*want_cols)))
     assert bad == want_bad
     assert [r.getMessage().removeprefix(f"{path}: ") for r in caplog.records] == want_warned
+
+
+def _same_cell(got: str | float, cell: str) -> bool:
+    """The cell's text, or (a chunk of rows of decimal numbers, read by pandas) the float Python reads of it."""
+    return got == cell if type(got) is str else _same(got, float(cell))
+
+
+_DECIMAL = st.one_of(
+    st.floats().map(repr).filter(lambda s: s not in ("nan", "inf", "-inf")),
+    st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(["-0", "+0", "-0.0", "1e400", "-1e400", "1e-400", ".5", "5.", "00012", "1E5", "+1.5", " 7 "]),
+    st.sampled_from(["9007199254740993", "2.2250738585072011e-308", "4.9406564584124654e-324", "\t3"]),
+    st.sampled_from(["1.7976931348623159e308"]),
+    st.text(alphabet=st.sampled_from(list("0123456789.eE+- ")), min_size=1, max_size=12),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.lists(_DECIMAL, min_size=w, max_size=w)))))
+def test_rows_of_decimals_read_by_pandas_are_the_floats_python_reads(table: tuple[int, list[list[str]]]) -> None:
+    """pandas reads each decimal as ``float`` does, bit for bit, or refuses the chunk (a cell ``float``
+    refuses, a blank one), which is then cut into cells as text."""
+    width, rows = table
+    joined = "".join(",".join(row) + "\n" for row in rows)
+    got = csv_importer._number_columns(joined, width, len(rows))
+    try:
+        want = [[float(row[j]) for row in rows] for j in range(width)]
+    except ValueError:
+        assert got is None
+        return
+    assert got is not None  # every row a row of decimals: read at C speed
+    assert _same(got, want)
+
+
+@pytest.mark.parametrize("cell", ["True", "false", "nan", "-nan", "inf", "Infinity", "", " ", "1_0", "NA", "0x1"])
+def test_a_chunk_with_a_cell_that_is_not_a_decimal_is_cut_as_text(cell: str, tmp_path: Path) -> None:
+    """pandas would read ``True`` as 1.0, a blank cell as NaN: such a chunk is read as text, each cell by
+    ``to_float`` (a boolean is not a number, a blank cell is missing)."""
+    assert csv_importer._number_columns(f"1,{cell}\n2,{cell}\n", 2, 2) is None
+    path = tmp_path / "t.csv"
+    path.write_text(f"_step,train/loss,train/grad_norm\n0,1,{cell}\n1,1,{cell}\n2,1,2.5\n")
+    items, _ = csv_importer.parse_csv(path)
+    assert _same([p.grad_norm for p in items if isinstance(p, TrainPoint)], [to_float(cell), to_float(cell), 2.5])
 
 
 def test_an_overlong_field_is_refused_as_the_csv_module_refuses_it(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ A malformed row (wrong column count, text where a number belongs) is skipped wit
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import logging
 import math
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+import pandas
 
 from trainmon.monitor.importers.common import (
     EvalPoint,
@@ -219,9 +221,9 @@ class Rows:
     no cell of it is blank), so a metric table's text is let go as its columns are read.
     """
 
-    def __init__(self, lines: list[int], text: list[list[str] | None]) -> None:
+    def __init__(self, lines: list[int], text: list[list[str] | None] | list[list[str | float] | None]) -> None:
         self.lines = lines  # each row's line number in the file
-        self._text = text  # each column's cells; None once read as numbers, all of them
+        self._text = text  # each column's cells (text, or floats read already); None once all read as numbers
         self._numbers: dict[int, list[float | None]] = {}
 
     def column(self, j: int) -> list[float | None]:
@@ -237,7 +239,7 @@ class Rows:
     def blank(self, j: int, r: int) -> bool:
         """Row ``r``'s cell of column ``j`` is empty or spaces."""
         cells = self._text[j]
-        return cells is not None and not cells[r].strip()
+        return cells is not None and type(cell := cells[r]) is str and not cell.strip()
 
     def select(self, keep: list[int]) -> Rows:
         """The rows with the columns ``keep`` only (one run's columns of a panel export)."""
@@ -266,12 +268,16 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
         if '"' in joined or max(map(len, chunk)) > csv.field_size_limit():
             rows: Iterable[list[str]] = csv.reader(itertools.chain(chunk, f))
         else:
-            cells = _plain_cells(chunk, joined, width)
-            if cells is not None:
-                line_numbers.extend(range(n, n + len(chunk)))
-                n += len(chunk)
-                _into_columns(cells, text)
-                continue
+            if set(map(str.count, chunk, itertools.repeat(","))) == {width - 1}:  # every line a row
+                columns = _number_columns(joined, width, len(chunk))
+                if columns is None:
+                    columns = _plain_columns(joined, width)
+                if columns is not None:
+                    line_numbers.extend(range(n, n + len(chunk)))
+                    n += len(chunk)
+                    for col, cells_j in zip(text, columns, strict=True):
+                        col.extend(cells_j)
+                    continue
             rows = [line.removesuffix("\n").split(",") for line in chunk]
         cells = []
         for row in rows:  # row by row: blank rows skipped, malformed ones counted and named
@@ -291,14 +297,50 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
     return Rows(line_numbers, list(text)), bad
 
 
-def _plain_cells(chunk: list[str], joined: str, width: int) -> list[str] | None:
-    """The cells of quote-free lines, row after row, when every line is a well-formed row that is not
-    blank (the usual table); None when one is not, for the lines to be read one by one."""
-    if set(map(str.count, chunk, itertools.repeat(","))) != {width - 1}:
+_DECIMAL_BYTES = b"0123456789.eE+-, \t\n"
+"""The bytes of rows of decimal numbers. Any other (a letter: ``nan``, ``inf``, ``True``, text) sends the
+lines to be cut as text; so does a blank cell, whose empty text pandas refuses as a number."""
+_PANDAS_EXACT = (
+    {} if tuple(map(int, pandas.__version__.split(".")[:2])) >= (3, 1) else {"float_precision": "round_trip"}
+)
+"""pandas reads a decimal as Python's ``float`` does (correctly rounded) from 3.1 on, with its round-trip
+converter (Python's own) before."""
+
+
+def _number_columns(joined: str, width: int, count: int) -> list[list[float]] | None:
+    """The columns of ``count`` rows of ``width`` decimal numbers each (the usual metric table), read by
+    pandas' C parser: each cell the float Python's ``float`` reads of it (signed zeros, ``1e400`` as inf,
+    spaces around it). None for lines that are not all such rows (a blank cell, ``nan``, text), to be cut
+    into cells as text: pandas refuses any cell that is not a decimal, and a row of digits is never taken
+    for a boolean, a date or a missing value (``true_values``, ``na_filter``)."""
+    data = joined.encode()
+    if data.translate(None, _DECIMAL_BYTES):  # a byte that is not one of them is left
         return None
+    try:
+        frame = pandas.read_csv(
+            io.BytesIO(data),
+            header=None,
+            names=list(range(width)),
+            index_col=False,
+            dtype=float,
+            na_filter=False,
+            true_values=[],
+            false_values=[],
+            skip_blank_lines=False,
+            engine="c",
+            **_PANDAS_EXACT,  # type: ignore[arg-type]
+        )
+    except ValueError:
+        return None
+    return [frame[j].tolist() for j in range(width)] if len(frame) == count else None
+
+
+def _plain_columns(joined: str, width: int) -> list[list[str]] | None:
+    """The cells of quote-free lines of ``width`` cells each, column by column, when no line is a blank row
+    (the usual table); None when one is, for the lines to be read one by one."""
     cells = joined.removesuffix("\n").replace("\n", ",").split(",")
     # a blank row's cells are all blank, its first one too: none is blank when no first cell is
-    return cells if all(map(str.strip, cells[::width])) else None
+    return [cells[j::width] for j in range(width)] if all(map(str.strip, cells[::width])) else None
 
 
 def _into_columns(cells: list[str], text: list[list[str]]) -> None:
@@ -468,11 +510,10 @@ def _parse_table(path: Path, header: list[str], rows: Rows, user: dict[str, str]
         mapping["eval_loss"] = " + ".join(sets[0].loss)
         config["eval_sets"] = eval_sets_facts(sets)
         notes += eval_sets_notes(sets)
-    train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
-    base, why = _step_base(names[cols["step"]], lightning, train_steps)
+    base, why = _step_base(names[cols["step"]], lightning, items)
     config["step_base_from"] = why
     mean_over = None
-    if names[cols["step"]].lower() in _HF_STEPS and len(train_steps) > 1:
+    if names[cols["step"]].lower() in _HF_STEPS and len(train_steps := _train_steps(items)) > 1:
         gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
         mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
     return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
@@ -660,11 +701,16 @@ def _column_floats(cells: list[str]) -> tuple[list[float | None], bool]:
         return [to_float(c) for c in cells], False
 
 
-def _step_base(step_col: str, lightning: bool, steps: list[int]) -> tuple[int, str]:
-    """The step base of the step column: stated by its convention where it has one, else inferred."""
+def _step_base(step_col: str, lightning: bool, items: list[Item]) -> tuple[int, str]:
+    """The step base of the step column: stated by its convention where it has one, else inferred from
+    the training steps (read only then: a million of them)."""
     low = step_col.lower()
     if lightning or low in ("_step", "trainer/global_step"):
         return 0, f"{step_col} counts from 0 (W&B's log-call counter, Lightning's global step)"
     if low in _HF_STEPS:
         return 1, f"{step_col} is HF's global_step: the steps done, counted from 1"
-    return infer_step_base(steps)
+    return infer_step_base(_train_steps(items))
+
+
+def _train_steps(items: list[Item]) -> list[int]:
+    return [it.step for it in items if isinstance(it, TrainPoint)]
