@@ -117,9 +117,9 @@ def _tables(draw: Any) -> tuple[bytes, int]:
 
 
 @_SETTINGS
-@given(table=_tables(), chunk=st.integers(1, 5))
+@given(table=_tables(), chunk=st.integers(1, 5), block=st.integers(1, 40))
 def test_lines_cut_into_cells_equal_the_csv_modules_records(
-    table: tuple[bytes, int], chunk: int, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+    table: tuple[bytes, int], chunk: int, block: int, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
     """Quote-free chunks cut at once, irregular ones line by line, the rest from the first quote by
     csv.reader: the same rows, line numbers, malformed count and warnings, whatever the chunk size."""
@@ -128,6 +128,7 @@ def test_lines_cut_into_cells_equal_the_csv_modules_records(
     path.write_bytes(raw)
     want_lines, want_cols, want_bad, want_warned = _old_table_rows(path, width)
     monkeypatch.setattr(csv_importer, "_CHUNK", chunk)
+    monkeypatch.setattr(csv_importer, "_BLOCK", block)
     caplog.clear()
     with caplog.at_level(logging.WARNING, "trainmon.import"), open(path, encoding="utf-8-sig", errors="replace") as f:
         next(csv.reader(f))
@@ -156,7 +157,7 @@ _DECIMAL = st.one_of(
 
 
 @settings(max_examples=1000, deadline=None)
-@given(st.integers(1, 4).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.lists(_DECIMAL, min_size=w, max_size=w)))))
+@given(st.integers(1, 4).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.lists(_DECIMAL, min_size=w, max_size=w), min_size=1))))
 def test_rows_of_decimals_read_by_pandas_are_the_floats_python_reads(table: tuple[int, list[list[str]]]) -> None:
     """pandas reads each decimal as ``float`` does, bit for bit, or refuses the chunk (a cell ``float``
     refuses, a blank one), which is then cut into cells as text."""

@@ -246,39 +246,46 @@ class Rows:
         return Rows(self.lines, [self._text[i] for i in keep])
 
 
+_BLOCK = 1 << 20
+"""Characters of whole lines read at a time: the file is never held whole, nor as one list per row."""
 _CHUNK = 65536
-"""Lines cut into cells at a time: the file is never held whole, nor as one list per row."""
+"""Rows of cells gathered before they go into their columns, on the row-by-row path."""
 
 
 def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
     """The well-formed data rows after the header; malformed ones skipped with a warning.
 
-    The csv module's reading, at C speed where it has nothing to do: a line of a file without a
-    quote character is its cells joined by commas (universal newlines already made every line end
-    ``\n``), so a chunk of such lines is cut with one ``str.split``. From the first chunk holding a
-    quote (a quoted cell may hold a comma or span lines) or a line longer than the csv module's field
-    limit (it refuses the field), the rest of the file is read by ``csv.reader``, as it always was.
+    The csv module's reading, at C speed where it has nothing to do, a block of whole lines at a time
+    (universal newlines already made every line end ``\n``). A block of rows of decimal numbers (the usual
+    metric table) is read by pandas' C parser (:func:`_number_columns`); a line of a block without a quote
+    character is its cells joined by commas, so a block of such lines is cut with one ``str.split``. From the
+    first block holding a quote (a quoted cell may hold a comma or span lines) or a line longer than the csv
+    module's field limit (it refuses the field), the rest of the file is read by ``csv.reader``, as it always
+    was; a block with a blank or malformed line is read row by row.
     """
     line_numbers: list[int] = []
-    text: list[list[str]] = [[] for _ in range(width)]
+    text: list[list[str] | list[str | float]] = [[] for _ in range(width)]
     bad = 0
     n = 2  # the next record's number in the file (the header is 1)
-    while chunk := list(itertools.islice(f, _CHUNK)):
-        joined = "".join(chunk)
-        if '"' in joined or max(map(len, chunk)) > csv.field_size_limit():
-            rows: Iterable[list[str]] = csv.reader(itertools.chain(chunk, f))
-        else:
-            if set(map(str.count, chunk, itertools.repeat(","))) == {width - 1}:  # every line a row
-                columns = _number_columns(joined, width, len(chunk))
-                if columns is None:
-                    columns = _plain_columns(joined, width)
-                if columns is not None:
-                    line_numbers.extend(range(n, n + len(chunk)))
-                    n += len(chunk)
-                    for col, cells_j in zip(text, columns, strict=True):
-                        col.extend(cells_j)
-                    continue
-            rows = [line.removesuffix("\n").split(",") for line in chunk]
+    while block := f.read(_BLOCK):
+        if not block.endswith("\n"):
+            block += f.readline()  # the rest of its last line
+        count = block.count("\n") + (not block.endswith("\n"))  # the last line of a file may have no end
+        columns = _number_columns(block, width, count)
+        if columns is None:
+            lines = _lines(block)
+            if '"' in block or max(map(len, lines)) > csv.field_size_limit():
+                rows: Iterable[list[str]] = csv.reader(itertools.chain(lines, f))
+            else:
+                if set(map(str.count, lines, itertools.repeat(","))) == {width - 1}:  # every line a row
+                    columns = _plain_columns(block, width)
+                rows = [line.removesuffix("\n").split(",") for line in lines] if columns is None else []
+        if columns is not None:
+            line_numbers.extend(range(n, n + count))
+            n += count
+            for col, cells_j in zip(text, columns, strict=True):
+                col.extend(cells_j)  # type: ignore[arg-type]
+            continue
         cells = []
         for row in rows:  # row by row: blank rows skipped, malformed ones counted and named
             num, n = n, n + 1
@@ -297,9 +304,18 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
     return Rows(line_numbers, list(text)), bad
 
 
+def _lines(block: str) -> list[str]:
+    """A block's lines as iterating the file gives them: each with its ``\n``, the file's last one maybe not."""
+    lines = [line + "\n" for line in block.split("\n")]
+    last = lines.pop()
+    if last != "\n":
+        lines.append(last.removesuffix("\n"))
+    return lines
+
+
 _DECIMAL_BYTES = b"0123456789.eE+-, \t\n"
-"""The bytes of rows of decimal numbers. Any other (a letter: ``nan``, ``inf``, ``True``, text) sends the
-lines to be cut as text; so does a blank cell, whose empty text pandas refuses as a number."""
+"""The bytes of rows of decimal numbers. Any other (a letter: ``nan``, ``inf``, ``True``, text, a quote) sends
+the lines to be cut as text; so does a blank cell, whose empty text pandas refuses as a number."""
 _PANDAS_EXACT = (
     {} if tuple(map(int, pandas.__version__.split(".")[:2])) >= (3, 1) else {"float_precision": "round_trip"}
 )
@@ -307,14 +323,18 @@ _PANDAS_EXACT = (
 converter (Python's own) before."""
 
 
-def _number_columns(joined: str, width: int, count: int) -> list[list[float]] | None:
-    """The columns of ``count`` rows of ``width`` decimal numbers each (the usual metric table), read by
-    pandas' C parser: each cell the float Python's ``float`` reads of it (signed zeros, ``1e400`` as inf,
-    spaces around it). None for lines that are not all such rows (a blank cell, ``nan``, text), to be cut
-    into cells as text: pandas refuses any cell that is not a decimal, and a row of digits is never taken
-    for a boolean, a date or a missing value (``true_values``, ``na_filter``)."""
-    data = joined.encode()
+def _number_columns(block: str, width: int, count: int) -> list[list[float]] | None:
+    """The columns of a block of ``count`` lines that are all rows of ``width`` decimal numbers (the usual
+    metric table), read by pandas' C parser: each cell the float Python's ``float`` reads of it (signed zeros,
+    ``1e400`` as inf, spaces around it). None for lines that are not all such rows (a blank cell, ``nan``,
+    text, a line of another number of cells or longer than the csv module's field limit), to be cut into
+    cells as text: pandas refuses any cell that is not a decimal, and a row of digits is never taken for a
+    boolean, a date or a missing value (``true_values``, ``na_filter``)."""
+    data = block.encode()
     if data.translate(None, _DECIMAL_BYTES):  # a byte that is not one of them is left
+        return None
+    # as many commas as rows of width cells hold: a short line would need a long one, which pandas refuses
+    if data.count(b",") != (width - 1) * count or _longest_line(data) > csv.field_size_limit():
         return None
     try:
         frame = pandas.read_csv(
@@ -333,6 +353,12 @@ def _number_columns(joined: str, width: int, count: int) -> list[list[float]] | 
     except ValueError:
         return None
     return [frame[j].tolist() for j in range(width)] if len(frame) == count else None
+
+
+def _longest_line(data: bytes) -> int:
+    """The length of the longest line of ``data`` with its ``\\n`` (a last line without one: as if it had it)."""
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+    return int(np.diff(ends, prepend=-1, append=len(data)).max())
 
 
 def _plain_columns(joined: str, width: int) -> list[list[str]] | None:
