@@ -344,6 +344,8 @@ class _EpsilonShare(_Mechanism):
         return _EPS_HINT
 
 
+_MECHANISMS = (_LogitGrowth, _OutputGrowth, _EntropyCollapse, _EpsilonShare)
+
 _LOSS_HISTORY = 200  # steps of loss kept to tell a precursor from a consequence
 _RECENT_LOSSES = 5
 
@@ -358,10 +360,11 @@ class InstabilityPrecursor(Detector):
     plots = ("loss",)
     localised = False
     consumes = frozenset(("run_start", "step"))
+    reads = frozenset(("loss", *(m.field for m in _MECHANISMS)))  # the loss: to tell a precursor from a consequence
 
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config
-        self._mechanisms = [m(config) for m in (_LogitGrowth, _OutputGrowth, _EntropyCollapse, _EpsilonShare)]
+        self._mechanisms = [m(config) for m in _MECHANISMS]
         self._names = {m.field: m.name for m in self._mechanisms}
         self._fields = frozenset(self._names)  # a step without any of them (most logs) costs one test
         self._series: dict[tuple[str, str], _Series] = {}  # (field, module or group) -> its series
