@@ -69,7 +69,7 @@ def _reference_layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
     return {**key, "grad_norms": f.get("layer_grad_norms") or None, "precursors": json_safe(precursors) or None}
 
 
-def _reference_step_columns(events: list[Event], attempts: list[int]) -> dict[str, list[Any]]:
+def _reference_step_columns(events: list[Event], attempts: list[int], *_: Any) -> dict[str, list[Any]]:
     """The steps' rows as they were built before, one full row per step, handed over column by column."""
     rows = [_reference_step_row(ev, attempt) for ev, attempt in zip(events, attempts, strict=True)]
     return {name: [row[name] for row in rows] for name in rows[0]}
@@ -164,15 +164,22 @@ def _twin(store: Storage, request: pytest.FixtureRequest, tmp_path: Path) -> Sto
     return Storage(create_database(request.getfixturevalue("postgres_server")))
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(("seed", "batch"), [(1, 37), (2, 37), (3, 300)])
 def test_every_table_holds_what_sqlalchemys_insert_of_full_rows_stores(
-    store: Storage, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+    store: Storage,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    batch: int,
 ) -> None:
+    """Batches of one rank and of both, each with a mix of fields; of 300 events: more rows than one INSERT
+    statement holds, and the ranks' events interleaved."""
     events = _events(seed)
-    _ingest(store, events, batch=37)  # batches of one rank and of both, each with a mix of fields
+    _ingest(store, events, batch=batch)
     reference = _twin(store, request, tmp_path)
     _reference(reference, monkeypatch)
-    _ingest(reference, events, batch=37)
+    _ingest(reference, events, batch=batch)
     for table in _TABLES:
         assert _stored(store, table) == _stored(reference, table), table.name
     assert len(_stored(store, steps)) > 200 and len(_stored(store, layer_stats)) > 20
@@ -200,6 +207,31 @@ def test_a_replayed_row_is_skipped_whatever_columns_it_fills(store: Storage) -> 
         store.insert_ignore(conn, steps, _one({**key, "step": 1, "loss": 9.0, "grad_norm": 1.0, "lrs": [1.0]}))
     ((loss, grad_norm, lrs),) = _stored_values(store, "loss, grad_norm, lrs")
     assert (float(loss), grad_norm, lrs) == (2.0, None, "null")  # the first row's: a JSON null, not SQL NULL
+
+
+def test_rows_of_one_key_within_one_statement_keep_the_first(store: Storage) -> None:
+    """A batch spans several multi-row statements and the single-row one after them; a key repeated in it,
+    within one statement or across them, keeps its first row, as one row at a time would."""
+    count = 1000  # 111 rows a statement with these 9 columns: 9 statements, then 1 row each
+    columns = {
+        "run": ["r"] * count,
+        "rank": [0] * count,
+        "attempt": [0] * count,
+        "step": [i % 300 if i % 7 else 5 for i in range(count)],
+        "time": [float(i) for i in range(count)],
+        "loss": [i * 0.5 if i % 13 else math.nan for i in range(count)],
+        "grad_norm": [None if i % 3 else 1.0 / (i + 1) for i in range(count)],
+        "lr": [1e-4] * count,
+        "lrs": [[1e-4, float(i)] for i in range(count)],
+    }
+    with store.begin() as conn:
+        store.insert_ignore(conn, steps, columns)
+    first: dict[int, int] = {}
+    for i, step in enumerate(columns["step"]):
+        first.setdefault(step, i)
+    with store.connect() as conn:
+        stored = sorted(conn.execute(text("SELECT step, time FROM steps")))
+    assert stored == sorted((step, float(i)) for step, i in first.items())
 
 
 def test_many_sets_of_columns_are_each_stored_right(store: Storage) -> None:

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     JSON,
@@ -50,6 +50,9 @@ from sqlalchemy.types import TypeDecorator
 log = logging.getLogger("trainmon.storage")
 _CHECKPOINT_SECONDS = 1.0
 _MAX_PLANS = 256  # compiled INSERTs kept (insert_ignore): one per table and set of columns a batch fills
+# Values bound by one multi-row INSERT: SQLite's limit before 3.32 (32,766 since), PostgreSQL's is 65,535. Rows
+# beyond ~50 per statement no longer make an insert cheaper.
+_MAX_VARIABLES = 999
 
 __all__ = [
     "PHASE_COLUMNS",
@@ -104,16 +107,19 @@ def _nan_markers(cells: list[Any]) -> list[Any]:
 
 
 _NUMBERS = frozenset({int, float})
+# json.dumps's own encoder without its check for cycles (lists of numbers hold none): the same text, 10% sooner.
+_NUMBER_LISTS = json.JSONEncoder(check_circular=False)
 
 
 def _json_texts(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
     """A JSON column's cells as bound on SQLite, where ``process`` (SQLAlchemy's) binds a value as its
     ``json.dumps``. A column of non-empty lists of plain numbers (a step's learning rates, one list per step) is
-    encoded by one ``json.dumps`` of the column and cut at the ``], [`` between its lists (a number's text holds
-    no bracket): the same texts, without a million calls through SQLAlchemy's wrapper and the encoder's."""
+    encoded by one ``json.dumps`` of the column and cut at the ``, `` between its lists (a number's text holds
+    no bracket nor line break): the same texts, without a million calls through SQLAlchemy's wrapper and the
+    encoder's."""
     lists = set(map(type, cells)) == {list} and all(cells)
     if lists and set(map(type, itertools.chain.from_iterable(cells))) <= _NUMBERS:
-        return [f"[{text}]" for text in json.dumps(cells)[2:-2].split("], [")]
+        return _NUMBER_LISTS.encode(cells)[1:-1].replace("], [", "]\n[").split("\n")
     return _each(process, cells)
 
 
@@ -122,6 +128,26 @@ def _each(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
 
 
 _Binder = Callable[[list[Any]], list[Any]]
+
+
+class _Statement(NamedTuple):
+    sql: str
+    names: tuple[str, ...] | None  # its parameters' names, row after row (None: positional)
+
+
+class _InsertPlan:
+    """How ``Storage.insert_ignore`` stores rows of one set of columns: by statements of ``rows`` rows, the rows
+    past the last whole one by a statement of one row each, each statement compiled when first needed (one of
+    ``_MAX_VARIABLES`` values takes SQLAlchemy 30 ms; a batch of a few rows never needs it)."""
+
+    __slots__ = ("binders", "order", "rows", "statements")
+
+    def __init__(self, order: tuple[str, ...], binders: list[_Binder | None]) -> None:
+        self.order = order  # the columns, in the statements' order
+        self.binders = binders  # each column's (None: bound as it is)
+        self.rows = max(1, _MAX_VARIABLES // len(order))
+        self.statements: dict[int, _Statement] = {}  # by its number of rows
+
 
 metadata = MetaData()
 
@@ -334,7 +360,7 @@ class Storage:
                 self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="trainmon-checkpoint")
                 self._checkpointer.daemon = True
         self._positional = self.engine.dialect.positional  # qmark (SQLite) or named (psycopg) parameters
-        self._inserts: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], list[_Binder | None]]] = {}
+        self._inserts: dict[tuple[str, tuple[str, ...]], _InsertPlan] = {}
         self._omit: dict[str, frozenset[str]] = {}  # per table: see _omissible
         if self.url == "sqlite://":
             metadata.create_all(self.engine)  # in memory, gone at exit: no history to migrate
@@ -375,8 +401,11 @@ class Storage:
         Column by column, as the collector builds them: a column None in every row is left out of the statement
         where that stores the same NULL (most of a step's 30 columns in an imported log: binding them was three
         quarters of SQLite's time), each other one goes through its type's bind processor a column at a time
-        (``_binder``), and the driver's executemany gets the rows as tuples. The statement is compiled once per
-        (table, columns): SQLAlchemy's per-row parameter handling costs more than the insert itself at ingest rates.
+        (``_binder``). The rows go in, in their order, as INSERTs of as many rows as ``_MAX_VARIABLES`` values
+        allow (the last few one row each): SQLite runs one statement per hundred rows of an imported log instead of
+        one per row (half its time there), and their parameters are cut from the columns at C speed.
+        The statements are compiled once per (table, columns): SQLAlchemy's per-row parameter handling costs more
+        than the insert itself at ingest rates.
         """
         omissible = self._omissible(table)
         count = len(next(iter(columns.values())))
@@ -388,25 +417,43 @@ class Storage:
         if plan is None:
             if len(self._inserts) >= _MAX_PLANS:  # the columns follow what producers send: keep the cache bounded
                 self._inserts.clear()
-            plan = self._inserts[key] = self._compile_insert(table, key[1])
-        sql, names, binders = plan
-        bound = [kept[n] if f is None else f(kept[n]) for n, f in zip(names, binders, strict=True)]
-        params: list[Any] = list(zip(*bound, strict=True))
-        if not self._positional:
-            params = [dict(zip(names, p, strict=True)) for p in params]
-        conn.exec_driver_sql(sql, params)
+            order = tuple(c.name for c in table.c if c.name in kept)  # as SQLAlchemy lists an INSERT's columns
+            plan = self._inserts[key] = _InsertPlan(order, [self._binder(table.c[n]) for n in order])
+        width = len(plan.order)
+        values: list[Any] = [None] * (count * width)  # row after row, each in the statements' column order
+        for i, (name, bind) in enumerate(zip(plan.order, plan.binders, strict=True)):
+            values[i::width] = kept[name] if bind is None else bind(kept[name])
+        flat = tuple(values)  # its slices are the tuples the driver takes
+        whole = (count - count % plan.rows) * width
+        for rows, start, stop in ((plan.rows, 0, whole), (1, whole, len(flat))):
+            if start == stop:
+                continue
+            statement = plan.statements.get(rows)
+            if statement is None:
+                statement = plan.statements[rows] = self._compile_insert(table, plan.order, rows)
+            step = rows * width
+            params: list[Any] = [flat[i : i + step] for i in range(start, stop, step)]
+            if statement.names is not None:
+                params = [dict(zip(statement.names, p, strict=True)) for p in params]
+            conn.exec_driver_sql(statement.sql, params)
 
-    def _compile_insert(
-        self, table: Table, columns: tuple[str, ...]
-    ) -> tuple[str, tuple[str, ...], list[_Binder | None]]:
+    def _compile_insert(self, table: Table, order: tuple[str, ...], rows: int) -> _Statement:
+        """An INSERT of ``rows`` rows of the ``order`` columns that skips an existing key. Its parameters are the
+        rows' values one after the other: positional, or (PostgreSQL) named as SQLAlchemy names a multi-row
+        INSERT's (``<column>_m<row>``)."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
             from sqlalchemy.dialects.sqlite import insert
-        statement = insert(table).on_conflict_do_nothing()
-        compiled = statement.compile(dialect=self.engine.dialect, column_keys=list(columns))
-        names = tuple(compiled.positiontup) if self._positional else columns
-        return str(compiled), names, [self._binder(table.c[n]) for n in names]
+        statement = insert(table).values([dict.fromkeys(order)] * rows).on_conflict_do_nothing()
+        compiled = statement.compile(dialect=self.engine.dialect)
+        names = tuple(f"{name}_m{row}" for row in range(rows) for name in order)
+        bound = tuple(compiled.positiontup) if self._positional else tuple(compiled.params)
+        if bound != names:
+            raise RuntimeError(
+                f"SQLAlchemy's INSERT of {table.name} binds {bound[: len(order)]}, not {names[: len(order)]}"
+            )
+        return _Statement(str(compiled), None if self._positional else names)
 
     def _binder(self, column: Column[Any]) -> _Binder | None:
         """How a column's cells are bound, the whole column at once (None: as they are)."""
@@ -429,13 +476,15 @@ class Storage:
 
     def _omissible(self, table: Table) -> frozenset[str]:
         """The columns an INSERT may leave out to store what binding None stores: those without a default
-        whose None binds as SQL NULL (not a plain JSON column: it stores None as the JSON text ``null``)."""
+        whose None binds as SQL NULL (not a plain JSON column: it stores None as the JSON text ``null``). Only
+        nullable ones: a key column holds no None to look for (and a None there fails alike, bound or left out)."""
         omissible = self._omit.get(table.name)
         if omissible is None:
             omissible = self._omit[table.name] = frozenset(
                 c.name
                 for c in table.c
-                if c.default is None
+                if c.nullable
+                and c.default is None
                 and c.server_default is None
                 and ((f := self._bind_processor(c)) is None or f(None) is None)
             )
