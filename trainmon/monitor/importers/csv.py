@@ -578,8 +578,14 @@ def _table_items(path: Path, rows: Rows, series: _Series) -> tuple[list[Item], i
     column = rows.column
     count = len(rows.lines)
 
+    none: list[Any] = [None] * count  # the one column of every field the table lacks
+    nothing = np.zeros(count, dtype=bool)
+
     def field_column(fld: str) -> list[float | None]:
-        return column(cols[fld]) if fld in cols else [None] * count
+        return column(cols[fld]) if fld in cols else none
+
+    def given(values: list[Any]) -> np.ndarray:
+        return nothing if values is none else _given(values)
 
     step_col = column(cols["step"])
     step_arr = _floats(step_col)
@@ -590,20 +596,21 @@ def _table_items(path: Path, rows: Rows, series: _Series) -> tuple[list[Item], i
             bad += 1
             log.warning("%s: line %d has no usable step; skipped", path, rows.lines[r])
     times = field_column("time")
-    losses = _losses([column(j) for j in series.loss], [column(j) for j in series.signed], count)
+    # without its columns a field is missing on every row (combine, root_sum_squares of nothing: None)
+    losses = _losses([column(j) for j in series.loss], [column(j) for j in series.signed], count) or none
     gn_cols = [column(j) for j in series.grad_norm]
-    norms = gn_cols[0] if len(gn_cols) == 1 else list(map(root_sum_squares, _row_values(gn_cols, count)))
-    lrs = _lr_lists([column(j) for j in series.lr], count)
-    tokens = _counts(field_column("tokens"))
+    norms = gn_cols[0] if len(gn_cols) == 1 else list(map(root_sum_squares, zip(*gn_cols, strict=True))) or none
+    lrs = _lr_lists([column(j) for j in series.lr]) or none
+    tokens = _counts(column(cols["tokens"])) if "tokens" in cols else none
     step_times = field_column("step_time")
-    train = _given(losses) | _given(norms) | _given(lrs) | _given(tokens) | _given(step_times)
+    train = given(losses) | given(norms) | given(lrs) | given(tokens) | given(step_times)
     for j in series.loss + series.signed:  # a loss term's cell alone makes a training row
         train |= _given(column(j))
     if sets:
         evals = np.logical_and.reduce([_given(column(by_name[n])) for n in sets[0].loss])
     else:
-        evals = _given(field_column("eval_loss"))
-    evals &= usable
+        evals = given(field_column("eval_loss"))
+    evals = evals & usable
     train &= usable
 
     # the rows that make items, in order: a training row merges into the previous one's point when that
@@ -614,7 +621,7 @@ def _table_items(path: Path, rows: Rows, series: _Series) -> tuple[list[Item], i
     merged = np.zeros(len(made), dtype=bool)
     merged[1:] = t_made[1:] & ~e_made[1:] & t_made[:-1] & (steps[1:] == steps[:-1])
     new = np.flatnonzero(t_made & ~merged)
-    at = made[new].tolist()
+    at = made[new]
     points = list(
         map(
             TrainPoint,
@@ -672,16 +679,17 @@ def _given(values: list[Any]) -> np.ndarray:
     return np.fromiter(map(operator.is_not, values, itertools.repeat(None)), dtype=bool, count=len(values))
 
 
-def _pick(values: list[Any], at: list[int]) -> list[Any]:
-    """The values of the rows ``at``; the list itself when they are all its rows."""
-    return values if len(at) == len(values) else list(map(values.__getitem__, at))
+def _pick(values: list[Any], at: np.ndarray) -> list[Any]:
+    """The values of the rows ``at`` (ascending); the list itself when they are all its rows."""
+    return values if len(at) == len(values) else list(map(values.__getitem__, at.tolist()))
 
 
 def _losses(terms: list[list[float | None]], signed: list[list[float | None]], count: int) -> list[float | None]:
-    """Each row's loss by ``structure.combine``. A row whose values are all there and finite (the usual row)
-    is the sum combine would make, ``math.fsum`` of its terms, asked of them all at C speed."""
+    """Each row's loss by ``structure.combine`` (no rows without columns). A row whose values are all there
+    and finite (the usual row) is the sum combine would make, ``math.fsum`` of its terms, asked of them all
+    at C speed."""
     if not terms and not signed:
-        return [None] * count
+        return []
     plain = np.logical_and.reduce([np.isfinite(_floats(c)) for c in terms + signed])
     term_rows = _row_values(terms, count)
     if terms and plain.all():
@@ -699,7 +707,7 @@ def _counts(values: list[float | None]) -> list[int | None]:
     ok = (arr >= 0) & (arr <= MAX_INT)
     if ok.all():
         return list(map(round, values))  # type: ignore[arg-type]
-    counts = iter(map(round, _pick(values, np.flatnonzero(ok).tolist())))  # type: ignore[arg-type]
+    counts = iter(map(round, _pick(values, np.flatnonzero(ok))))  # type: ignore[arg-type]
     return [next(counts) if k else None for k in ok.tolist()]
 
 
@@ -708,10 +716,11 @@ def _row_values(cols: list[list[float | None]], count: int) -> Iterable[tuple[fl
     return zip(*cols, strict=True) if cols else itertools.repeat((), count)
 
 
-def _lr_lists(lr_cols: list[list[float | None]], count: int) -> list[list[float | None] | None]:
-    """Each row's learning rates, one per param group, or None when one of them is missing."""
+def _lr_lists(lr_cols: list[list[float | None]]) -> list[list[float | None] | None]:
+    """Each row's learning rates, one per param group, or None when one of them is missing (no rows
+    without columns)."""
     if not lr_cols:
-        return [None] * count
+        return []
     if len(lr_cols) == 1:
         return [None if x is None else [x] for x in lr_cols[0]]
     return [None if None in row else list(row) for row in zip(*lr_cols, strict=True)]
