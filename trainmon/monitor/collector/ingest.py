@@ -22,6 +22,7 @@ per-event rows keep the producer's own times (durations within a rank are differ
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 from collections.abc import Callable
@@ -96,10 +97,13 @@ class _Stream:
 class _Slot:
     """A batch of a group being committed, and what became of it."""
 
-    __slots__ = ("arrival", "error", "events", "fresh", "sent", "stored_as")
+    __slots__ = ("arrival", "error", "events", "fresh", "segments", "sent", "stored_as")
 
     def __init__(self, events: list[Event], arrival: float | None, sent: float | None = None) -> None:
         self.events = events
+        # Its runs of consecutive events of one stream (a producer's batch is one): what the ingest looks up,
+        # checks and counts once per run of events rather than once per event (a whole batch of an import).
+        self.segments = [list(same) for _, same in itertools.groupby(events, _SEGMENT)]
         self.arrival = arrival  # collector wall time the batch was received; None: not live (tests, imports)
         self.sent = sent  # the producer's wall time when it sent the batch, if it said (wire.SENT_HEADER)
         self.fresh: list[tuple[Event, int]] = []
@@ -117,8 +121,13 @@ _PRECURSORS = frozenset(PRECURSOR_FIELDS)
 _RUN = operator.attrgetter("run")
 _RANK = operator.attrgetter("rank")
 _TIME = operator.attrgetter("time")
+_OFFSET = operator.attrgetter("clock_offset")
+_KIND = operator.attrgetter("kind")
+_SEQ = operator.attrgetter("seq")
 _FIELDS = operator.attrgetter("fields")
 _STEP = operator.itemgetter("step")
+_IS_STEP = "step".__eq__
+_SEGMENT = operator.attrgetter("stream", "run", "rank")
 
 Columns = dict[str, list[Any]]
 """Rows given column by column (:meth:`Storage.insert_ignore`)."""
@@ -129,12 +138,11 @@ def _columns(rows: list[dict[str, Any]]) -> Columns:
     return {name: [row.get(name) for row in rows] for name in set().union(*rows)}
 
 
-def _step_columns(events: list[Event], attempts: list[int]) -> Columns:
+def _step_columns(events: list[Event], attempts: list[int], fields: list[dict[str, Any]], present: set[str]) -> Columns:
     """The steps' ``steps`` rows, column by column, with the columns some step has (``insert_ignore`` stores NULL
-    in the others): an imported step has 4 of 30. Built from the fields at C speed, not as a row per step read
-    back column by column (a quarter of an import's store stage)."""
-    fields = list(map(_FIELDS, events))
-    present = set().union(*fields)
+    in the others): an imported step has 4 of 30. Built from the fields (``fields``: each step's; ``present``: the
+    names some step has) at C speed, not as a row per step read back column by column (a quarter of an import's
+    store stage)."""
     columns = {
         "run": list(map(_RUN, events)),
         "rank": list(map(_RANK, events)),
@@ -163,13 +171,26 @@ def _layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:
     return {**_key(ev, attempt, f["step"]), "grad_norms": grad_norms, "precursors": json_safe(precursors) or None}
 
 
-def _layer_rows(events: list[Event], attempts: list[int]) -> list[dict[str, Any]]:
-    """The per-layer rows of the sampled steps among ``events``; asked of the batch's fields first (most batches
-    hold no sampled step)."""
-    present = set().union(*map(_FIELDS, events))
+def _layer_rows(events: list[Event], attempts: list[int], present: set[str]) -> list[dict[str, Any]]:
+    """The per-layer rows of the sampled steps among ``events``; asked of the field names the steps have
+    (``present``) first: most batches hold no sampled step."""
     if "layer_grad_norms" not in present and _PRECURSORS.isdisjoint(present):
         return []
     return [row for ev, attempt in zip(events, attempts, strict=True) if (row := _layer_row(ev, attempt))]
+
+
+def _extremes(events: list[Event]) -> tuple[float, float]:
+    """The latest and the earliest of the events' times on the collector's clock (``aligned``). Under one offset
+    ``aligned`` keeps the times' order, so each run of events of one offset (a segment's, stamped together) gives
+    the aligned extremes of its times, without a call per event."""
+    extremes: list[tuple[float, float]] = []
+    for offset, same in itertools.groupby(events, _OFFSET):
+        times = list(map(_TIME, same))
+        extremes.append((aligned(max(times), offset), aligned(min(times), offset)))
+    latest, earliest = extremes[0]
+    for hi, lo in extremes[1:]:
+        latest, earliest = max(latest, hi), min(earliest, lo)
+    return latest, earliest
 
 
 class Ingestor:
@@ -267,6 +288,7 @@ class Ingestor:
         try:
             known: dict[str, _Stream] = {}
             fresh_all: list[tuple[Event, int]] = []
+            parts: list[tuple[_Stream, list[Event]]] = []  # the fresh events, by segment, in the group's order
             with self.storage.begin() as conn:
                 for slot in group:
                     if slot.error is not None:
@@ -285,23 +307,21 @@ class Ingestor:
                     elif arrival is not None:  # a producer that does not say when it sent: its events' times
                         for ev in slot.events:
                             known[ev.stream].clock.add(ev.time, arrival)
-                    fresh: list[tuple[Event, int]] = []
-                    for ev in slot.events:
-                        st = known[ev.stream]
-                        highest = st.seqs.last
-                        if not st.seqs.add(ev.seq):
-                            continue  # stored before: a duplicate
-                        st.missing += ev.seq - highest - 1 if ev.seq > highest else -1  # a gap, or one filled
+                    for segment in slot.segments:
+                        st = known[segment[0].stream]
+                        fresh = self._dedupe(st, segment)
                         if arrival is not None:  # the collector's own stamp on a validated (frozen) event
-                            object.__setattr__(ev, "clock_offset", st.clock.offset)
-                        fresh.append((ev, st.attempt))
-                    slot.fresh = fresh
-                    fresh_all.extend(fresh)
-                if fresh_all:
+                            for ev in fresh:
+                                object.__setattr__(ev, "clock_offset", st.clock.offset)
+                        if fresh:
+                            parts.append((st, fresh))
+                            slot.fresh.extend(zip(fresh, itertools.repeat(st.attempt)))
+                    fresh_all.extend(slot.fresh)
+                if parts:
                     # Priming a run is the costly part of a new one: only for the events stored, under the run
                     # they are stored under, before they are written (the history must not hold them).
-                    self.engine.prime({(ev.run, ev.rank) for ev, _ in fresh_all}, conn)
-                    self._write(conn, fresh_all, known)
+                    self.engine.prime({(st.run, st.rank) for st, _ in parts}, conn)
+                    self._write(conn, parts, known)
         except BaseException as exc:  # the transaction rolled back: no batch of the group was stored
             self._launches.rollback()
             for slot in group:
@@ -312,6 +332,18 @@ class Ingestor:
             st.new = False
         self._streams.update(known)
         return self._launches.commit()
+
+    @staticmethod
+    def _dedupe(st: _Stream, segment: list[Event]) -> list[Event]:
+        """The events of ``segment`` (one stream's, in order) not stored before, recorded in the stream's seqs;
+        its count of missing seqs grows by each gap and shrinks by each one filled. Counted for the segment: each
+        fresh seq above the stream's highest adds the gap below it, each one below fills one, which sums to the
+        highest's rise less the fresh events."""
+        highest = st.seqs.last
+        stored = list(map(st.seqs.add, map(_SEQ, segment)))  # False: stored before, a duplicate
+        fresh = segment if all(stored) else list(itertools.compress(segment, stored))
+        st.missing += st.seqs.last - highest - len(fresh)
+        return fresh
 
     def _check_limits(self, events: list[Event], admitted: dict[str, set[int]]) -> None:
         """Refuse a batch that would take memory past the limits; ``admitted`` holds the group's earlier batches."""
@@ -388,12 +420,13 @@ class Ingestor:
             raise
 
     def _add_streams(self, conn: Connection, slot: _Slot, known: dict[str, _Stream], added: list[str]) -> None:
-        """Find or create each event's stream; an event of a job stored apart from others of its run name
-        (``launches``) gets that run's id."""
+        """Find or create each segment's stream; the events of a job stored apart from others of its run name
+        (``launches``) get that run's id."""
         events, arrival = slot.events, slot.arrival
         launches: dict[str, str | None] | None = None  # stream -> launch id, of the batch's run_start events
         pulses = self._launches.pulses  # when each run was last heard from: whether a new job meets a live one
-        for ev in events:
+        for segment in slot.segments:
+            ev = segment[0]
             st = known.get(ev.stream)
             if st is None:
                 cached = self._streams.get(ev.stream)
@@ -414,18 +447,21 @@ class Ingestor:
                     st = _Stream(run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), new=True)
                 known[ev.stream] = st
                 added.append(ev.stream)
+            if st.run != ev.run or st.rank != ev.rank:
+                if st.rank != ev.rank or not stored_apart(st.run, ev.run):
+                    raise IngestError(
+                        f"stream {ev.stream} belongs to run {st.run!r} rank {st.rank}, "
+                        f"not run {ev.run!r} rank {ev.rank}"
+                    )
+                slot.stored_as[ev.run] = st.run
+                for e in segment:
+                    object.__setattr__(e, "run", st.run)  # the collector's own stamp, as ``clock_offset``
             pulse = pulses.get(st.run)
             if pulse is None:
                 pulse = pulses[st.run] = Pulse()
-            pulse.beat(ev.time if arrival is None else arrival, ev.kind, ev.rank)
-            if st.run != ev.run or st.rank != ev.rank:
-                if st.rank == ev.rank and stored_apart(st.run, ev.run):
-                    slot.stored_as[ev.run] = st.run
-                    object.__setattr__(ev, "run", st.run)  # the collector's own stamp, as ``clock_offset``
-                    continue
-                raise IngestError(
-                    f"stream {ev.stream} belongs to run {st.run!r} rank {st.rank}, not run {ev.run!r} rank {ev.rank}"
-                )
+            times = map(_TIME, segment) if arrival is None else itertools.repeat(arrival, len(segment))
+            for t, kind in zip(times, map(_KIND, segment), strict=True):
+                pulse.beat(t, kind, ev.rank)
 
     @staticmethod
     def _fetch(conn: Connection, stream: str) -> _Stream | None:
@@ -435,81 +471,95 @@ class Ingestor:
         seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
         return _Stream(row.run, row.rank, row.attempt, seqs, row.missing, ClockOffset(row.clock_offset))
 
-    def _write(self, conn: Connection, fresh: list[tuple[Event, int]], known: dict[str, _Stream]) -> None:
+    def _write(self, conn: Connection, parts: list[tuple[_Stream, list[Event]]], known: dict[str, _Stream]) -> None:
+        """Store the fresh events, given by segment (one stream's, in order): their rows, and what they tell of
+        their streams and runs (when each was active, on the collector's clock, how many events, a start, an end)."""
         step_events: list[Event] = []
         step_attempts: list[int] = []
         rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
         run_updates: dict[str, dict[str, Any]] = {}
-        for ev, attempt in fresh:
-            f = ev.fields
-            t = aligned(ev.time, ev.clock_offset)  # when the stream and the run were active: the collector's clock
-            su = stream_updates.get(ev.stream)  # not setdefault: its default dict would be built every time
+        for st, events in parts:
+            first_event, attempt = events[0], st.attempt
+            latest, earliest = _extremes(events)
+            su = stream_updates.get(first_event.stream)  # not setdefault: its default dict would be built every time
             if su is None:
-                su = stream_updates[ev.stream] = {"host": ev.host, "last_time": t, "events": 0}
-            elif t > su["last_time"]:
-                su["last_time"] = t
-            su["events"] += 1
-            ru = run_updates.get(ev.run)
+                su = stream_updates[first_event.stream] = {"host": first_event.host, "last_time": latest, "events": 0}
+            elif latest > su["last_time"]:
+                su["last_time"] = latest
+            su["events"] += len(events)
+            ru = run_updates.get(st.run)
             if ru is None:
-                ru = run_updates[ev.run] = {"updated_at": t, "first": t}
-            elif t > ru["updated_at"]:
-                ru["updated_at"] = t
-            elif t < ru["first"]:
-                ru["first"] = t
-            if ev.kind == "step":
-                step_events.append(ev)
-                step_attempts.append(attempt)
-            elif ev.kind == "eval":
-                rows[evals].append(
-                    {
-                        **_key(ev, attempt, f["step"]),
-                        "loss": f["loss"],
-                        "metrics": f.get("metrics"),
-                        "duration": f.get("duration"),
-                    }
-                )
-            elif ev.kind == "checkpoint":
-                rows[checkpoints].append(
-                    {
-                        **_key(ev, attempt, f["step"]),
-                        "path": f.get("path"),
-                        "duration": f.get("duration"),
-                        "bytes": f.get("bytes"),
-                        "fingerprint": f.get("fingerprint"),
-                    }
-                )
-            elif ev.kind == "resume":
-                rows[resumes].append(
-                    {
-                        **_key(ev, attempt, f["step"]),
-                        "path": f.get("path"),
-                        "duration": f.get("duration"),
-                        "fingerprint": f.get("fingerprint"),
-                    }
-                )
-            elif ev.kind == "health":
-                rows[health].append(
-                    {"run": ev.run, "rank": ev.rank, "attempt": attempt, "host": ev.host, "time": ev.time, "data": f}
-                )
-            elif ev.kind == "run_start":
-                su["start"] = f
-                su["started_at"] = t
-                if ev.rank == 0:
-                    ru["start"] = f
-                    ru["status"] = "running"
-            elif ev.kind == "run_end":
-                su.update(
-                    end_status=f["status"],
-                    end_step=f.get("step"),
-                    end_error=f.get("error"),
-                    dropped_events=f.get("dropped_events"),
-                )
-                if ev.rank == 0:
-                    ru["status"] = f["status"]
+                ru = run_updates[st.run] = {"updated_at": latest, "first": earliest}
+            else:
+                ru["updated_at"] = max(ru["updated_at"], latest)
+                ru["first"] = min(ru["first"], earliest)
+            stepping = list(map(_IS_STEP, map(_KIND, events)))
+            step_events += itertools.compress(events, stepping)
+            step_attempts += itertools.repeat(attempt, len(step_events) - len(step_attempts))  # one per step added
+            if all(stepping):
+                continue
+            for ev in itertools.compress(events, map(operator.not_, stepping)):
+                f = ev.fields
+                if ev.kind == "eval":
+                    rows[evals].append(
+                        {
+                            **_key(ev, attempt, f["step"]),
+                            "loss": f["loss"],
+                            "metrics": f.get("metrics"),
+                            "duration": f.get("duration"),
+                        }
+                    )
+                elif ev.kind == "checkpoint":
+                    rows[checkpoints].append(
+                        {
+                            **_key(ev, attempt, f["step"]),
+                            "path": f.get("path"),
+                            "duration": f.get("duration"),
+                            "bytes": f.get("bytes"),
+                            "fingerprint": f.get("fingerprint"),
+                        }
+                    )
+                elif ev.kind == "resume":
+                    rows[resumes].append(
+                        {
+                            **_key(ev, attempt, f["step"]),
+                            "path": f.get("path"),
+                            "duration": f.get("duration"),
+                            "fingerprint": f.get("fingerprint"),
+                        }
+                    )
+                elif ev.kind == "health":
+                    rows[health].append(
+                        {
+                            "run": ev.run,
+                            "rank": ev.rank,
+                            "attempt": attempt,
+                            "host": ev.host,
+                            "time": ev.time,
+                            "data": f,
+                        }
+                    )
+                elif ev.kind == "run_start":
+                    su["start"] = f
+                    su["started_at"] = aligned(ev.time, ev.clock_offset)
+                    if ev.rank == 0:
+                        ru["start"] = f
+                        ru["status"] = "running"
+                elif ev.kind == "run_end":
+                    su.update(
+                        end_status=f["status"],
+                        end_step=f.get("step"),
+                        end_error=f.get("error"),
+                        dropped_events=f.get("dropped_events"),
+                    )
+                    if ev.rank == 0:
+                        ru["status"] = f["status"]
         if step_events:
-            self.storage.insert_ignore(conn, steps, _step_columns(step_events, step_attempts))
-            layers = _layer_rows(step_events, step_attempts)
+            fields = list(map(_FIELDS, step_events))
+            present = set().union(*fields)
+            self.storage.insert_ignore(conn, steps, _step_columns(step_events, step_attempts, fields, present))
+            layers = _layer_rows(step_events, step_attempts, present)
             if layers:
                 self.storage.insert_ignore(conn, layer_stats, _columns(layers))
         for table, batch in rows.items():
