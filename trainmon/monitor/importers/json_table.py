@@ -17,6 +17,7 @@ a warning, as a malformed CSV row is.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -43,21 +44,29 @@ def looks_like_json_table(objects: list[object], named: bool = False) -> bool:
     return named or any(k.lower() in _STEP_KEYS for o in rows for k in flatten(o, "/"))  # type: ignore[arg-type]
 
 
-def _cell(value: Any) -> str:
-    """A JSON value as the CSV cell that reads back as it: floats by ``repr`` (exact), text as text."""
+def _cell(value: Any) -> str | float:
+    """A JSON value as the cell that reads back as it: a float as itself, an int by ``repr`` (exact, however
+    large), text as text."""
+    if type(value) is float:
+        return value
     if value is None:
         return ""
-    if type(value) is float or type(value) is int:
+    if type(value) is int:
         return repr(value)
     if isinstance(value, str):
         return value.replace("\n", " ")
     return "-"  # a list, a boolean: not a number, and not blank either
 
 
+_BLOCK = 65536
+"""Rows gathered before they go into their columns: a million rows are never held as a million dicts."""
+
+
 @gc_paused
 def parse_json_table(path: Path, mapping: dict[str, str] | None = None) -> tuple[list[Item], LogMeta]:
-    columns: dict[str, list[str]] = {}
+    columns: dict[str, list[str | float]] = {}
     lines: list[int] = []
+    objects: list[dict[str, Any]] = []
     bad = 0
     with open(path, encoding="utf-8-sig", errors="replace") as f:
         for n, line in enumerate(f, start=1):
@@ -71,20 +80,27 @@ def parse_json_table(path: Path, mapping: dict[str, str] | None = None) -> tuple
                 bad += 1
                 log.warning("%s: line %d is not a JSON object; skipped", path, n)
                 continue
-            r = len(lines)
             lines.append(n)
-            for key, value in flatten(obj, "/").items():
-                col = columns.get(key)
-                if col is None:
-                    col = columns[key] = [""] * r
-                elif len(col) < r:
-                    col.extend([""] * (r - len(col)))
-                col.append(_cell(value))
-    for col in columns.values():  # keys the last rows lack: blank
-        col.extend([""] * (len(lines) - len(col)))
+            objects.append(flatten(obj, "/"))
+            if len(objects) == _BLOCK:
+                _into_columns(objects, columns, len(lines) - len(objects))
+                objects = []
+    _into_columns(objects, columns, len(lines) - len(objects))
     header = list(columns)
     items, meta = parse_table(path, header, Rows(lines, list(columns.values())), mapping or {})
     meta.format = "json_table"
     if bad:
         meta.notes.insert(0, f"{bad} lines that are not JSON objects skipped")
     return items, meta
+
+
+def _into_columns(objects: list[dict[str, Any]], columns: dict[str, list[str | float]], before: int) -> None:
+    """The rows ``objects`` (after ``before`` rows) appended to the columns, a key's column by key (a new key's
+    column starting blank, a key a row lacks blank on that row), in the order the keys first appear."""
+    for key in dict.fromkeys(itertools.chain.from_iterable(objects)):
+        col = columns.get(key)
+        if col is None:
+            col = columns[key] = [""] * before
+        col.extend([_cell(v) for v in map(dict.get, objects, itertools.repeat(key))])
+    for col in columns.values():  # keys these rows lack
+        col.extend([""] * (before + len(objects) - len(col)))
