@@ -195,9 +195,12 @@ def _collect(
         return
     attempts = [items[i][1] for i in at]
     for pos, outs in group.feed(events, attempts, carried):
-        for j, out in enumerate(outs):
-            if out:  # usually empty
-                keyed.extend(((at[j], scope, pos, k), (run, _rank(f, rank), f)) for k, f in enumerate(out))
+        # Nearly every batch of every detector finds nothing: any() says so in C, where a loop over the outputs
+        # cost 0.3 s for 18 detectors on a million events.
+        if any(outs):
+            for j, out in enumerate(outs):
+                if out:
+                    keyed.extend(((at[j], scope, pos, k), (run, _rank(f, rank), f)) for k, f in enumerate(out))
 
 
 _KEY = operator.itemgetter(0)
