@@ -138,7 +138,7 @@ def test_a_child_that_stops_answering_is_replaced(caplog: pytest.LogCaptureFixtu
         deadline = time.monotonic() + 15
         while not found and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert [f.kind for _, _, f in found[0]] == ["nan_inf"]
+        assert [f.kind for _, (_, _, f) in found[0]] == ["nan_inf"]
     finally:
         detection.close()
 

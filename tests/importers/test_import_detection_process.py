@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import select
 
 from tests.real_log_types import REAL_LOGS
-from trainmon.monitor.collector import engine as engine_module
 from trainmon.monitor.collector.detection_process import DetectionProcess
 from trainmon.monitor.importers import store as import_store
 from trainmon.monitor.importers.store import import_log
@@ -34,14 +33,14 @@ LOGS = [
 
 def _anomalies(path: Path, process_from: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], int]:
     started: list[DetectionProcess] = []
+    start = DetectionProcess._start
 
-    class Counted(DetectionProcess):
-        def _start(self) -> None:
-            started.append(self)
-            super()._start()
+    def counted(self: DetectionProcess) -> None:
+        started.append(self)
+        start(self)
 
     monkeypatch.setattr(import_store, "_PROCESS_FROM", process_from)
-    monkeypatch.setattr(engine_module, "DetectionProcess", Counted)
+    monkeypatch.setattr(DetectionProcess, "_start", counted)
     storage = Storage("sqlite://")
     import_log(path, storage)
     with storage.connect() as conn:

@@ -16,7 +16,7 @@ from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 from trainmon.wire import Event
 
-__all__ = ["RUN_WIDE", "Detection", "Found"]
+__all__ = ["RUN_WIDE", "Detection", "Found", "Keyed"]
 
 RUN_WIDE = -1
 
@@ -24,15 +24,21 @@ log = logging.getLogger("trainmon.collector")
 
 # (run, rank the anomaly belongs to (RUN_WIDE: the run), finding)
 Found = tuple[str, int, Finding]
+Keyed = tuple[tuple[int, int, int, int], Found]
+"""A finding with its place in the order detection reports them: ``(event, rank before run, detector, finding)``
+for what events showed, ``(rank before run, group, detector, finding)`` for what a tick showed. Detections that
+share the detectors out (:class:`Detection`'s ``only``) report in one order when their keyed findings are merged."""
 
 
 class _Group:
-    """The detectors of one (run, rank) or one run, in engine order."""
+    """The detectors of one (run, rank) or one run, in engine order, each with its position among its scope's
+    detectors (the same in every :class:`Detection` given the same detector classes, whichever it runs)."""
 
-    __slots__ = ("dets",)
+    __slots__ = ("dets", "places")
 
-    def __init__(self, dets: list[Detector]) -> None:
+    def __init__(self, dets: list[Detector], places: list[int]) -> None:
         self.dets = dets
+        self.places = places
 
     def feed(
         self, events: list[Event], attempts: list[int], carried: set[str]
@@ -53,7 +59,7 @@ class _Group:
         kinds = set(map(_KIND, events))
         out: list[tuple[int, list[list[Finding]]]] = []
         failed: list[Detector] = []
-        for pos, det in enumerate(self.dets):
+        for pos, det in zip(self.places, self.dets, strict=True):
             reads: Set[str] | None = det.consumes
             if det.reads is not None and "step" in kinds and carried.isdisjoint(det.reads):
                 reads = (kinds if reads is None else reads) - _STEP  # its steps of this batch: none it reads
@@ -78,6 +84,7 @@ class _Group:
                 outs = spread
             out.append((pos, outs))
         for det in failed:
+            del self.places[self.dets.index(det)]
             self.dets.remove(det)
         return out
 
@@ -88,10 +95,20 @@ _NONE: list[Finding] = []  # an event a detector was not handed: nothing found (
 
 
 class Detection:
-    """Detectors per (run, rank) for ``rank`` scope, per run for ``run`` scope; created on first sight."""
+    """Detectors per (run, rank) for ``rank`` scope, per run for ``run`` scope; created on first sight.
 
-    def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
+    ``only``: the kinds of ``detectors`` this one runs (all when None). Detections given the same ``detectors``
+    and disjoint ``only`` can share the work out: merged by key, their keyed findings are in the order one
+    Detection of them all reports (an import runs some in its own thread and the rest in a child process)."""
+
+    def __init__(
+        self,
+        config: DetectorsConfig,
+        detectors: tuple[type[Detector], ...] = ALL_DETECTORS,
+        only: frozenset[str] | None = None,
+    ) -> None:
         self._config = config
+        self._only = only
         self._rank_classes = [c for c in detectors if c.scope == "rank"]
         self._run_classes = [c for c in detectors if c.scope == "run"]
         # Only a detector with a tick of its own needs the clock (the built-in ones: run scope, hangs);
@@ -103,13 +120,16 @@ class Detection:
         self.run_dets: dict[str, _Group] = {}
 
     def _make(self, classes: list[type[Detector]]) -> _Group:
-        dets = []
-        for cls in classes:
+        dets, places = [], []
+        for place, cls in enumerate(classes):
+            if self._only is not None and cls.kind not in self._only:
+                continue
             try:
                 dets.append(cls(getattr(self._config, cls.kind)))
+                places.append(place)
             except Exception:  # one broken detector must not blind the others
                 log.exception("detector %s could not be created; running without it", cls.kind)
-        return _Group(dets)
+        return _Group(dets, places)
 
     def feed_rank(self, run: str, rank: int, history: list[tuple[Event, int]]) -> None:
         """Fresh detectors for (run, rank), rebuilt from its stored history; their findings are dropped
@@ -124,7 +144,11 @@ class Detection:
 
     def observe(self, items: list[tuple[Event, int]]) -> list[Found]:
         """Events (with their attempt) in commit order; what the detectors found, in the order of the events
-        (for one event: its rank's detectors, then its run's, each in engine order).
+        (for one event: its rank's detectors, then its run's, each in engine order)."""
+        return [found for _, found in self.observe_keyed(items)]
+
+    def observe_keyed(self, items: list[tuple[Event, int]]) -> list[Keyed]:
+        """:meth:`observe`'s findings with their keys, in key order.
 
         An event goes to those detectors of its (run, rank), then of its run, that read its kind, and a step
         to those that read one of its rank's steps' fields in this batch. Each group takes its events of the
@@ -144,7 +168,7 @@ class Detection:
                     if event.run not in self.run_dets:
                         self.run_dets[event.run] = self._make(self._run_classes)
             at.append(i)
-        keyed: list[tuple[tuple[int, int, int, int], Found]] = []
+        keyed: list[Keyed] = []
         carries: dict[str, set[str]] = {}  # per run: the fields its ranks' steps carry
         for (run, rank), at in ranks.items():
             events = [items[i][0] for i in at]
@@ -158,19 +182,24 @@ class Detection:
                 events = [items[i][0] for i in at]
                 _collect(self.run_dets[run], events, items, at, run, RUN_WIDE, 1, keyed, carries[run])
         keyed.sort(key=_KEY)
-        return [found for _, found in keyed]
+        return keyed
 
     def tick(self, now: float) -> list[Found]:
         """Silence checks (hangs): ``now`` is wall time live, or the log's clock on import."""
-        found: list[Found] = []
+        return [found for _, found in self.tick_keyed(now)]
+
+    def tick_keyed(self, now: float) -> list[Keyed]:
+        """:meth:`tick`'s findings with their keys, in key order: ranks' detectors before runs', each group in the
+        order it was first seen, each detector in engine order."""
+        keyed: list[Keyed] = []
         if self._rank_ticks:
-            for (run, rank), group in self.rank_dets.items():
-                for det in group.dets:
-                    found.extend((run, _rank(f, rank), f) for f in det.tick(now))
-        for run, group in self.run_dets.items():
-            for det in group.dets:
-                found.extend((run, _rank(f, RUN_WIDE), f) for f in det.tick(now))
-        return found
+            for g, ((run, rank), group) in enumerate(self.rank_dets.items()):
+                for pos, det in zip(group.places, group.dets, strict=True):
+                    keyed.extend(((0, g, pos, k), (run, _rank(f, rank), f)) for k, f in enumerate(det.tick(now)))
+        for g, (run, group) in enumerate(self.run_dets.items()):
+            for pos, det in zip(group.places, group.dets, strict=True):
+                keyed.extend(((1, g, pos, k), (run, _rank(f, RUN_WIDE), f)) for k, f in enumerate(det.tick(now)))
+        return keyed
 
     def forget(self, run: str) -> None:
         for key in [k for k in self.rank_dets if k[0] == run]:
@@ -186,7 +215,7 @@ def _collect(
     run: str,
     rank: int,
     scope: int,
-    keyed: list[tuple[tuple[int, int, int, int], Found]],
+    keyed: list[Keyed],
     carried: set[str],
 ) -> None:
     """The findings of ``group`` on the events ``items[i] for i in at`` (``events``: theirs), each with its

@@ -25,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import heapq
 import itertools
 import json
 import logging
+import operator
 import os
 import pickle
 import queue
@@ -40,16 +42,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainmon.monitor.collector.detection import Detection, Found
+from trainmon.monitor.collector.detection import Detection, Keyed
 from trainmon.monitor.config import DetectorsConfig, detectors_config
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 from trainmon.wire import Event
 
-__all__ = ["DetectionProcess", "LocalDetection"]
+__all__ = ["Answer", "DetectionProcess", "LocalDetection", "SplitDetection"]
 
 log = logging.getLogger("trainmon.collector")
 
 Items = list[tuple[Event, int]]
+
+
+Answer = Callable[[list[Keyed]], None]
+"""What a detection calls with the findings of one call, keyed (``detection.Keyed``) and in key order."""
 
 
 class LocalDetection:
@@ -58,8 +64,13 @@ class LocalDetection:
     generation = 0
     inflight = 0
 
-    def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
-        self.detection = Detection(config, detectors)
+    def __init__(
+        self,
+        config: DetectorsConfig,
+        detectors: tuple[type[Detector], ...] = ALL_DETECTORS,
+        only: frozenset[str] | None = None,
+    ) -> None:
+        self.detection = Detection(config, detectors, only)
 
     def feed_rank(self, run: str, rank: int, history: Items) -> None:
         self.detection.feed_rank(run, rank, history)
@@ -67,11 +78,11 @@ class LocalDetection:
     def feed_run(self, run: str, history: Items) -> None:
         self.detection.feed_run(run, history)
 
-    def observe(self, items: Items, done: Callable[[list[Found]], None]) -> None:
-        done(self.detection.observe(items))
+    def observe(self, items: Items, done: Answer) -> None:
+        done(self.detection.observe_keyed(items))
 
-    def tick(self, now: float, done: Callable[[list[Found]], None]) -> None:
-        done(self.detection.tick(now))
+    def tick(self, now: float, done: Answer) -> None:
+        done(self.detection.tick_keyed(now))
 
     def forget(self, run: str) -> None:
         self.detection.forget(run)
@@ -101,18 +112,26 @@ class DetectionProcess:
     reader also needed froze the collector for good under load (both pipes full).
     """
 
-    def __init__(self, config: DetectorsConfig, max_inflight: int = 8, stuck_after: float = 120.0) -> None:
-        self._config = json.dumps(dataclasses.asdict(config)).encode()
+    def __init__(
+        self,
+        config: DetectorsConfig,
+        max_inflight: int = 8,
+        stuck_after: float = 120.0,
+        only: frozenset[str] | None = None,
+    ) -> None:
+        """``only``: the kinds of the built-in detectors the child runs (all when None; see :class:`SplitDetection`)."""
+        setup = {"config": dataclasses.asdict(config), "only": None if only is None else sorted(only)}
+        self._config = json.dumps(setup).encode()
         self._stuck_after = stuck_after
         self.generation = 0
         self._lock = threading.Lock()  # the pending table, ``_closing``; never held across I/O
         self._write_lock = threading.Lock()  # the child's stdin, and the swap to a new child
         # call id -> (callback, monotonic time sent)
-        self._pending: dict[int, tuple[Callable[[list[Found]], None], float]] = {}
+        self._pending: dict[int, tuple[Answer, float]] = {}
         self._ids = itertools.count()
         self._slots = threading.Semaphore(max_inflight)
         self._closing = False
-        self._answers: queue.SimpleQueue[tuple[Callable[[list[Found]], None], list[Found]] | None] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[tuple[Answer, list[Keyed]] | None] = queue.SimpleQueue()
         self._dispatcher = threading.Thread(target=self._dispatch, name="trainmon-detection-callbacks", daemon=True)
         self._dispatcher.start()
         self._start()
@@ -151,11 +170,11 @@ class DetectionProcess:
     def feed_run(self, run: str, history: Items) -> None:
         self._send(["feed_run", run, _events(history)])
 
-    def observe(self, items: Items, done: Callable[[list[Found]], None]) -> None:
+    def observe(self, items: Items, done: Answer) -> None:
         self._slots.acquire()
         self._send(["observe", _events(items)], done)
 
-    def tick(self, now: float, done: Callable[[list[Found]], None]) -> None:
+    def tick(self, now: float, done: Answer) -> None:
         self._slots.acquire()
         self._send(["tick", now], done)
 
@@ -194,7 +213,7 @@ class DetectionProcess:
             with contextlib.suppress(OSError):
                 pipe.close()
 
-    def _send(self, message: list[Any], done: Callable[[list[Found]], None] | None = None) -> None:
+    def _send(self, message: list[Any], done: Answer | None = None) -> None:
         key = None
         if done is not None:
             key = next(self._ids)
@@ -243,15 +262,15 @@ class DetectionProcess:
                     if self._stuck(proc):
                         break
                     continue
-                key, found = pickle.loads(frame)
-                findings = [(run, rank, Finding(*f)) for run, rank, f in found]
+                call, found = pickle.loads(frame)
+                findings: list[Keyed] = [(tuple(key), (run, rank, Finding(*f))) for key, run, rank, f in found]
             except (EOFError, OSError):
                 break
             except Exception:  # a reply this side cannot read: start over rather than leave groups unanswered
                 log.exception("unreadable reply from the detection process; replacing it")
                 break
             with self._lock:
-                entry = self._pending.pop(key, None)
+                entry = self._pending.pop(call, None)
             if entry is not None:
                 self._answers.put((entry[0], findings))
         with contextlib.suppress(ProcessLookupError):
@@ -293,6 +312,73 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _STOP = pickle.dumps(["stop"], _PROTOCOL)
 
 
+class SplitDetection:
+    """Detection shared out: the detectors of ``in_thread`` run in the caller's thread, the others in a
+    :class:`DetectionProcess`, and each call's findings are the two halves' merged by key (``detection.Keyed``): the
+    order one detection of them all gives.
+
+    An import's thread parses and stores while the child detects; with the child running every detector it was
+    the slower of the two by half. The child gets each call first, so both halves work on it at once."""
+
+    def __init__(self, config: DetectorsConfig, in_thread: frozenset[str]) -> None:
+        self._here = Detection(config, only=in_thread)
+        self._child = DetectionProcess(config, only=frozenset(c.kind for c in ALL_DETECTORS) - in_thread)
+
+    @property
+    def generation(self) -> int:
+        return self._child.generation
+
+    @property
+    def inflight(self) -> int:
+        return self._child.inflight
+
+    def feed_rank(self, run: str, rank: int, history: Items) -> None:
+        self._child.feed_rank(run, rank, history)
+        self._here.feed_rank(run, rank, history)
+
+    def feed_run(self, run: str, history: Items) -> None:
+        self._child.feed_run(run, history)
+        self._here.feed_run(run, history)
+
+    def observe(self, items: Items, done: Answer) -> None:
+        join = _Join(done)
+        self._child.observe(items, join.half)
+        join.half(self._here.observe_keyed(items))
+
+    def tick(self, now: float, done: Answer) -> None:
+        join = _Join(done)
+        self._child.tick(now, join.half)
+        join.half(self._here.tick_keyed(now))
+
+    def forget(self, run: str) -> None:
+        self._child.forget(run)
+        self._here.forget(run)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._child.close(timeout)
+
+
+class _Join:
+    """One call's two halves: the second to arrive, on whichever thread, merges them and answers. Answers stay in
+    call order: a call's own half is done before the next call is sent, and the child answers in order."""
+
+    __slots__ = ("_done", "_first", "_lock")
+
+    def __init__(self, done: Answer) -> None:
+        self._done = done
+        self._first: list[Keyed] | None = None
+        self._lock = threading.Lock()
+
+    def half(self, keyed: list[Keyed]) -> None:
+        with self._lock:
+            first, self._first = self._first, keyed
+        if first is not None:
+            self._done(list(heapq.merge(first, keyed, key=_KEY)) if first and keyed else first or keyed)
+
+
+_KEY = operator.itemgetter(0)
+
+
 def _secret(name: str) -> bool:
     """Environment variables the detection child must not inherit."""
     upper = name.upper()
@@ -307,10 +393,10 @@ def _items(rows: list[list[Any]]) -> Items:
     return [(Event(*row[:8], clock_offset=row[9]), row[8]) for row in rows]
 
 
-def _found(found: list[Found]) -> list[list[Any]]:
+def _found(keyed: list[Keyed]) -> list[list[Any]]:
     return [
-        [run, rank, [f.kind, f.severity, f.step, f.message, f.hint, f.evidence, f.resolved, f.rank]]
-        for run, rank, f in found
+        [key, run, rank, [f.kind, f.severity, f.step, f.message, f.hint, f.evidence, f.resolved, f.rank]]
+        for key, (run, rank, f) in keyed
     ]
 
 
@@ -352,7 +438,9 @@ def _serve() -> None:
     os.dup2(2, 1)
     frames = _Frames(0)
     try:
-        detection = Detection(detectors_config(json.loads(frames.read())))
+        setup = json.loads(frames.read())
+        only = setup["only"]
+        detection = Detection(detectors_config(setup["config"]), only=None if only is None else frozenset(only))
     except EOFError:
         return
     while True:
@@ -375,12 +463,12 @@ def _serve() -> None:
 
 def _answer(detection: Detection, message: list[Any], out: int) -> None:
     op = message[0]
-    found: list[Found] = []
+    found: list[Keyed] = []
     try:
         if op == "observe":
-            found = detection.observe(_items(message[2]))
+            found = detection.observe_keyed(_items(message[2]))
         elif op == "tick":
-            found = detection.tick(message[2])
+            found = detection.tick_keyed(message[2])
         elif op == "feed_rank":
             detection.feed_rank(message[1], message[2], _items(message[3]))
         elif op == "feed_run":

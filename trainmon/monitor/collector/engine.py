@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from trainmon.monitor.collector.detection import RUN_WIDE, Found
-from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
+from trainmon.monitor.collector.detection_process import Answer, DetectionProcess, LocalDetection, SplitDetection
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 from trainmon.monitor.store.queries import open_anomaly_keys, stream_ranks
@@ -62,8 +62,10 @@ class AnomalyChange:
 class Engine:
     """The anomaly lifecycle around the detectors: open-anomaly index, storage, priming from history.
 
-    ``process=True`` runs the detectors in a child process (the collector); otherwise they run
-    in the calling thread and every callback has run when a call returns.
+    ``process=True`` runs the detectors in a child process (the collector), except those of ``in_thread``, which
+    run in the calling thread beside it (an import, whose thread has parsing and storing to do too: the kinds
+    that balance the two); otherwise they all run in the calling thread and every callback has run when a
+    call returns.
 
     ``deferred=True`` stores findings on the caller's thread, when it calls :meth:`settle`, instead of on the
     thread that delivers them: an import, whose in-memory SQLite store is one database per thread, sends
@@ -77,6 +79,7 @@ class Engine:
         detectors: tuple[type[Detector], ...] = ALL_DETECTORS,
         *,
         process: bool = False,
+        in_thread: frozenset[str] = frozenset(),
         deferred: bool = False,
         on_changes: Callable[[list[AnomalyChange]], None] | None = None,
     ) -> None:
@@ -102,12 +105,14 @@ class Engine:
         if process:
             if detectors is not ALL_DETECTORS:
                 raise ValueError("a detection process runs the built-in detectors; pass process=False for others")
-            self._detection: LocalDetection | DetectionProcess = DetectionProcess(config)
+            self._detection: LocalDetection | DetectionProcess | SplitDetection = (
+                SplitDetection(config, in_thread) if in_thread else DetectionProcess(config)
+            )
         else:
             self._detection = LocalDetection(config, detectors)
 
     @property
-    def detection(self) -> LocalDetection | DetectionProcess:
+    def detection(self) -> LocalDetection | DetectionProcess | SplitDetection:
         return self._detection
 
     def prime(self, keys: Iterable[tuple[str, int]], conn: Connection | None = None) -> None:
@@ -180,17 +185,18 @@ class Engine:
             finally:
                 ready.set()
 
-        self._detection.tick(now, detected)
+        self._detection.tick(now, self._deliver(detected))
         ready.wait()
         return result[0] if result else []
 
-    def _deliver(self, answer: Callable[[list[Found]], None]) -> Callable[[list[Found]], None]:
-        """``answer`` as the detection's callback: itself, or when ``deferred`` a note for :meth:`settle`."""
+    def _deliver(self, answer: Callable[[list[Found]], None]) -> Answer:
+        """``answer`` as the detection's callback, given the findings without their keys: at once, or when
+        ``deferred`` by :meth:`settle`."""
         inbox = self._inbox
         if inbox is None:
-            return answer
+            return lambda keyed: answer([found for _, found in keyed])
         self._owed += 1
-        return lambda found: inbox.put((answer, found))
+        return lambda keyed: inbox.put((answer, [found for _, found in keyed]))
 
     def _store_later(self, found: list[Found]) -> None:
         self._apply(found)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection
+from trainmon.monitor.collector.detection_process import DetectionProcess, LocalDetection, SplitDetection
 from trainmon.monitor.collector.live import SCRAPE_EXTREMES, LiveState, RunState
 from trainmon.monitor.collector.open_findings import OpenFindings
 from trainmon.monitor.config import SeriesLimits
@@ -442,7 +442,7 @@ def _precursor_samples(sampled: dict[str, Any], rank: int, put: Callable[..., No
 class DetectionCollector(Collector):
     """The detection process, read at scrape time: how often it was replaced, how far behind it is."""
 
-    def __init__(self, detection: LocalDetection | DetectionProcess) -> None:
+    def __init__(self, detection: LocalDetection | DetectionProcess | SplitDetection) -> None:
         self._detection = detection
 
     def collect(self) -> Iterator[Metric]:

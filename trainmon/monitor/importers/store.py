@@ -27,6 +27,10 @@ _BATCH = 5000
 _PROCESS_FROM = 50_000
 """Events from which an import's detection runs in a child process: under 0.5 s of detection in this thread,
 about what the child's start costs."""
+_IN_THREAD = frozenset(("lr_schedule_drift", "divergence"))
+"""The detectors that still run in the importing thread beside the child: about a quarter of detection's CPU
+on a log of losses, LRs and grad norms, which leaves the child and this thread (parsing, storing, sending the
+child its batches) about as busy. Where each runs changes no finding (``SplitDetection``)."""
 _RUN = operator.attrgetter("run")
 _TIME = operator.attrgetter("time")
 
@@ -59,7 +63,7 @@ def import_log(
     # parses and stores the next batches (a million-row log: 11 of 23 CPU seconds were detection). Its findings
     # are stored here, between batches (``deferred``), in the order the events were stored. A short log is
     # done before the process would have started.
-    engine = Engine(storage, config.detectors, process=len(head) == _PROCESS_FROM, deferred=True)
+    engine = Engine(storage, config.detectors, process=len(head) == _PROCESS_FROM, in_thread=_IN_THREAD, deferred=True)
     ingestor = Ingestor(storage, engine, None)  # nothing reads live values of a log
     runs: dict[str, None] = {}
     results: list[IngestResult | IngestError] = []
