@@ -317,7 +317,7 @@ _DECIMAL_BYTES = b"0123456789.eE+-, \t\n"
 """The bytes of rows of decimal numbers. Any other (a letter: ``nan``, ``inf``, ``True``, text, a quote) sends
 the lines to be cut as text; so does a blank cell, whose empty text pandas refuses as a number."""
 _PANDAS_EXACT = (
-    {} if tuple(map(int, pandas.__version__.split(".")[:2])) >= (3, 1) else {"float_precision": "round_trip"}
+    {} if tuple(map(int, re.findall(r"\d+", pandas.__version__)[:2])) >= (3, 1) else {"float_precision": "round_trip"}
 )
 """pandas reads a decimal as Python's ``float`` does (correctly rounded) from 3.1 on, with its round-trip
 converter (Python's own) before."""
