@@ -121,8 +121,34 @@ def test_a_batch_of_thousands_of_new_runs_does_not_stall_other_producers(tmp_pat
         steady.start()
         status, body = lc.post(batch(flood))
         steady.join(60)
-        assert status == 429 and "max_runs_per_batch" in body["error"]
+        assert status == 413 and "max_runs_per_batch" in body["error"]
         assert max(latencies) < 2.0, f"another producer waited {max(latencies):.1f} s"
         assert len(lc.get_json("/v1/runs")) == 1
+    finally:
+        lc.stop()
+
+
+def test_a_batch_of_more_runs_than_one_batch_may_hold_is_sent_again_in_halves_and_stored(tmp_path: Path) -> None:
+    """One request holding the events of 40 runs (a node's forwarder posts every rank's batch as one: 40 small
+    jobs on one node) is refused 413, not 429: the same request can never be taken, its halves can. The
+    transport splits it and every run's events are stored; answered 429, it was retried whole forever."""
+    from trainmon.hooks.transport import Transport
+
+    lc = start_collector(tmp_path / "db.sqlite", max_runs_per_batch=16)
+    try:
+        status, body = lc.post(
+            batch([event("step", {"step": 0}, run=f"job{i}", stream=f"s{i}", seq=1) for i in range(40)])
+        )
+        assert status == 413 and "max_runs_per_batch" in body["error"]
+        assert _refused(lc, "too_large") == 1
+        transport = Transport(lc.url, spool_dir=tmp_path / "spool", flush_interval=0.05)
+        for i in range(40):
+            ev = event("step", {"step": 1, "loss": 2.0}, run=f"job{i}", stream=f"t{i}")
+            del ev["seq"]  # numbered by the transport
+            transport.put(ev)
+        assert transport.flush(timeout=20)
+        transport.close()
+        assert transport.rejected == 0
+        assert len(lc.get_json("/v1/runs")) == 40
     finally:
         lc.stop()

@@ -185,7 +185,8 @@ class CollectorConfig:
     """Ranks of one run; a 1,024-rank job fits eight times over. Beyond: 429."""
     max_runs_per_batch: int = 16
     """Distinct runs in one batch (a producer sends one): creating runs costs detector priming, and a
-    batch of thousands of new runs would stall every other producer. Beyond: 429."""
+    batch of thousands of new runs would stall every other producer. Beyond: 413, and the producer's transport
+    (or its node's forwarder) sends the batch again in halves."""
     max_inflight_bytes: int = 256 << 20
     """Request bytes being received plus waiting for the writer; beyond, new bodies get 503 at once.
     Bounds the memory stalled or slow uploads can hold."""

@@ -54,7 +54,7 @@ from trainmon.monitor.store.storage import (
 from trainmon.monitor.store.writes import insert_run, insert_stream, update_run, update_streams
 from trainmon.wire import Event, json_safe
 
-__all__ = ["IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
+__all__ = ["BatchTooLarge", "IngestError", "IngestLimits", "IngestResult", "Ingestor", "LimitError"]
 
 
 class IngestError(ValueError):
@@ -63,6 +63,12 @@ class IngestError(ValueError):
 
 class LimitError(IngestError):
     """A batch that would take the collector past one of its limits (answered 429: retry later)."""
+
+
+class BatchTooLarge(IngestError):
+    """A batch holding more runs than one batch may (answered 413, as a body over the size limit is): the same
+    events sent again can never be taken, their halves can. A node's forwarder, which posts the batches of every
+    rank of the node as one, and the transport split on it; answered 429, they retried the whole forever."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +289,7 @@ class Ingestor:
             for slot in group:
                 try:
                     self._check_limits(slot.events, admitted)
-                except LimitError as exc:
+                except (LimitError, BatchTooLarge) as exc:
                     slot.error = exc
         try:
             known: dict[str, _Stream] = {}
@@ -346,15 +352,17 @@ class Ingestor:
         return fresh
 
     def _check_limits(self, events: list[Event], admitted: dict[str, set[int]]) -> None:
-        """Refuse a batch that would take memory past the limits; ``admitted`` holds the group's earlier batches."""
+        """Refuse a batch that would take memory past the limits, or that holds more runs than one batch may;
+        ``admitted`` holds the group's earlier batches."""
         limits = self.limits
         assert limits is not None
         ranks: dict[str, set[int]] = {}
         for ev in events:
             ranks.setdefault(ev.run, set()).add(ev.rank)
         if len(ranks) > limits.max_runs_per_batch:
-            raise LimitError(
-                f"{len(ranks)} runs in one batch, at most {limits.max_runs_per_batch} (max_runs_per_batch)"
+            raise BatchTooLarge(
+                f"{len(ranks)} runs in one batch, at most {limits.max_runs_per_batch} (max_runs_per_batch): "
+                "send them in smaller batches"
             )
         live = self.live.runs if self.live is not None else {}
         new = {run for run in (*ranks, *admitted) if run not in live}

@@ -30,7 +30,7 @@ import sqlalchemy.exc
 
 from trainmon import wire
 from trainmon.monitor.collector.exporter import CollectorMetrics
-from trainmon.monitor.collector.ingest import IngestError, Ingestor, IngestResult, LimitError
+from trainmon.monitor.collector.ingest import BatchTooLarge, IngestError, Ingestor, IngestResult, LimitError
 
 __all__ = ["IngestWriter", "Reply"]
 
@@ -209,6 +209,10 @@ class IngestWriter:
             if isinstance(result, LimitError):
                 self._metrics.rejected.labels("limit").inc()
                 done((429, {"error": str(result)}, [(b"retry-after", b"5")]))
+                continue
+            if isinstance(result, BatchTooLarge):
+                self._metrics.rejected.labels("too_large").inc()
+                done((413, {"error": str(result)}, []))
                 continue
             if isinstance(result, IngestError):
                 self._metrics.rejected.labels("conflict").inc()

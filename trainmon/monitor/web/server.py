@@ -578,14 +578,15 @@ def _events_openapi() -> dict[str, Any]:
                 "401": {"description": "missing or invalid bearer token (collectors started with a token)"},
                 "409": {"description": "events contradict stored data (stream reused by another run or rank)"},
                 "408": {"description": "the body did not arrive within body_timeout_seconds"},
-                "413": {"description": "body larger than the limit"},
+                "413": {
+                    "description": "body larger than the limit, or more runs in one batch than max_runs_per_batch: "
+                    "send it again in smaller batches"
+                },
                 "422": {
                     "description": "schema violation (`field` names the offending field), a batch whose data "
                     "the database cannot store, or an invalid findings query"
                 },
-                "429": {
-                    "description": "a limit on live runs, ranks per run or runs per batch: retry after `Retry-After`"
-                },
+                "429": {"description": "a limit on live runs or ranks per run: retry after `Retry-After`"},
                 "503": {"description": "overloaded or storage failed: nothing stored, retry after `Retry-After`"},
             },
         }
