@@ -7,6 +7,8 @@ silences the log's clock shows) take the child's path, and the child is counted 
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +69,24 @@ def test_a_short_log_starts_no_process(tmp_path: Path, monkeypatch: pytest.Monke
     rows, started = _anomalies(log, 1000, monkeypatch)
     assert started == 0
     assert [r["kind"] for r in rows] == ["nan_inf"] and rows[0]["first_step"] == 50
+
+
+def test_an_import_whose_detection_process_died_fails_instead_of_reporting_steps_clean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child killed once: the steps it held were never checked, and the import says so instead of passing
+    their silence off as a clean run."""
+    start = DetectionProcess._start
+    killed: list[int] = []
+
+    def start_then_die(self: DetectionProcess) -> None:
+        start(self)
+        if not killed:
+            killed.append(self.pid)
+            os.kill(self.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(import_store, "_PROCESS_FROM", 20)
+    monkeypatch.setattr(DetectionProcess, "_start", start_then_die)
+    with pytest.raises(RuntimeError, match="detection process stopped during the import"):
+        import_log(REAL_LOGS / "05_bashkir-asr.json", Storage("sqlite://"))
+    assert killed

@@ -63,6 +63,7 @@ class LocalDetection:
 
     generation = 0
     inflight = 0
+    lost = 0
 
     def __init__(
         self,
@@ -124,6 +125,7 @@ class DetectionProcess:
         self._config = json.dumps(setup).encode()
         self._stuck_after = stuck_after
         self.generation = 0
+        self.lost = 0  # calls answered with no findings because the child was gone, stuck or stopped
         self._lock = threading.Lock()  # the pending table, ``_closing``; never held across I/O
         self._write_lock = threading.Lock()  # the child's stdin, and the swap to a new child
         # call id -> (callback, monotonic time sent)
@@ -203,6 +205,7 @@ class DetectionProcess:
         self._reader.join(5)  # it has read every answer the child wrote
         with self._lock:
             lost, self._pending = [done for done, _ in self._pending.values()], {}
+            self.lost += len(lost)
         if lost:
             log.error("shutdown: %d groups lost their detection (their events are stored)", len(lost))
         for done in lost:
@@ -222,7 +225,9 @@ class DetectionProcess:
         if key is not None:
             with self._lock:
                 closing = self._closing
-                if not closing:
+                if closing:
+                    self.lost += 1
+                else:
                     self._pending[key] = (done, time.monotonic())  # before the write: the answer may come first
             if closing:  # the dispatcher may be gone: answer here, with no findings
                 self._slots.release()
@@ -232,6 +237,7 @@ class DetectionProcess:
             return
         with self._lock:  # the child is gone; the reader is replacing it and may have answered this call already
             lost = self._pending.pop(key, None)
+            self.lost += lost is not None
         if lost is not None:
             self._answers.put((lost[0], []))
 
@@ -296,6 +302,7 @@ class DetectionProcess:
                     pipe.close()
             self._start()
             self.generation += 1
+            self.lost += len(lost)
         for done in lost:
             self._answers.put((done, []))
 
@@ -331,6 +338,10 @@ class SplitDetection:
     @property
     def inflight(self) -> int:
         return self._child.inflight
+
+    @property
+    def lost(self) -> int:
+        return self._child.lost
 
     def feed_rank(self, run: str, rank: int, history: Items) -> None:
         self._child.feed_rank(run, rank, history)

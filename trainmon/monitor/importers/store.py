@@ -89,6 +89,14 @@ def import_log(
                 progress(total)
         engine.settle(wait=True)
         _raise_refused(results)
+        if engine.detection.lost:
+            # A detection process that died (killed, out of memory) answered what it held with nothing: the
+            # events are stored, their findings are not. Live, that is logged and the collector goes on; a
+            # post-mortem that kept quiet would report those steps clean.
+            raise RuntimeError(
+                f"{path}: the detection process stopped during the import, so some steps were never checked "
+                "by the detectors (see the log above); import the log again"
+            )
     finally:
         engine.close()
         gc.unfreeze()
