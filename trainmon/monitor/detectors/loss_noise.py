@@ -39,9 +39,8 @@ from trainmon.wire import Event
 __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
 
 _isfinite, _log = math.isfinite, math.log
-_FLOOR_ADDS = 16
-"""Admissions one floor of the absolute baseline's MAD covers (a sixteenth of its bounds' cost per entry; a floor
-this far ahead still proves a continuous loss's differences spread)."""
+_RETRY_ADDS = 16
+"""Admissions after which the absolute baseline's ties are counted again where they proved nothing (a quantised log)."""
 
 
 @dataclass
@@ -145,7 +144,9 @@ class LossNoise(Detector):
         self._settled = False  # the noise was once near the baseline's: a rise after it is an onset
         self._rd = RollingWindow(c.window)
         self._ra = LazyWindow(c.window)  # read only where the relative noise does not decide an entry
-        self._bd, self._ba = RollingWindow(c.baseline), RollingWindow(c.baseline)
+        self._bd = RollingWindow(c.baseline)
+        self._ba = LazyWindow(c.baseline)  # read only where the relative noise does not decide an entry
+        self._ba_values: collections.deque[float] = collections.deque(maxlen=c.baseline)  # the same, for their ties
         self._rlr, self._blr = LazyWindow(c.window), LazyWindow(c.baseline)  # read only when judging or reporting
         self._prints: collections.deque[Any] = collections.deque(maxlen=c.window)
         self._hits = 0
@@ -156,7 +157,7 @@ class LossNoise(Detector):
         self._judged = False  # the recent window and the baseline full: so until the next attempt
         self._admitted = 0  # entries admitted to the baseline
         self._ba_proven = -1  # the admission through which the absolute baseline's MAD is proven positive
-        self._ba_retry = 0  # the admission from which a floor of it is tried again
+        self._ba_retry = 0  # the admission from which its ties are counted again
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -205,18 +206,25 @@ class LossNoise(Detector):
         return self._judged
 
     def _ba_positive(self) -> bool:
-        """The absolute baseline's MAD proven positive, which is all the rule asks of it on most entries (the relative
-        ratio decides them): now from its bounds, and then for the next ``_FLOOR_ADDS`` admissions too where one floor
-        (``RollingWindow.mad_floor``) says so; where it does not (a tied, quantised log), no floor for as many."""
-        if self._ba.mad_bounds()[0] <= 0:
-            return False
+        """The absolute baseline's MAD positive, which is all the rule asks of it on most entries (the relative ratio
+        decides them): proven from its ties for as many admissions as they allow, counted once for all of them (the
+        window is kept sorted only when read); where they prove nothing (a tied, quantised log), computed, and the
+        ties counted again ``_RETRY_ADDS`` admissions later.
+
+        Why exact: the MAD is positive while fewer than ``len // 2`` values equal the median (the ``len // 2``-th
+        smallest deviation is then positive: ``x - m`` is zero only where ``x == m``, gradual underflow, and the mean
+        of two deviations of at least the least subnormal, times 1.4826, rounds to a positive float); no value is
+        repeated more than ``len - distinct + 1`` times (``0.0`` and ``-0.0`` one value, as for the median), each
+        admission repeats one at most once more, and a window not yet full only grows its ``len // 2``."""
         n = self._admitted
         if n >= self._ba_retry:
-            if self._ba.mad_floor(_FLOOR_ADDS) > 0:
-                self._ba_proven = n + _FLOOR_ADDS
-            else:
-                self._ba_retry = n + _FLOOR_ADDS
-        return True
+            values = self._ba_values
+            left = (len(values) >> 1) - 2 - len(values) + len(set(values))
+            if left >= 0:
+                self._ba_proven = n + left
+                return True
+            self._ba_retry = n + _RETRY_ADDS
+        return self._ba.mad() > 0
 
     def _absolute_quiet(self, bar: float) -> bool:
         """The absolute noise proven under ``bar`` x its baseline's from the MADs' bounds (the baseline's positive)."""
@@ -262,7 +270,8 @@ class LossNoise(Detector):
             if not (rising or self._open or old_step < self._warmup_end or self._descending()):
                 self._levels.append(old_loss)
                 self._bd.add(old_d)
-                self._ba.add(old_a)
+                self._ba.add(old_a)  # finite, as the values its ties are counted on: losses positive and finite
+                self._ba_values.append(old_a)
                 self._admitted += 1
                 if old_lr is not None:
                     self._blr.add(old_lr)
