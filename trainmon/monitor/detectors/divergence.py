@@ -101,6 +101,7 @@ from trainmon.wire import Event
 __all__ = ["Divergence", "DivergenceConfig"]
 
 _GAPS = 16  # the gaps between logged entries that tell a sparse log
+_INF = math.inf
 
 
 @dataclass
@@ -285,7 +286,7 @@ class Divergence(Detector):
         self._noise: collections.deque[float] = collections.deque(maxlen=64)
         self._gaps: collections.deque[int] = collections.deque(maxlen=_GAPS)  # steps between logged entries
         self._wide_gaps = 0  # how many of them are sparse_min_interval or more
-        self._prev_raw: float | None = None
+        self._prev_raw = 0.0  # the previous entry's loss (read once there is one: _prev_step is not None)
         self._prev_step: int | None = None
         self._ema: float | None = None
         self._entries = 0  # finite losses seen (logged entries)
@@ -308,7 +309,7 @@ class Divergence(Detector):
         self._points: collections.deque[tuple[int, float]] = collections.deque(maxlen=config.sparse_points)
         self._pt_health = _Health(config.healthy_rel)
         self._pt_critical_run = 0
-        self._warmup_end = 0
+        self._gate = config.min_steps  # the first step judged: min_steps, or the declared warmup's end if later
         self._ep: _Episode | None = None
         self._grad_norms: collections.deque[float] = collections.deque(maxlen=hist)
         # the task metric (eval events): the metric the run optimises for outranks the training loss
@@ -325,13 +326,13 @@ class Divergence(Detector):
             loss = f.get("loss")
             if not finite(loss):
                 return []
-            return self._on_loss(f["step"], float(loss), f.get("grad_norm"))
+            return self._on_loss(f["step"], loss, f.get("grad_norm"))  # a float: an Event's floats are decoded
         if kind == "run_start":
             if not event.fields.get("resumed", False):
                 self.__init__(self.config)  # a fresh run: forget the previous one's minimum
             sched = event.fields.get("schedule")
             if isinstance(sched, dict) and isinstance(sched.get("warmup_steps"), int):
-                self._warmup_end = sched["warmup_steps"]
+                self._gate = max(self.config.min_steps, sched["warmup_steps"])
             return []
         if kind == "checkpoint":
             step = event.fields.get("step")
@@ -416,24 +417,23 @@ class Divergence(Detector):
         cfg = self.config
         entries = self._entries = self._entries + 1
         prev_step = self._prev_step
-        if prev_step is not None and step > prev_step:
-            gap, wide, gaps = step - prev_step, cfg.sparse_min_interval, self._gaps
-            if len(gaps) == _GAPS and gaps[0] >= wide:
-                self._wide_gaps -= 1
-            gaps.append(gap)
-            if gap >= wide:
-                self._wide_gaps += 1
-        self._prev_step = step
-        prev_raw = self._prev_raw
-        if prev_raw is not None:
-            noise = abs(loss - prev_raw)
-            if noise < math.inf:  # finite (the difference of two finite losses can overflow)
-                self._noise.append(noise)
-        self._prev_raw = loss
         health = self._health
-        if health.first_step is None:  # the run's start: the reference for "did it ever learn"
+        if prev_step is None:  # the run's start (its first entry): the reference for "did it ever learn"
             health.add(step, loss, self._ckpts)
-        gated = step >= cfg.min_steps and step >= self._warmup_end
+        else:  # the previous entry's loss and step are those of the last call
+            noise = abs(loss - self._prev_raw)
+            if noise < _INF:  # finite (the difference of two finite losses can overflow)
+                self._noise.append(noise)
+            if step > prev_step:
+                gap, wide, gaps = step - prev_step, cfg.sparse_min_interval, self._gaps
+                if len(gaps) == _GAPS and gaps[0] >= wide:
+                    self._wide_gaps -= 1
+                gaps.append(gap)
+                if gap >= wide:
+                    self._wide_gaps += 1
+        self._prev_step = step
+        self._prev_raw = loss
+        gated = step >= self._gate
         out: list[Finding] = []
         if gated:
             following = self._ep is not None and self._ep.source == "sparse"
@@ -448,7 +448,7 @@ class Divergence(Detector):
         if entries < cfg.median_of:  # every entry's loss is in the window (finite): it is not full yet
             return out
         m = raw.median()
-        center = recent[len(recent) // 2]
+        center = recent[cfg.median_of >> 1]  # the window is full: median_of entries, each with its step
         if self._first_center is None:
             self._first_center = center
         health.add(center, m, self._ckpts)

@@ -108,9 +108,10 @@ class LrScheduleDriftConfig:
     """...and as soon as how far off the LR is moved by this factor either way."""
 
 
+_INF = math.inf
 _SAME = 1e-9  # relative difference below which two logged LRs are the same value
 _REPR_DIGITS = 17  # the most significant digits a float's repr has
-_DECAY_POINTS = 128  # change points kept of an inferred decay (halved beyond twice this)
+_DECAY_KEPT = 256  # change points kept of an inferred decay at most (halved beyond)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
 _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
     ("cosine", lambda u: 0.5 * (1.0 + math.cos(math.pi * u))),
@@ -141,7 +142,10 @@ class _Resolution:
     Exact shortcut (every logged LR of a full-precision log was a ``Decimal`` parse): a repr has at most
     17 digits, so once ``sig`` is 17 a value changes ``decimals`` only if its repr's own (``digits - 1 -
     exponent``) exceeds it, impossible at or above ``10 ** (16 - decimals)``: such values are not parsed
-    (``tests/detectors/test_detector_speed.py`` checks it against parsing every value).
+    (``tests/detectors/test_detector_speed.py`` checks it against parsing every value). Once ``min_values``
+    distinct values are kept as well, adding such a value changes nothing: ``inert_from`` says where that
+    starts, and the detector, which adds every logged LR, skips the call there
+    (``tests/detectors/test_lr_schedule_drift_speed2.py``).
     """
 
     def __init__(self, min_values: int) -> None:
@@ -150,22 +154,25 @@ class _Resolution:
         self.decimals = 0
         self._values: set[float] = set()
         self._settled_from = math.inf  # values at or above it cannot change sig or decimals
+        self.inert_from = math.inf  # values at or above it change nothing at all: add() need not be called
 
     def add(self, x: float) -> None:
-        if x <= 0 or x in self._values:
+        values = self._values
+        if x <= 0 or x in values:
             return
-        if len(self._values) < self.min_values:
-            self._values.add(x)
-        if x >= self._settled_from:
-            return
-        t = Decimal(repr(x)).normalize().as_tuple()
-        assert isinstance(t.exponent, int)
-        self.sig = max(self.sig, len(t.digits))
-        self.decimals = max(self.decimals, -t.exponent)
-        if self.sig >= _REPR_DIGITS:
-            bound = Decimal(10) ** (_REPR_DIGITS - 1 - self.decimals)
-            low = float(bound)  # the least float at or above the bound
-            self._settled_from = low if Decimal(low) >= bound else math.nextafter(low, math.inf)
+        if len(values) < self.min_values:
+            values.add(x)
+        if x < self._settled_from:
+            t = Decimal(repr(x)).normalize().as_tuple()
+            assert isinstance(t.exponent, int)
+            self.sig = max(self.sig, len(t.digits))
+            self.decimals = max(self.decimals, -t.exponent)
+            if self.sig >= _REPR_DIGITS:
+                bound = Decimal(10) ** (_REPR_DIGITS - 1 - self.decimals)
+                low = float(bound)  # the least float at or above the bound
+                self._settled_from = low if Decimal(low) >= bound else math.nextafter(low, math.inf)
+        if len(values) >= self.min_values:
+            self.inert_from = self._settled_from
 
     def quantum(self, x: float) -> float:
         """The printing step around ``x`` (0 while too few distinct values were seen)."""
@@ -234,7 +241,7 @@ class LrScheduleDrift(Detector):
         self._rise_from = 0.0  # where the current rise above the floor started from (the fall's top, if any)
         self._equal_run = 0
         self._floor: float | None = None  # lowest LR since the peak
-        self._decreases = 0  # consecutive decreasing points
+        self._decreases = 0  # consecutive decreasing points, counted up to 3 (whether 2 or more is what is read)
         self._decaying = False  # a decay was under way when the LR last changed
         self._flat_since: int | None = None
         self._flat_next: int | None = None  # the first step of the flat run after flat_since
@@ -279,11 +286,11 @@ class LrScheduleDrift(Detector):
         last, self._last_logged = self._last_logged, step
         skipped = f.get("skipped")
         if sched_steps is None:
-            self._multi = 0
+            multi_run = self._multi = 0
         else:
             # a loop that logs every k-th step steps its scheduler k times between two logged steps
             gap = step - last if last is not None and step > last else 1
-            self._multi = self._multi + 1 if sched_steps > gap else 0
+            multi_run = self._multi = self._multi + 1 if sched_steps > gap else 0
             if self._cadence is None and not skipped:
                 if sched_steps and not self._counted:
                     self._cadence = "step"  # stepped with the first counted step: the schedule is in steps
@@ -295,12 +302,14 @@ class LrScheduleDrift(Detector):
         lrs = f.get("lr")
         if not lrs:
             return out
-        lrs_t = tuple(map(float, lrs))
+        lrs_t = tuple(lrs)  # floats already: an Event's float lists are decoded (wire.Event)
         for x in lrs_t:
-            if not 0 <= x < math.inf:  # (NaN too)
+            if not 0 <= x < _INF:  # (NaN too)
                 return out
         lr = lrs_t[0]
-        self._res.add(lr)
+        res = self._res
+        if lr < res.inert_from:
+            res.add(lr)
         self._recent.append((step, lrs_t))
         # what is off at this step (None: nothing)
         worst: dict[str, Any] | None
@@ -317,7 +326,7 @@ class LrScheduleDrift(Detector):
         if skipped:
             self._skipped += 1  # from the next step on, the LR may lag by one more step
         cfg = self.config
-        multi = self._multi >= cfg.scheduler_steps_min
+        multi = multi_run >= cfg.scheduler_steps_min
         if multi and worst is None:
             worst = {"group": 0, "actual": lr}
         if worst is not None:
@@ -446,8 +455,8 @@ class LrScheduleDrift(Detector):
             self._flat_since = step
             self._peak, self._peak_step = lr, step
             return None
-        scale = abs(prev)
-        same = abs(lr - prev) <= _SAME * (scale if scale >= 1e-30 else 1e-30)
+        # every LR here was checked non-negative (-0.0 is below 1e-30 either way): |prev| is prev
+        same = abs(lr - prev) <= _SAME * (prev if prev >= 1e-30 else 1e-30)
         lower = lr < prev
         peak_done = self._peak_done
         if same:
@@ -458,8 +467,9 @@ class LrScheduleDrift(Detector):
             equal_run = self._equal_run = 0
             if lower:  # held for 3+ logged points, then down by a large fraction: a step schedule
                 decreases = self._decreases
-                self._decaying = decreases >= 2
-                self._decreases = decreases + 1
+                if decreases < 3:  # counted no further: from 3 on (only a rise resets it) _decaying stays True
+                    self._decaying = decreases >= 2
+                    self._decreases = decreases + 1
                 self._stepwise = n - self._changed_at >= 3 and 1.0 - lr / prev > cfg.frozen_max_drop
                 self._fall_from = prev if lr <= 0.5 * prev else None
             else:
@@ -476,7 +486,7 @@ class LrScheduleDrift(Detector):
             self._fell = True
             decay = self._decay
             decay.append((step, lr))
-            if len(decay) > 2 * _DECAY_POINTS:
+            if len(decay) > _DECAY_KEPT:
                 self._decay = decay[::2]
         if not peak_done:
             if lr >= self._peak:
@@ -485,7 +495,7 @@ class LrScheduleDrift(Detector):
                 self._peak_done = True
                 self._floor = lr
             return None
-        if not self._fell and lr > prev:  # a level held, then higher (ConstantLR, a stepped warmup): still warmup
+        if lr > prev and not self._fell:  # a level held, then higher (ConstantLR, a stepped warmup): still warmup
             self._peak_done = False
             self._peak, self._peak_step = lr, step
             return None
