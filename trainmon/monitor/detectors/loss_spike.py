@@ -92,7 +92,7 @@ from typing import Any
 
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import POSITIVE, Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
+from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["LossSpike", "LossSpikeConfig"]
@@ -211,8 +211,35 @@ _EARLY_RECENT = 4
 _SQRT2 = math.sqrt(2.0)
 
 
+def _noise(mid: float, n: int, level: float) -> float:
+    """sigma from the median ``mid`` of ``n`` accepted differences, with a small floor; monotone in ``mid`` and in
+    ``abs(level)``, rounding included (the gate relies on it)."""
+    sigma = 1.4826 * mid / _SQRT2 * (1.0 + 1.7 / math.sqrt(n))
+    # max(sigma, abs(level) * 1e-3, 1e-6) spelled out (asked at every candidate step, and max() of three costs more
+    # than the rest of this line)
+    floor = abs(level) * 1e-3
+    if floor > sigma:
+        sigma = floor
+    return 1e-6 if sigma < 1e-6 else sigma
+
+
 def _gaps(xs: Any) -> list[Any]:
     return [b - a for a, b in itertools.pairwise(xs)]
+
+
+def _median_floor(window: RollingWindow, adds: int) -> float:
+    """A lower bound of ``window.median()`` that holds until ``adds`` more values joined it; ``-inf`` when it has
+    too few values for one.
+
+    Why exact: an add inserts one value (and, into a full window, drops one), so each order statistic moves down
+    at most one place and after ``r`` adds the ``i``-th smallest value is at least the current ``(i - r)``-th. The
+    median is at least the lower of the middle values (the mean of two is at least the smaller: float addition is
+    monotone), whose place only moves up (a window never shrinks), so it is at least the current
+    ``((n - 1) // 2 - r)``-th, read as the nearest-rank quantile at that index (``i / (n - 1)`` times ``n - 1`` is
+    within an ulp of ``i``)."""
+    n = len(window)
+    i = (n - 1) // 2 - adds
+    return window.quantile(i / (n - 1)) if i >= 0 and n > 1 else -math.inf
 
 
 class LossSpike(Detector):
@@ -233,8 +260,16 @@ class LossSpike(Detector):
         self._warm = len(self._level) >= config.min_history  # the level window holds min_history losses
         self._least_z = min(config.z, config.tail_min_z)  # sigma above the level below which no rule speaks
         self._diffs = RollingWindow(2 * config.window)
+        # the gate (see _open_gate): a loss less than `bar` above `floor` is neither a spike nor an excursion (-inf:
+        # no gate, the step is read in full); it holds for `reach` accepted losses after it was set, `left` of them
+        # to go (below 0: set it again)
+        self._reach = max(1, config.window // 4)
+        self._left = -1
+        self._floor = self._bar = -math.inf
         self._prev: float | None = None
-        self._norms = LazyWindow(config.window)  # read only when a spike's cause is asked
+        # the accepted grad norms (finite, positive), read only when a spike's cause is asked: a plain deque, its
+        # median taken then (statistics.median sorts it: the same value as a window's)
+        self._norms: collections.deque[float] = collections.deque(maxlen=config.window)
         self._recent: collections.deque[tuple[int, float | None, float | None]] = collections.deque(
             maxlen=config.precursor_steps + 1
         )
@@ -259,13 +294,23 @@ class LossSpike(Detector):
         n = len(self._diffs)
         if n < 4:
             return max(abs(level) * 0.01, 1e-6)
-        sigma = 1.4826 * self._diffs.median() / _SQRT2 * (1.0 + 1.7 / math.sqrt(n))
-        # max(sigma, abs(level) * 1e-3, 1e-6) spelled out (asked at half the steps of a long log, and max() of three
-        # costs more than the rest of this line)
-        floor = abs(level) * 1e-3
-        if floor > sigma:
-            sigma = floor
-        return 1e-6 if sigma < 1e-6 else sigma
+        return _noise(self._diffs.median(), n, level)
+
+    def _open_gate(self) -> None:
+        """Set the gate that decides most steps without the level or sigma: a floor of the level and a bar,
+        ``_least_z`` x a floor of sigma, that hold for the next ``_reach`` accepted losses (the bar once the
+        differences' window is full: sigma's factor depends on their count).
+
+        Why exact: a loss that is a spike or an excursion lies at least ``_least_z`` sigma above the level (see
+        observe); the level is at least the floor, and sigma at least the noise of the differences' median floor
+        (monotone in it and in ``abs(level)``, at least 0), so ``loss - floor < bar`` rules both out (float
+        subtraction and products are monotone too)."""
+        reach = self._reach
+        self._left = reach
+        self._floor = _median_floor(self._level, reach)
+        diffs = self._diffs
+        mid = _median_floor(diffs, reach) if diffs.full and len(diffs) >= 4 else -math.inf
+        self._bar = -math.inf if mid == -math.inf else self._least_z * _noise(mid, len(diffs), 0.0)
 
     def _threshold(self, level: float, sigma: float, z: float) -> float:
         return level + max(z * sigma, self.config.min_rel * abs(level), self.config.min_abs)
@@ -283,6 +328,7 @@ class LossSpike(Detector):
         return (loss - level) / (abs(level) if abs(level) > sigma else sigma)
 
     def _accept(self, loss: float) -> None:
+        self._left -= 1
         if self._prev is not None:
             self._diffs.add(abs(loss - self._prev))
         self._prev = loss
@@ -424,7 +470,7 @@ class LossSpike(Detector):
         level near zero (a memorised run: gradients ~0 too) the grad norm's ratios are ratios to ~0 as well:
         they are told, but name no cause that makes the spike a warning."""
         cfg = self.config
-        norm_med = self._norms.median() if len(self._norms) >= 4 else None
+        norm_med = statistics.median(self._norms) if len(self._norms) >= 4 else None
         c: dict[str, Any] = {"norm": norm, "norm_med": norm_med, "precursor": None, "jump": False, "lr": None}
         if norm_med:
             before = [(s, n) for s, _, n in self._recent if n is not None][-cfg.precursor_steps :]
@@ -477,11 +523,17 @@ class LossSpike(Detector):
                 self._recent.append((step, loss, norm))
                 return out
         else:
-            level = self._level.median()
+            if self._left < 0:
+                self._open_gate()
             # A spike (over z sigma above the level, and more) and an excursion (tail_min_z sigma above it) both
-            # lie at least _least_z sigma above the level (z and tail_min_z are positive, sigma > 0): a loss at or
-            # below the level, half the steps of a healthy run, needs no sigma, and most others no threshold.
-            if loss > level and loss - level >= self._least_z * (sigma := self._sigma(level)):
+            # lie at least _least_z sigma above the level (z and tail_min_z are positive, sigma > 0): a loss under
+            # the gate, nearly every step of a healthy run, needs neither; a loss at or below the level needs no
+            # sigma, and most others no threshold.
+            if (
+                loss - self._floor >= self._bar
+                and loss > (level := self._level.median())
+                and loss - level >= self._least_z * (sigma := self._sigma(level))
+            ):
                 cfg = self.config
                 threshold = self._threshold(level, sigma, cfg.z)
                 # a spike departs from the loss's path: the last step carries at least half of the excess
@@ -500,7 +552,7 @@ class LossSpike(Detector):
         if self._spike is None:
             self._accept(loss)
             if norm is not None:
-                self._norms.add(norm)
+                self._norms.append(norm)
             if self._ep is not None and self._n - self._ep["last_entry"] >= self._ep["quiet"]:
                 out.extend(self._close(f"no spike for {self._n - self._ep['last_entry']} entries"))
         self._recent.append((step, loss, norm))
