@@ -78,52 +78,6 @@ def test_mad_bounds_are_the_former_codes_bit_for_bit(xs: list[float], size: int,
             changed = False
 
 
-# -- the MAD floor: it holds through the adds it covers ------------------------------------------------------------
-
-
-@settings(max_examples=1500)
-@given(st.lists(adversarial, min_size=1, max_size=150), st.integers(1, 40), st.integers(0, 25))
-def test_a_mad_floor_holds_through_the_adds_it_covers(xs: list[float], size: int, adds: int) -> None:
-    w = RollingWindow(size)
-    for i, x in enumerate(xs):
-        w.add(x)
-        if i % 7 or not len(w):
-            continue
-        floor = w.mad_floor(adds)
-        if len(w) < size or adds >= size // 2 or size == 2:
-            assert floor == -math.inf
-        later = RollingWindow(size)
-        for v in w.values():
-            later.add(v)
-        assert not floor > later.mad()  # NaN MADs (overflowed sums) bound nothing, and nothing bounds them
-        for v in xs[i + 1 : i + 1 + adds]:
-            later.add(v)
-            assert not floor > later.mad()
-
-
-def test_a_mad_floor_of_no_adds_is_the_bounds_lower_end() -> None:
-    rng = random.Random(3)
-    for size in (3, 4, 5, 50, 150):
-        w = RollingWindow(size)
-        for _ in range(2000):
-            w.add(rng.choice([rng.gauss(0, 1), float(rng.randint(0, 3))]))
-            if len(w) == size:
-                assert _bits(w.mad_floor(0)) == _bits(w.mad_bounds()[0])
-    for size in (1, 2):  # no block straddles the median: no floor
-        w = RollingWindow(size)
-        for x in (1.0, 2.0):
-            w.add(x)
-        assert w.mad_floor(0) == -math.inf
-
-
-def test_a_far_floor_still_proves_a_continuous_window_spread() -> None:
-    rng = random.Random(5)
-    w = RollingWindow(150)
-    for _ in range(150):
-        w.add(rng.gauss(0, 1))
-    assert 0 < w.mad_floor(16) < w.mad()
-
-
 # -- a window sorted on demand: the same MAD, read between adds ----------------------------------------------------
 
 

@@ -146,7 +146,6 @@ class LossNoise(Detector):
         self._ra = LazyWindow(c.window)  # read only where the relative noise does not decide an entry
         self._bd = RollingWindow(c.baseline)
         self._ba = LazyWindow(c.baseline)  # read only where the relative noise does not decide an entry
-        self._ba_values: collections.deque[float] = collections.deque(maxlen=c.baseline)  # the same, for their ties
         self._rlr, self._blr = LazyWindow(c.window), LazyWindow(c.baseline)  # read only when judging or reporting
         self._prints: collections.deque[Any] = collections.deque(maxlen=c.window)
         self._hits = 0
@@ -207,19 +206,12 @@ class LossNoise(Detector):
 
     def _ba_positive(self) -> bool:
         """The absolute baseline's MAD positive, which is all the rule asks of it on most entries (the relative ratio
-        decides them): proven from its ties for as many admissions as they allow, counted once for all of them (the
-        window is kept sorted only when read); where they prove nothing (a tied, quantised log), computed, and the
-        ties counted again ``_RETRY_ADDS`` admissions later.
-
-        Why exact: the MAD is positive while fewer than ``len // 2`` values equal the median (the ``len // 2``-th
-        smallest deviation is then positive: ``x - m`` is zero only where ``x == m``, gradual underflow, and the mean
-        of two deviations of at least the least subnormal, times 1.4826, rounds to a positive float); no value is
-        repeated more than ``len - distinct + 1`` times (``0.0`` and ``-0.0`` one value, as for the median), each
-        admission repeats one at most once more, and a window not yet full only grows its ``len // 2``."""
+        decides them): proven from its ties for as many admissions as they allow (``LazyWindow.mad_positive_for``),
+        counted once for all of them (the window is kept sorted only when read); where they prove nothing (a tied,
+        quantised log), computed, and the ties counted again ``_RETRY_ADDS`` admissions later."""
         n = self._admitted
         if n >= self._ba_retry:
-            values = self._ba_values
-            left = (len(values) >> 1) - 2 - len(values) + len(set(values))
+            left = self._ba.mad_positive_for()
             if left >= 0:
                 self._ba_proven = n + left
                 return True
@@ -271,7 +263,6 @@ class LossNoise(Detector):
                 self._levels.append(old_loss)
                 self._bd.add(old_d)
                 self._ba.add(old_a)  # finite, as the values its ties are counted on: losses positive and finite
-                self._ba_values.append(old_a)
                 self._admitted += 1
                 if old_lr is not None:
                     self._blr.add(old_lr)

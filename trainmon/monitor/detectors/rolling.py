@@ -8,11 +8,11 @@ windows, one set of statistics (``_median``, ``_quantile``, ``_mad`` of a sorted
   every step: adding is one ``insort`` and one ``bisect`` removal (C memmove of at most ``size``
   pointers), median and quantiles are O(1), the MAD is O(log size), computed on demand and kept until
   the next add, and bounded in O(1) (:meth:`RollingWindow.mad_bounds`) for rules that only need to know
-  which side of a bar it is on, or for many adds at once (:meth:`RollingWindow.mad_floor`) for rules that
-  only need to know it positive.
+  which side of a bar it is on.
 * :class:`LazyWindow` keeps arrival order only and sorts when a statistic is asked, for statistics read on
   rare steps (a candidate spike, a finding, a noise the other one did not decide): an ``add`` is one deque
-  append.
+  append. Whether its MAD is positive, for many adds at once, comes from its ties without a sort
+  (:meth:`LazyWindow.mad_positive_for`).
 """
 
 from __future__ import annotations
@@ -213,39 +213,6 @@ class RollingWindow:
         bounds = self._bounds = (1.4826 * (0.5 * lo), 1.4826 * (0.5 * hi))
         return bounds
 
-    def mad_floor(self, adds: int) -> float:
-        """A lower bound of ``mad()`` that holds until ``adds`` more values joined this full window: for a rule that
-        must know a MAD positive on every add (a baseline's, that a ratio's divisor exists), one bound for many adds.
-        ``-inf`` (no bound) while the window is not full, holds two values, or ``adds`` reaches half its size.
-
-        Why exact: an add to a full window drops one value and inserts one, which moves each order statistic at
-        most one place, so after ``r`` adds the ``i``-th smallest value is between the current ``(i - r)``-th and
-        ``(i + r)``-th. The median, the mean of two of them, stays within the means of those (float addition is
-        monotone), and so do the ends of :meth:`mad_bounds`' block (taken at its current place): the block then
-        straddles the median, and each end's deviation is at least the current median's lowest reach minus the
-        end's highest (``m - x`` is monotone in both), which is the lower bound ``mad_bounds`` takes from them,
-        rounding included. With ``adds`` 0 it is ``mad_bounds()``'s lower bound.
-        """
-        s = self._sorted
-        n = len(s)
-        k = n >> 1
-        r = adds
-        if n < self.size or r >= k:
-            return -math.inf
-        j = (k >> 1) + self._shift
-        if n & 1:  # the (k+1)-th smallest deviation, from m between s[k - r] and s[k + r]; blocks s[j .. j + k]
-            j = 0 if j < 0 else k if j > k else j
-            a, b = s[k - r] - s[j + r], s[j + k - r] - s[k + r]
-            return 1.4826 * (a if a <= b else b)
-        if n < 4:  # no block of k values straddles the median
-            return -math.inf
-        # the k-th and (k+1)-th, from m between the means of s[k - 1 -+ r] and s[k -+ r]; blocks s[j .. j + k - 1]
-        # and s[j .. j + k]
-        j = 1 if j < 1 else k - 1 if j >= k else j
-        m_lo, m_hi = 0.5 * (s[k - 1 - r] + s[k - r]), 0.5 * (s[k - 1 + r] + s[k + r])
-        a, b, d = m_lo - s[j + r], s[j + k - 1 - r] - m_hi, s[j + k - r] - m_hi
-        return 1.4826 * (0.5 * ((a if a <= b else b) + (a if a <= d else d)))
-
 
 class LazyWindow:
     """The last ``size`` finite values in arrival order, sorted only when a statistic is asked (and kept so until the
@@ -283,6 +250,20 @@ class LazyWindow:
         costs little beside the sort a read needs anyway."""
         mad = self.mad()
         return mad, mad
+
+    def mad_positive_for(self) -> int:
+        """How many more adds ``mad()`` is proven positive through, from the values' ties alone (no sort): for a rule
+        that must know a baseline's MAD positive on every add (a ratio's divisor exists), one count for many adds.
+        Negative: nothing is proven (a window more than about half one value: compute the MAD).
+
+        Why exact: the MAD is positive while fewer than ``len // 2`` values equal the median (the ``len // 2``-th
+        smallest deviation is then positive: ``x - m`` is zero only where ``x == m``, gradual underflow, and the mean
+        of two deviations of at least the least subnormal, times 1.4826, rounds to a positive float); no value is
+        repeated more than ``len - distinct + 1`` times (``0.0`` and ``-0.0`` one value, as for the median), each
+        add repeats one at most once more, and a window not yet full only grows its ``len // 2``."""
+        order = self._order
+        n = len(order)
+        return (n >> 1) - 2 - n + len(set(order))
 
     def _view(self) -> list[float]:
         s = self._sorted
