@@ -65,13 +65,8 @@ class LocalDetection:
     inflight = 0
     lost = 0
 
-    def __init__(
-        self,
-        config: DetectorsConfig,
-        detectors: tuple[type[Detector], ...] = ALL_DETECTORS,
-        only: frozenset[str] | None = None,
-    ) -> None:
-        self.detection = Detection(config, detectors, only)
+    def __init__(self, config: DetectorsConfig, detectors: tuple[type[Detector], ...] = ALL_DETECTORS) -> None:
+        self.detection = Detection(config, detectors)
 
     def feed_rank(self, run: str, rank: int, history: Items) -> None:
         self.detection.feed_rank(run, rank, history)
