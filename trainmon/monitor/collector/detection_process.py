@@ -156,6 +156,10 @@ class DetectionProcess:
             start_new_session=True,  # Ctrl-C or a TERM to the collector's process group does not reach it
         )
         self._proc, self._started = proc, time.monotonic()
+        with contextlib.suppress(ImportError, OSError, AttributeError):  # Linux only; the default elsewhere
+            import fcntl
+
+            fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         with contextlib.suppress(OSError):  # died at once: the reader sees it and starts another
             _write_frame(proc.stdin.fileno(), self._config)
         self._reader = threading.Thread(target=self._read, args=(proc,), name="trainmon-detection-reader", daemon=True)
@@ -310,6 +314,10 @@ class DetectionProcess:
         return True
 
 
+_PIPE_BYTES = 1 << 20
+"""The child's stdin holds this much (Linux's default ceiling for a pipe; 64 KiB by default): two batches of an
+import's 5,000 events, so the sender runs up to two batches ahead instead of waiting for the child to finish
+the previous one before each write, and a batch slower to make on one side than the other evens out."""
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _STOP = pickle.dumps(["stop"], _PROTOCOL)
 
