@@ -157,7 +157,11 @@ _DECIMAL = st.one_of(
 
 
 @settings(max_examples=1000, deadline=None)
-@given(st.integers(1, 4).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.lists(_DECIMAL, min_size=w, max_size=w), min_size=1))))
+@given(
+    st.integers(1, 4).flatmap(
+        lambda w: st.tuples(st.just(w), st.lists(st.lists(_DECIMAL, min_size=w, max_size=w), min_size=1))
+    )
+)
 def test_rows_of_decimals_read_by_pandas_are_the_floats_python_reads(table: tuple[int, list[list[str]]]) -> None:
     """pandas reads each decimal as ``float`` does, bit for bit, or refuses the chunk (a cell ``float``
     refuses, a blank one), which is then cut into cells as text."""
