@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Set
 
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
@@ -40,17 +39,11 @@ class _Group:
         self.dets = dets
         self.places = places
 
-    def feed(
-        self, events: list[Event], attempts: list[int], carried: set[str]
-    ) -> list[tuple[int, list[list[Finding]]]]:
+    def feed(self, events: list[Event], attempts: list[int]) -> list[tuple[int, list[list[Finding]]]]:
         """Each detector's outputs for the events it reads (:attr:`Detector.consumes`), detector by detector:
         ``(its position, outputs)``, the outputs in event order, each event of the batch's indices the caller
         keeps. A detector that raises is dropped from the group (its run or rank), not the others, and keeps
         what it found before.
-
-        ``carried``: the field names the batch's step events carry (:func:`_carried`). A detector none of whose
-        :attr:`Detector.reads` is among them is not handed the batch's steps, which it would ignore: on a log of
-        losses, LRs and grad norms the fp16 scale's and the weight checksums' detectors are not called at all.
 
         Detector by detector, not event by event: one detector's ``observe`` called over the whole batch
         (``map``, in C) keeps its code and state hot and its call site of one callee; event by event, 17
@@ -60,9 +53,7 @@ class _Group:
         out: list[tuple[int, list[list[Finding]]]] = []
         failed: list[Detector] = []
         for pos, det in zip(self.places, self.dets, strict=True):
-            reads: Set[str] | None = det.consumes
-            if det.reads is not None and "step" in kinds and carried.isdisjoint(det.reads):
-                reads = (kinds if reads is None else reads) - _STEP  # its steps of this batch: none it reads
+            reads = det.consumes
             if reads is None or kinds <= reads:
                 evs, atts, at = events, attempts, None
             else:
@@ -90,7 +81,6 @@ class _Group:
 
 
 _KIND = operator.attrgetter("kind")
-_STEP = frozenset(("step",))
 _NONE: list[Finding] = []  # an event a detector was not handed: nothing found (never appended to)
 
 
@@ -114,8 +104,6 @@ class Detection:
         # Only a detector with a tick of its own needs the clock (the built-in ones: run scope, hangs);
         # 16,384 ranks x 14 detectors were 230k empty calls a second in the detection process.
         self._rank_ticks = any(c.tick is not Detector.tick for c in self._rank_classes)
-        # Only a detector that declares the fields it reads needs those a batch's steps carry.
-        self._reads = any(c.reads is not None for c in detectors)
         self.rank_dets: dict[tuple[str, int], _Group] = {}
         self.run_dets: dict[str, _Group] = {}
 
@@ -150,9 +138,8 @@ class Detection:
     def observe_keyed(self, items: list[tuple[Event, int]]) -> list[Keyed]:
         """:meth:`observe`'s findings with their keys, in key order.
 
-        An event goes to those detectors of its (run, rank), then of its run, that read its kind, and a step
-        to those that read one of its rank's steps' fields in this batch. Each group takes its events of the
-        batch at once (``_Group.feed``), and the findings are put back in event order.
+        An event goes to those detectors of its (run, rank), then of its run, that read its kind. Each group
+        takes its events of the batch at once (``_Group.feed``), and the findings are put back in event order.
         """
         ranks: dict[tuple[str, int], list[int]] = {}
         runs: dict[str, list[int]] = {}
@@ -169,18 +156,13 @@ class Detection:
                         self.run_dets[event.run] = self._make(self._run_classes)
             at.append(i)
         keyed: list[Keyed] = []
-        carries: dict[str, set[str]] = {}  # per run: the fields its ranks' steps carry
         for (run, rank), at in ranks.items():
-            events = [items[i][0] for i in at]
-            carried = _carried(events) if self._reads else _NOTHING
-            _collect(self.rank_dets[(run, rank)], events, items, at, run, rank, 0, keyed, carried)
+            _collect(self.rank_dets[(run, rank)], items, at, run, rank, 0, keyed)
             runs[run].extend(at)
-            carries[run] = carries[run] | carried if run in carries else carried
         for run, at in runs.items():
             if self.run_dets[run].dets:
                 at.sort()
-                events = [items[i][0] for i in at]
-                _collect(self.run_dets[run], events, items, at, run, RUN_WIDE, 1, keyed, carries[run])
+                _collect(self.run_dets[run], items, at, run, RUN_WIDE, 1, keyed)
         keyed.sort(key=_KEY)
         return keyed
 
@@ -209,21 +191,20 @@ class Detection:
 
 def _collect(
     group: _Group,
-    events: list[Event],
     items: list[tuple[Event, int]],
     at: list[int],
     run: str,
     rank: int,
     scope: int,
     keyed: list[Keyed],
-    carried: set[str],
 ) -> None:
-    """The findings of ``group`` on the events ``items[i] for i in at`` (``events``: theirs), each with its
-    place in the batch's order: (event, rank before run, detector, finding)."""
+    """The findings of ``group`` on the events ``items[i] for i in at``, each with its place in the batch's
+    order: (event, rank before run, detector, finding)."""
     if not group.dets:
         return
+    events = [items[i][0] for i in at]
     attempts = [items[i][1] for i in at]
-    for pos, outs in group.feed(events, attempts, carried):
+    for pos, outs in group.feed(events, attempts):
         # Nearly every batch of every detector finds nothing: any() says so in C, where a loop over the outputs
         # cost 0.3 s for 18 detectors on a million events.
         if any(outs):
@@ -239,18 +220,5 @@ def _rank(f: Finding, default: int) -> int:
     return default if f.rank is None else f.rank
 
 
-def _carried(events: list[Event]) -> set[str]:
-    """The field names the step events of ``events`` carry, together (0.08 s for a million steps)."""
-    names: set[str] = set()
-    for event in events:
-        if event.kind == "step":
-            names.update(event.fields)
-    return names
-
-
-_NOTHING: set[str] = set()  # no detector asks what the steps carry (never added to)
-
-
 def _feed(group: _Group, history: list[tuple[Event, int]]) -> None:
-    events = [event for event, _ in history]
-    group.feed(events, [attempt for _, attempt in history], _carried(events))
+    group.feed([event for event, _ in history], [attempt for _, attempt in history])

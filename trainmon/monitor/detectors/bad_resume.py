@@ -173,7 +173,6 @@ class BadResume(Detector):
     plots = ("loss", "lr")
     localised = False
     consumes = frozenset(("run_start", "step", "checkpoint", "resume"))
-    reads = None  # every step is the last one seen, and counts toward a resume's checks
 
     def __init__(self, config: BadResumeConfig) -> None:
         self.config = config

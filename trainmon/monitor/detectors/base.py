@@ -108,14 +108,6 @@ class Detector:
     """The event kinds :meth:`observe` reads (``None``: every kind). The engine hands it only those:
     most detectors read ``step`` events and a few others, and 17 detectors on every event of a long
     log were 3.4M calls for 200k events. A kind left out here must be one ``observe`` ignores."""
-    reads: ClassVar[frozenset[str] | None] = None
-    """The fields of a ``step`` event :meth:`observe` looks at (``None``: it needs every step, whatever it
-    carries). A ``step`` event carrying none of them must be one ``observe`` ignores entirely: no finding,
-    no state change, not even a step counter or a last-seen time. The engine then skips the step events of
-    a batch whose steps carry none of them (its other kinds still reach it, in order): most foreign logs
-    carry a loss, an LR and a grad norm, and a detector of fp16 scales or weight checksums was a million
-    calls that returned at their first line. A detector that counts steps, or keeps the last one seen,
-    reads them all: ``None``."""
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         raise NotImplementedError

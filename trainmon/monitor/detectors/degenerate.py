@@ -130,7 +130,6 @@ class Degenerate(Detector):
     plots = ("loss",)
     localised = False
     consumes = frozenset(("run_start", "step", "eval"))
-    reads = None  # a step without a loss restates the no-op share
 
     def __init__(self, config: DegenerateConfig) -> None:
         self.config = config

@@ -272,7 +272,6 @@ class Divergence(Detector):
     plots = ("loss", "grad")
     localised = True
     consumes = frozenset(("run_start", "checkpoint", "eval", "step"))
-    reads = frozenset(("loss",))
 
     def __init__(self, config: DivergenceConfig) -> None:
         self.config = config

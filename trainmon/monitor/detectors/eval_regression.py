@@ -270,7 +270,6 @@ class EvalRegression(Detector):
     plots = ("loss",)
     localised = False
     consumes = frozenset(("run_start", "step", "eval"))
-    reads = frozenset(("loss",))  # the train level; the further eval sets' instances read the same
 
     def __init__(self, config: EvalRegressionConfig) -> None:
         self.config = config

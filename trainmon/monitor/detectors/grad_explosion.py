@@ -214,7 +214,6 @@ class GradExplosion(Detector):
     plots = ("grad",)
     localised = True
     consumes = frozenset(("run_start", "run_end", "step"))
-    reads = None  # every step counts down an episode's loss watch
 
     def __init__(self, config: GradExplosionConfig) -> None:
         self.config = config

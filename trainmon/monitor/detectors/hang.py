@@ -130,7 +130,6 @@ class Hang(Detector):
     priority = 80
     plots = ("throughput",)
     localised = False
-    reads = None  # every step is its rank's clock
     scope = "run"
 
     def __init__(self, config: HangConfig) -> None:

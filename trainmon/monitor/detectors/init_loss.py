@@ -86,7 +86,6 @@ class InitLoss(Detector):
     plots = ("loss",)
     localised = False
     consumes = frozenset(("run_start", "step"))
-    reads = frozenset(("loss",))
 
     def __init__(self, config: InitLossConfig) -> None:
         self.config = config

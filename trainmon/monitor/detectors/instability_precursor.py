@@ -360,7 +360,6 @@ class InstabilityPrecursor(Detector):
     plots = ("loss",)
     localised = False
     consumes = frozenset(("run_start", "step"))
-    reads = frozenset(("loss", *(m.field for m in _MECHANISMS)))  # the loss: to tell a precursor from a consequence
 
     def __init__(self, config: InstabilityPrecursorConfig) -> None:
         self.config = config

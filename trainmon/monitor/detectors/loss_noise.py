@@ -128,7 +128,6 @@ class LossNoise(Detector):
     plots = ()
     localised = False
     consumes = frozenset(("run_start", "step"))
-    reads = None  # a step without a loss breaks the chain of differences
 
     def __init__(self, config: LossNoiseConfig) -> None:
         self.config = config

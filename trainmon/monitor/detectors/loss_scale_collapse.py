@@ -69,7 +69,6 @@ class LossScaleCollapse(Detector):
     plots = ("loss",)
     localised = False
     consumes = frozenset(("run_start", "run_end", "step"))
-    reads = frozenset(("loss_scale", "skipped"))
 
     def __init__(self, config: LossScaleCollapseConfig) -> None:
         self.config = config

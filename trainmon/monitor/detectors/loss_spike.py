@@ -252,7 +252,6 @@ class LossSpike(Detector):
     plots = ("loss", "grad")
     localised = True
     consumes = frozenset(("run_start", "run_end", "step"))
-    reads = None  # a step without a loss joins the recent steps (a spike's context) and the LRs
 
     def __init__(self, config: LossSpikeConfig) -> None:
         self.config = config

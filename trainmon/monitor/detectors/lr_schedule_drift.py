@@ -191,7 +191,6 @@ class LrScheduleDrift(Detector):
     plots = ("lr",)
     localised = False
     consumes = frozenset(("run_start", "resume", "run_end", "step"))
-    reads = None  # every step counts: the attempt's first step, the last logged one, the scheduler's cadence
 
     def __init__(self, config: LrScheduleDriftConfig) -> None:
         self.config = config

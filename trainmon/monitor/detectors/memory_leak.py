@@ -158,7 +158,6 @@ class MemoryLeak(Detector):
     plots = ()
     localised = False
     consumes = frozenset(("run_start", "health", "step"))
-    reads = None  # every step counts toward the warm-up, and places the health samples
 
     def __init__(self, config: MemoryLeakConfig) -> None:
         self.config = config

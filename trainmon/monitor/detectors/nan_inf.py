@@ -99,7 +99,6 @@ class NanInf(Detector):
     plots = ("loss", "grad")
     localised = True
     consumes = frozenset(("run_start", "step"))
-    reads = frozenset(("loss", "grad_norm"))
 
     def __init__(self, config: NanInfConfig) -> None:
         self.config = config

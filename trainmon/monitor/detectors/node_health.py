@@ -132,7 +132,6 @@ class NodeHealth(Detector):
     priority = 160
     plots = ()
     localised = False
-    reads = None  # every step is the step its findings name
 
     def __init__(self, config: NodeHealthConfig) -> None:
         self.config = config

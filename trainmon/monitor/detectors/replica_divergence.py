@@ -97,7 +97,6 @@ class ReplicaDivergence(Detector):
     plots = ()
     localised = False
     consumes = frozenset(("run_start", "step"))
-    reads = frozenset(("weights_checksum",))
     scope = "run"
 
     def __init__(self, config: ReplicaDivergenceConfig) -> None:

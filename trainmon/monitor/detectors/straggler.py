@@ -124,7 +124,6 @@ class Straggler(Detector):
     plots = ("throughput",)
     localised = False
     consumes = frozenset(("run_start", "run_end", "step"))
-    reads = None  # every step: its rank's host, and the world size
     scope = "run"
 
     def __init__(self, config: StragglerConfig) -> None:

@@ -326,7 +326,6 @@ class ThroughputCollapse(Detector):
     plots = ("throughput",)
     localised = False
     consumes = frozenset(("run_start", "checkpoint", "step"))
-    reads = None  # every step: the attempt's first step time, and whether a save came since the last step
 
     def __init__(self, config: ThroughputCollapseConfig) -> None:
         self.config = config
