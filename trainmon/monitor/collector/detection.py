@@ -12,7 +12,7 @@ import logging
 import operator
 
 from trainmon.monitor.config import DetectorsConfig
-from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.monitor.detectors import ALL_DETECTORS, NOTHING, Detector, Finding
 from trainmon.wire import Event
 
 __all__ = ["RUN_WIDE", "Detection", "Found", "Keyed"]
@@ -63,13 +63,13 @@ class _Group:
                 evs, atts = [events[j] for j in at], [attempts[j] for j in at]
             outs: list[list[Finding]] = []
             try:
-                outs.extend(map(det.observe, evs, atts))  # keeps the outputs before a raise
+                det.observe_batch(evs, atts, outs)  # keeps the outputs before a raise
             except Exception:
                 ev = evs[len(outs)]
                 log.exception("detector %s failed on a %s event of run %s; dropped for it", det.kind, ev.kind, ev.run)
                 failed.append(det)
             if at is not None:
-                spread: list[list[Finding]] = [_NONE] * len(events)
+                spread: list[list[Finding]] = [NOTHING] * len(events)
                 for j, found in zip(at, outs, strict=False):  # outs stops short where the detector raised
                     spread[j] = found
                 outs = spread
@@ -81,7 +81,6 @@ class _Group:
 
 
 _KIND = operator.attrgetter("kind")
-_NONE: list[Finding] = []  # an event a detector was not handed: nothing found (never appended to)
 
 
 class Detection:

@@ -13,10 +13,11 @@ import importlib
 import inspect
 import pkgutil
 
-from trainmon.monitor.detectors.base import PLOTS, SEVERITIES, Detector, Finding
+from trainmon.monitor.detectors.base import NOTHING, PLOTS, SEVERITIES, Detector, Finding
 
 __all__ = [
     "ALL_DETECTORS",
+    "NOTHING",
     "PLOTS",
     "SEVERITIES",
     "Detector",

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from trainmon.wire import Event
 
-__all__ = ["PLOTS", "POSITIVE", "SEVERITIES", "Detector", "Finding"]
+__all__ = ["NOTHING", "PLOTS", "POSITIVE", "SEVERITIES", "Detector", "Finding"]
 
 SEVERITIES = ("info", "warning", "critical")
 """Least to most urgent; what each means (and so when a detector may use it) is stated once, in this
@@ -40,6 +40,10 @@ PLOTS = ("loss", "grad", "lr", "throughput")
 
 
 _isfinite = math.isfinite
+
+NOTHING: list[Finding] = []
+"""What an event showed when it showed nothing, shared by :meth:`Detector.observe_batch` overrides that decide many
+events at once: never appended to (an output list is read, not kept, by the engine)."""
 
 
 def finite(x: Any) -> bool:
@@ -111,6 +115,19 @@ class Detector:
 
     def observe(self, event: Event, attempt: int) -> list[Finding]:
         raise NotImplementedError
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event in order, its outputs appended to ``out``: the engine hands a detector its
+        events of a batch at once (a long log's import, a live batch of one rank).
+
+        An override exists to be cheaper, never to find anything else: it may decide in one look at the batch
+        (a column, a count) what ``observe`` would return for many of its events, and must leave the detector in
+        the state ``observe`` would have, and ``out`` as ``observe`` would have made it, for every cut of a stream
+        into batches (``tests/detectors/test_observe_batch.py`` checks every detector so, on fault traces, clean
+        controls, real logs and hostile fields). Outputs are appended as they are known: if it raises, what it
+        appended stays (the engine keeps the findings before a detector's failure). An empty output may be
+        :data:`NOTHING`, shared, never appended to."""
+        out.extend(map(self.observe, events, attempts))
 
     def tick(self, now: float) -> list[Finding]:
         return []

@@ -175,7 +175,9 @@ class LossNoise(Detector):
             lr = lrs[0] if isinstance(lrs, list) and lrs else None
             if lr is not None and not (_isfinite(lr) if type(lr) is float else finite(lr)):
                 lr = None
-            return self._add(f["step"], loss, _log(loss / prev), loss - prev, lr, f.get("batch_fingerprint"))
+            ratio = loss / prev  # 0 or inf where the two are hundreds of decades apart: then the difference of the logs
+            d = _log(ratio) if 0.0 < ratio < math.inf else _log(loss) - _log(prev)
+            return self._add(f["step"], loss, d, loss - prev, lr, f.get("batch_fingerprint"))
         if event.kind != "run_start":
             return []
         out = []

@@ -169,7 +169,8 @@ class LossScaleCollapse(Detector):
         high = self._highs[0][1] if self._highs else None
         if scale is None or high is None or scale >= high:
             return 0
-        return math.floor(math.log2(high / scale) + 1e-9)
+        ratio = high / scale  # inf for a subnormal scale under a huge one: then the difference of the logs
+        return math.floor((math.log2(ratio) if ratio < math.inf else math.log2(high) - math.log2(scale)) + 1e-9)
 
     def _judge(self, step: int, scale: float | None, bad: bool) -> list[Finding]:
         cfg = self.config
