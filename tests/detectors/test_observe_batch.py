@@ -56,7 +56,7 @@ def _plausible(rng: random.Random, spec_type: str, level: float) -> object:
         "str": "x",
         "bool": rng.random() < 0.5,
         "json": {"warmup_steps": rng.choice([0, 10, 100]), "name": "cosine", "peak_lr": 1e-3, "total_steps": 2000},
-    }.get(spec_type, None)
+    }.get(spec_type)
 
 
 def _admitted(raw: dict) -> Event | None:
@@ -87,7 +87,8 @@ def _hostile(seed: int) -> list[Event]:
             steps[rank] += rng.choice([1, 1, 1, 1, 1, 1, 0, -3, 50])
         elif kind == "run_start":
             steps[rank] = rng.choice([0, steps[rank] // 2, steps[rank]])
-        fields = {name: _plausible(rng, spec.type, level) for name, spec in EVENT_KINDS[kind].items() if rng.random() < 0.6}
+        specs = EVENT_KINDS[kind].items()
+        fields = {name: _plausible(rng, spec.type, level) for name, spec in specs if rng.random() < 0.6}
         if "step" in EVENT_KINDS[kind]:
             fields["step"] = steps[rank]
         if kind == "step":
@@ -113,7 +114,8 @@ def _faults() -> dict[str, Stream]:
     growth = [0.3, 1.4, 2.0, 2.4, 2.1, 30.0, 40.0, 90.0, 400.0, 2.0, 2.2] * 3
     precursor = [Event("run_start", "p", 0, "h", "s", 0, 0.0, {"vocab_size": 64})]
     for i, v in enumerate(growth):
-        fields = {"step": i * 10, "loss": 2.0, "lr": [0.1], "attn_logit_max": {"blocks.0.attn": 2.0, "blocks.1.attn": v}}
+        bounds = {"blocks.0.attn": 2.0, "blocks.1.attn": v}
+        fields = {"step": i * 10, "loss": 2.0, "lr": [0.1], "attn_logit_max": bounds}
         precursor.append(Event("step", "p", 0, "h", "s", 2 * i + 1, float(i), fields))
         precursor.append(Event("step", "p", 0, "h", "s", 2 * i + 2, i + 0.5, {"step": i * 10 + 1, "loss": 2.0}))
     return {
