@@ -51,13 +51,17 @@ its hint what was not checked.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
+import operator
 import re
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.detectors.base import Detector, Finding, finite
+import numpy as np
+
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -205,6 +209,69 @@ class Degenerate(Detector):
             out = self._noop(step)  # first: an open no-op finding keeps the saturation rule out
             return out + self._saturation(step, loss, gn)
         return self._saturation(step, loss, gn)
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event, in fewer steps. Until ``noop_min`` grad norms were exactly 0.0 and while
+        the saturation rule is not open, a step whose loss is not exactly 0.0 and whose grad norm is not exactly
+        0.0 finds nothing (a non-finite loss leaves no trace at all): it only moves the counts and histories the
+        rules read when the loss reaches 0.0 or at an eval. The batch's columns pick those steps out at once
+        (nearly all of a long log), and a run of them moves the histories in one go (:meth:`_quiet`). Every other
+        event is :meth:`observe`'s."""
+        fields = [e.fields for e in events]
+        # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
+        losses = [f.get("loss") for f in fields]
+        norms = [f.get("grad_norm") for f in fields]
+        loss = np.array(losses, dtype=float)
+        norm = np.array(norms, dtype=float)
+        kept = np.isfinite(loss)  # a step observe reads (a non-finite loss is no evidence)
+        quiet = ~kept | ((loss != 0.0) & (norm != 0.0))
+        counted = kept & np.isfinite(norm)  # a grad norm the no-op share counts ...
+        before = counted & (norm > 0.0)  # ... and the saturation rule's reference
+        kinds = [e.kind for e in events]
+        if kinds.count("step") != len(kinds):
+            quiet &= np.fromiter(map(operator.eq, kinds, itertools.repeat("step")), bool, len(kinds))
+        skipped = [f.get("skipped") for f in fields]
+        if True in skipped:  # not on a step the fp16 scaler skipped
+            counted &= np.fromiter((x is not True for x in skipped), bool, len(skipped))
+        cfg = self.config
+        observe = self.observe
+        i = 0
+        for stop in [*np.flatnonzero(~quiet).tolist(), len(events)]:
+            while i < stop and (self._gn_zero >= cfg.noop_min or self._open == "saturated"):
+                out.append(observe(events[i], attempts[i]))
+                i += 1
+            if i < stop:
+                self._quiet(fields, losses, norms, kept[i:stop], counted[i:stop], before[i:stop], i)
+                out.extend(itertools.repeat(NOTHING, stop - i))
+            if stop < len(events):
+                out.append(observe(events[stop], attempts[stop]))
+            i = stop + 1
+
+    def _quiet(
+        self,
+        fields: list[dict[str, Any]],
+        losses: list[float],
+        norms: list[float],
+        kept: np.ndarray,
+        counted: np.ndarray,
+        before: np.ndarray,
+        i: int,
+    ) -> None:
+        """What :meth:`observe` leaves after quiet steps (from ``i``; ``kept``: those with a finite loss, ``counted``:
+        those whose grad norm the no-op share counts, ``before``: those whose grad norm the saturation rule keeps):
+        of the histories, only the last entries stay."""
+        at = np.flatnonzero(kept)
+        if not len(at):
+            return
+        self._gn_seen += int(np.count_nonzero(counted))
+        last = i + int(at[-1])
+        if self._zero_count:
+            self._zero_steps.clear()
+            self._zero_count = 0
+            self._zero_gn.clear()
+        self._last_nonzero = (fields[last]["step"], losses[last])
+        self._train.extend(losses[i + k] for k in at[-(self._train.maxlen or 0) :].tolist())
+        self._gn_before.extend(norms[i + k] for k in np.flatnonzero(before)[-(self._gn_before.maxlen or 0) :].tolist())
 
     def _read_config(self, cfg: dict[str, Any]) -> None:
         step = cfg.get("best_global_step")
