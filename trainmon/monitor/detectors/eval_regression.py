@@ -65,10 +65,12 @@ import dataclasses
 import itertools
 import re
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
@@ -331,6 +333,18 @@ class EvalRegression(Detector):
             found = self._sets[name].observe(dataclasses.replace(event, fields=fields), attempt)
             out += self._merge(name, found)
         return out
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step is quiet (:mod:`.quiet`) while the run has no further eval set: it only adds its loss to the train
+        level, a window of the last ``train_window`` finite losses."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events), self.config.train_window)
+
+    def _loud(self, events: list[Event]) -> Iterator[int]:
+        sets = bool(self._sets)
+        for i in range(len(events)):
+            if sets or events[i].kind != "step":
+                yield i  # observed before the scan goes on: an eval may have added a set, a start cleared them
+                sets = bool(self._sets)
 
     def _merge(self, label: str, found: list[Finding]) -> list[Finding]:
         """One anomaly per run and kind: a set's findings say which set; a set's regression clearing resolves the

@@ -29,10 +29,12 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["InitLoss", "InitLossConfig"]
@@ -138,6 +140,19 @@ class InitLoss(Detector):
             self._floor = floor if finite(floor) and floor > 0 else None
             self._until = self._busy_until()
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step from :meth:`_busy_until` on is quiet (:mod:`.quiet`): the first steps of a long log are all the
+        detector reads of it."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    def _loud(self, events: list[Event]) -> Iterator[int]:
+        until = self._until
+        for i in range(len(events)):
+            ev = events[i]
+            if ev.kind != "step" or ev.fields["step"] < until:
+                yield i  # observed before the scan goes on: it may have moved the bar
+                until = self._until
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         loss = f.get("loss")

@@ -73,10 +73,12 @@ from __future__ import annotations
 
 import collections
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import SEVERITIES, Detector, Finding, finite
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["InstabilityPrecursor", "InstabilityPrecursorConfig"]
@@ -391,6 +393,18 @@ class InstabilityPrecursor(Detector):
             self._warmup = warmup if isinstance(warmup, int) else 0
             return out
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step without module statistics is quiet (:mod:`.quiet`): it only adds its loss to the last
+        ``_LOSS_HISTORY`` finite losses."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events), _LOSS_HISTORY)
+
+    def _loud(self, events: list[Event]) -> Iterator[int]:
+        quiet = self._fields.isdisjoint
+        for i in range(len(events)):
+            ev = events[i]
+            if ev.kind != "step" or not quiet(ev.fields):
+                yield i
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         """A step that carries module statistics: each mechanism's values, module by module."""

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["LossScaleCollapse", "LossScaleCollapseConfig"]
@@ -103,6 +105,18 @@ class LossScaleCollapse(Detector):
         if kind == "run_end":
             return self._never_applied()
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step with neither a loss scale nor a skip flag is quiet (:mod:`.quiet`)."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    @staticmethod
+    def _loud(events: list[Event]) -> Iterator[int]:
+        for i in range(len(events)):
+            ev = events[i]
+            f = ev.fields
+            if "loss_scale" in f or "skipped" in f or ev.kind != "step":
+                yield i
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         scale = f.get("loss_scale")

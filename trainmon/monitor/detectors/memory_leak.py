@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["MemoryLeak", "MemoryLeakConfig", "theil_sen"]
@@ -205,6 +207,18 @@ class MemoryLeak(Detector):
         if kind == "health":
             return self._observe_health(event)
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step past the warm-up without device memory is quiet (:mod:`.quiet`): it only marks the last step."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    def _loud(self, events: list[Event]) -> Iterator[int]:
+        warm = self._warm_since is not None
+        for i in range(len(events)):
+            ev = events[i]
+            if not warm or "mem_allocated_bytes" in ev.fields or ev.kind != "step":
+                yield i  # observed before the scan goes on: the warm-up may have ended, or started again
+                warm = self._warm_since is not None
 
     def _observe_health(self, event: Event) -> list[Finding]:
         f = event.fields

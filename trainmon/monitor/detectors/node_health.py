@@ -26,10 +26,12 @@ set of conditions or the severity changes and resolved after ``resolve_after`` c
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["THROTTLE_REASONS", "NodeHealth", "NodeHealthConfig", "decode_throttle"]
@@ -163,6 +165,18 @@ class NodeHealth(Detector):
                 del self._streak[key]
         self._health = active
         return self._report(event.host, sample=True)
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step without a clock offset (every step of an imported log) is quiet (:mod:`.quiet`): it only marks the
+        last step."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    @staticmethod
+    def _loud(events: list[Event]) -> Iterator[int]:
+        for i in range(len(events)):
+            ev = events[i]
+            if ev.clock_offset is not None or ev.kind != "step":
+                yield i
 
     def _clock_changed(self, t: float, offset: float) -> bool:
         """Follow the host's clock offset; True when the clock condition starts or ends."""

@@ -30,10 +30,12 @@ import collections
 import itertools
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["ReplicaDivergence", "ReplicaDivergenceConfig"]
@@ -125,6 +127,17 @@ class ReplicaDivergence(Detector):
             if isinstance(layout, dict):
                 self._layout = {k: v for k, v in layout.items() if isinstance(v, int) and v > 0}
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step without a weights checksum is quiet (:mod:`.quiet`)."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    @staticmethod
+    def _loud(events: list[Event]) -> Iterator[int]:
+        for i in range(len(events)):
+            ev = events[i]
+            if "weights_checksum" in ev.fields or ev.kind != "step":
+                yield i
 
     def _on_step(self, event: Event, f: dict[str, Any], attempt: int) -> list[Finding]:
         raw = f.get("weights_checksum")

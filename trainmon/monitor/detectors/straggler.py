@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
@@ -158,6 +160,24 @@ class Straggler(Detector):
         if kind == "run_end":
             return self._at_end()
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step of rank 0 while the run has no other rank is quiet (:mod:`.quiet`): it only names the rank's host.
+        The world never shrinks: once it holds two ranks, every step is observed."""
+        if self._world > 1:
+            super().observe_batch(events, attempts, out)
+        else:
+            observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    def _loud(self, events: list[Event]) -> Iterator[int]:
+        n = len(events)
+        for i in range(n):
+            ev = events[i]
+            if ev.rank or ev.kind != "step":
+                yield i  # observed before the scan goes on: it may have grown the world
+                if self._world > 1:
+                    yield from range(i + 1, n)
+                    return
 
     def _on_step(self, event: Event) -> list[Finding]:
         """A step of a run of several ranks: its timings join those of the other ranks at that step."""

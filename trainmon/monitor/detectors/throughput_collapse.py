@@ -65,12 +65,14 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.intermittent import _WINDOW as _INTER_WINDOW
 from trainmon.monitor.detectors.intermittent import Intermittent
+from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
@@ -383,6 +385,18 @@ class ThroughputCollapse(Detector):
             self._save_seen_since_step = True
             return self._check_save(event.fields["step"], duration, event.time)
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """A step without timings is quiet (:mod:`.quiet`): it only ends a save's wait and may be the first step."""
+        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+
+    @staticmethod
+    def _loud(events: list[Event]) -> Iterator[int]:
+        for i in range(len(events)):
+            ev = events[i]
+            f = ev.fields
+            if "step_time" in f or "phases" in f or ev.kind != "step":
+                yield i
 
     # -- steps ---------------------------------------------------------------------------------
 
