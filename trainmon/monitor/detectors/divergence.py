@@ -86,14 +86,19 @@ steps.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.detectors.base import Detector, Finding, finite
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
 from trainmon.monitor.detectors.eval_regression import metric_direction
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
@@ -101,7 +106,10 @@ from trainmon.wire import Event
 __all__ = ["Divergence", "DivergenceConfig"]
 
 _GAPS = 16  # the gaps between logged entries that tell a sparse log
+_NOISE = 64  # the successive differences whose median is the per-entry noise
 _INF = math.inf
+_BULK = 32  # step events in a row from which a batch reads them in one look (numpy's fixed cost is a few us)
+_EXACT_INT = 2**53  # steps below it: their gaps are exact in int64 and their values in float64
 
 
 @dataclass
@@ -190,6 +198,29 @@ _CAUSES = (
 )
 
 
+def _smoothed(ema: float, alpha: float, medians: Iterable[float]) -> list[float]:
+    """The robust EMA after each of ``medians``, starting from ``ema``: a sequential recurrence (each value rounds
+    on the previous one), one definition for a step and for a batch of steps."""
+    out = []
+    add = out.append
+    for m in medians:
+        ema += alpha * (m - ema)
+        add(ema)
+    return out
+
+
+def _enveloped(env: float, decay: float, aboves: Iterable[float]) -> list[float]:
+    """The band's envelope after each of ``aboves``: decayed by ``decay`` an entry, raised to any excursion above
+    it (``max(env * decay, above)``, a comparison rather than a call: a NaN above is taken, as max would not)."""
+    out = []
+    add = out.append
+    for above in aboves:
+        env *= decay
+        env = env if env > above else above
+        add(env)
+    return out
+
+
 def _opening(f: Finding, step: int) -> list[Finding]:
     """An episode dated at its onset and found at ``step``: the anomaly spans both (its last step is where
     the condition is known to hold now)."""
@@ -262,6 +293,97 @@ class _Episode:
     view: dict[str, Any] = field(default_factory=dict)  # the opening finding's trend numbers
 
 
+class _Run:
+    """Step events in a row, read in one look: what :meth:`Divergence._on_loss` computes for each of them that does
+    not depend on what it judges (the median filter, the EMA, the running minimum, how far above it, the band's
+    envelope, the health's best), and the entries at which a bar is reached (``bars``, then the run's length)."""
+
+    __slots__ = (
+        "bars",
+        "centers",
+        "envelopes",
+        "fields",
+        "gaps",
+        "health_best",
+        "healthy",
+        "losses",
+        "lows",
+        "medians",
+        "new_lows",
+        "noise",
+        "smoothed",
+        "steps",
+        "window",
+    )
+
+    @classmethod
+    def read(cls, det: Divergence, events: list[Event]) -> _Run | None:
+        """The run as :meth:`Divergence._on_loss` would see it entry by entry from ``det``'s state, or None where
+        reading it at once could differ: a loss that is not a finite nonzero float (an int rounds and prints
+        otherwise; -0.0 and 0.0 sort in arrival order), steps that do not increase or are too large for exact
+        arithmetic, a sparse log, entries before the gate, the first median window, or a smoothed loss that
+        overflows."""
+        cfg = det.config
+        size = cfg.median_of
+        fields = [e.fields for e in events]
+        losses = [f.get("loss") for f in fields]
+        steps = [f["step"] for f in fields]
+        recent = list(det._recent_steps)
+        window = det._raw.values()
+        if (
+            det._entries < size
+            or det._ema is None
+            or len(det._gaps) < _GAPS
+            or set(map(type, losses)) != {float}
+            or set(map(type, steps)) != {int}
+            or 0.0 in window
+            or min(steps) < det._gate
+            or max(steps) >= _EXACT_INT
+            or min(recent) < 0
+            or max(recent) >= _EXACT_INT
+        ):
+            return None
+        loss = np.array(losses)
+        if not (np.isfinite(loss).all() and loss.all()):
+            return None
+        gaps = np.diff(np.array(recent + steps, dtype=np.int64))[size - 1 :]  # each entry's, from the one before
+        wide = int(np.count_nonzero(gaps >= cfg.sparse_min_interval))
+        if np.diff(recent).min(initial=1) <= 0 or gaps.min() <= 0 or 2 * (det._wide_gaps + wide) >= _GAPS:
+            return None
+        run = cls()
+        run.fields, run.steps, run.losses = fields, steps, losses
+        run.gaps = gaps.tolist()
+        run.window = window + losses
+        conc = np.array(run.window)
+        run.noise = np.abs(np.diff(conc[size - 1 :]))
+        ordered = np.sort(sliding_window_view(conc, size)[1:], axis=1)  # each entry's median window, sorted
+        mid = size // 2
+        med = ordered[:, mid] if size % 2 else 0.5 * (ordered[:, mid - 1] + ordered[:, mid])
+        run.medians = med.tolist()
+        run.centers = (recent + steps)[1 + (size >> 1) : 1 + (size >> 1) + len(steps)]
+        run.smoothed = _smoothed(det._ema, cfg.ema_alpha, run.medians)
+        s = np.array(run.smoothed)
+        if not np.isfinite(s).all():
+            return None
+        low = det._min
+        lows = np.minimum.accumulate(s)
+        if low is not None:
+            lows = np.minimum(lows, low)
+        run.lows = lows.tolist()
+        run.new_lows = np.flatnonzero(s < np.concatenate(([_INF if low is None else low], lows[:-1]))).tolist()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            above = np.where(lows != 0, (s - lows) / np.abs(lows), 0.0)
+        big = (above >= cfg.critical_rel) & (s - lows >= cfg.min_rise_abs)
+        run.bars = [*np.flatnonzero(~(above < cfg.above_min_rel) | big).tolist(), len(steps)]
+        run.envelopes = _enveloped(det._envelope, det._decay, above.tolist())
+        health = det._health
+        assert health.best is not None  # the first median window gave it one
+        best = np.minimum(np.minimum.accumulate(med), health.best)
+        run.health_best = np.flatnonzero(med < np.concatenate(([health.best], best[:-1]))).tolist()
+        run.healthy = np.flatnonzero(med <= best + health.rel * np.abs(best)).tolist()
+        return run
+
+
 class Divergence(Detector):
     """Sustained upward trend of a spike-free smoothed loss that leaves the run's own band."""
 
@@ -282,7 +404,7 @@ class Divergence(Detector):
         self._hist: collections.deque[tuple[int, int, float, float]] = collections.deque(maxlen=hist)
         # |raw loss - previous raw loss| of the last entries (the finite ones); their median is taken only where a
         # rise is judged (statistics.median of the same values: what a sorted window gives)
-        self._noise: collections.deque[float] = collections.deque(maxlen=64)
+        self._noise: collections.deque[float] = collections.deque(maxlen=_NOISE)
         self._gaps: collections.deque[int] = collections.deque(maxlen=_GAPS)  # steps between logged entries
         self._wide_gaps = 0  # how many of them are sparse_min_interval or more
         self._prev_raw = 0.0  # the previous entry's loss (read once there is one: _prev_step is not None)
@@ -345,6 +467,97 @@ class Divergence(Detector):
         if kind == "eval":
             return self._on_eval(event.fields)
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event, a run of step events read in one look where it can be (:meth:`_steps`)."""
+        observe = self.observe
+        kinds = [e.kind for e in events]
+        i, n = 0, len(events)
+        while i < n:
+            j = i
+            while j < n and kinds[j] == "step":
+                j += 1
+            if j - i >= _BULK:
+                self._steps(events[i:j], attempts[i:j], out)
+            else:
+                out.extend(map(observe, events[i:j], attempts[i:j]))
+            if j < n:
+                out.append(observe(events[j], attempts[j]))
+            i = j + 1
+
+    def _steps(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """Step events in a row: the median filter, the EMA, the running minimum and the band's envelope of all of
+        them at once (none of them depends on what is judged), then :meth:`observe` only for the entries that reach
+        a bar (``above_min_rel``, ``critical_rel`` and its nats) or meet an open episode; the others, all below
+        every bar, update the state in bulk (:meth:`_commit`). A run this cannot read exactly (a loss that is not
+        a finite nonzero float, steps not increasing, a sparse log, entries before the gate or the first median
+        window) goes one event at a time."""
+        observe, size = self.observe, self.config.median_of
+        i, n = 0, len(events)
+        while i < n and (self._entries < size or len(self._gaps) < _GAPS or events[i].fields["step"] < self._gate):
+            out.append(observe(events[i], attempts[i]))  # the first median window and gaps, the gate
+            i += 1
+        if i:
+            events, attempts = events[i:], attempts[i:]
+        run = _Run.read(self, events) if n - i >= _BULK else None
+        if run is None:
+            out.extend(map(observe, events, attempts))
+            return
+        a = 0
+        for q in run.bars:
+            while a < q and self._ep is not None:  # an open episode follows every entry
+                out.append(observe(events[a], attempts[a]))
+                a += 1
+            if a < q:
+                self._commit(run, a, q)
+                out.extend([NOTHING] * (q - a))
+            if q < len(events):
+                out.append(observe(events[q], attempts[q]))
+            a = q + 1
+
+    def _commit(self, run: _Run, a: int, b: int) -> None:
+        """The state after the entries ``a`` to ``b - 1`` of ``run``, all past the gate, none reaching a bar with no
+        episode open: what :meth:`_on_loss` leaves, the windows extended with their last values at once."""
+        self._entries += b - a
+        noise = run.noise[a:b]
+        self._noise.extend(noise[np.isfinite(noise)][-_NOISE:].tolist())
+        gaps, wide = self._gaps, self.config.sparse_min_interval
+        gaps.extend(run.gaps[a:b][-_GAPS:])
+        self._wide_gaps = sum(1 for g in gaps if g >= wide)
+        self._prev_step, self._prev_raw = run.steps[b - 1], run.losses[b - 1]
+        raw, size = self._raw, self.config.median_of
+        raw.clear()  # the window after entry b - 1: the same sorted values (no zero: no -0.0 to tell from 0.0)
+        for x in run.window[b : b + size]:
+            raw.add(x)
+        self._recent_steps.extend(run.steps[max(a, b - size) : b])
+        # the health's best falls at each new best and its healthy step is the last within reach of the best: the
+        # entries that set them are all it is given (steps increase: an entry with no checkpoint at or before it
+        # has none before it either)
+        healthy, best = run.healthy, run.health_best
+        i = bisect.bisect_left(healthy, b) - 1
+        if i >= 0 and healthy[i] >= a:
+            last = healthy[i]
+            for k in [*best[bisect.bisect_left(best, a) : bisect.bisect_left(best, last)], last]:
+                self._health.add(run.centers[k], run.medians[k], self._ckpts)
+        self._ema = run.smoothed[b - 1]
+        keep = self._hist.maxlen or 0
+        lo = max(a, b - keep)
+        self._hist.extend(zip(run.steps[lo:b], run.centers[lo:b], run.medians[lo:b], run.smoothed[lo:b], strict=True))
+        gns: list[float] = []
+        k = b
+        while k > a and len(gns) < keep:
+            k -= 1
+            gn = run.fields[k].get("grad_norm")
+            if finite(gn):
+                gns.append(gn)
+        self._grad_norms.extend(reversed(gns))
+        self._min = run.lows[b - 1]
+        news = run.new_lows[bisect.bisect_left(run.new_lows, a) : bisect.bisect_left(run.new_lows, b)]
+        if news:
+            self._min_step = run.steps[news[-1]]
+        self._critical_run = self._short_hits = 0
+        self._envelope = run.envelopes[b - 1]
+        self._envelopes.extend(run.envelopes[lo:b])
 
     # -- the task metric -------------------------------------------------------------------------
 
@@ -452,7 +665,7 @@ class Divergence(Detector):
             self._first_center = center
         health.add(center, m, self._ckpts)
         ema = self._ema
-        s = self._ema = m if ema is None else ema + cfg.ema_alpha * (m - ema)
+        s = self._ema = m if ema is None else _smoothed(ema, cfg.ema_alpha, (m,))[0]
         self._hist.append((step, center, m, s))
         if finite(gn):
             self._grad_norms.append(gn)
@@ -465,8 +678,7 @@ class Divergence(Detector):
         above = (s - low) / abs(low) if low else 0.0
         big = above >= cfg.critical_rel and s - low >= cfg.min_rise_abs  # 67% of 0.006 is noise
         self._critical_run = self._critical_run + 1 if big else 0
-        env = self._envelope * self._decay
-        env = self._envelope = env if env > above else above  # max(above, env), without the call
+        env = self._envelope = _enveloped(self._envelope, self._decay, (above,))[0]
         self._envelopes.append(env)
         if self._ep is not None:
             if self._ep.source == "trend":
