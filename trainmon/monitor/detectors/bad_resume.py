@@ -50,11 +50,14 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from trainmon.fingerprint import compare_fingerprints
-from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
 from trainmon.wire import Event, json_safe
 
 __all__ = ["BadResume", "BadResumeConfig"]
@@ -94,6 +97,10 @@ class BadResumeConfig:
     shock_steps: int = 20
     """Steps of a log that starts at a resume whose grad norms and losses are the reference for its first update."""
 
+
+_KIND, _FIELDS = attrgetter("kind"), attrgetter("fields")
+_STEP, _FIRST = itemgetter("step"), itemgetter(0)
+_AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a run
 
 _TOPOLOGY = ("world_size", "global_batch_tokens", "accum_steps", "config_hash")
 _CRITICAL = {"step", "optimizer", "model"}
@@ -203,17 +210,9 @@ class BadResume(Detector):
             fp = f.get("batch_fingerprint")
             if fp is not None and not isinstance(fp, str):
                 fp = None
-            loss = f.get("loss")
-            if not (isinstance(loss, float) and math.isfinite(loss)):
-                loss = None
-            gn = f.get("grad_norm")
-            gn = float(gn) if isinstance(gn, (int, float)) and math.isfinite(gn) and gn > 0 else None
-            lrs = f.get("lr")  # group 0's
-            lr = (
-                float(lrs[0])
-                if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) and math.isfinite(lrs[0])
-                else None
-            )
+            loss = _loss(f.get("loss"))
+            gn = _grad_norm(f.get("grad_norm"))
+            lr = _lr(f.get("lr"))  # group 0's
             chk = self._check
             out = [] if chk is None else self._after_resume(chk, step, f, fp, loss, gn, lr)
             if fp is not None:
@@ -253,6 +252,60 @@ class BadResume(Detector):
         if kind == "resume":
             return self._on_resume(f)
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event; a run of steps that no resume check reads (no check open, no batch
+        fingerprint) only feeds the history, of which the last values count: it is learnt at once (:meth:`_learn`).
+        On a long log that never resumes that is every step."""
+        kinds = list(map(_KIND, events))
+        n = len(events)
+        others = range(0) if kinds.count("step") == n else [k for k, kind in enumerate(kinds) if kind != "step"]
+        observe = self.observe
+        i = 0
+        for end in (*others, n):  # steps from ``i`` to ``end``, then the event at ``end``
+            while i < end and self._check is not None:  # the first steps after a resume are checked one by one
+                out.append(observe(events[i], attempts[i]))
+                i += 1
+            if end - i >= _AT_ONCE and self._learn(list(map(_FIELDS, events[i:end]))):
+                out.extend([NOTHING] * (end - i))
+                i = end
+            out.extend(map(observe, events[i : end + 1], attempts[i : end + 1]))
+            i = end + 1
+
+    def _learn(self, fs: list[dict[str, Any]]) -> bool:
+        """The fields ``fs`` of steps that no check reads, each as :meth:`observe` would have remembered it: the last
+        ``maxlen`` usable losses, grad norms and LRs (read from the end, through the same rules), the LRs' peak,
+        the last step. False, with nothing learnt, when a step carries a batch fingerprint (each is checked against
+        those before it) or a step number is not an int (``int()`` of it may fail or round): read them one by one.
+
+        The LRs' peak needs every LR: a column screened at once (each a list whose first value is a finite float,
+        so that :func:`_lr` returns that value), else :func:`_lr` of each."""
+        try:
+            steps = list(map(_STEP, fs))
+        except KeyError:
+            return False
+        if set(map(type, steps)) != {int} or any(map(dict.__contains__, fs, repeat("batch_fingerprint"))):
+            return False
+        lists = list(map(dict.get, fs, repeat("lr")))
+        lrs: list[float] | None = None
+        if set(map(type, lists)) == {list} and all(lists):
+            lrs = list(map(_FIRST, lists))
+            if set(map(type, lrs)) != {float} or not math.isfinite(sum(lrs)):  # an overflowing sum: read each
+                lrs = None
+        lr_steps = steps
+        if lrs is None:
+            pairs = [(s, v) for s, v in zip(steps, map(_lr, lists), strict=True) if v is not None]
+            lr_steps, lrs = [s for s, _ in pairs], [v for _, v in pairs]
+        if lrs:
+            top = max(lrs)  # the first of the largest, as the step-by-step ``lr > peak`` keeps it
+            if self._peak_lr is None or top > self._peak_lr:
+                self._peak_lr = top
+            keep = self._lrs.maxlen
+            self._lrs.extend(zip(lr_steps[-keep:] if keep else lr_steps, lrs[-keep:] if keep else lrs, strict=True))
+        self._losses.extend(_tail(fs, steps, "loss", _loss, self._losses.maxlen))
+        self._gns.extend(v for _, v in _tail(fs, steps, "grad_norm", _grad_norm, self._gns.maxlen))
+        self._last_step = steps[-1]
+        return True
 
     def _on_resume(self, f: dict[str, Any]) -> list[Finding]:
         out: list[Finding] = []
@@ -666,6 +719,39 @@ class BadResume(Detector):
         if group == "model":
             return "the restored weights differ from the saved ones: the wrong checkpoint or a partial model load"
         return "other saved state differs from what was restored: " + ", ".join(keys)
+
+
+def _loss(value: Any) -> float | None:
+    """A step's loss, when usable."""
+    return value if isinstance(value, float) and math.isfinite(value) else None
+
+
+def _grad_norm(value: Any) -> float | None:
+    """A step's grad norm, when usable (positive: a log of it is taken)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
+
+
+def _lr(value: Any) -> float | None:
+    """A step's LR (its ``lr`` list's first group), when usable."""
+    if isinstance(value, list) and value and isinstance(value[0], (int, float)) and math.isfinite(value[0]):
+        return float(value[0])
+    return None
+
+
+def _tail(
+    fs: list[dict[str, Any]], steps: list[int], key: str, read: Callable[[Any], float | None], keep: int | None
+) -> list[tuple[int, float]]:
+    """The last ``keep`` (all with None) ``(step, value)`` of the steps' fields ``fs`` whose ``key`` ``read`` finds
+    usable, in order: what appending every one to a window of ``keep`` leaves of them."""
+    found: list[tuple[int, float]] = []
+    for k in range(len(fs) - 1, -1, -1):
+        if keep is not None and len(found) >= keep:
+            break
+        value = read(fs[k].get(key))
+        if value is not None:
+            found.append((steps[k], value))
+    found.reverse()
+    return found
 
 
 def _after_step(config: Any) -> int | None:
