@@ -66,17 +66,24 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import operator
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmon.monitor.detectors.base import Detector, Finding, finite
+import numpy as np
+
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
 __all__ = ["GradExplosion", "GradExplosionConfig"]
 
 _log = math.log
+
+_SLACK = 1e-9
+"""How far below its bar a batch's numpy log norm must be to prove a norm within it: numpy's log and ``math.log``
+differ by an ulp now and then (3e-13 at the largest norms), which this covers many times over."""
 
 
 def _lower_middle(w: LazyWindow) -> float:
@@ -330,7 +337,7 @@ class GradExplosion(Detector):
             if ep is None or ep.watch == 0:  # watched losses (and a spike's own) stay out
                 self._losses.append(loss)
         if layers is not None and isinstance(layers, dict):  # most logs carry no per-layer norms
-            self._layers = {k: v for k, v in layers.items() if finite(v)}
+            self._take_layers(layers)
         coef = f.get("clip_coef")
         if coef is not None and finite(coef):  # most logs carry no clip coefficient
             if self._ep is not None:
@@ -340,6 +347,103 @@ class GradExplosion(Detector):
             if self._ep is None:
                 out.extend(self._clip_rate(step))
         return out
+
+    def _take_layers(self, layers: dict[str, Any]) -> None:
+        """The per-layer norms of the latest step that carried them: what a spike's growth is measured from."""
+        self._layers = {k: v for k, v in layers.items() if finite(v)}
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event, in fewer steps. With no episode open and the floor of the median known, a
+        step without a clip coefficient whose grad norm is within ``min_ratio`` of the floor (or not judged: absent,
+        non-finite, not above zero) finds nothing: its norm is accepted into the baselines and its loss kept. The
+        batch's columns prove that of whole runs of steps at once (nearly all of a long log): numpy's logs of the
+        norms against the floor as it falls along the run, with a slack for numpy's rounding (:data:`_SLACK`); a
+        run moves the baselines in one go (:meth:`_quiet`). Every other event is :meth:`observe`'s: a norm past
+        the floor's bar (the median is taken), a clip coefficient, an open episode, another kind."""
+        n = len(events)
+        fields = [e.fields for e in events]
+        # a validated event's loss, grad norm and clip coefficient are floats when present (trainmon.wire); absent
+        # reads as NaN here
+        norms = [f.get("grad_norm") for f in fields]
+        norm = np.array(norms, dtype=float)
+        judged = np.isfinite(norm) & (norm > 0.0)  # the norms _norm judges
+        x = np.full(n, np.inf)  # their logs; +inf elsewhere, so that the running floor passes over the others
+        np.log(norm, out=x, where=judged)
+        losses = [f.get("loss") for f in fields]
+        kept = np.isfinite(np.array(losses, dtype=float))
+        kinds = [e.kind for e in events]
+        plain = np.ones(n, dtype=bool)  # a step that _quiet may take: no clip coefficient
+        if kinds.count("step") != n:
+            plain &= np.fromiter(map(operator.eq, kinds, itertools.repeat("step")), bool, n)
+        coefs = [f.get("clip_coef") for f in fields]
+        if coefs.count(None) != n:
+            plain &= ~np.isfinite(np.array(coefs, dtype=float))
+        layers = [f.get("layer_grad_norms") for f in fields]
+        if layers.count(None) == n:
+            layers = None
+        bar = self._min_bar - _SLACK
+        observe = self.observe
+        span = 256  # steps screened at a time: grows while whole spans pass, shrinks to what passed when one fails
+        i = 0
+        for stop in [*np.flatnonzero(~plain).tolist(), n]:
+            while i < stop:
+                floor = self._floor
+                if self._ep is None and floor is not None:
+                    end = min(stop, i + span)
+                    xs = x[i:end]
+                    floors = np.minimum.accumulate(np.minimum(xs, floor))
+                    # each norm against the floor before it: the one the run started with, lowered by the run's norms
+                    within = ~judged[i:end]
+                    within[0] |= xs[0] - floor <= bar
+                    within[1:] |= xs[1:] - floors[:-1] <= bar
+                    j = end if within.all() else i + int(np.argmin(within))
+                    span = 2 * span if j == end else max(16, 2 * (j - i))
+                    if j > i:
+                        self._quiet(norms, losses, layers, judged[i:j], x[i:j], kept[i:j], i)
+                        out.extend(itertools.repeat(NOTHING, j - i))
+                        i = j
+                        continue
+                out.append(observe(events[i], attempts[i]))
+                i += 1
+            if stop < n:
+                out.append(observe(events[stop], attempts[stop]))
+            i = stop + 1
+
+    def _quiet(
+        self,
+        norms: list[Any],
+        losses: list[Any],
+        layers: list[Any] | None,
+        judged: np.ndarray,
+        x: np.ndarray,
+        kept: np.ndarray,
+        i: int,
+    ) -> None:
+        """What :meth:`observe` leaves after steps from ``i`` with no episode open whose norms are within the floor's
+        bar (``judged``: those whose norm is accepted, ``x``: numpy's logs of them; ``kept``: those with a finite
+        loss): the floor lowered to the least accepted log norm, and of each history only the last entries, through
+        the same :meth:`_accept` as one step at a time."""
+        at = np.flatnonzero(judged)
+        if len(at):
+            # the least log norm, exactly: math.log of those numpy puts within its slack of the least
+            low = at[x[at] <= x[at].min() + _SLACK]
+            self._floor = min(self._floor, *(_log(norms[i + k]) for k in low.tolist()))  # type: ignore[type-var]
+            w = self.config.window
+            tail = [_log(norms[i + k]) for k in at[-(w + 1) :].tolist()]
+            if len(tail) > w:  # the one before the window's values: only its difference to the next one stays
+                self._prev = tail.pop(0)
+            for v in tail:
+                self._accept(v)
+                self._all.add(v)
+        at = np.flatnonzero(kept)
+        if len(at):
+            self._recent_losses.extend(losses[i + k] for k in at[-(self._recent_losses.maxlen or 0) :].tolist())
+            self._losses.extend(losses[i + k] for k in at[-(self._losses.maxlen or 0) :].tolist())
+        if layers is not None:
+            for k in range(i + len(kept) - 1, i - 1, -1):
+                if isinstance(layers[k], dict):
+                    self._take_layers(layers[k])
+                    break
 
     def _above(self, loss: float, ref: tuple[float, float]) -> bool:
         """``loss`` far above the reference losses (median, sigma): the one test of a loss consequence."""
