@@ -86,13 +86,17 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import operator
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from trainmon.monitor.core.fmt import fmt
-from trainmon.monitor.detectors.base import POSITIVE, Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import RollingWindow
+from trainmon.monitor.detectors.base import NOTHING, POSITIVE, Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import RollingWindow, _median, _quantile
 from trainmon.wire import Event
 
 __all__ = ["LossSpike", "LossSpikeConfig"]
@@ -227,9 +231,10 @@ def _gaps(xs: Any) -> list[Any]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
 
-def _median_floor(window: RollingWindow, adds: int) -> float:
+def _median_floor(window: Any, adds: int) -> Any:
     """A lower bound of ``window.median()`` that holds until ``adds`` more values joined it; ``-inf`` when it has
-    too few values for one.
+    too few values for one. ``window`` is a :class:`RollingWindow` or the :class:`_Windows` a batch passes through
+    (then one bound per window).
 
     Why exact: an add inserts one value (and, into a full window, drops one), so each order statistic moves down
     at most one place and after ``r`` adds the ``i``-th smallest value is at least the current ``(i - r)``-th. The
@@ -240,6 +245,58 @@ def _median_floor(window: RollingWindow, adds: int) -> float:
     n = len(window)
     i = (n - 1) // 2 - adds
     return window.quantile(i / (n - 1)) if i >= 0 and n > 1 else -math.inf
+
+
+class _Windows:
+    """The windows of ``size`` consecutive values of ``series`` that start at ``starts``, sorted: what a
+    :class:`RollingWindow` holding each of them reads (its length, median and quantiles, by the same functions of a
+    sorted list), for all of them at once, one column per window.
+
+    Why exact: a window's sorted list is the stable sort of its values in arrival order (``insort`` puts a value
+    after its equals, and the removal of the oldest value takes the first of its equals, which is it), and equal
+    floats are the same float but for ``0.0`` and ``-0.0``: without a zero any sort is that one, with one numpy's
+    stable sort is."""
+
+    __slots__ = ("_sorted",)
+
+    def __init__(self, series: np.ndarray, size: int, starts: np.ndarray) -> None:
+        rows = sliding_window_view(series, size)[starts]
+        self._sorted = np.sort(rows, axis=1, kind=None if series.all() else "stable").T
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+    def quantile(self, q: float) -> np.ndarray:
+        return _quantile(self._sorted, q)  # type: ignore[arg-type]
+
+    def median(self) -> np.ndarray:
+        return _median(self._sorted)  # type: ignore[arg-type]
+
+
+def _extend(window: RollingWindow, values: np.ndarray) -> None:
+    """``window.add`` of each of ``values`` (finite) in turn: a window's worth or more replaces what it holds, so only
+    the last ``size`` are added, to the emptied window (the same order, and the same sorted list: see
+    :class:`_Windows`)."""
+    if len(values) >= window.size:
+        window.clear()
+        values = values[len(values) - window.size :]
+    for x in values.tolist():
+        window.add(x)
+
+
+def _stands_out(loss: float, level: float, sigma: float, least_z: float) -> bool:
+    """A loss at least ``least_z`` sigma above the level: a spike and an excursion both lie there (see
+    :meth:`LossSpike.observe`); every other loss is accepted without more."""
+    return loss > level and loss - level >= least_z * sigma
+
+
+_SCREEN_MIN = 64
+"""Steps in a row that ``observe_batch`` screens at once; fewer are read one at a time (the screen's set-up costs
+about what ``observe`` does for this many)."""
+
+_OPTIONAL_FLOATS = frozenset((float, type(None)))
+_FIELDS, _KIND = operator.attrgetter("fields"), operator.attrgetter("kind")
+_INTS = frozenset((int,))
 
 
 class LossSpike(Detector):
@@ -308,8 +365,11 @@ class LossSpike(Detector):
         self._left = reach
         self._floor = _median_floor(self._level, reach)
         diffs = self._diffs
-        mid = _median_floor(diffs, reach) if diffs.full and len(diffs) >= 4 else -math.inf
-        self._bar = -math.inf if mid == -math.inf else self._least_z * _noise(mid, len(diffs), 0.0)
+        self._bar = self._gate_bar(_median_floor(diffs, reach) if diffs.full and len(diffs) >= 4 else -math.inf)
+
+    def _gate_bar(self, mid: float) -> float:
+        """The gate's bar from a floor ``mid`` of the full differences' window's median (``-inf``: none)."""
+        return -math.inf if mid == -math.inf else self._least_z * _noise(mid, self._diffs.size, 0.0)
 
     def _threshold(self, level: float, sigma: float, z: float) -> float:
         return level + max(z * sigma, self.config.min_rel * abs(level), self.config.min_abs)
@@ -528,10 +588,8 @@ class LossSpike(Detector):
             # lie at least _least_z sigma above the level (z and tail_min_z are positive, sigma > 0): a loss under
             # the gate, nearly every step of a healthy run, needs neither; a loss at or below the level needs no
             # sigma, and most others no threshold.
-            if (
-                loss - self._floor >= self._bar
-                and loss > (level := self._level.median())
-                and loss - level >= self._least_z * (sigma := self._sigma(level))
+            if loss - self._floor >= self._bar and _stands_out(
+                loss, level := self._level.median(), sigma := self._sigma(level), self._least_z
             ):
                 cfg = self.config
                 threshold = self._threshold(level, sigma, cfg.z)
@@ -556,6 +614,177 @@ class LossSpike(Detector):
                 out.extend(self._close(f"no spike for {self._n - self._ep['last_entry']} entries"))
         self._recent.append((step, loss, norm))
         return out
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """``observe`` of each event, with every run of at least ``_SCREEN_MIN`` steps screened at once while nothing is
+        up (:meth:`_screen`); run events and the steps of a spike, a held loss or a warm-up are read one at a time."""
+        n = len(events)
+        if n < _SCREEN_MIN:
+            out.extend(map(self.observe, events, attempts))
+            return
+        observe = self.observe
+        kinds = list(map(_KIND, events))
+        i = 0
+        for end in [n] if kinds.count("step") == n else [*(j for j, k in enumerate(kinds) if k != "step"), n]:
+            while i < end:
+                if end - i >= _SCREEN_MIN and self._settled():
+                    i = self._screen(events, attempts, i, end, out)
+                else:
+                    out.append(observe(events[i], attempts[i]))
+                    i += 1
+            if end < n:
+                out.append(observe(events[end], attempts[end]))
+                i = end + 1
+
+    def _settled(self) -> bool:
+        """Warm, full windows, nothing up, held or tracked: every loss ``observe`` sees next goes through the gate."""
+        diffs = self._diffs
+        return (
+            self._warm
+            and self._spike is None
+            and self._pending is None
+            and self._excursion is None
+            and self._level.full
+            and diffs.full
+            and diffs.size >= 4
+        )
+
+    def _screen(self, events: list[Event], attempts: list[int], lo: int, hi: int, out: list[list[Finding]]) -> int:
+        """Steps ``lo`` to ``hi`` of a settled detector, as ``observe`` reads them: the entries it reads in full found
+        in one look at the batch, every other step applied to the state in bulk. Returns where it stopped: ``hi``, or
+        the step after a spike opened (the losses it screened are then no longer the ones accepted).
+
+        Why exact: while nothing is up every finite loss is accepted, so the windows each entry is measured against
+        are the last ``window`` losses and ``2 * window`` differences of the known series before it, and the gate
+        opens on a known schedule (when ``_left`` runs out, then every ``reach + 1`` entries), read from those
+        windows by the same functions (:class:`_Windows`). An entry under its gate, or not standing out
+        (:func:`_stands_out`, with its level and sigma read so), is one ``observe`` accepts without more: each
+        window takes it, the grad norms a positive finite norm, and the deques of the last few steps, LRs and gaps
+        keep their last values, which is what the bulk update leaves. Every other entry, the one that closes the
+        open episode and those while an excursion is tracked are read by ``observe`` itself, which accepts them on
+        the same schedule unless a spike opens."""
+        observe = self.observe
+        fields = list(map(_FIELDS, events[lo:hi]))
+        losses = list(map(dict.get, fields, itertools.repeat("loss")))
+        norms = list(map(dict.get, fields, itertools.repeat("grad_norm")))
+        steps = list(map(dict.get, fields, itertools.repeat("step")))
+        ds = None
+        if (
+            _OPTIONAL_FLOATS.issuperset(map(type, losses))
+            and _OPTIONAL_FLOATS.issuperset(map(type, norms))
+            and _INTS.issuperset(map(type, steps))
+        ):
+            x = np.array(losses, dtype=float)  # None: NaN
+            finite_loss = np.isfinite(x)
+            taken = np.flatnonzero(finite_loss)  # the entries
+            xs = x[taken]
+            prev = self._prev
+            ds = np.abs(np.diff(xs if prev is None else np.concatenate(([prev], xs))))
+        if ds is None or not np.isfinite(ds).all():  # fields of other types, or a difference a window drops: observe
+            out.extend(map(observe, events[lo:hi], attempts[lo:hi]))
+            return hi
+        nx = np.array(norms, dtype=float)
+        good_norm = np.isfinite(nx) & (nx > 0)  # what observe keeps of a norm
+
+        # the windows each entry is measured against: values[j : j + size] of these series (the first entry after a
+        # (re)start adds no difference)
+        level, diffs, reach = self._level, self._diffs, self._reach
+        w, d = level.size, diffs.size
+        series = np.concatenate((level.values(), xs))
+        dseries = np.concatenate((diffs.values(), ds))
+        m = len(xs)
+        j = np.arange(m)
+        shift = int(prev is None)
+        dstart = np.maximum(j - shift, 0)
+        # the gate each entry meets: self's until _left runs out, then a new one every reach + 1 entries
+        left = self._left
+        k0 = int(min(m, max(0, left + 1)))
+        floor, bar = np.full(m, self._floor), np.full(m, self._bar)
+        opens = j[k0 :: reach + 1]
+        if len(opens):
+            block = (j[k0:] - k0) // (reach + 1)
+            floor[k0:] = np.broadcast_to(_median_floor(_Windows(series, w, opens), reach), len(opens))[block]
+            mids = np.broadcast_to(_median_floor(_Windows(dseries, d, dstart[opens]), reach), len(opens))
+            bar[k0:] = np.array([self._gate_bar(mid) for mid in mids.tolist()])[block]
+        # the entries observe reads in full: over their gate, above their level and standing out
+        loud = np.flatnonzero(xs - floor >= bar)
+        lv = _Windows(series, w, loud).median()
+        above = xs[loud] > lv
+        loud, lv = loud[above], lv[above]
+        sigma_of = _Windows(dseries, d, dstart[loud]).median()
+        least_z = self._least_z
+        read = [
+            k
+            for k, loss, lvl, mid in zip(loud.tolist(), xs[loud].tolist(), lv.tolist(), sigma_of.tolist(), strict=True)
+            if _stands_out(loss, lvl, _noise(mid, d, lvl), least_z)
+        ]
+        read.append(m)
+        entry_at = taken.tolist()
+        finite_at = finite_loss.tolist()
+        keep, keep_gaps = self._recent.maxlen or 0, self._gaps.maxlen or 0  # what the deques keep of a run
+
+        def accept(pa: int, pb: int, ja: int, jb: int) -> None:
+            """Steps pa..pb, entries ja..jb among them, as observe takes them while nothing stands out."""
+            if jb > ja:
+                _extend(level, xs[ja:jb])
+                _extend(diffs, ds[max(ja - shift, 0) : jb - shift])
+                self._prev = xs[jb - 1].item()
+                self._n += jb - ja
+                last = jb - 1
+                if last < k0:
+                    self._left = left - jb
+                else:
+                    self._left = reach - 1 - (last - k0) % (reach + 1)
+                    self._floor, self._bar = floor[last].item(), bar[last].item()
+                kept = taken[ja:jb]
+                kept = kept[good_norm[kept]]
+                self._norms.extend([norms[t] for t in kept[-w:].tolist()])
+                at = entry_at[ja:jb]
+                was = self._last_step
+                self._prev_step = steps[at[-2]] if len(at) > 1 else was
+                self._last_step = steps[at[-1]]
+                gaps: list[int] = []
+                t = len(at) - 1
+                while t >= 0 and len(gaps) < keep_gaps:
+                    a = steps[at[t - 1]] if t else was
+                    if a is None:
+                        break
+                    if steps[at[t]] > a:
+                        gaps.append(steps[at[t]] - a)
+                    t -= 1
+                self._gaps.extend(reversed(gaps))
+            for t in range(max(pa, pb - keep), pb):
+                self._recent.append((steps[t], losses[t] if finite_at[t] else None, norms[t] if good_norm[t] else None))
+            lrs: list[tuple[int, list[Any]]] = []
+            t = pb - 1
+            while t >= pa and len(lrs) < keep:
+                lr = fields[t].get("lr")
+                if isinstance(lr, list):
+                    lrs.append((steps[t], lr[:64]))
+                t -= 1
+            self._lrs.extend(reversed(lrs))
+
+        n = hi - lo
+        pos = k = r = 0  # the next step, the entries before it, the next of `read` not behind it
+        while pos < n and self._spike is None and self._pending is None:
+            if self._excursion is None:  # accept up to the next entry observe reads
+                stop = read[r]
+                ep = self._ep
+                if ep is not None:  # the entry that closes the episode
+                    stop = min(stop, k - 1 + max(1, math.ceil(ep["quiet"]) - (self._n - ep["last_entry"])))
+                end = entry_at[stop] if stop < m else n
+                if end > pos:
+                    accept(pos, end, k, stop)
+                    out.extend(itertools.repeat(NOTHING, end - pos))
+                    pos, k = end, stop
+                    if pos == n:
+                        break
+            out.append(observe(events[lo + pos], attempts[lo + pos]))
+            k += finite_at[pos]
+            pos += 1
+            while read[r] < k:
+                r += 1
+        return lo + pos
 
     def _on_run(self, event: Event) -> list[Finding]:
         """A run's start (a fresh baseline unless it resumes) or end (an episode back in the band closes)."""
