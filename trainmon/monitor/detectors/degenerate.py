@@ -53,7 +53,6 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-import operator
 import re
 import statistics
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
+from trainmon.monitor.detectors.columns import columns
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -217,20 +217,15 @@ class Degenerate(Detector):
         rules read when the loss reaches 0.0 or at an eval. The batch's columns pick those steps out at once
         (nearly all of a long log), and a run of them moves the histories in one go (:meth:`_quiet`). Every other
         event is :meth:`observe`'s."""
-        fields = [e.fields for e in events]
+        fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
         # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-        losses = [f.get("loss") for f in fields]
-        norms = [f.get("grad_norm") for f in fields]
         loss = np.array(losses, dtype=float)
         norm = np.array(norms, dtype=float)
         kept = np.isfinite(loss)  # a step observe reads (a non-finite loss is no evidence)
         quiet = ~kept | ((loss != 0.0) & (norm != 0.0))
         counted = kept & np.isfinite(norm)  # a grad norm the no-op share counts ...
         before = counted & (norm > 0.0)  # ... and the saturation rule's reference
-        kinds = [e.kind for e in events]
-        if kinds.count("step") != len(kinds):
-            quiet &= np.fromiter(map(operator.eq, kinds, itertools.repeat("step")), bool, len(kinds))
-        skipped = [f.get("skipped") for f in fields]
+        quiet[others] = False
         if True in skipped:  # not on a step the fp16 scaler skipped
             counted &= np.fromiter((x is not True for x in skipped), bool, len(skipped))
         cfg = self.config

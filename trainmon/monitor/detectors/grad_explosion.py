@@ -66,7 +66,6 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-import operator
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +73,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
+from trainmon.monitor.detectors.columns import columns
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
@@ -361,26 +361,22 @@ class GradExplosion(Detector):
         run moves the baselines in one go (:meth:`_quiet`). Every other event is :meth:`observe`'s: a norm past
         the floor's bar (the median is taken), a clip coefficient, an open episode, another kind."""
         n = len(events)
-        fields = [e.fields for e in events]
+        _, others, (norms, losses, coefs, layers) = columns(
+            events, "grad_norm", "loss", "clip_coef", "layer_grad_norms"
+        )
         # a validated event's loss, grad norm and clip coefficient are floats when present (trainmon.wire); absent
         # reads as NaN here
-        norms = [f.get("grad_norm") for f in fields]
         norm = np.array(norms, dtype=float)
         judged = np.isfinite(norm) & (norm > 0.0)  # the norms _norm judges
         x = np.full(n, np.inf)  # their logs; +inf elsewhere, so that the running floor passes over the others
         np.log(norm, out=x, where=judged)
-        losses = [f.get("loss") for f in fields]
         kept = np.isfinite(np.array(losses, dtype=float))
-        kinds = [e.kind for e in events]
         plain = np.ones(n, dtype=bool)  # a step that _quiet may take: no clip coefficient
-        if kinds.count("step") != n:
-            plain &= np.fromiter(map(operator.eq, kinds, itertools.repeat("step")), bool, n)
-        coefs = [f.get("clip_coef") for f in fields]
+        plain[others] = False
         if coefs.count(None) != n:
             plain &= ~np.isfinite(np.array(coefs, dtype=float))
-        layers = [f.get("layer_grad_norms") for f in fields]
         if layers.count(None) == n:
-            layers = None
+            layers = None  # type: ignore[assignment]
         bar = self._min_bar - _SLACK
         observe = self.observe
         span = 256  # steps screened at a time: grows while whole spans pass, shrinks to what passed when one fails

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
+from trainmon.monitor.detectors.columns import columns
 from trainmon.wire import Event
 
 __all__ = ["NanInf", "NanInfConfig"]
@@ -180,19 +181,15 @@ class NanInf(Detector):
         non-finite value would read; the batch's columns pick those steps out at once (nearly all of a long log),
         and a run of them moves that history in one go (:meth:`_quiet`). Every other event, and every step while
         something is open, is :meth:`observe`'s."""
-        fields = [e.fields for e in events]
+        fields, others, (losses, norms) = columns(events, "loss", "grad_norm")
         # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-        losses = [f.get("loss") for f in fields]
-        norms = [f.get("grad_norm") for f in fields]
         loss = np.array(losses, dtype=float)
         quiet = np.isfinite(loss) & (loss != 0.0)
         norm_ok = np.isfinite(np.array(norms, dtype=float))
         if None in norms:
             norm_ok |= np.fromiter(map(operator.is_, norms, itertools.repeat(None)), bool, len(norms))
         quiet &= norm_ok
-        kinds = [e.kind for e in events]
-        if kinds.count("step") != len(kinds):
-            quiet &= np.fromiter(map(operator.eq, kinds, itertools.repeat("step")), bool, len(kinds))
+        quiet[others] = False
         observe = self.observe
         i = 0
         for stop in [*np.flatnonzero(~quiet).tolist(), len(events)]:
