@@ -379,7 +379,7 @@ class GradExplosion(Detector):
             layers = None  # type: ignore[assignment]
         bar = self._min_bar - _SLACK
         observe = self.observe
-        span = 256  # steps screened at a time: grows while whole spans pass, shrinks to what passed when one fails
+        span = n  # steps screened at a time: the batch, then twice what passed where a span failed (grows back)
         i = 0
         for stop in [*np.flatnonzero(~plain).tolist(), n]:
             while i < stop:
