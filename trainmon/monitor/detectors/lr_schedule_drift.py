@@ -53,15 +53,20 @@ behaviour) are tolerated: the LR may lag the schedule by the number of skipped s
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
+
 from trainmon.monitor.core.fmt import fmt
-from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
 
@@ -112,6 +117,9 @@ _INF = math.inf
 _SAME = 1e-9  # relative difference below which two logged LRs are the same value
 _REPR_DIGITS = 17  # the most significant digits a float's repr has
 _DECAY_KEPT = 256  # change points kept of an inferred decay at most (halved beyond)
+_FIELDS, _KIND = operator.attrgetter("fields"), operator.attrgetter("kind")
+_BULK = 32  # events from which a batch is looked at as a whole (numpy's fixed cost is a few us)
+_TINY = 1e-30  # the least LR a relative difference is taken of (every LR checked here is non-negative)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
 _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
     ("cosine", lambda u: 0.5 * (1.0 + math.cos(math.pi * u))),
@@ -122,6 +130,31 @@ _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
 def _rel(actual: float, expected: float, floor: float, slack: float = 0.0) -> float:
     """Relative difference, after ``slack`` (half the printing quantum) is allowed for."""
     return max(0.0, abs(actual - expected) - slack) / max(abs(expected), floor)
+
+
+def _same(lr: float, prev: float) -> bool:
+    """Two logged LRs that are the same value (printing and float noise): within ``_SAME`` of the previous one."""
+    return abs(lr - prev) <= _SAME * (prev if prev >= _TINY else _TINY)
+
+
+def _falling(lrs: np.ndarray) -> np.ndarray:
+    """For each LR after the first, whether it is below the one before and not :func:`_same` as it: the same
+    comparison, over a column."""
+    prev, lr = lrs[:-1], lrs[1:]
+    return (lr < prev) & ~(np.abs(lr - prev) <= _SAME * np.where(prev >= _TINY, prev, _TINY))
+
+
+def _plain(f: dict[str, Any]) -> bool:
+    """A step whose LRs may be read with the others of its batch: one per group, every one a float in [0, inf),
+    no scheduler count and no skip (either makes the step one to read on its own)."""
+    lrs = f.get("lr")
+    return (
+        type(lrs) is list
+        and bool(lrs)
+        and all(type(x) is float and 0 <= x < _INF for x in lrs)
+        and f.get("scheduler_steps") is None
+        and not f.get("skipped")
+    )
 
 
 def _fmt(x: float) -> str:
@@ -263,6 +296,122 @@ class LrScheduleDrift(Detector):
         elif kind == "run_end" and self._open and self._ep_last is not None and self._ep_last[0] > self._reported[0]:
             return [self._report(*self._ep_last)]  # the extent it reached when the attempt ended
         return []
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event, the steps of an inferred schedule's decay in runs at once (:meth:`_decays`).
+
+        Most steps of a long log are in the decay of its LR: each one lower than the last, nothing to find, and what
+        :meth:`_check_inferred` keeps of them is their count, the last ones and the decay's change points. A run of
+        such steps (one look at the LR column: every one below the one before and not the same value, no scheduler
+        count, no skipped step) that starts where the decay is under way with nothing open updates the state in one
+        go; every other event goes through :meth:`observe`."""
+        n = len(events)
+        falling = self._falling_runs(events)
+        if falling is None:
+            out.extend(map(self.observe, events, attempts))
+            return
+        plain, ends, lr0, fields, lrs = falling
+        observe = self.observe
+        i = 0
+        while i < n:
+            if plain[i] and self._decay_under_way(lr0[i].item(), len(lrs[i])):
+                j = ends[bisect.bisect_right(ends, i)]
+                self._decays(fields, lr0, lrs, i, j)
+                out.extend([NOTHING] * (j - i))
+                i = j
+            else:
+                out.append(observe(events[i], attempts[i]))
+                i += 1
+
+    @staticmethod
+    def _falling_runs(
+        events: list[Event],
+    ) -> tuple[list[bool], list[int], np.ndarray, list[dict[str, Any]], list[Any]] | None:
+        """The steps that may be decided at once (``plain``: a step with an LR per group, every one a float in
+        [0, inf), and neither a scheduler count nor a skip), where runs of plain steps falling one below the other
+        end (``ends``, then the batch's length), the group-0 LRs (NaN where not plain), fields and LRs. None for a
+        batch too short to be worth a look."""
+        n = len(events)
+        if n < _BULK:
+            return None
+        fields = list(map(_FIELDS, events))
+        lrs = list(map(dict.get, fields, itertools.repeat("lr")))
+        flat = list(itertools.chain.from_iterable(lrs)) if set(map(type, lrs)) == {list} else []
+        if (  # the usual batch of a long log: every event a step with one LR a group, nothing else to read
+            flat
+            and len(set(map(len, lrs))) == 1
+            and set(map(type, flat)) == {float}
+            and set(map(_KIND, events)) == {"step"}
+            and not any(map(operator.contains, fields, itertools.repeat("scheduler_steps")))
+            and not any(map(operator.contains, fields, itertools.repeat("skipped")))
+        ):
+            table = np.array(flat).reshape(n, -1)
+            valid = ((table >= 0) & (table < _INF)).all(axis=1)
+            lr0 = table[:, 0]
+            falls = valid[1:] & valid[:-1] & _falling(lr0)
+        else:
+            valid = np.array([e.kind == "step" and _plain(f) for e, f in zip(events, fields, strict=True)])
+            lr0 = np.array([lr[0] if ok else math.nan for lr, ok in zip(lrs, valid, strict=True)])
+            groups = np.array([len(lr) if ok else 0 for lr, ok in zip(lrs, valid, strict=True)])
+            falls = valid[1:] & valid[:-1] & _falling(lr0) & (groups[1:] == groups[:-1])
+        ends = [*(np.flatnonzero(~falls) + 1).tolist(), n]
+        return valid.tolist(), ends, lr0, fields, lrs
+
+    def _decay_under_way(self, lr: float, groups: int) -> bool:
+        """A plain step at this LR would be one more point of a decay under way: an inferred schedule past its peak,
+        falling for 3 points or more and at the last one, nothing open, and this LR below the last and the floor."""
+        prev, floor, ratios = self._prev, self._floor, self._ratios
+        return (
+            self._schedule is None
+            and not self._opaque
+            and not self._awaiting_first
+            and not self._open
+            and self._peak_done
+            and self._fell
+            and self._decreases >= 3
+            and self._changed_at == self._n
+            and self._n + 1 >= self.config.infer_points
+            and self._run_first is not None
+            and ratios is not None
+            and len(ratios) == groups
+            and prev is not None
+            and floor is not None
+            and lr <= floor
+            and lr < prev
+            and not _same(lr, prev)
+        )
+
+    def _decays(self, fields: list[dict[str, Any]], lr0: np.ndarray, lrs: list[Any], i: int, j: int) -> None:
+        """The state after the plain steps ``i`` to ``j - 1`` (their ``fields``, group-0 LRs ``lr0`` and ``lrs``), each
+        below the one before, the first where :meth:`_decay_under_way` held: what :meth:`_on_step` and
+        :meth:`_check_inferred` leave, nothing off at any of them. Only the steps kept are read: the last ones, and
+        the decay's change points that survive its halvings."""
+        k = j - i
+        self._attempt_points += k
+        self._sched_steps = None
+        self._multi = 0
+        last = fields[j - 1]["step"]
+        self._last_logged = last
+        res = self._res
+        if lr0[i:j].min() < res.inert_from:
+            for lr in lr0[i:j].tolist():
+                if lr < res.inert_from:
+                    res.add(lr)
+        self._recent.extend((fields[x]["step"], tuple(lrs[x])) for x in range(max(i, j - self.config.history), j))
+        if k > 1:  # the steps before the last one: each a change at the point after the one before
+            self._prev = lr0[j - 2].item()
+            self._n += k - 1
+            self._changed_at = self._n
+            self._flat_since = fields[j - 2]["step"]
+        prev = self._prev
+        assert prev is not None
+        lr = self._prev = self._floor = lr0[j - 1].item()
+        n = self._n = self._n + 1
+        self._lowered(n, lr, prev)
+        self._changed(n, last)
+        self._extend_decay(range(i, j))  # each point as its index here, the ones kept then read
+        self._decay = [(fields[x]["step"], lr0[x].item()) if type(x) is int else x for x in self._decay]
+        self._bad = 0
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         step = f["step"]
@@ -454,8 +603,7 @@ class LrScheduleDrift(Detector):
             self._flat_since = step
             self._peak, self._peak_step = lr, step
             return None
-        # every LR here was checked non-negative (-0.0 is below 1e-30 either way): |prev| is prev
-        same = abs(lr - prev) <= _SAME * (prev if prev >= 1e-30 else 1e-30)
+        same = _same(lr, prev)  # every LR here was checked non-negative (-0.0 is below 1e-30 either way)
         lower = lr < prev
         peak_done = self._peak_done
         if same:
@@ -469,24 +617,16 @@ class LrScheduleDrift(Detector):
                 if decreases < 3:  # counted no further: from 3 on (only a rise resets it) _decaying stays True
                     self._decaying = decreases >= 2
                     self._decreases = decreases + 1
-                self._stepwise = n - self._changed_at >= 3 and 1.0 - lr / prev > cfg.frozen_max_drop
-                self._fall_from = prev if lr <= 0.5 * prev else None
+                self._lowered(n, lr, prev)
             else:
                 self._decaying = False
                 self._decreases = 0
-            self._changed_at = n
-            flat_since = self._flat_since
-            if flat_since is not None:
-                self._level = step - flat_since
-            self._flat_since = step
+            self._changed(n, step)
         done_here = not peak_done and ((lower and not same) or equal_run >= cfg.infer_points - 1)
         if lower and (done_here or (peak_done and not same)):
             # down after the peak (or at it): the decay's change points, for the shape check, halved when too many
             self._fell = True
-            decay = self._decay
-            decay.append((step, lr))
-            if len(decay) > _DECAY_KEPT:
-                self._decay = decay[::2]
+            self._extend_decay(((step, lr),))
         if not peak_done:
             if lr >= self._peak:
                 self._peak, self._peak_step = lr, step
@@ -530,6 +670,32 @@ class LrScheduleDrift(Detector):
         ):
             return {"group": 0, "actual": lr, "flat_since": self._flat_since, "rule": "frozen"}
         return None
+
+    def _lowered(self, n: int, lr: float, prev: float) -> None:
+        """The LR went down to ``lr`` from ``prev`` at logged point ``n``: held for 3+ points, then down by a large
+        fraction, it is a step schedule; down by half or more, a rise after it is measured from ``prev``."""
+        self._stepwise = n - self._changed_at >= 3 and 1.0 - lr / prev > self.config.frozen_max_drop
+        self._fall_from = prev if lr <= 0.5 * prev else None
+
+    def _changed(self, n: int, step: int) -> None:
+        """The LR changed at logged point ``n`` (``step``): the level it leaves lasted since the last change."""
+        self._changed_at = n
+        flat_since = self._flat_since
+        if flat_since is not None:
+            self._level = step - flat_since
+        self._flat_since = step
+
+    def _extend_decay(self, points: Sequence[Any]) -> None:
+        """The decay's change points ``points`` appended in order, halved (every other one kept) each time there are
+        more than ``_DECAY_KEPT``: its shape at a bounded cost."""
+        decay, at = self._decay, 0
+        while at < len(points):
+            room = _DECAY_KEPT + 1 - len(decay)
+            decay.extend(points[at : at + room])
+            at += room
+            if len(decay) > _DECAY_KEPT:
+                decay = decay[::2]
+        self._decay = decay
 
     def _ended_early(self, end: int, lr: float) -> dict[str, Any] | None:
         """The flat LR is the floor of a complete standard decay that ended at ``end``, not a freeze.
