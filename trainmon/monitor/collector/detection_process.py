@@ -428,27 +428,36 @@ def _found(keyed: list[Keyed]) -> list[list[Any]]:
 
 
 class _Frames:
-    """Length-prefixed frames from a pipe (4 bytes big-endian, then the payload)."""
+    """Length-prefixed frames from a pipe (4 bytes big-endian, then the payload).
+
+    Each frame is read straight into a buffer of its own size, which is what is returned: no read into a
+    scratch buffer, no copies. Reading each chunk with ``os.read(fd, 1 MiB)`` into a growing buffer cost the
+    detection child 0.5 s of CPU on a million-row import (a 1 MiB allocation per read, the frame copied
+    twice out of the buffer), most of it when the child waited for the pipe and woke to a part of a frame."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._buf = bytearray()
+        self._head = bytearray(4)
+        self._frame: bytearray | None = None  # the payload being read, once its length is known
+        self._got = 0  # bytes of the head or the payload read so far
 
-    def read(self, timeout: float | None = None) -> bytes | None:
+    def read(self, timeout: float | None = None) -> bytearray | None:
         """The next frame; None when nothing arrived for ``timeout`` seconds. Raises EOFError."""
         while True:
-            if len(self._buf) >= 4:
-                n = int.from_bytes(self._buf[:4], "big")
-                if len(self._buf) >= 4 + n:
-                    frame = bytes(self._buf[4 : 4 + n])
-                    del self._buf[: 4 + n]
-                    return frame
+            buf = self._head if self._frame is None else self._frame
+            if self._got == len(buf):
+                self._got = 0
+                if self._frame is None:
+                    self._frame = bytearray(int.from_bytes(self._head, "big"))
+                    continue
+                frame, self._frame = self._frame, None
+                return frame
             if timeout is not None and not select.select([self._fd], [], [], timeout)[0]:
                 return None
-            chunk = os.read(self._fd, 1 << 20)
-            if not chunk:
+            n = os.readv(self._fd, [memoryview(buf)[self._got :]])
+            if not n:
                 raise EOFError
-            self._buf += chunk
+            self._got += n
 
 
 def _write_frame(fd: int, data: bytes) -> None:
@@ -477,15 +486,28 @@ def _serve() -> None:
             return
         # No collection while a message is decoded and handled: its events and rows are acyclic garbage that
         # reference counting frees, and the collector's passes over them took 3.7 of the 4.3 us that decoding an
-        # event cost. It runs again between messages.
+        # event cost. It runs again between messages, once the message is gone (``_handle``'s locals).
         gc.disable()
         try:
-            message = pickle.loads(frame)
-            if message[0] == "stop":
+            if not _handle(detection, frame, out):
                 return
-            _answer(detection, message, out)
         finally:
             gc.enable()
+
+
+def _handle(detection: Detection, frame: bytearray, out: int) -> bool:
+    """One message from the parent; False for ``stop``.
+
+    Its own function so that the message (5,000 events' rows and field dicts) is freed when it returns, before
+    the collector runs again: held until the next one replaced it, it was still alive at the first allocation
+    after ``gc.enable``, and every collection between messages scanned it, and then again in the next
+    generation, for nothing: 0.45 s of the child's CPU on a million-row import (182 + 17 collections, 5
+    objects collected)."""
+    message = pickle.loads(frame)
+    if message[0] == "stop":
+        return False
+    _answer(detection, message, out)
+    return True
 
 
 def _answer(detection: Detection, message: list[Any], out: int) -> None:
