@@ -254,14 +254,14 @@ class _Windows:
 
     Why exact: a window's sorted list is the stable sort of its values in arrival order (``insort`` puts a value
     after its equals, and the removal of the oldest value takes the first of its equals, which is it), and equal
-    floats are the same float but for ``0.0`` and ``-0.0``: without a zero any sort is that one, with one numpy's
+    floats are the same float but for ``0.0`` and ``-0.0``: without a ``-0.0`` any sort is that one, with one numpy's
     stable sort is."""
 
     __slots__ = ("_sorted",)
 
     def __init__(self, series: np.ndarray, size: int, starts: np.ndarray) -> None:
         rows = sliding_window_view(series, size)[starts]
-        self._sorted = np.sort(rows, axis=1, kind=None if series.all() else "stable").T
+        self._sorted = np.sort(rows, axis=1, kind="stable" if (np.signbit(series) & (series == 0)).any() else None).T
 
     def __len__(self) -> int:
         return len(self._sorted)
@@ -649,6 +649,7 @@ class LossSpike(Detector):
             and diffs.size >= 4
         )
 
+    @np.errstate(over="ignore", invalid="ignore")  # two huge losses' sum or difference is inf, as Python's floats
     def _screen(self, events: list[Event], attempts: list[int], lo: int, hi: int, out: list[list[Finding]]) -> int:
         """Steps ``lo`` to ``hi`` of a settled detector, as ``observe`` reads them: the entries it reads in full found
         in one look at the batch, every other step applied to the state in bulk. Returns where it stopped: ``hi``, or
@@ -707,15 +708,17 @@ class LossSpike(Detector):
             mids = np.broadcast_to(_median_floor(_Windows(dseries, d, dstart[opens]), reach), len(opens))
             bar[k0:] = np.array([self._gate_bar(mid) for mid in mids.tolist()])[block]
         # the entries observe reads in full: over their gate, above their level and standing out
+        # (the gate's bar holds against the level itself too: standing out needs at least that much above it)
         loud = np.flatnonzero(xs - floor >= bar)
         lv = _Windows(series, w, loud).median()
-        above = xs[loud] > lv
+        up = xs[loud] - lv
+        above = (up > 0) & (up >= bar[loud])
         loud, lv = loud[above], lv[above]
-        sigma_of = _Windows(dseries, d, dstart[loud]).median()
+        mids = _Windows(dseries, d, dstart[loud]).median()
         least_z = self._least_z
         read = [
             k
-            for k, loss, lvl, mid in zip(loud.tolist(), xs[loud].tolist(), lv.tolist(), sigma_of.tolist(), strict=True)
+            for k, loss, lvl, mid in zip(loud.tolist(), xs[loud].tolist(), lv.tolist(), mids.tolist(), strict=True)
             if _stands_out(loss, lvl, _noise(mid, d, lvl), least_z)
         ]
         read.append(m)
