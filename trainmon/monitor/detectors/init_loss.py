@@ -148,11 +148,13 @@ class InitLoss(Detector):
 
     def _loud(self, events: list[Event]) -> Iterator[int]:
         until = self._until
+        done = until == -math.inf  # every step is quiet: only a start can matter (no step to read)
         for i in range(len(events)):
             ev = events[i]
-            if ev.kind != "step" or ev.fields["step"] < until:
+            if ev.kind != "step" or (not done and ev.fields["step"] < until):
                 yield i  # observed before the scan goes on: it may have moved the bar
                 until = self._until
+                done = until == -math.inf
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         loss = f.get("loss")
