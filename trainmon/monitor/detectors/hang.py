@@ -48,11 +48,14 @@ import collections
 import itertools
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Any
+
+import numpy as np
 
 from trainmon.clock import aligned
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
-from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
 from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
@@ -88,6 +91,10 @@ class HangConfig:
 
 
 _GROWTH = 1.25  # an open finding is sent again when its silence has grown by this factor
+_KIND, _RANK, _TIME, _OFFSET, _FIELDS = map(attrgetter, ("kind", "rank", "time", "clock_offset", "fields"))
+_STEP = itemgetter("step")
+_AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a piece
+_PIECE = 1024  # steps screened at once: an outlier (a save, an eval) sends only its piece one by one
 _EARLY = 4  # intervals after a log's first one that say what a normal interval is, to judge the first
 
 
@@ -119,6 +126,20 @@ class _Rank:
     first_gap: tuple[float, int | None, int] | None = None
     early: list = field(default_factory=list)
     offset: float | None = None  # the collector's clock minus this rank's, when its events arrived live
+
+
+def _strides(last: int | None, steps: list[int], keep: int | None) -> list[int]:
+    """The last ``keep`` (all with None) steps between two logged steps, of ``steps`` logged after ``last``, in
+    order: what appending each rise to a window of ``keep`` leaves of them."""
+    found: list[int] = []
+    for k in range(len(steps) - 1, -1, -1):
+        if keep is not None and len(found) >= keep:
+            break
+        before = steps[k - 1] if k else last
+        if before is not None and steps[k] > before:
+            found.append(steps[k] - before)
+    found.reverse()
+    return found
 
 
 class Hang(Detector):
@@ -202,6 +223,70 @@ class Hang(Detector):
         # The rank's own clock: an event at t while its last step is older than the timeout.
         out += self._check(event.rank, st, t, own_event=True)
         return out
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """:meth:`observe` of each event; steps in a row of one rank, in pieces of ``_PIECE``, that :meth:`_learn`
+        proves ordinary (each learnt, none a pause, a stall or the end of one) are learnt at once. On a long log that
+        is almost every step: the ones after its start, an outlier or another kind are read one by one."""
+        kinds = list(map(_KIND, events))
+        n = len(events)
+        others = range(0) if kinds.count("step") == n else [k for k, kind in enumerate(kinds) if kind != "step"]
+        observe = self.observe
+        i = 0
+        for end in (*others, n):  # steps from ``i`` to ``end``, then the event at ``end``
+            while i < end:
+                stop = min(i + _PIECE, end)
+                if stop - i >= _AT_ONCE and self._learn(events[i:stop]):
+                    out.extend([NOTHING] * (stop - i))
+                else:
+                    out.extend(map(observe, events[i:stop], attempts[i:stop]))
+                i = stop
+            out.extend(map(observe, events[end : end + 1], attempts[end : end + 1]))
+            i = end + 1
+
+    def _learn(self, steps: list[Event]) -> bool:
+        """Steps of one rank, learnt as :meth:`_on_step` learns them one by one, when the batch's columns prove that
+        :meth:`_on_step` would take its plain path at each: the rank has a learnt interval and nothing open or
+        pending (no hang, no first interval to judge), no step has phases, the step numbers are ints, every
+        interval is positive and under the least timeout (so learnt, and no stall) and under ``recurring_factor``
+        times the least of the median's floor and the intervals (the floor only falls to them along the way, so
+        no interval is a long pause). Then each interval is added (the window keeps the last ``history``), the floor
+        falls to the least, the strides are the last ones, the last step and times are the last step's. False, with
+        nothing learnt, otherwise."""
+        rank = steps[0].rank
+        st = self._ranks.get(rank)
+        if st is None or st.open or st.first_gap is not None or st.last_step_time is None or not len(st.intervals):
+            return False
+        m = len(steps)
+        if list(map(_RANK, steps)).count(rank) != m:
+            return False
+        fs = list(map(_FIELDS, steps))
+        try:
+            numbers = list(map(_STEP, fs))
+        except KeyError:
+            return False
+        if set(map(type, numbers)) != {int} or any(map(dict.get, fs, itertools.repeat("phases"))):
+            return False
+        gaps = np.diff(np.fromiter(map(_TIME, steps), float, m), prepend=st.last_step_time)
+        least, most = float(gaps.min()), float(gaps.max())
+        floor = min(st.median_floor, least)
+        # a bar above the positive intervals needs a positive factor: a negative or NaN one fails here
+        if not (least > 0.0 and most < self._least_timeout and most < self.config.recurring_factor * floor):
+            return False
+        self._steps_seen += m
+        add = st.intervals.add
+        for gap in gaps[-self.config.history :].tolist():
+            add(gap)
+        st.median_floor = floor
+        offsets = list(map(_OFFSET, steps))
+        if offsets.count(None) != m:
+            st.offset = next(o for o in reversed(offsets) if o is not None)
+        st.strides.extend(_strides(st.last_step, numbers, st.strides.maxlen))
+        st.last_step, st.last_step_time = numbers[-1], steps[-1].time
+        if st.last_step_time > st.last_event_time:
+            st.last_event_time = st.last_step_time
+        st.ended = False
+        return True
 
     def _on_step(self, rank: int, st: _Rank, fields: dict[str, Any], t: float) -> list[Finding]:
         """A step of ``rank``: its interval is learnt, or judged as a stall seen after the fact.
