@@ -284,6 +284,12 @@ def _extend(window: RollingWindow, values: np.ndarray) -> None:
         window.add(x)
 
 
+def _grad_norm(fields: dict[str, Any]) -> float | None:
+    """The step's grad norm as the detector keeps it: finite and positive, or None."""
+    norm = fields.get("grad_norm")
+    return norm if finite(norm) and norm > 0 else None
+
+
 def _stands_out(loss: float, level: float, sigma: float, least_z: float) -> bool:
     """A loss at least ``least_z`` sigma above the level: a spike and an excursion both lie there (see
     :meth:`LossSpike.observe`); every other loss is accepted without more."""
@@ -551,8 +557,7 @@ class LossSpike(Detector):
         f = event.fields
         step = f["step"]
         loss = f.get("loss")
-        norm = f.get("grad_norm")
-        norm = norm if finite(norm) and norm > 0 else None
+        norm = _grad_norm(f)
         lrs = f.get("lr")
         if isinstance(lrs, list):
             self._lrs.append((step, lrs[:64]))  # a slice is a copy
@@ -667,14 +672,9 @@ class LossSpike(Detector):
         observe = self.observe
         fields = list(map(_FIELDS, events[lo:hi]))
         losses = list(map(dict.get, fields, itertools.repeat("loss")))
-        norms = list(map(dict.get, fields, itertools.repeat("grad_norm")))
         steps = list(map(dict.get, fields, itertools.repeat("step")))
         ds = None
-        if (
-            _OPTIONAL_FLOATS.issuperset(map(type, losses))
-            and _OPTIONAL_FLOATS.issuperset(map(type, norms))
-            and _INTS.issuperset(map(type, steps))
-        ):
+        if _OPTIONAL_FLOATS.issuperset(map(type, losses)) and _INTS.issuperset(map(type, steps)):
             x = np.array(losses, dtype=float)  # None: NaN
             finite_loss = np.isfinite(x)
             taken = np.flatnonzero(finite_loss)  # the entries
@@ -684,9 +684,6 @@ class LossSpike(Detector):
         if ds is None or not np.isfinite(ds).all():  # fields of other types, or a difference a window drops: observe
             out.extend(map(observe, events[lo:hi], attempts[lo:hi]))
             return hi
-        nx = np.array(norms, dtype=float)
-        good_norm = np.isfinite(nx) & (nx > 0)  # what observe keeps of a norm
-
         # the windows each entry is measured against: values[j : j + size] of these series (the first entry after a
         # (re)start adds no difference)
         level, diffs, reach = self._level, self._diffs, self._reach
@@ -722,8 +719,6 @@ class LossSpike(Detector):
             if _stands_out(loss, lvl, _noise(mid, d, lvl), least_z)
         ]
         read.append(m)
-        entry_at = taken.tolist()
-        finite_at = finite_loss.tolist()
         keep, keep_gaps = self._recent.maxlen or 0, self._gaps.maxlen or 0  # what the deques keep of a run
 
         def accept(pa: int, pb: int, ja: int, jb: int) -> None:
@@ -739,10 +734,15 @@ class LossSpike(Detector):
                 else:
                     self._left = reach - 1 - (last - k0) % (reach + 1)
                     self._floor, self._bar = floor[last].item(), bar[last].item()
-                kept = taken[ja:jb]
-                kept = kept[good_norm[kept]]
-                self._norms.extend([norms[t] for t in kept[-w:].tolist()])
-                at = entry_at[ja:jb]
+                at = taken[ja:jb]
+                kept: list[float] = []  # the last norms the window keeps
+                for t in at[::-1]:
+                    norm = _grad_norm(fields[t])
+                    if norm is not None:
+                        kept.append(norm)
+                        if len(kept) == w:
+                            break
+                self._norms.extend(reversed(kept))
                 was = self._last_step
                 self._prev_step = steps[at[-2]] if len(at) > 1 else was
                 self._last_step = steps[at[-1]]
@@ -757,7 +757,7 @@ class LossSpike(Detector):
                     t -= 1
                 self._gaps.extend(reversed(gaps))
             for t in range(max(pa, pb - keep), pb):
-                self._recent.append((steps[t], losses[t] if finite_at[t] else None, norms[t] if good_norm[t] else None))
+                self._recent.append((steps[t], losses[t] if finite_loss[t] else None, _grad_norm(fields[t])))
             lrs: list[tuple[int, list[Any]]] = []
             t = pb - 1
             while t >= pa and len(lrs) < keep:
@@ -775,7 +775,7 @@ class LossSpike(Detector):
                 ep = self._ep
                 if ep is not None:  # the entry that closes the episode
                     stop = min(stop, k - 1 + max(1, math.ceil(ep["quiet"]) - (self._n - ep["last_entry"])))
-                end = entry_at[stop] if stop < m else n
+                end = int(taken[stop]) if stop < m else n
                 if end > pos:
                     accept(pos, end, k, stop)
                     out.extend(itertools.repeat(NOTHING, end - pos))
@@ -783,7 +783,7 @@ class LossSpike(Detector):
                     if pos == n:
                         break
             out.append(observe(events[lo + pos], attempts[lo + pos]))
-            k += finite_at[pos]
+            k += int(finite_loss[pos])
             pos += 1
             while read[r] < k:
                 r += 1
