@@ -89,7 +89,9 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import itertools
 import math
+import operator
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -108,6 +110,7 @@ __all__ = ["Divergence", "DivergenceConfig"]
 _GAPS = 16  # the gaps between logged entries that tell a sparse log
 _NOISE = 64  # the successive differences whose median is the per-entry noise
 _INF = math.inf
+_STEP = operator.itemgetter("step")
 _BULK = 32  # step events in a row from which a batch reads them in one look (numpy's fixed cost is a few us)
 _EXACT_INT = 2**53  # steps below it: their gaps are exact in int64 and their values in float64
 
@@ -201,7 +204,7 @@ _CAUSES = (
 def _smoothed(ema: float, alpha: float, medians: Iterable[float]) -> list[float]:
     """The robust EMA after each of ``medians``, starting from ``ema``: a sequential recurrence (each value rounds
     on the previous one), one definition for a step and for a batch of steps."""
-    out = []
+    out: list[float] = []
     add = out.append
     for m in medians:
         ema += alpha * (m - ema)
@@ -212,7 +215,7 @@ def _smoothed(ema: float, alpha: float, medians: Iterable[float]) -> list[float]
 def _enveloped(env: float, decay: float, aboves: Iterable[float]) -> list[float]:
     """The band's envelope after each of ``aboves``: decayed by ``decay`` an entry, raised to any excursion above
     it (``max(env * decay, above)``, a comparison rather than a call: a NaN above is taken, as max would not)."""
-    out = []
+    out: list[float] = []
     add = out.append
     for above in aboves:
         env *= decay
@@ -293,28 +296,27 @@ class _Episode:
     view: dict[str, Any] = field(default_factory=dict)  # the opening finding's trend numbers
 
 
+@dataclass(slots=True)
 class _Run:
     """Step events in a row, read in one look: what :meth:`Divergence._on_loss` computes for each of them that does
     not depend on what it judges (the median filter, the EMA, the running minimum, how far above it, the band's
     envelope, the health's best), and the entries at which a bar is reached (``bars``, then the run's length)."""
 
-    __slots__ = (
-        "bars",
-        "centers",
-        "envelopes",
-        "fields",
-        "gaps",
-        "health_best",
-        "healthy",
-        "losses",
-        "lows",
-        "medians",
-        "new_lows",
-        "noise",
-        "smoothed",
-        "steps",
-        "window",
-    )
+    fields: list[dict[str, Any]]
+    steps: list[int]
+    losses: list[float]
+    window: list[float]  # the median window's losses before the run, then the run's
+    gaps: np.ndarray  # steps from the entry before
+    noise: np.ndarray  # |loss - the entry before's|
+    medians: list[float]
+    centers: list[int]  # the middle step of each entry's median window
+    smoothed: list[float]
+    lows: np.ndarray  # the running minimum of the smoothed loss
+    new_lows: list[int]  # the entries that lowered it
+    envelopes: list[float]
+    health_best: list[int]  # the entries that lowered the health's best
+    healthy: list[int]  # the entries within reach of the health's best
+    bars: list[int]
 
     @classmethod
     def read(cls, det: Divergence, events: list[Event]) -> _Run | None:
@@ -326,8 +328,8 @@ class _Run:
         cfg = det.config
         size = cfg.median_of
         fields = [e.fields for e in events]
-        losses = [f.get("loss") for f in fields]
-        steps = [f["step"] for f in fields]
+        losses: list[Any] = list(map(dict.get, fields, itertools.repeat("loss")))
+        steps = list(map(_STEP, fields))
         recent = list(det._recent_steps)
         window = det._raw.values()
         if (
@@ -343,45 +345,49 @@ class _Run:
             or max(recent) >= _EXACT_INT
         ):
             return None
-        loss = np.array(losses)
+        conc = np.array(window + losses)  # each entry's loss after the window's
+        loss = conc[size:]
         if not (np.isfinite(loss).all() and loss.all()):
             return None
         gaps = np.diff(np.array(recent + steps, dtype=np.int64))[size - 1 :]  # each entry's, from the one before
         wide = int(np.count_nonzero(gaps >= cfg.sparse_min_interval))
         if np.diff(recent).min(initial=1) <= 0 or gaps.min() <= 0 or 2 * (det._wide_gaps + wide) >= _GAPS:
             return None
-        run = cls()
-        run.fields, run.steps, run.losses = fields, steps, losses
-        run.gaps = gaps.tolist()
-        run.window = window + losses
-        conc = np.array(run.window)
-        run.noise = np.abs(np.diff(conc[size - 1 :]))
         ordered = np.sort(sliding_window_view(conc, size)[1:], axis=1)  # each entry's median window, sorted
         mid = size // 2
         med = ordered[:, mid] if size % 2 else 0.5 * (ordered[:, mid - 1] + ordered[:, mid])
-        run.medians = med.tolist()
-        run.centers = (recent + steps)[1 + (size >> 1) : 1 + (size >> 1) + len(steps)]
-        run.smoothed = _smoothed(det._ema, cfg.ema_alpha, run.medians)
-        s = np.array(run.smoothed)
+        medians = med.tolist()
+        smoothed = _smoothed(det._ema, cfg.ema_alpha, medians)
+        s = np.array(smoothed)
         if not np.isfinite(s).all():
             return None
         low = det._min
         lows = np.minimum.accumulate(s)
         if low is not None:
             lows = np.minimum(lows, low)
-        run.lows = lows.tolist()
-        run.new_lows = np.flatnonzero(s < np.concatenate(([_INF if low is None else low], lows[:-1]))).tolist()
         with np.errstate(divide="ignore", invalid="ignore"):
             above = np.where(lows != 0, (s - lows) / np.abs(lows), 0.0)
         big = (above >= cfg.critical_rel) & (s - lows >= cfg.min_rise_abs)
-        run.bars = [*np.flatnonzero(~(above < cfg.above_min_rel) | big).tolist(), len(steps)]
-        run.envelopes = _enveloped(det._envelope, det._decay, above.tolist())
         health = det._health
         assert health.best is not None  # the first median window gave it one
         best = np.minimum(np.minimum.accumulate(med), health.best)
-        run.health_best = np.flatnonzero(med < np.concatenate(([health.best], best[:-1]))).tolist()
-        run.healthy = np.flatnonzero(med <= best + health.rel * np.abs(best)).tolist()
-        return run
+        return cls(
+            fields=fields,
+            steps=steps,
+            losses=losses,
+            window=window + losses,
+            gaps=gaps,
+            noise=np.abs(np.diff(conc[size - 1 :])),
+            medians=medians,
+            centers=(recent + steps)[1 + (size >> 1) : 1 + (size >> 1) + len(steps)],
+            smoothed=smoothed,
+            lows=lows,
+            new_lows=np.flatnonzero(s < np.concatenate(([_INF if low is None else low], lows[:-1]))).tolist(),
+            envelopes=_enveloped(det._envelope, det._decay, above.tolist()),
+            health_best=np.flatnonzero(med < np.concatenate(([health.best], best[:-1]))).tolist(),
+            healthy=np.flatnonzero(med <= best + health.rel * np.abs(best)).tolist(),
+            bars=[*np.flatnonzero(~(above < cfg.above_min_rel) | big).tolist(), len(steps)],
+        )
 
 
 class Divergence(Detector):
@@ -472,11 +478,10 @@ class Divergence(Detector):
         """:meth:`observe` of each event, a run of step events read in one look where it can be (:meth:`_steps`)."""
         observe = self.observe
         kinds = [e.kind for e in events]
-        i, n = 0, len(events)
-        while i < n:
-            j = i
-            while j < n and kinds[j] == "step":
-                j += 1
+        n = len(events)
+        others = [k for k, kind in enumerate(kinds) if kind != "step"] if kinds.count("step") < n else []
+        i = 0
+        for j in [*others, n]:  # the step events between two others
             if j - i >= _BULK:
                 self._steps(events[i:j], attempts[i:j], out)
             else:
@@ -522,7 +527,7 @@ class Divergence(Detector):
         noise = run.noise[a:b]
         self._noise.extend(noise[np.isfinite(noise)][-_NOISE:].tolist())
         gaps, wide = self._gaps, self.config.sparse_min_interval
-        gaps.extend(run.gaps[a:b][-_GAPS:])
+        gaps.extend(run.gaps[a:b][-_GAPS:].tolist())
         self._wide_gaps = sum(1 for g in gaps if g >= wide)
         self._prev_step, self._prev_raw = run.steps[b - 1], run.losses[b - 1]
         raw, size = self._raw, self.config.median_of
@@ -543,7 +548,7 @@ class Divergence(Detector):
         keep = self._hist.maxlen or 0
         lo = max(a, b - keep)
         self._hist.extend(zip(run.steps[lo:b], run.centers[lo:b], run.medians[lo:b], run.smoothed[lo:b], strict=True))
-        gns: list[float] = []
+        gns: list[Any] = []
         k = b
         while k > a and len(gns) < keep:
             k -= 1
@@ -551,7 +556,7 @@ class Divergence(Detector):
             if finite(gn):
                 gns.append(gn)
         self._grad_norms.extend(reversed(gns))
-        self._min = run.lows[b - 1]
+        self._min = run.lows[b - 1].item()
         news = run.new_lows[bisect.bisect_left(run.new_lows, a) : bisect.bisect_left(run.new_lows, b)]
         if news:
             self._min_step = run.steps[news[-1]]

@@ -117,7 +117,6 @@ _INF = math.inf
 _SAME = 1e-9  # relative difference below which two logged LRs are the same value
 _REPR_DIGITS = 17  # the most significant digits a float's repr has
 _DECAY_KEPT = 256  # change points kept of an inferred decay at most (halved beyond)
-_FIELDS, _KIND = operator.attrgetter("fields"), operator.attrgetter("kind")
 _BULK = 32  # events from which a batch is looked at as a whole (numpy's fixed cost is a few us)
 _TINY = 1e-30  # the least LR a relative difference is taken of (every LR checked here is non-negative)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
@@ -141,7 +140,8 @@ def _falling(lrs: np.ndarray) -> np.ndarray:
     """For each LR after the first, whether it is below the one before and not :func:`_same` as it: the same
     comparison, over a column."""
     prev, lr = lrs[:-1], lrs[1:]
-    return (lr < prev) & ~(np.abs(lr - prev) <= _SAME * np.where(prev >= _TINY, prev, _TINY))
+    falling: np.ndarray = (lr < prev) & ~(np.abs(lr - prev) <= _SAME * np.where(prev >= _TINY, prev, _TINY))
+    return falling
 
 
 def _plain(f: dict[str, Any]) -> bool:
@@ -334,19 +334,19 @@ class LrScheduleDrift(Detector):
         n = len(events)
         if n < _BULK:
             return None
-        fields = list(map(_FIELDS, events))
-        lrs = list(map(dict.get, fields, itertools.repeat("lr")))
+        fields = [e.fields for e in events]
+        lrs: list[Any] = list(map(dict.get, fields, itertools.repeat("lr")))
         flat = list(itertools.chain.from_iterable(lrs)) if set(map(type, lrs)) == {list} else []
         if (  # the usual batch of a long log: every event a step with one LR a group, nothing else to read
             flat
             and len(set(map(len, lrs))) == 1
             and set(map(type, flat)) == {float}
-            and set(map(_KIND, events)) == {"step"}
+            and [e.kind for e in events].count("step") == n
             and not any(map(operator.contains, fields, itertools.repeat("scheduler_steps")))
             and not any(map(operator.contains, fields, itertools.repeat("skipped")))
         ):
             table = np.array(flat).reshape(n, -1)
-            valid = ((table >= 0) & (table < _INF)).all(axis=1)
+            valid = np.asarray(((table >= 0) & (table < _INF)).all(axis=1))
             lr0 = table[:, 0]
             falls = valid[1:] & valid[:-1] & _falling(lr0)
         else:
@@ -410,7 +410,8 @@ class LrScheduleDrift(Detector):
         self._lowered(n, lr, prev)
         self._changed(n, last)
         self._extend_decay(range(i, j))  # each point as its index here, the ones kept then read
-        self._decay = [(fields[x]["step"], lr0[x].item()) if type(x) is int else x for x in self._decay]
+        kept: list[Any] = self._decay
+        self._decay = [(fields[x]["step"], lr0[x].item()) if type(x) is int else x for x in kept]
         self._bad = 0
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
