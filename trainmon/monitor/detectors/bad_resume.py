@@ -288,10 +288,14 @@ class BadResume(Detector):
             return False
         lists = list(map(dict.get, fs, repeat("lr")))
         lrs: list[float] | None = None
-        if set(map(type, lists)) == {list} and all(lists):
-            lrs = list(map(_FIRST, lists))
-            if set(map(type, lrs)) != {float} or not math.isfinite(sum(lrs)):  # an overflowing sum: read each
-                lrs = None
+        if set(map(type, lists)) == {list}:
+            try:
+                lrs = list(map(_FIRST, lists))
+            except IndexError:  # an empty list
+                pass
+            else:
+                if set(map(type, lrs)) != {float} or not math.isfinite(sum(lrs)):  # an overflowing sum: read each
+                    lrs = None
         lr_steps = steps
         if lrs is None:
             pairs = [(s, v) for s, v in zip(steps, map(_lr, lists), strict=True) if v is not None]
