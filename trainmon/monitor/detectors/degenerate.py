@@ -51,17 +51,16 @@ its hint what was not checked.
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
-from trainmon.monitor.detectors.columns import columns
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -122,6 +121,33 @@ def _entropy(p: float) -> float:
 
 
 _MAX_LN_K = math.log(1e12)
+
+
+class _Screen(NamedTuple):
+    """A batch's columns as :meth:`Degenerate.observe_batch` reads them."""
+
+    fields: list[dict[str, Any]]
+    losses: list[Any]
+    norms: list[Any]
+    kept: np.ndarray  # a finite loss: a step observe reads (a non-finite loss is no evidence)
+    counted: np.ndarray  # ... with a grad norm the no-op share counts
+    before: np.ndarray  # ... with a grad norm the saturation rule keeps as its reference
+    loud: np.ndarray  # the positions of the events that are not quiet steps
+
+
+def _screen(events: list[Event]) -> _Screen:
+    fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
+    # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
+    loss = np.array(losses, dtype=float)
+    norm = np.array(norms, dtype=float)
+    kept = np.isfinite(loss)
+    quiet = ~kept | ((loss != 0.0) & (norm != 0.0))
+    quiet[others] = False
+    counted = kept & np.isfinite(norm)
+    before = counted & (norm > 0.0)
+    if True in skipped:  # not on a step the fp16 scaler skipped
+        counted &= np.fromiter((x is not True for x in skipped), bool, len(skipped))
+    return _Screen(fields, losses, norms, kept, counted, before, np.flatnonzero(~quiet))
 
 
 class Degenerate(Detector):
@@ -216,57 +242,38 @@ class Degenerate(Detector):
         0.0 finds nothing (a non-finite loss leaves no trace at all): it only moves the counts and histories the
         rules read when the loss reaches 0.0 or at an eval. The batch's columns pick those steps out at once
         (nearly all of a long log), and a run of them moves the histories in one go (:meth:`_quiet`). Every other
-        event is :meth:`observe`'s."""
-        fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
-        # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-        loss = np.array(losses, dtype=float)
-        norm = np.array(norms, dtype=float)
-        kept = np.isfinite(loss)  # a step observe reads (a non-finite loss is no evidence)
-        quiet = ~kept | ((loss != 0.0) & (norm != 0.0))
-        counted = kept & np.isfinite(norm)  # a grad norm the no-op share counts ...
-        before = counted & (norm > 0.0)  # ... and the saturation rule's reference
-        quiet[others] = False
-        if True in skipped:  # not on a step the fp16 scaler skipped
-            counted &= np.fromiter((x is not True for x in skipped), bool, len(skipped))
-        cfg = self.config
-        observe = self.observe
-        i = 0
-        for stop in [*np.flatnonzero(~quiet).tolist(), len(events)]:
-            while i < stop and (self._gn_zero >= cfg.noop_min or self._open == "saturated"):
-                out.append(observe(events[i], attempts[i]))
-                i += 1
-            if i < stop:
-                self._quiet(fields, losses, norms, kept[i:stop], counted[i:stop], before[i:stop], i)
-                out.extend(itertools.repeat(NOTHING, stop - i))
-            if stop < len(events):
-                out.append(observe(events[stop], attempts[stop]))
-            i = stop + 1
+        event is :meth:`observe`'s (:func:`observe_runs`)."""
+        screen: _Screen | None = None
 
-    def _quiet(
-        self,
-        fields: list[dict[str, Any]],
-        losses: list[float],
-        norms: list[float],
-        kept: np.ndarray,
-        counted: np.ndarray,
-        before: np.ndarray,
-        i: int,
-    ) -> None:
-        """What :meth:`observe` leaves after quiet steps (from ``i``; ``kept``: those with a finite loss, ``counted``:
-        those whose grad norm the no-op share counts, ``before``: those whose grad norm the saturation rule keeps):
-        of the histories, only the last entries stay."""
-        at = np.flatnonzero(kept)
+        def take(i: int) -> int:
+            nonlocal screen
+            if self._gn_zero >= self.config.noop_min or self._open == "saturated":
+                return i
+            if screen is None:
+                screen = _screen(events)
+            at = int(np.searchsorted(screen.loud, i))
+            j = int(screen.loud[at]) if at < len(screen.loud) else len(events)
+            if j > i:
+                self._quiet(screen, i, j)
+            return j
+
+        observe_runs(self.observe, events, attempts, out, take)
+
+    def _quiet(self, s: _Screen, i: int, j: int) -> None:
+        """What :meth:`observe` leaves after the quiet steps ``i:j``: of the histories, only the last entries stay."""
+        at = np.flatnonzero(s.kept[i:j]) + i
         if not len(at):
             return
-        self._gn_seen += int(np.count_nonzero(counted))
-        last = i + int(at[-1])
+        self._gn_seen += int(np.count_nonzero(s.counted[i:j]))
+        last = int(at[-1])
         if self._zero_count:
             self._zero_steps.clear()
             self._zero_count = 0
             self._zero_gn.clear()
-        self._last_nonzero = (fields[last]["step"], losses[last])
-        self._train.extend(losses[i + k] for k in at[-(self._train.maxlen or 0) :].tolist())
-        self._gn_before.extend(norms[i + k] for k in np.flatnonzero(before)[-(self._gn_before.maxlen or 0) :].tolist())
+        self._last_nonzero = (s.fields[last]["step"], s.losses[last])
+        self._train.extend(s.losses[k] for k in at[-(self._train.maxlen or 0) :].tolist())
+        before = np.flatnonzero(s.before[i:j])[-(self._gn_before.maxlen or 0) :] + i
+        self._gn_before.extend(s.norms[k] for k in before.tolist())
 
     def _read_config(self, cfg: dict[str, Any]) -> None:
         step = cfg.get("best_global_step")

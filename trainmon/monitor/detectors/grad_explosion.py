@@ -68,12 +68,12 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
-from trainmon.monitor.detectors.columns import columns
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
@@ -84,6 +84,9 @@ _log = math.log
 _SLACK = 1e-9
 """How far below its bar a batch's numpy log norm must be to prove a norm within it: numpy's log and ``math.log``
 differ by an ulp now and then (3e-13 at the largest norms), which this covers many times over."""
+_MIN_RUN = 64
+"""Shorter runs of steps within the bar are observed one at a time: moving the baselines in one go costs about what
+observing a window's worth of steps does."""
 
 
 def _lower_middle(w: LazyWindow) -> float:
@@ -154,6 +157,46 @@ class GradExplosionConfig:
     """A norm that stays ``min_ratio`` x above its median before a spike episode for this many entries in a
     row (spikes or not: once the run's tail has caught up, the new level no longer reads as spikes) has
     shifted level: a warning naming its likely causes, never "back in band"."""
+
+
+class _Screen(NamedTuple):
+    """A batch's columns as :meth:`GradExplosion.observe_batch` reads them."""
+
+    norms: list[Any]
+    losses: list[Any]
+    layers: list[Any] | None  # None: no step of the batch carries per-layer norms
+    judged: np.ndarray  # a norm _norm judges (finite, above zero) ...
+    x: np.ndarray  # ... and numpy's log of it; +inf elsewhere, so that a running floor passes over the others
+    kept: np.ndarray  # a finite loss
+    plain: np.ndarray  # a step without a clip coefficient
+
+    def run(self, i: int, end: int, floor: float, bar: float) -> int:
+        """The end of the run of plain steps from ``i`` (up to ``end``) whose norms are within ``bar`` of the floor,
+        each against the floor before it: ``floor``, lowered by the run's norms before it."""
+        xs = self.x[i:end]
+        floors = np.minimum.accumulate(np.minimum(xs, floor))
+        within = ~self.judged[i:end]
+        within[0] |= xs[0] - floor <= bar
+        within[1:] |= xs[1:] - floors[:-1] <= bar
+        within &= self.plain[i:end]
+        return end if within.all() else i + int(np.argmin(within))
+
+
+def _screen(events: list[Event]) -> _Screen:
+    n = len(events)
+    _, others, (norms, losses, coefs, layers) = columns(events, "grad_norm", "loss", "clip_coef", "layer_grad_norms")
+    # a validated event's loss, grad norm and clip coefficient are floats when present (trainmon.wire); absent reads as
+    # NaN here
+    norm = np.array(norms, dtype=float)
+    judged = np.isfinite(norm) & (norm > 0.0)
+    x = np.full(n, np.inf)
+    np.log(norm, out=x, where=judged)
+    plain = np.ones(n, dtype=bool)
+    plain[others] = False
+    if coefs.count(None) != n:
+        plain &= ~np.isfinite(np.array(coefs, dtype=float))
+    kept = np.isfinite(np.array(losses, dtype=float))
+    return _Screen(norms, losses, layers if layers.count(None) != n else None, judged, x, kept, plain)
 
 
 def _x(ratio: float) -> str:
@@ -358,87 +401,55 @@ class GradExplosion(Detector):
         non-finite, not above zero) finds nothing: its norm is accepted into the baselines and its loss kept. The
         batch's columns prove that of whole runs of steps at once (nearly all of a long log): numpy's logs of the
         norms against the floor as it falls along the run, with a slack for numpy's rounding (:data:`_SLACK`); a
-        run moves the baselines in one go (:meth:`_quiet`). Every other event is :meth:`observe`'s: a norm past
-        the floor's bar (the median is taken), a clip coefficient, an open episode, another kind."""
+        run moves the baselines in one go (:meth:`_quiet`). Every other event is :meth:`observe`'s
+        (:func:`observe_runs`): a norm past the floor's bar (the median is taken), a clip coefficient, an open
+        episode, another kind, and runs shorter than :data:`_MIN_RUN`."""
         n = len(events)
-        _, others, (norms, losses, coefs, layers) = columns(
-            events, "grad_norm", "loss", "clip_coef", "layer_grad_norms"
-        )
-        # a validated event's loss, grad norm and clip coefficient are floats when present (trainmon.wire); absent
-        # reads as NaN here
-        norm = np.array(norms, dtype=float)
-        judged = np.isfinite(norm) & (norm > 0.0)  # the norms _norm judges
-        x = np.full(n, np.inf)  # their logs; +inf elsewhere, so that the running floor passes over the others
-        np.log(norm, out=x, where=judged)
-        kept = np.isfinite(np.array(losses, dtype=float))
-        plain = np.ones(n, dtype=bool)  # a step that _quiet may take: no clip coefficient
-        plain[others] = False
-        if coefs.count(None) != n:
-            plain &= ~np.isfinite(np.array(coefs, dtype=float))
-        if layers.count(None) == n:
-            layers = None  # type: ignore[assignment]
-        bar = self._min_bar - _SLACK
-        observe = self.observe
-        span = n  # steps screened at a time: the batch, then twice what passed where a span failed (grows back)
-        i = 0
-        for stop in [*np.flatnonzero(~plain).tolist(), n]:
-            while i < stop:
-                floor = self._floor
-                if self._ep is None and floor is not None:
-                    end = min(stop, i + span)
-                    xs = x[i:end]
-                    floors = np.minimum.accumulate(np.minimum(xs, floor))
-                    # each norm against the floor before it: the one the run started with, lowered by the run's norms
-                    within = ~judged[i:end]
-                    within[0] |= xs[0] - floor <= bar
-                    within[1:] |= xs[1:] - floors[:-1] <= bar
-                    j = end if within.all() else i + int(np.argmin(within))
-                    span = 2 * span if j == end else max(16, 2 * (j - i))
-                    if j > i:
-                        self._quiet(norms, losses, layers, judged[i:j], x[i:j], kept[i:j], i)
-                        out.extend(itertools.repeat(NOTHING, j - i))
-                        i = j
-                        continue
-                out.append(observe(events[i], attempts[i]))
-                i += 1
-            if stop < n:
-                out.append(observe(events[stop], attempts[stop]))
-            i = stop + 1
+        screen: _Screen | None = None
+        span = n  # steps screened at a time: the batch, then twice the run that ended a span, at least 256
 
-    def _quiet(
-        self,
-        norms: list[Any],
-        losses: list[Any],
-        layers: list[Any] | None,
-        judged: np.ndarray,
-        x: np.ndarray,
-        kept: np.ndarray,
-        i: int,
-    ) -> None:
-        """What :meth:`observe` leaves after steps from ``i`` with no episode open whose norms are within the floor's
-        bar (``judged``: those whose norm is accepted, ``x``: numpy's logs of them; ``kept``: those with a finite
-        loss): the floor lowered to the least accepted log norm, and of each history only the last entries, through
+        def take(i: int) -> int:
+            nonlocal screen, span
+            floor = self._floor
+            if self._ep is not None or floor is None or "clip_coef" in events[i].fields:
+                return i  # (a log with clip coefficients is followed step by step: its clip rate, at every step)
+            if screen is None:
+                screen = _screen(events)
+            end = min(n, i + span)
+            j = screen.run(i, end, floor, self._min_bar - _SLACK)
+            span = 2 * span if j == end else max(256, 2 * (j - i))
+            if j - i < _MIN_RUN and j < n:
+                return i
+            self._quiet(screen, i, j)
+            return j
+
+        observe_runs(self.observe, events, attempts, out, take)
+
+    def _quiet(self, s: _Screen, i: int, j: int) -> None:
+        """What :meth:`observe` leaves after the steps ``i:j`` with no episode open whose norms are within the floor's
+        bar: the floor lowered to the least accepted log norm, and of each history only the last entries, through
         the same :meth:`_accept` as one step at a time."""
-        at = np.flatnonzero(judged)
+        at = np.flatnonzero(s.judged[i:j]) + i
         if len(at):
             # the least log norm, exactly: math.log of those numpy puts within its slack of the least
-            low = at[x[at] <= x[at].min() + _SLACK]
-            self._floor = min(self._floor, *(_log(norms[i + k]) for k in low.tolist()))  # type: ignore[type-var]
+            x = s.x[at]
+            low = at[x <= x.min() + _SLACK]
+            self._floor = min(self._floor, *(_log(s.norms[k]) for k in low.tolist()))  # type: ignore[type-var]
             w = self.config.window
-            tail = [_log(norms[i + k]) for k in at[-(w + 1) :].tolist()]
+            tail = [_log(s.norms[k]) for k in at[-(w + 1) :].tolist()]
             if len(tail) > w:  # the one before the window's values: only its difference to the next one stays
                 self._prev = tail.pop(0)
             for v in tail:
                 self._accept(v)
                 self._all.add(v)
-        at = np.flatnonzero(kept)
+        at = np.flatnonzero(s.kept[i:j]) + i
         if len(at):
-            self._recent_losses.extend(losses[i + k] for k in at[-(self._recent_losses.maxlen or 0) :].tolist())
-            self._losses.extend(losses[i + k] for k in at[-(self._losses.maxlen or 0) :].tolist())
-        if layers is not None:
-            for k in range(i + len(kept) - 1, i - 1, -1):
-                if isinstance(layers[k], dict):
-                    self._take_layers(layers[k])
+            self._recent_losses.extend(s.losses[k] for k in at[-(self._recent_losses.maxlen or 0) :].tolist())
+            self._losses.extend(s.losses[k] for k in at[-(self._losses.maxlen or 0) :].tolist())
+        if s.layers is not None:
+            for k in range(j - 1, i - 1, -1):
+                if isinstance(s.layers[k], dict):
+                    self._take_layers(s.layers[k])
                     break
 
     def _above(self, loss: float, ref: tuple[float, float]) -> bool:

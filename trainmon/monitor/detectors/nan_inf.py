@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
-from trainmon.monitor.detectors.columns import columns
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.wire import Event
 
 __all__ = ["NanInf", "NanInfConfig"]
@@ -180,7 +180,26 @@ class NanInf(Detector):
         nonzero and whose grad norm is finite (or absent) finds nothing and only moves the history a first
         non-finite value would read; the batch's columns pick those steps out at once (nearly all of a long log),
         and a run of them moves that history in one go (:meth:`_quiet`). Every other event, and every step while
-        something is open, is :meth:`observe`'s."""
+        something is open, is :meth:`observe`'s (:func:`observe_runs`)."""
+        screen: tuple[list[dict[str, Any]], list[Any], list[Any], np.ndarray] | None = None
+
+        def take(i: int) -> int:
+            nonlocal screen
+            if self._open is not None:
+                return i
+            if screen is None:
+                screen = self._screen(events)
+            fields, losses, norms, loud = screen
+            at = int(np.searchsorted(loud, i))
+            j = int(loud[at]) if at < len(loud) else len(events)
+            if j > i:
+                self._quiet(fields, losses, norms, i, j)
+            return j
+
+        observe_runs(self.observe, events, attempts, out, take)
+
+    def _screen(self, events: list[Event]) -> tuple[list[dict[str, Any]], list[Any], list[Any], np.ndarray]:
+        """The batch's fields, losses and grad norms, and the positions of its events that are not quiet steps."""
         fields, others, (losses, norms) = columns(events, "loss", "grad_norm")
         # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
         loss = np.array(losses, dtype=float)
@@ -190,18 +209,7 @@ class NanInf(Detector):
             norm_ok |= np.fromiter(map(operator.is_, norms, itertools.repeat(None)), bool, len(norms))
         quiet &= norm_ok
         quiet[others] = False
-        observe = self.observe
-        i = 0
-        for stop in [*np.flatnonzero(~quiet).tolist(), len(events)]:
-            while i < stop and self._open is not None:
-                out.append(observe(events[i], attempts[i]))
-                i += 1
-            if i < stop:
-                self._quiet(fields, losses, norms, i, stop)
-                out.extend(itertools.repeat(NOTHING, stop - i))
-            if stop < len(events):
-                out.append(observe(events[stop], attempts[stop]))
-            i = stop + 1
+        return fields, losses, norms, np.flatnonzero(~quiet)
 
     def _quiet(
         self, fields: list[dict[str, Any]], losses: list[float], norms: list[float | None], i: int, j: int
