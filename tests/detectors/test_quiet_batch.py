@@ -56,12 +56,17 @@ def _loss(rng: random.Random, level: float) -> object:
     return rng.choice([level, level, level, math.nan, math.inf, 3, "NaN", None])
 
 
-def _stream(seed: int, n: int = 3000) -> list[tuple[Event, int]]:
-    """Plain steps in long runs, broken now and then by anything; with the attempt of each event."""
+def _stream(seed: int, live: bool, n: int = 3000) -> list[tuple[Event, int]]:
+    """Plain steps in long runs, broken now and then by anything; with the attempt of each event. ``live``: every
+    event carries the collector's clock offset (within the threshold, and in stretches beyond it, long enough or
+    not to be reported); otherwise now and then one does."""
     rng = random.Random(seed)
     out: list[tuple[Event, int]] = []
-    t, step, attempt = 1e9, 0, -1
+    t, step, attempt, skew_left = 1e9, 0, -1, 0
     for i in range(n):
+        if skew_left == 0 and rng.random() < 0.005:
+            skew_left = rng.randint(1, 300)
+        skew_left = max(0, skew_left - 1)
         t += rng.choice([0.1, 0.1, 0.1, 2.0, 900.0])
         level = 3.0 * math.exp(-i / 1500)
         rank = 1 if rng.random() < 0.003 else 0
@@ -90,7 +95,9 @@ def _stream(seed: int, n: int = 3000) -> list[tuple[Event, int]]:
         raw = {"kind": kind, "run": "q", "rank": rank, "host": f"h{rank}", "stream": "s", "seq": i, "time": t}
         ev = _admitted({**raw, "fields": fields})
         if ev is not None:
-            if rng.random() < 0.004:
+            if live:
+                ev = dataclasses.replace(ev, clock_offset=30.0 if skew_left else rng.choice([0.1, -0.2, 5.0]))
+            elif rng.random() < 0.004:
                 ev = dataclasses.replace(ev, clock_offset=rng.choice([0.1, 30.0]))
             out.append((ev, max(0, attempt)))
     return out
@@ -115,13 +122,14 @@ def _state(x: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", QUIET_SKIPPERS)
+@pytest.mark.parametrize("live", [False, True], ids=["imported", "live"])
 @pytest.mark.parametrize("seed", range(3))
-def test_quiet_skipping_leaves_the_state_observe_leaves(kind: str, seed: int) -> None:
+def test_quiet_skipping_leaves_the_state_observe_leaves(kind: str, live: bool, seed: int) -> None:
     cls = next(c for c in ALL_DETECTORS if c.kind == kind)
     assert cls.observe_batch is not Detector.observe_batch, f"{kind} no longer skips quiet events: drop it here"
     config = getattr(DetectorsConfig(), kind)
-    rng = random.Random(f"{kind}/{seed}")
-    group = [(ev, a) for ev, a in _stream(seed) if cls.consumes is None or ev.kind in cls.consumes]
+    rng = random.Random(f"{kind}/{seed}/{live}")
+    group = [(ev, a) for ev, a in _stream(seed, live) if cls.consumes is None or ev.kind in cls.consumes]
     one, cut = cls(config), cls(config)
     i = 0
     while i < len(group):

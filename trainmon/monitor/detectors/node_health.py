@@ -167,21 +167,29 @@ class NodeHealth(Detector):
         return self._report(event.host, sample=True)
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
-        """A step without a clock offset (every step of an imported log) is quiet (:mod:`.quiet`): it only marks the
-        last step."""
+        """A step is quiet (:mod:`.quiet`) when its clock says nothing new: no offset (every step of an imported log),
+        or one within the threshold while no skew is being timed or reported (a live step of a sane host). It only
+        marks the last step."""
         observe_quiet(self.observe, events, attempts, out, self._loud(events))
 
-    @staticmethod
-    def _loud(events: list[Event]) -> Iterator[int]:
+    def _loud(self, events: list[Event]) -> Iterator[int]:
+        calm = self._calm
+        watched = self._skew or self._skewed_since is not None
         for i in range(len(events)):
             ev = events[i]
-            if ev.clock_offset is not None or ev.kind != "step":
-                yield i
+            offset = ev.clock_offset
+            if ev.kind != "step" or (offset is not None and (watched or not calm(offset))):
+                yield i  # observed before the scan goes on: a skew may be timed or reported now, or over
+                watched = self._skew or self._skewed_since is not None
+
+    def _calm(self, offset: float) -> bool:
+        """The host's clock is within the threshold of the collector's."""
+        return abs(offset) <= self.config.skew_threshold
 
     def _clock_changed(self, t: float, offset: float) -> bool:
         """Follow the host's clock offset; True when the clock condition starts or ends."""
         cfg = self.config
-        if abs(offset) <= cfg.skew_threshold:
+        if self._calm(offset):
             self._skewed_since = None
             if not self._skew:
                 return False

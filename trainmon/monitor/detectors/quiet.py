@@ -39,10 +39,12 @@ def observe_quiet(
     quietness depends on it, e.g. a warm-up that ends)."""
     start = 0
     for i in loud:
-        _quiet_run(observe, events, attempts, start, i, out, window)
+        if i > start:  # a live batch is often loud throughout: no call for the empty runs
+            _quiet_run(observe, events, attempts, start, i, out, window)
         out.append(observe(events[i], attempts[i]))
         start = i + 1
-    _quiet_run(observe, events, attempts, start, len(events), out, window)
+    if start < len(events):
+        _quiet_run(observe, events, attempts, start, len(events), out, window)
 
 
 def _quiet_run(
@@ -54,9 +56,8 @@ def _quiet_run(
     out: list[list[Finding]],
     window: int,
 ) -> None:
-    """The quiet events ``events[start:end]``: their first and their tail observed, the others NOTHING."""
-    if start == end:
-        return
+    """The quiet events ``events[start:end]`` (at least one): their first and their tail observed, the others
+    NOTHING."""
     out.append(observe(events[start], attempts[start]))
     tail, need = end, window
     while tail > start + 1 and (tail == end or need > 0):  # the last event, and back to the last finite losses
