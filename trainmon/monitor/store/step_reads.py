@@ -24,6 +24,7 @@ __all__ = [
     "recent_steps",
     "sampled_steps",
     "step_bins",
+    "step_ends",
     "step_extent",
     "step_row",
     "step_series",
@@ -95,7 +96,7 @@ def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int,
     hi``), one range query each; ranges without steps are left out. Each record holds ``attempt``,
     ``lo``, ``hi``, ``count``, sums of ``step_time``, ``tokens`` and the phases (with ``timed`` and
     ``tokens_n``, how many steps carry them), finite loss and grad-norm mean / min / max,
-    ``nonfinite`` (NaN or infinite losses), mean ``lr`` and ``t_first`` / ``t_last``."""
+    ``nonfinite`` (NaN or infinite losses) and mean ``lr``."""
     loss, gn = _finite(steps.c.loss), _finite(steps.c.grad_norm)
     cols = [
         func.count().label("count"),
@@ -112,8 +113,6 @@ def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int,
         func.max(gn).label("grad_norm_max"),
         func.avg(_finite(steps.c.grad_norm_clipped)).label("grad_norm_clipped"),
         func.avg(steps.c.lr).label("lr"),
-        func.min(steps.c.time).label("t_first"),
-        func.max(steps.c.time).label("t_last"),
     ]
     lo_p, hi_p, att_p = bindparam("lo"), bindparam("hi"), bindparam("att")
     stmt = select(*cols).where(
@@ -143,22 +142,33 @@ def sampled_steps(
     return rows
 
 
+_TIMELINE = (
+    "SELECT step, time, step_time, phase_data, phase_checkpoint, phase_eval FROM steps "
+    "WHERE run = ? AND rank = ? AND attempt = ?"
+)
+
+
 def step_timeline(conn: Connection, run: str, rank: int, attempt: int) -> Iterator[list[tuple[Any, ...]]]:
     """One rank's steps of one attempt in step order, in chunks of ``(step, time, step_time,
     phase_data, phase_checkpoint, phase_eval)`` tuples (the goodput ledger's input).
 
     Read through the DB-API cursor along the primary key: a million-step run is one index range,
     never sorted, never held whole in memory, and no SQLAlchemy row is built."""
-    sql = (
-        "SELECT step, time, step_time, phase_data, phase_checkpoint, phase_eval FROM steps "
-        "WHERE run = ? AND rank = ? AND attempt = ? ORDER BY step"
-    )
-    cur = _cursor(conn, sql, (run, rank, attempt))
+    cur = _cursor(conn, _TIMELINE + " ORDER BY step", (run, rank, attempt))
     try:
         while chunk := cur.fetchmany(10_000):
             yield chunk
     finally:
         cur.close()
+
+
+def step_ends(conn: Connection, run: str, rank: int, attempt: int) -> list[tuple[Any, ...]]:
+    """The first and the last of :func:`step_timeline`'s rows (one row when the attempt logged one step,
+    none without steps): two index probes, for a reader that needs where an attempt's steps begin and
+    end but none of the steps between (the goodput ledger's step counts under a synthetic clock)."""
+    first = _fetchall(conn, _TIMELINE + " ORDER BY step LIMIT 1", (run, rank, attempt))
+    last = _fetchall(conn, _TIMELINE + " ORDER BY step DESC LIMIT 1", (run, rank, attempt))
+    return first + last if first and last[0][0] != first[0][0] else first
 
 
 def _fetchall(conn: Connection, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
