@@ -45,9 +45,9 @@ class _Counting(LrScheduleDrift):
 
     bulk = 0
 
-    def _decays(self, fields: list, lr0: Any, lrs: list, i: int, j: int) -> None:
+    def _take(self, kind: int, cols: Any, i: int, j: int) -> None:
         self.bulk += j - i
-        super()._decays(fields, lr0, lrs, i, j)
+        super()._take(kind, cols, i, j)
 
 
 def _check(events: list[Event], seed: int) -> int:
@@ -165,3 +165,27 @@ def test_a_decay_that_ends_halving_then_rises_starts_the_rise_from_where_observe
     lrs = [1e-3] * 10 + [1e-3 * 0.9**i for i in range(1, 60)] + [1e-3 * 0.9**59 * 0.4**i for i in range(1, 4)]
     lrs += [lrs[-1] * rise] * 20 + [lrs[-1] * rise * 0.99**i for i in range(1, 100)]
     assert _check([_start(), *_steps(lrs)], 7)
+
+
+@pytest.mark.parametrize("planned", [None, 3000])
+def test_a_constant_lr_and_a_printed_decay_held_at_its_rounding(planned: int | None) -> None:
+    """Held LRs are taken at once where no frozen LR can be called; with a planned length and a decay under way
+    they go one at a time (the frozen rule reads them)."""
+    constant = [1e-3 * (i + 1) / 50 for i in range(50)] + [1e-3] * 3000
+    printed = [float(f"{x:.3g}") for x in _cosine(3000)]
+    assert _check([_start(planned_steps=planned), *_steps(constant)], 8) > 2 * 2900
+    assert _check([_start(planned_steps=planned), *_steps(printed)], 9)
+
+
+def test_steps_without_an_lr_across_resumes_and_interleaved_with_lrs() -> None:
+    bare = [ev("step", {"step": s, "loss": 2.0}) for s in range(1, 3001)]
+    resumed = [_start(resumed=True), *[ev("step", {"step": s, "loss": 2.0}) for s in range(2001, 4001)]]
+    assert _check([_start(), *bare, ev("run_end", {"step": 3000}), *resumed], 10) > 2 * 4000
+    mixed: list[Event] = [_start()]
+    for s, lr in enumerate(_cosine(3000), start=1):
+        every = 1 if s < 1000 else 2 if s < 2000 else 20
+        fields: dict[str, Any] = {"step": s, "loss": 2.0}
+        if s % every == 0:
+            fields["lr"] = [lr]
+        mixed.append(ev("step", fields))
+    assert _check(mixed, 11)

@@ -59,7 +59,7 @@ import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -118,6 +118,8 @@ _SAME = 1e-9  # relative difference below which two logged LRs are the same valu
 _REPR_DIGITS = 17  # the most significant digits a float's repr has
 _DECAY_KEPT = 256  # change points kept of an inferred decay at most (halved beyond)
 _BULK = 32  # events from which a batch is looked at as a whole (numpy's fixed cost is a few us)
+_RUN_MIN = 8  # steps in a run from which it is taken at once (below, observe costs less than the look)
+_FALL, _HOLD, _BARE = 1, 2, 3  # the runs of steps taken at once: a decay, a held LR, no LR
 _TINY = 1e-30  # the least LR a relative difference is taken of (every LR checked here is non-negative)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
 _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
@@ -155,6 +157,11 @@ def _plain(f: dict[str, Any]) -> bool:
         and f.get("scheduler_steps") is None
         and not f.get("skipped")
     )
+
+
+def _bare(f: dict[str, Any]) -> bool:
+    """A step with no LR and no scheduler count: all it changes is the count of steps and the last one."""
+    return not f.get("lr") and f.get("scheduler_steps") is None
 
 
 def _fmt(x: float) -> str:
@@ -212,6 +219,67 @@ class _Resolution:
         if len(self._values) < self.min_values or x <= 0:
             return 0.0
         return max(10.0 ** (math.floor(math.log10(x)) - self.sig + 1), 10.0**-self.decimals)
+
+
+@dataclass(slots=True)
+class _Columns:
+    """A batch's events as :meth:`LrScheduleDrift.observe_batch` reads them: which are steps that may be taken with
+    others (``plain``: an LR per group, every one a float in [0, inf), no scheduler count and no skip; ``bare``: no
+    LR and no scheduler count), and where each kind of run ends (``ends[kind]``: the events that do not continue
+    one, then the batch's length): a decay (each plain step below the one before and not the same value), a held LR
+    (equal to the one before), steps with no LR."""
+
+    fields: list[dict[str, Any]]
+    lrs: list[Any]
+    lr0: np.ndarray  # group 0's LR (NaN where not plain)
+    groups: np.ndarray  # LRs per step (0 where not plain)
+    plain: np.ndarray
+    bare: np.ndarray
+    _ends: dict[int, list[int]] = field(default_factory=dict)
+
+    def ends(self, kind: int) -> list[int]:
+        """Where the runs of ``kind`` end: the events that do not continue one (read once a run of it is found)."""
+        ends = self._ends.get(kind)
+        if ends is None:
+            plain, lr0, groups = self.plain, self.lr0, self.groups
+            if kind == _BARE:
+                continues = self.bare[1:] & self.bare[:-1]
+            else:
+                both = plain[1:] & plain[:-1] & (groups[1:] == groups[:-1])
+                continues = both & (_falling(lr0) if kind == _FALL else lr0[1:] == lr0[:-1])
+            ends = self._ends[kind] = [*(np.flatnonzero(~continues) + 1).tolist(), len(plain)]
+        return ends
+
+    @classmethod
+    def read(cls, events: list[Event]) -> _Columns | None:
+        """The columns, or None for a batch too short to be worth a look."""
+        n = len(events)
+        if n < _BULK:
+            return None
+        fields = [e.fields for e in events]
+        lrs: list[Any] = list(map(dict.get, fields, itertools.repeat("lr")))
+        usual = (  # every event a step, nothing else to read
+            [e.kind for e in events].count("step") == n
+            and not any(map(operator.contains, fields, itertools.repeat("scheduler_steps")))
+            and not any(map(operator.contains, fields, itertools.repeat("skipped")))
+        )
+        flat = list(itertools.chain.from_iterable(lrs)) if usual and set(map(type, lrs)) == {list} else []
+        if usual and lrs.count(None) == n:  # a log that does not print its LR
+            plain, bare = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
+            lr0 = np.full(n, math.nan)
+            groups = np.zeros(n, dtype=int)
+        elif flat and len(set(map(len, lrs))) == 1 and set(map(type, flat)) == {float}:  # one LR a group
+            table = np.array(flat).reshape(n, -1)
+            plain = np.asarray(((table >= 0) & (table < _INF)).all(axis=1))
+            bare = np.zeros(n, dtype=bool)
+            lr0 = table[:, 0]
+            groups = np.full(n, table.shape[1])
+        else:
+            plain = np.array([e.kind == "step" and _plain(f) for e, f in zip(events, fields, strict=True)])
+            bare = np.array([e.kind == "step" and _bare(f) for e, f in zip(events, fields, strict=True)])
+            lr0 = np.array([lr[0] if ok else math.nan for lr, ok in zip(lrs, plain, strict=True)])
+            groups = np.array([len(lr) if ok else 0 for lr, ok in zip(lrs, plain, strict=True)])
+        return cls(fields, lrs, lr0, groups, plain, bare)
 
 
 class LrScheduleDrift(Detector):
@@ -298,106 +366,87 @@ class LrScheduleDrift(Detector):
         return []
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
-        """:meth:`observe` of each event, the steps of an inferred schedule's decay in runs at once (:meth:`_decays`).
+        """:meth:`observe` of each event, runs of steps with nothing to find taken at once (:meth:`_take`).
 
-        Most steps of a long log are in the decay of its LR: each one lower than the last, nothing to find, and what
-        :meth:`_check_inferred` keeps of them is their count, the last ones and the decay's change points. A run of
-        such steps (one look at the LR column: every one below the one before and not the same value, no scheduler
-        count, no skipped step) that starts where the decay is under way with nothing open updates the state in one
-        go; every other event goes through :meth:`observe`."""
-        n = len(events)
-        falling = self._falling_runs(events)
-        if falling is None:
+        Most steps of a long log are one of three kinds, each with nothing to find where an inferred schedule is
+        past its peak with nothing open, and each leaving little to keep: a step of the LR's decay (below the one
+        before and not the same value; what :meth:`_check_inferred` keeps is the count, the last steps and the
+        decay's change points), a step at the same LR as the one before (a constant LR, a printed one held at its
+        rounding, where no frozen LR can be called), and a step with no LR at all (the logs that do not print it).
+        One look at the batch's LR column finds the runs of each (:class:`_Columns`); a run that starts where its
+        kind has nothing to find updates the state in one go, every other event goes through :meth:`observe`."""
+        cols = _Columns.read(events)
+        if cols is None:
             out.extend(map(self.observe, events, attempts))
             return
-        plain, ends, lr0, fields, lrs = falling
         observe = self.observe
-        i = 0
+        i, n = 0, len(events)
         while i < n:
-            if plain[i] and self._decay_under_way(lr0[i].item(), len(lrs[i])):
-                j = ends[bisect.bisect_right(ends, i)]
-                self._decays(fields, lr0, lrs, i, j)
+            kind = self._quiet(cols, i)
+            ends = cols.ends(kind) if kind else None
+            j = ends[bisect.bisect_right(ends, i)] if ends else i + 1
+            if kind and j - i >= _RUN_MIN:
+                self._take(kind, cols, i, j)
                 out.extend([NOTHING] * (j - i))
-                i = j
             else:
-                out.append(observe(events[i], attempts[i]))
-                i += 1
+                out.extend(map(observe, events[i:j], attempts[i:j]))
+            i = j
 
-    @staticmethod
-    def _falling_runs(
-        events: list[Event],
-    ) -> tuple[list[bool], list[int], np.ndarray, list[dict[str, Any]], list[Any]] | None:
-        """The steps that may be decided at once (``plain``: a step with an LR per group, every one a float in
-        [0, inf), and neither a scheduler count nor a skip), where runs of plain steps falling one below the other
-        end (``ends``, then the batch's length), the group-0 LRs (NaN where not plain), fields and LRs. None for a
-        batch too short to be worth a look."""
-        n = len(events)
-        if n < _BULK:
-            return None
-        fields = [e.fields for e in events]
-        lrs: list[Any] = list(map(dict.get, fields, itertools.repeat("lr")))
-        flat = list(itertools.chain.from_iterable(lrs)) if set(map(type, lrs)) == {list} else []
-        if (  # the usual batch of a long log: every event a step with one LR a group, nothing else to read
-            flat
-            and len(set(map(len, lrs))) == 1
-            and set(map(type, flat)) == {float}
-            and [e.kind for e in events].count("step") == n
-            and not any(map(operator.contains, fields, itertools.repeat("scheduler_steps")))
-            and not any(map(operator.contains, fields, itertools.repeat("skipped")))
-        ):
-            table = np.array(flat).reshape(n, -1)
-            valid = np.asarray(((table >= 0) & (table < _INF)).all(axis=1))
-            lr0 = table[:, 0]
-            falls = valid[1:] & valid[:-1] & _falling(lr0)
-        else:
-            valid = np.array([e.kind == "step" and _plain(f) for e, f in zip(events, fields, strict=True)])
-            lr0 = np.array([lr[0] if ok else math.nan for lr, ok in zip(lrs, valid, strict=True)])
-            groups = np.array([len(lr) if ok else 0 for lr, ok in zip(lrs, valid, strict=True)])
-            falls = valid[1:] & valid[:-1] & _falling(lr0) & (groups[1:] == groups[:-1])
-        ends = [*(np.flatnonzero(~falls) + 1).tolist(), n]
-        return valid.tolist(), ends, lr0, fields, lrs
-
-    def _decay_under_way(self, lr: float, groups: int) -> bool:
-        """A plain step at this LR would be one more point of a decay under way: an inferred schedule past its peak,
-        falling for 3 points or more and at the last one, nothing open, and this LR below the last and the floor."""
-        prev, floor, ratios = self._prev, self._floor, self._ratios
-        return (
+    def _quiet(self, cols: _Columns, i: int) -> int:
+        """The kind of run (``_FALL``, ``_HOLD``, ``_BARE``) event ``i`` starts with nothing to find from the state
+        here, 0 when it must go through :meth:`observe`."""
+        if cols.bare[i]:
+            return _BARE if not self._awaiting_first and self._run_first is not None else 0
+        if not cols.plain[i]:
+            return 0
+        lr, prev, floor, ratios = cols.lr0[i].item(), self._prev, self._floor, self._ratios
+        if not (
             self._schedule is None
             and not self._opaque
             and not self._awaiting_first
             and not self._open
             and self._peak_done
-            and self._fell
-            and self._decreases >= 3
-            and self._changed_at == self._n
             and self._n + 1 >= self.config.infer_points
             and self._run_first is not None
             and ratios is not None
-            and len(ratios) == groups
+            and len(ratios) == cols.groups[i]
             and prev is not None
             and floor is not None
             and lr <= floor
-            and lr < prev
-            and not _same(lr, prev)
-        )
+        ):
+            return 0
+        if lr == prev:  # held: no frozen LR can be called (never decayed, a stepwise decay, or no planned length)
+            return _HOLD if not (self._decaying and not self._stepwise and self._planned) else 0
+        if self._fell and self._decreases >= 3 and self._changed_at == self._n and lr < prev and not _same(lr, prev):
+            return _FALL  # one more point of a decay under way
+        return 0
 
-    def _decays(self, fields: list[dict[str, Any]], lr0: np.ndarray, lrs: list[Any], i: int, j: int) -> None:
-        """The state after the plain steps ``i`` to ``j - 1`` (their ``fields``, group-0 LRs ``lr0`` and ``lrs``), each
-        below the one before, the first where :meth:`_decay_under_way` held: what :meth:`_on_step` and
-        :meth:`_check_inferred` leave, nothing off at any of them. Only the steps kept are read: the last ones, and
-        the decay's change points that survive its halvings."""
+    def _take(self, kind: int, cols: _Columns, i: int, j: int) -> None:
+        """The state after the steps ``i`` to ``j - 1``, a run of ``kind`` that :meth:`_quiet` found quiet from its
+        first: what :meth:`_on_step` and :meth:`_check_inferred` leave, nothing found at any of them. Only the steps
+        kept are read: the last ones, and the decay's change points that survive its halvings."""
+        fields, lr0 = cols.fields, cols.lr0
         k = j - i
         self._attempt_points += k
         self._sched_steps = None
         self._multi = 0
-        last = fields[j - 1]["step"]
-        self._last_logged = last
+        last = self._last_logged = fields[j - 1]["step"]
+        if kind == _BARE:
+            return
         res = self._res
         if lr0[i:j].min() < res.inert_from:
-            for lr in lr0[i:j].tolist():
+            for lr in dict.fromkeys(lr0[i:j].tolist()):  # adding a value again changes nothing
                 if lr < res.inert_from:
                     res.add(lr)
+        lrs = cols.lrs
         self._recent.extend((fields[x]["step"], tuple(lrs[x])) for x in range(max(i, j - self.config.history), j))
+        self._bad = 0
+        if kind == _HOLD:
+            if self._equal_run == 0:
+                self._flat_next = fields[i]["step"]
+            self._equal_run += k
+            self._n += k
+            return
         if k > 1:  # the steps before the last one: each a change at the point after the one before
             self._prev = lr0[j - 2].item()
             self._n += k - 1
@@ -412,7 +461,6 @@ class LrScheduleDrift(Detector):
         self._extend_decay(range(i, j))  # each point as its index here, the ones kept then read
         kept: list[Any] = self._decay
         self._decay = [(fields[x]["step"], lr0[x].item()) if type(x) is int else x for x in kept]
-        self._bad = 0
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         step = f["step"]
