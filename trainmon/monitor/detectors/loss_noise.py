@@ -32,8 +32,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
+import numpy as np
+
+from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow, _mad, window_bounds
 from trainmon.wire import Event
 
 __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
@@ -41,6 +43,37 @@ __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
 _isfinite, _log = math.isfinite, math.log
 _RETRY_ADDS = 16
 """Admissions after which the absolute baseline's ties are counted again where they proved nothing (a quantised log)."""
+_STRETCH = 16
+"""Entries ``observe`` takes between two screens where one stopped or the state is not quiet (such entries come in
+clusters), doubled while screens decide nothing."""
+_RUN_MIN = 64
+"""Runs of steps shorter than this go through ``observe`` one by one: planning one costs as much."""
+
+
+def _lr(f: dict[str, Any]) -> Any:
+    """A step's LR: the first group's, where it is a finite number."""
+    lrs = f.get("lr")
+    lr = lrs[0] if isinstance(lrs, list) and lrs else None
+    if lr is not None and not (_isfinite(lr) if type(lr) is float else finite(lr)):
+        return None
+    return lr
+
+
+def _lrs(fields: list[dict[str, Any]]) -> list[Any]:
+    """``_lr`` of each step's fields: at once where every step logs a list of finite floats."""
+    col = [f.get("lr") for f in fields]
+    if set(map(type, col)) == {list} and all(col):
+        first = [x[0] for x in col]
+        if set(map(type, first)) == {float} and np.isfinite(np.array(first)).all():
+            return first
+    return list(map(_lr, fields))
+
+
+def _log_change(loss: float, prev: float) -> float:
+    """The change of the log loss: the log of the ratio, or where the two losses are hundreds of decades apart (the
+    ratio 0 or infinite), the difference of the logs."""
+    ratio = loss / prev
+    return _log(ratio) if 0.0 < ratio < math.inf else _log(loss) - _log(prev)
 
 
 @dataclass
@@ -118,6 +151,88 @@ def _fingerprint_note(prints: list[Any]) -> tuple[str, dict[str, int]]:
     )
 
 
+class _Run:
+    """A run of steps with positive finite float losses, each with a previous loss (``LossNoise.observe_batch``): what
+    the detector's state does not change about them, computed once. Each entry's log and absolute change; the recent
+    window it leaves (only ever its last ``window`` changes, whatever the state): that window's values sorted, median,
+    bounds on its MAD and whether it descends (``_descending``: from the bounds where they decide, else the exact MAD);
+    the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists) and
+    whether that one may join the baseline (past the warmup, the window not descending), which it does from the
+    quiet state. ``pad``: the entries before the recent window is full, which no screen takes."""
+
+    __slots__ = (
+        "b0",
+        "blo",
+        "bs",
+        "cc",
+        "e_a",
+        "e_d",
+        "e_loss",
+        "e_lr",
+        "e_step",
+        "fields",
+        "joined",
+        "joins",
+        "off",
+        "pad",
+        "r0",
+        "rhi",
+        "rs",
+    )
+
+    def __init__(self, det: LossNoise, fields: list[Any], losses: list[float]) -> None:
+        c = det.config
+        w = c.window
+        old = list(det._recent)
+        r0 = self.r0 = len(old)  # as many as the recent window holds: each entry adds one to both
+        self.fields = fields
+        n = len(losses)
+        both = np.array([det._prev, *losses])
+        with np.errstate(over="ignore", under="ignore"):  # the ratio 0 or inf: the logs' difference below
+            ratio = both[1:] / both[:-1]
+        if ((ratio > 0.0) & (ratio < math.inf)).all():
+            d = list(map(_log, ratio.tolist()))  # _log_change's, where the ratio is a positive finite float
+        else:
+            d = list(map(_log_change, losses, both[:-1].tolist()))
+        self.e_loss = [x[0] for x in old] + losses
+        self.e_d = [x[1] for x in old] + d
+        self.e_a = [x[2] for x in old] + (both[1:] - both[:-1]).tolist()
+        self.e_step = [x[4] for x in old] + [f["step"] for f in fields]
+        self.e_lr = [x[3] for x in old] + _lrs(fields)
+        self.pad = pad = max(0, w - r0)
+        self.joins = joins = np.zeros(n, dtype=bool)
+        self.off = -pad  # entry k's recent window is row k + off (r0 + pad is the window)
+        self.cc = self.rs = self.rhi = self.bs = self.blo = np.empty(0)
+        self.joined: list[float] = []
+        self.b0 = 0
+        if n <= pad:
+            return
+        rs, med, rlo, rhi = window_bounds(np.array(self.e_d[1:]), w)
+        self.rs, self.rhi = rs, rhi
+        trend, t = np.abs(med), c.trend_max
+        desc = trend > t * rhi
+        for q in np.flatnonzero((trend > t * rlo) & ~desc).tolist():
+            desc[q] = trend[q] > t * _mad(rs[q].tolist())
+        leaving = self.e_step[: r0 + n - w]
+        joins[pad:] = ~desc
+        if min(leaving) < det._warmup_end:
+            joins[pad:] &= np.array([s >= det._warmup_end for s in leaving])
+        self.cc = np.cumsum(joins)  # the entries that may join through each entry
+        bd = det._bd.values()
+        self.b0, b = len(bd), c.baseline
+        self.joined = bd + [self.e_d[e] for e in (np.flatnonzero(joins) + (r0 - w)).tolist()]
+        if len(self.joined) >= b:  # window r: joined[r : r + b], the baseline once b0 + cc - b = r
+            self.bs, _, self.blo, _ = window_bounds(np.array(self.joined), b)
+
+    def last_lrs(self, entries: Any, size: int) -> list[Any]:
+        """The last ``size`` LRs logged by ``entries`` (``e_*`` indices), in order."""
+        lrs = self.e_lr
+        found = [lrs[e] for e in entries[-size:]]
+        if None not in found:
+            return found
+        return [lr for e in entries if (lr := lrs[e]) is not None][-size:]
+
+
 class LossNoise(Detector):
     """A sustained rise of the loss's step-to-step noise over the attempt's own baseline, at a steady LR."""
 
@@ -133,6 +248,10 @@ class LossNoise(Detector):
         self.config = config
         self._open = False
         self._reset(warmup_end=0)
+        # the settings _screen's proof takes: a quiet entry ends in _add's ``hits < sustain`` return, _descending's
+        # bounds decide, the windows have bounding blocks (window_bounds)
+        c = config
+        self._screens = c.sustain >= 1 and c.trend_max >= 0 and all(n & 1 or n >= 4 for n in (c.window, c.baseline))
 
     def _reset(self, warmup_end: int) -> None:
         c = self.config
@@ -171,13 +290,8 @@ class LossNoise(Detector):
             prev, self._prev = self._prev, loss
             if prev is None:
                 return []
-            lrs = f.get("lr")
-            lr = lrs[0] if isinstance(lrs, list) and lrs else None
-            if lr is not None and not (_isfinite(lr) if type(lr) is float else finite(lr)):
-                lr = None
-            ratio = loss / prev  # 0 or inf where the two are hundreds of decades apart: then the difference of the logs
-            d = _log(ratio) if 0.0 < ratio < math.inf else _log(loss) - _log(prev)
-            return self._add(f["step"], loss, d, loss - prev, lr, f.get("batch_fingerprint"))
+            d = _log_change(loss, prev)
+            return self._add(f["step"], loss, d, loss - prev, _lr(f), f.get("batch_fingerprint"))
         if event.kind != "run_start":
             return []
         out = []
@@ -188,6 +302,135 @@ class LossNoise(Detector):
         warmup = sched.get("warmup_steps") if isinstance(sched, dict) else None
         self._reset(warmup_end=warmup if isinstance(warmup, int) else 0)
         return out
+
+    def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
+        """``observe`` of each event, but a run of steps with positive finite float losses is planned at once
+        (``_Run``) and, where the detector judges against a baseline at a quiet noise (a long log's usual state),
+        screened many entries at a time (``_screen``); what the screen cannot show quiet, and every other event, goes
+        through ``observe``."""
+        observe, n = self.observe, len(events)
+        kinds = [e.kind for e in events]
+        fields = [e.fields for e in events]
+        losses = [f.get("loss") for f in fields]
+        if kinds.count("step") == n and set(map(type, losses)) == {float}:
+            loss = np.array(losses)
+            simple = np.isfinite(loss) & (loss > 0.0)
+        else:
+            simple = np.array(
+                [k == "step" and type(x) is float and 0.0 < x < math.inf for k, x in zip(kinds, losses, strict=True)],
+                dtype=bool,
+            )
+        i = 0
+        for stop in [*np.flatnonzero(~simple).tolist(), n]:
+            if stop - i >= _RUN_MIN and self._screens:
+                self._run(events, attempts, i, stop, fields, losses, out)
+            else:
+                out.extend(map(observe, events[i:stop], attempts[i:stop]))
+            if stop < n:
+                out.append(observe(events[stop], attempts[stop]))
+            i = stop + 1
+
+    def _run(
+        self,
+        events: list[Event],
+        attempts: list[int],
+        lo: int,
+        hi: int,
+        fields: list[Any],
+        losses: list[Any],
+        out: list[list[Finding]],
+    ) -> None:
+        """``observe`` of the steps ``events[lo:hi]``, all with positive finite float losses: from the quiet state
+        (``_quiet``) screened to the run's end or as far as ``_screen`` shows them quiet, the others through
+        ``observe``, ``_STRETCH`` at a time (more while screens decide nothing) between two looks at the state."""
+        observe = self.observe
+        if self._prev is None:  # the first has no difference: observe keeps its loss
+            out.append(observe(events[lo], attempts[lo]))
+            lo += 1
+        run = _Run(self, fields[lo:hi], losses[lo:hi])
+        k, n, back = 0, hi - lo, _STRETCH
+        while k < n:
+            stretch = _STRETCH
+            if k >= run.pad and self._quiet():
+                j, whole = self._screen(run, k, out)
+                if whole:
+                    k, back = j, _STRETCH
+                    continue
+                back = _STRETCH if j > k else min(2 * back, n)  # it decided nothing: screen less often
+                k, stretch = j, back
+            stop = min(n, k + stretch)
+            out.extend(map(observe, events[lo + k : lo + stop], attempts[lo + k : lo + stop]))
+            k = stop
+
+    def _quiet(self) -> bool:
+        """Judging, nothing open, the last entry's noise under ``admit_ratio`` x its baseline's and no streak: the state
+        every entry ``_screen`` shows quiet leaves as it found it."""
+        return self._judged and not (self._open or self._high or self._hits) and self._settled and self._since is None
+
+    def _screen(self, run: _Run, k: int, out: list[list[Finding]]) -> tuple[int, bool]:
+        """``observe`` of the run's entries from ``k`` in the quiet state (``_quiet``), as far as they are proven quiet:
+        returns where it stopped and whether every entry it took was quiet (it takes the run's rest, or, where the
+        run's baseline windows do not hold, the entries until they hold again); else it stopped at the first entry
+        whose noise it cannot show under ``admit_ratio`` x the baseline's (``observe`` judges that one).
+
+        From the quiet state an entry changes nothing but the windows, and leaves the state quiet, while the
+        baseline's MAD is zero or the recent one is under ``admit_ratio`` x it (``_add`` returns nothing then, by
+        whichever of its paths), and the entry it pushes out of the recent window joins the baseline where the run
+        says it may (``_Run.joins``: nothing rising or open blocks it then). The baseline's windows through those
+        admissions come from ``window_bounds``: the ratio is at most the recent MAD's upper bound over the baseline's
+        lower one (float division is monotone), and where that does not show it under the bar, the exact MADs do.
+        The windows then take the entries at once."""
+        c = self.config
+        w, b, bar = c.window, c.baseline, c.admit_ratio
+        ed, end = run.e_d, len(run.joins)
+        before = int(run.cc[k - 1]) if k else 0
+        top = run.b0 + before
+        if top >= b and self._bd.values() == run.joined[top - b : top]:  # the run's baseline windows hold
+            bs, rows = run.bs, run.cc[k:end] + (run.b0 - b)
+            blo = run.blo[rows]
+        else:  # until b entries joined after a stretch that could not join (then the run's windows hold again)
+            end = min(end, max(k + 1, int(np.searchsorted(run.cc, before + b)) + 1))
+            joins = run.joins[k:end]
+            at = (np.flatnonzero(joins) + (k + run.r0 - w)).tolist()
+            bs, _, blo, _ = window_bounds(np.array(self._bd.values() + [ed[e] for e in at]), b)
+            rows = np.cumsum(joins)
+            blo = blo[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            quiet = (blo > 0.0) & (run.rhi[k + run.off : end + run.off] / blo < bar)
+        m = end - k
+        for q in np.flatnonzero(~quiet).tolist():  # the exact MADs, as _add's early return and _ratios judge them
+            bdm = _mad(bs[rows[q]].tolist())
+            if bdm > 0.0 and _mad(run.rs[k + q + run.off].tolist()) / bdm >= bar:
+                m = q
+                break
+        whole = m == end - k
+        if not m:
+            return k, whole
+        # the state as m entries of observe leave it
+        out.extend([NOTHING] * m)
+        self._prev = run.e_loss[run.r0 + k + m - 1]
+        at = (np.flatnonzero(run.joins[k : k + m]) + (k + run.r0 - w)).tolist()  # the entries joined, e_* indices
+        if at:
+            self._admitted += len(at)
+            self._blr.extend(run.last_lrs(at, b))
+            at = at[-b:]
+            self._levels.extend([run.e_loss[e] for e in at])
+            self._bd.extend([ed[e] for e in at])
+            self._ba.extend([run.e_a[e] for e in at])
+        first, stop = run.r0 + k, run.r0 + k + m
+        kept = range(max(first, stop - w), stop)  # the entries the recent window keeps
+        recent = self._recent
+        if m >= w:
+            recent.clear()
+        else:
+            for _ in kept:
+                recent.popleft()
+        recent.extend([(run.e_loss[e], ed[e], run.e_a[e], run.e_lr[e], run.e_step[e]) for e in kept])
+        self._rd.extend(ed[first:stop])
+        self._ra.extend(run.e_a[kept.start : stop])
+        self._rlr.extend(run.last_lrs(range(first, stop), w))
+        self._prints.extend([run.fields[e - run.r0].get("batch_fingerprint") for e in kept])
+        return k + m, whole
 
     # -- the rule --------------------------------------------------------------------------------
 
