@@ -86,7 +86,6 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-import operator
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +95,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import NOTHING, POSITIVE, Detector, Finding, finite
+from trainmon.monitor.detectors.batch import Columns, columns
 from trainmon.monitor.detectors.rolling import RollingWindow, _median, _quantile
 from trainmon.wire import Event
 
@@ -301,7 +301,6 @@ _SCREEN_MIN = 64
 about what ``observe`` does for this many)."""
 
 _OPTIONAL_FLOATS = frozenset((float, type(None)))
-_FIELDS, _KIND = operator.attrgetter("fields"), operator.attrgetter("kind")
 _INTS = frozenset((int,))
 
 
@@ -628,12 +627,12 @@ class LossSpike(Detector):
             out.extend(map(self.observe, events, attempts))
             return
         observe = self.observe
-        kinds = list(map(_KIND, events))
+        batch = columns(events, "loss", "step")
         i = 0
-        for end in [n] if kinds.count("step") == n else [*(j for j, k in enumerate(kinds) if k != "step"), n]:
+        for end in [*batch.others, n]:
             while i < end:
                 if end - i >= _SCREEN_MIN and self._settled():
-                    i = self._screen(events, attempts, i, end, out)
+                    i = self._screen(events, attempts, batch, i, end, out)
                 else:
                     out.append(observe(events[i], attempts[i]))
                     i += 1
@@ -655,7 +654,9 @@ class LossSpike(Detector):
         )
 
     @np.errstate(over="ignore", invalid="ignore")  # two huge losses' sum or difference is inf, as Python's floats
-    def _screen(self, events: list[Event], attempts: list[int], lo: int, hi: int, out: list[list[Finding]]) -> int:
+    def _screen(
+        self, events: list[Event], attempts: list[int], batch: Columns, lo: int, hi: int, out: list[list[Finding]]
+    ) -> int:
         """Steps ``lo`` to ``hi`` of a settled detector, as ``observe`` reads them: the entries it reads in full found
         in one look at the batch, every other step applied to the state in bulk. Returns where it stopped: ``hi``, or
         the step after a spike opened (the losses it screened are then no longer the ones accepted).
@@ -670,9 +671,8 @@ class LossSpike(Detector):
         open episode and those while an excursion is tracked are read by ``observe`` itself, which accepts them on
         the same schedule unless a spike opens."""
         observe = self.observe
-        fields = list(map(_FIELDS, events[lo:hi]))
-        losses = list(map(dict.get, fields, itertools.repeat("loss")))
-        steps = list(map(dict.get, fields, itertools.repeat("step")))
+        fields = batch.fields[lo:hi]
+        losses, steps = (column[lo:hi] for column in batch.values)
         ds = None
         if _OPTIONAL_FLOATS.issuperset(map(type, losses)) and _INTS.issuperset(map(type, steps)):
             x = np.array(losses, dtype=float)  # None: NaN
