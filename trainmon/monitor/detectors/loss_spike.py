@@ -590,8 +590,7 @@ class LossSpike(Detector):
                 self._open_gate()
             # A spike (over z sigma above the level, and more) and an excursion (tail_min_z sigma above it) both
             # lie at least _least_z sigma above the level (z and tail_min_z are positive, sigma > 0): a loss under
-            # the gate, nearly every step of a healthy run, needs neither; a loss at or below the level needs no
-            # sigma, and most others no threshold.
+            # the gate, nearly every step of a healthy run, needs neither, and most others no threshold.
             if loss - self._floor >= self._bar and _stands_out(
                 loss, level := self._level.median(), sigma := self._sigma(level), self._least_z
             ):
