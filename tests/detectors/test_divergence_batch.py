@@ -154,3 +154,12 @@ def test_a_log_turning_sparse_and_a_declared_warmup_gate() -> None:
 def test_the_bulk_path_reads_clean_dense_runs() -> None:
     """The cases above are read in bulk, not all one at a time (else they would prove nothing)."""
     assert _check(_stream(_rise(3000, 0, 10**6, 0.0, 0.05)), 0) > 30
+
+
+@pytest.mark.parametrize("slope", [0.0011, 0.002, 0.02])
+def test_a_clean_ramp_opens_where_its_rise_first_crosses_the_relative_bar(slope: float) -> None:
+    """On a quiet plateau the relative rise is the bar that binds: an entry above ``above_min_rel`` is let through
+    by the batch's screen exactly from where a window's rise reaches it (a screen a little too strict opens later)."""
+    rng = random.Random(5)
+    losses = [2.0 * (1 + 0.001 * rng.gauss(0, 1)) + slope * max(0, i - 3000) for i in range(4000)]
+    assert _check(_stream(losses), 12)

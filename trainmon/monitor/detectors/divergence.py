@@ -368,6 +368,16 @@ class _Run:
         with np.errstate(divide="ignore", invalid="ignore"):
             above = np.where(lows != 0, (s - lows) / np.abs(lows), 0.0)
         big = (above >= cfg.critical_rel) & (s - lows >= cfg.min_rise_abs)
+        # Above its minimum by above_min_rel, an entry is judged (_open_trend), and finds no trend where neither window
+        # rose by its relative bar and min_rise_abs: a noisy run can sit there for thousands of entries.
+        before = [e[3] for e in det._hist]
+        smoothed_all = np.concatenate((before, s))
+        at = np.arange(len(before), len(smoothed_all))  # each entry's place among them
+        trend = np.zeros(len(s), dtype=bool)
+        for w, rel in ((cfg.long_window, cfg.long_min_rise_rel), (cfg.window, cfg.min_rise_rel)):
+            start = smoothed_all[np.maximum(at - w, 0)]
+            rise = s - start
+            trend |= (at >= w) & ~((rise <= 0) | (rise < rel * np.abs(start)) | (rise < cfg.min_rise_abs))
         health = det._health
         assert health.best is not None  # the first median window gave it one
         best = np.minimum(np.minimum.accumulate(med), health.best)
@@ -386,7 +396,7 @@ class _Run:
             envelopes=_enveloped(det._envelope, det._decay, above.tolist()),
             health_best=np.flatnonzero(med < np.concatenate(([health.best], best[:-1]))).tolist(),
             healthy=np.flatnonzero(med <= best + health.rel * np.abs(best)).tolist(),
-            bars=[*np.flatnonzero(~(above < cfg.above_min_rel) | big).tolist(), len(steps)],
+            bars=[*np.flatnonzero(~(above < cfg.above_min_rel) & trend | big).tolist(), len(steps)],
         )
 
 
