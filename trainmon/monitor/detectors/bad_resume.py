@@ -47,17 +47,19 @@ resume that checks clean resolves it.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any
 
 from trainmon.fingerprint import compare_fingerprints
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.wire import Event, json_safe
 
 __all__ = ["BadResume", "BadResumeConfig"]
@@ -98,7 +100,6 @@ class BadResumeConfig:
     """Steps of a log that starts at a resume whose grad norms and losses are the reference for its first update."""
 
 
-_KIND, _FIELDS = attrgetter("kind"), attrgetter("fields")
 _STEP, _FIRST = itemgetter("step"), itemgetter(0)
 _AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a run
 
@@ -256,27 +257,30 @@ class BadResume(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """:meth:`observe` of each event; a run of steps that no resume check reads (no check open, no batch
         fingerprint) only feeds the history, of which the last values count: it is learnt at once (:meth:`_learn`).
-        On a long log that never resumes that is every step."""
-        kinds = list(map(_KIND, events))
-        n = len(events)
-        others = range(0) if kinds.count("step") == n else [k for k, kind in enumerate(kinds) if kind != "step"]
-        observe = self.observe
-        i = 0
-        for end in (*others, n):  # steps from ``i`` to ``end``, then the event at ``end``
-            while i < end and self._check is not None:  # the first steps after a resume are checked one by one
-                out.append(observe(events[i], attempts[i]))
-                i += 1
-            if end - i >= _AT_ONCE and self._learn(list(map(_FIELDS, events[i:end]))):
-                out.extend([NOTHING] * (end - i))
-                i = end
-            out.extend(map(observe, events[i : end + 1], attempts[i : end + 1]))
-            i = end + 1
+        On a long log that never resumes that is every step. Every other event is :meth:`observe`'s
+        (:func:`observe_runs`)."""
+        fields, others, (lists,) = columns(events, "lr")
+        ends = [*others, len(events)]  # where each run of steps ends
+        unread = 0  # the runs before this one are observe's: the screen refused them
 
-    def _learn(self, fs: list[dict[str, Any]]) -> bool:
-        """The fields ``fs`` of steps that no check reads, each as :meth:`observe` would have remembered it: the last
-        ``maxlen`` usable losses, grad norms and LRs (read from the end, through the same rules), the LRs' peak,
-        the last step. False, with nothing learnt, when a step carries a batch fingerprint (each is checked against
-        those before it) or a step number is not an int (``int()`` of it may fail or round): read them one by one.
+        def take(i: int) -> int:
+            nonlocal unread
+            if i < unread or self._check is not None:  # the first steps after a resume are checked one by one
+                return i
+            j = ends[bisect.bisect_left(ends, i)]
+            if j - i >= _AT_ONCE and self._learn(fields[i:j], lists[i:j]):
+                return j
+            unread = j
+            return i
+
+        observe_runs(self.observe, events, attempts, out, take)
+
+    def _learn(self, fs: list[dict[str, Any]], lists: list[Any]) -> bool:
+        """The fields ``fs`` (their ``lr`` values: ``lists``) of steps that no check reads, each as :meth:`observe`
+        would have remembered it: the last ``maxlen`` usable losses, grad norms and LRs (read from the end, through
+        the same rules), the LRs' peak, the last step. False, with nothing learnt, when a step carries a batch
+        fingerprint (each is checked against those before it) or a step number is not an int (``int()`` of it may
+        fail or round): read them one by one.
 
         The LRs' peak needs every LR: a column screened at once (each a list whose first value is a finite float,
         so that :func:`_lr` returns that value), else :func:`_lr` of each."""
@@ -286,7 +290,6 @@ class BadResume(Detector):
             return False
         if set(map(type, steps)) != {int} or any(map(dict.__contains__, fs, repeat("batch_fingerprint"))):
             return False
-        lists = list(map(dict.get, fs, repeat("lr")))
         lrs: list[float] | None = None
         if set(map(type, lists)) == {list}:
             try:

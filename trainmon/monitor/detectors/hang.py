@@ -44,6 +44,7 @@ is not hung. Resolved when the rank's steps resume.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import math
@@ -55,7 +56,8 @@ import numpy as np
 
 from trainmon.clock import aligned
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
@@ -91,7 +93,7 @@ class HangConfig:
 
 
 _GROWTH = 1.25  # an open finding is sent again when its silence has grown by this factor
-_KIND, _RANK, _TIME, _OFFSET, _FIELDS = map(attrgetter, ("kind", "rank", "time", "clock_offset", "fields"))
+_RANK, _TIME, _OFFSET = map(attrgetter, ("rank", "time", "clock_offset"))
 _STEP = itemgetter("step")
 _AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a piece
 _PIECE = 1024  # steps screened at once: an outlier (a save, an eval) sends only its piece one by one
@@ -130,14 +132,10 @@ class _Rank:
 
 def _strides(last: int | None, steps: list[int], keep: int | None) -> list[int]:
     """The last ``keep`` (all with None) steps between two logged steps, of ``steps`` logged after ``last``, in
-    order: what appending each rise to a window of ``keep`` leaves of them."""
-    found: list[int] = []
-    for k in range(len(steps) - 1, -1, -1):
-        if keep is not None and len(found) >= keep:
-            break
-        before = steps[k - 1] if k else last
-        if before is not None and steps[k] > before:
-            found.append(steps[k] - before)
+    order: what appending each rise to a window of ``keep`` leaves of them (read from the end)."""
+    befores = [last, *steps[:-1]]
+    rises = (s - b for b, s in zip(reversed(befores), reversed(steps), strict=True) if b is not None and s > b)
+    found = list(itertools.islice(rises, keep))
     found.reverse()
     return found
 
@@ -227,24 +225,25 @@ class Hang(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """:meth:`observe` of each event; steps in a row of one rank, in pieces of ``_PIECE``, that :meth:`_learn`
         proves ordinary (each learnt, none a pause, a stall or the end of one) are learnt at once. On a long log that
-        is almost every step: the ones after its start, an outlier or another kind are read one by one."""
-        kinds = list(map(_KIND, events))
-        n = len(events)
-        others = range(0) if kinds.count("step") == n else [k for k, kind in enumerate(kinds) if kind != "step"]
-        observe = self.observe
-        i = 0
-        for end in (*others, n):  # steps from ``i`` to ``end``, then the event at ``end``
-            while i < end:
-                stop = min(i + _PIECE, end)
-                if stop - i >= _AT_ONCE and self._learn(events[i:stop]):
-                    out.extend([NOTHING] * (stop - i))
-                else:
-                    out.extend(map(observe, events[i:stop], attempts[i:stop]))
-                i = stop
-            out.extend(map(observe, events[end : end + 1], attempts[end : end + 1]))
-            i = end + 1
+        is almost every step. Every other event is :meth:`observe`'s (:func:`observe_runs`): the steps after the
+        rank's start, a piece with an outlier, other kinds."""
+        fields, others, _ = columns(events)
+        ends = [*others, len(events)]  # where each run of steps ends
+        unread = 0  # the pieces before this one are observe's: the screen refused them
 
-    def _learn(self, steps: list[Event]) -> bool:
+        def take(i: int) -> int:
+            nonlocal unread
+            if i < unread:
+                return i
+            j = min(ends[bisect.bisect_left(ends, i)], i + _PIECE)
+            if j - i >= _AT_ONCE and self._learn(events[i:j], fields[i:j]):
+                return j
+            unread = j
+            return i
+
+        observe_runs(self.observe, events, attempts, out, take)
+
+    def _learn(self, steps: list[Event], fs: list[dict[str, Any]]) -> bool:
         """Steps of one rank, learnt as :meth:`_on_step` learns them one by one, when the batch's columns prove that
         :meth:`_on_step` would take its plain path at each: the rank has a learnt interval and nothing open or
         pending (no hang, no first interval to judge), no step has phases, the step numbers are ints, every
@@ -260,14 +259,16 @@ class Hang(Detector):
         m = len(steps)
         if list(map(_RANK, steps)).count(rank) != m:
             return False
-        fs = list(map(_FIELDS, steps))
         try:
             numbers = list(map(_STEP, fs))
         except KeyError:
             return False
         if set(map(type, numbers)) != {int} or any(map(dict.get, fs, itertools.repeat("phases"))):
             return False
-        gaps = np.diff(np.fromiter(map(_TIME, steps), float, m), prepend=st.last_step_time)
+        times = np.fromiter(map(_TIME, steps), float, m)
+        gaps = np.empty(m)
+        gaps[0] = times[0] - st.last_step_time
+        np.subtract(times[1:], times[:-1], out=gaps[1:])
         least, most = float(gaps.min()), float(gaps.max())
         floor = min(st.median_floor, least)
         # a bar above the positive intervals needs a positive factor: a negative or NaN one fails here
