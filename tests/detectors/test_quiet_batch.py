@@ -179,8 +179,12 @@ def test_observe_quiet_keeps_first_last_and_the_last_finite_losses(window: int) 
         one, batched = _Recorder(window), _Recorder(window)
         expected = [one.observe(e, 0) for e in events]
         got: list[Any] = []
-        loud = (i for i, f in enumerate(fields) if f["loud"])
-        observe_quiet(batched.observe, events, [0] * n, got, loud, window)
+        loud = [i for i, f in enumerate(fields) if f["loud"]] + [n]
+
+        def quiet_until(_: list[Event], i: int, loud: list[int] = loud) -> int:
+            return next(j for j in loud if j >= i)
+
+        observe_quiet(batched.observe, events, [0] * n, got, quiet_until, window)
         assert got == expected
         assert (batched.first, batched.last, batched.loud) == (one.first, one.last, one.loud)
         assert list(map(repr, batched.losses)) == list(map(repr, one.losses))

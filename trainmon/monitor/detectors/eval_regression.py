@@ -65,7 +65,6 @@ import dataclasses
 import itertools
 import re
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,14 +336,15 @@ class EvalRegression(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step is quiet (:mod:`.quiet`) while the run has no further eval set: it only adds its loss to the train
         level, a window of the last ``train_window`` finite losses."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events), self.config.train_window)
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until, self.config.train_window)
 
-    def _loud(self, events: list[Event]) -> Iterator[int]:
-        sets = bool(self._sets)
-        for i in range(len(events)):
-            if sets or events[i].kind != "step":
-                yield i  # observed before the scan goes on: an eval may have added a set, a start cleared them
-                sets = bool(self._sets)
+    def _quiet_until(self, events: list[Event], i: int) -> int:
+        if self._sets:
+            return i
+        for j in range(i, len(events)):
+            if events[j].kind != "step":
+                return j
+        return len(events)
 
     def _merge(self, label: str, found: list[Finding]) -> list[Finding]:
         """One anomaly per run and kind: a set's findings say which set; a set's regression clearing resolves the

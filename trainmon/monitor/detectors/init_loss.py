@@ -29,7 +29,6 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,17 +143,16 @@ class InitLoss(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step from :meth:`_busy_until` on is quiet (:mod:`.quiet`): the first steps of a long log are all the
         detector reads of it."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _loud(self, events: list[Event]) -> Iterator[int]:
+    def _quiet_until(self, events: list[Event], i: int) -> int:
         until = self._until
         done = until == -math.inf  # every step is quiet: only a start can matter (no step to read)
-        for i in range(len(events)):
-            ev = events[i]
+        for j in range(i, len(events)):
+            ev = events[j]
             if ev.kind != "step" or (not done and ev.fields["step"] < until):
-                yield i  # observed before the scan goes on: it may have moved the bar
-                until = self._until
-                done = until == -math.inf
+                return j
+        return len(events)
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         loss = f.get("loss")

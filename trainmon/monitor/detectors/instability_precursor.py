@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import collections
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -397,14 +396,15 @@ class InstabilityPrecursor(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step without module statistics is quiet (:mod:`.quiet`): it only adds its loss to the last
         ``_LOSS_HISTORY`` finite losses."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events), _LOSS_HISTORY)
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until, _LOSS_HISTORY)
 
-    def _loud(self, events: list[Event]) -> Iterator[int]:
+    def _quiet_until(self, events: list[Event], i: int) -> int:
         quiet = self._fields.isdisjoint
-        for i in range(len(events)):
-            ev = events[i]
+        for j in range(i, len(events)):
+            ev = events[j]
             if ev.kind != "step" or not quiet(ev.fields):
-                yield i
+                return j
+        return len(events)
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         """A step that carries module statistics: each mechanism's values, module by module."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,15 +107,16 @@ class LossScaleCollapse(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step with neither a loss scale nor a skip flag is quiet (:mod:`.quiet`)."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
     @staticmethod
-    def _loud(events: list[Event]) -> Iterator[int]:
-        for i in range(len(events)):
-            ev = events[i]
+    def _quiet_until(events: list[Event], i: int) -> int:
+        for j in range(i, len(events)):
+            ev = events[j]
             f = ev.fields
             if "loss_scale" in f or "skipped" in f or ev.kind != "step":
-                yield i
+                return j
+        return len(events)
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         scale = f.get("loss_scale")

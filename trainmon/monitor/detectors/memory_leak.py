@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
@@ -210,15 +209,16 @@ class MemoryLeak(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step past the warm-up without device memory is quiet (:mod:`.quiet`): it only marks the last step."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _loud(self, events: list[Event]) -> Iterator[int]:
-        warm = self._warm_since is not None
-        for i in range(len(events)):
-            ev = events[i]
-            if not warm or "mem_allocated_bytes" in ev.fields or ev.kind != "step":
-                yield i  # observed before the scan goes on: the warm-up may have ended, or started again
-                warm = self._warm_since is not None
+    def _quiet_until(self, events: list[Event], i: int) -> int:
+        if self._warm_since is None:
+            return i
+        for j in range(i, len(events)):
+            ev = events[j]
+            if "mem_allocated_bytes" in ev.fields or ev.kind != "step":
+                return j
+        return len(events)
 
     def _observe_health(self, event: Event) -> list[Finding]:
         f = event.fields

@@ -26,7 +26,6 @@ set of conditions or the severity changes and resolved after ``resolve_after`` c
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,17 +169,17 @@ class NodeHealth(Detector):
         """A step is quiet (:mod:`.quiet`) when its clock says nothing new: no offset (every step of an imported log),
         or one within the threshold while no skew is being timed or reported (a live step of a sane host). It only
         marks the last step."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _loud(self, events: list[Event]) -> Iterator[int]:
+    def _quiet_until(self, events: list[Event], i: int) -> int:
         calm = self._calm
         watched = self._skew or self._skewed_since is not None
-        for i in range(len(events)):
-            ev = events[i]
+        for j in range(i, len(events)):
+            ev = events[j]
             offset = ev.clock_offset
             if ev.kind != "step" or (offset is not None and (watched or not calm(offset))):
-                yield i  # observed before the scan goes on: a skew may be timed or reported now, or over
-                watched = self._skew or self._skewed_since is not None
+                return j
+        return len(events)
 
     def _calm(self, offset: float) -> bool:
         """The host's clock is within the threshold of the collector's."""

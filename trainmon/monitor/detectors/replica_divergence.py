@@ -30,7 +30,6 @@ import collections
 import itertools
 import math
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,14 +129,15 @@ class ReplicaDivergence(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step without a weights checksum is quiet (:mod:`.quiet`)."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
     @staticmethod
-    def _loud(events: list[Event]) -> Iterator[int]:
-        for i in range(len(events)):
-            ev = events[i]
+    def _quiet_until(events: list[Event], i: int) -> int:
+        for j in range(i, len(events)):
+            ev = events[j]
             if "weights_checksum" in ev.fields or ev.kind != "step":
-                yield i
+                return j
+        return len(events)
 
     def _on_step(self, event: Event, f: dict[str, Any], attempt: int) -> list[Finding]:
         raw = f.get("weights_checksum")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainmon.monitor.detectors.base import Detector, Finding
@@ -167,17 +166,16 @@ class Straggler(Detector):
         if self._world > 1:
             super().observe_batch(events, attempts, out)
         else:
-            observe_quiet(self.observe, events, attempts, out, self._loud(events))
+            observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _loud(self, events: list[Event]) -> Iterator[int]:
-        n = len(events)
-        for i in range(n):
-            ev = events[i]
+    def _quiet_until(self, events: list[Event], i: int) -> int:
+        if self._world > 1:
+            return i
+        for j in range(i, len(events)):
+            ev = events[j]
             if ev.rank or ev.kind != "step":
-                yield i  # observed before the scan goes on: it may have grown the world
-                if self._world > 1:
-                    yield from range(i + 1, n)
-                    return
+                return j
+        return len(events)
 
     def _on_step(self, event: Event) -> list[Finding]:
         """A step of a run of several ranks: its timings join those of the other ranks at that step."""

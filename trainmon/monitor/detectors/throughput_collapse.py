@@ -65,7 +65,6 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -388,15 +387,16 @@ class ThroughputCollapse(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step without timings is quiet (:mod:`.quiet`): it only ends a save's wait and may be the first step."""
-        observe_quiet(self.observe, events, attempts, out, self._loud(events))
+        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
     @staticmethod
-    def _loud(events: list[Event]) -> Iterator[int]:
-        for i in range(len(events)):
-            ev = events[i]
+    def _quiet_until(events: list[Event], i: int) -> int:
+        for j in range(i, len(events)):
+            ev = events[j]
             f = ev.fields
             if "step_time" in f or "phases" in f or ev.kind != "step":
-                yield i
+                return j
+        return len(events)
 
     # -- steps ---------------------------------------------------------------------------------
 
