@@ -23,6 +23,7 @@ from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig, detectors_config
+from trainmon.monitor.detectors import Detector
 from trainmon.monitor.detectors.loss_spike import LossSpike
 from trainmon.monitor.detectors.nan_inf import NanInf
 from trainmon.monitor.store.storage import Storage
@@ -181,6 +182,8 @@ class _Boom(NanInf):
         if self.seen == 3:
             raise ZeroDivisionError("a detector bug")
         return []
+
+    observe_batch = Detector.observe_batch  # NanInf's reads its batch's columns: this bug is in observe
 
 
 def test_a_failing_detector_does_not_blind_the_others(caplog: pytest.LogCaptureFixture) -> None:
