@@ -158,7 +158,10 @@ class _Run:
     bounds on its MAD and whether it descends (``_descending``: from the bounds where they decide, else the exact MAD);
     the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists) and
     whether that one may join the baseline (past the warmup, the window not descending), which it does from the
-    quiet state. ``pad``: the entries before the recent window is full, which no screen takes."""
+    quiet state; and the baseline's windows were every one that may join to join (``joined``, from the baseline at
+    the run's start: its sorted values and the lower bounds on its MAD), which hold from the quiet state unless an
+    earlier stretch kept some out, until ``baseline`` more have joined. ``pad``: the entries before the recent
+    window is full, which no screen takes."""
 
     __slots__ = (
         "b0",
@@ -399,8 +402,11 @@ class LossNoise(Detector):
             quiet = (blo > 0.0) & (run.rhi[k + run.off : end + run.off] / blo < bar)
         m = end - k
         for q in np.flatnonzero(~quiet).tolist():  # the exact MADs, as _add's early return and _ratios judge them
+            rdm = _mad(run.rs[k + q + run.off].tolist())
+            if blo[q] > 0.0 and rdm / blo[q] < bar:  # the recent one's (fewer values) may show it alone
+                continue
             bdm = _mad(bs[rows[q]].tolist())
-            if bdm > 0.0 and _mad(run.rs[k + q + run.off].tolist()) / bdm >= bar:
+            if bdm > 0.0 and rdm / bdm >= bar:
                 m = q
                 break
         whole = m == end - k

@@ -31,7 +31,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = ["LazyWindow", "RollingWindow", "window_bounds"]
 
-_NEAR = 6
+_NEAR = 4
 """``window_bounds`` tries the bounding blocks this many positions either side of the centre."""
 
 _isfinite, _bisect_left, _insort = math.isfinite, bisect.bisect_left, bisect.insort
