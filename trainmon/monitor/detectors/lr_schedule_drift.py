@@ -66,7 +66,8 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.core.fmt import fmt
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
+from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
 
@@ -256,10 +257,9 @@ class _Columns:
         n = len(events)
         if n < _BULK:
             return None
-        fields = [e.fields for e in events]
-        lrs: list[Any] = list(map(dict.get, fields, itertools.repeat("lr")))
+        fields, others, (lrs,) = columns(events, "lr")
         usual = (  # every event a step, nothing else to read
-            [e.kind for e in events].count("step") == n
+            not others
             and not any(map(operator.contains, fields, itertools.repeat("scheduler_steps")))
             and not any(map(operator.contains, fields, itertools.repeat("skipped")))
         )
@@ -379,18 +379,19 @@ class LrScheduleDrift(Detector):
         if cols is None:
             out.extend(map(self.observe, events, attempts))
             return
-        observe = self.observe
-        i, n = 0, len(events)
-        while i < n:
+
+        def take(i: int) -> int:
             kind = self._quiet(cols, i)
-            ends = cols.ends(kind) if kind else None
-            j = ends[bisect.bisect_right(ends, i)] if ends else i + 1
-            if kind and j - i >= _RUN_MIN:
-                self._take(kind, cols, i, j)
-                out.extend([NOTHING] * (j - i))
-            else:
-                out.extend(map(observe, events[i:j], attempts[i:j]))
-            i = j
+            if not kind:
+                return i
+            ends = cols.ends(kind)
+            j = ends[bisect.bisect_right(ends, i)]
+            if j - i < _RUN_MIN:
+                return i
+            self._take(kind, cols, i, j)
+            return j
+
+        observe_runs(self.observe, events, attempts, out, take)
 
     def _quiet(self, cols: _Columns, i: int) -> int:
         """The kind of run (``_FALL``, ``_HOLD``, ``_BARE``) event ``i`` starts with nothing to find from the state
