@@ -163,3 +163,13 @@ def test_a_clean_ramp_opens_where_its_rise_first_crosses_the_relative_bar(slope:
     rng = random.Random(5)
     losses = [2.0 * (1 + 0.001 * rng.gauss(0, 1)) + slope * max(0, i - 3000) for i in range(4000)]
     assert _check(_stream(losses), 12)
+
+
+def test_a_fresh_start_and_a_resume_between_runs_of_steps() -> None:
+    """A run read before a fresh start (the state forgotten, the first median window again) or a resume says nothing
+    about the steps after it."""
+    first = _stream(_rise(3000, 8, 10**6, 0.0, 0.02))
+    again = _stream(_rise(3000, 9, 2000, 0.002, 0.02))
+    resumed = _stream(_rise(2000, 10, 10**6, 0.0, 0.02), list(range(1500, 3500)))
+    resumed[0] = start(resumed=True)
+    assert _check(first + again + resumed, 13)

@@ -89,7 +89,6 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-import itertools
 import math
 import operator
 import statistics
@@ -100,7 +99,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
+from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.monitor.detectors.eval_regression import metric_direction
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
@@ -319,7 +319,7 @@ class _Run:
     bars: list[int]
 
     @classmethod
-    def read(cls, det: Divergence, events: list[Event]) -> _Run | None:
+    def read(cls, det: Divergence, fields: list[dict[str, Any]], losses: list[Any]) -> _Run | None:
         """The run as :meth:`Divergence._on_loss` would see it entry by entry from ``det``'s state, or None where
         reading it at once could differ: a loss that is not a finite nonzero float (an int rounds and prints
         otherwise; -0.0 and 0.0 sort in arrival order), steps that do not increase or are too large for exact
@@ -327,8 +327,6 @@ class _Run:
         overflows."""
         cfg = det.config
         size = cfg.median_of
-        fields = [e.fields for e in events]
-        losses: list[Any] = list(map(dict.get, fields, itertools.repeat("loss")))
         steps = list(map(_STEP, fields))
         recent = list(det._recent_steps)
         window = det._raw.values()
@@ -485,50 +483,43 @@ class Divergence(Detector):
         return []
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
-        """:meth:`observe` of each event, a run of step events read in one look where it can be (:meth:`_steps`)."""
-        observe = self.observe
-        kinds = [e.kind for e in events]
-        n = len(events)
-        others = [k for k, kind in enumerate(kinds) if kind != "step"] if kinds.count("step") < n else []
-        i = 0
-        for j in [*others, n]:  # the step events between two others
-            if j - i >= _BULK:
-                self._steps(events[i:j], attempts[i:j], out)
-            else:
-                out.extend(map(observe, events[i:j], attempts[i:j]))
-            if j < n:
-                out.append(observe(events[j], attempts[j]))
-            i = j + 1
+        """:meth:`observe` of each event, walked by :func:`observe_runs`: the step events between two others are read
+        in one look (:class:`_Run`: the median filter, the EMA, the running minimum and the band's envelope of all of
+        them at once, none of which depends on what is judged), and its entries below every bar with no episode open
+        update the state in bulk (:meth:`_commit`); the entries that reach a bar (``above_min_rel`` with a window's
+        rise past its bars, ``critical_rel`` and its nats) or meet an open episode go through :meth:`observe`, as do
+        the runs it cannot read exactly (:meth:`_Run.read`) and the entries before the gate and the first median
+        window."""
+        cols = columns(events, "loss")
+        ends = [*cols.others, len(events)]
+        size = self.config.median_of
+        run: _Run | None = None  # the run read (None: it could not be), its first event and its end
+        first = end = 0
 
-    def _steps(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
-        """Step events in a row: the median filter, the EMA, the running minimum and the band's envelope of all of
-        them at once (none of them depends on what is judged), then :meth:`observe` only for the entries that reach
-        a bar (``above_min_rel``, ``critical_rel`` and its nats) or meet an open episode; the others, all below
-        every bar, update the state in bulk (:meth:`_commit`). A run this cannot read exactly (a loss that is not
-        a finite nonzero float, steps not increasing, a sparse log, entries before the gate or the first median
-        window) goes one event at a time."""
-        observe, size = self.observe, self.config.median_of
-        i, n = 0, len(events)
-        while i < n and (self._entries < size or len(self._gaps) < _GAPS or events[i].fields["step"] < self._gate):
-            out.append(observe(events[i], attempts[i]))  # the first median window and gaps, the gate
-            i += 1
-        if i:
-            events, attempts = events[i:], attempts[i:]
-        run = _Run.read(self, events) if n - i >= _BULK else None
-        if run is None:
-            out.extend(map(observe, events, attempts))
-            return
-        a = 0
-        for q in run.bars:
-            while a < q and self._ep is not None:  # an open episode follows every entry
-                out.append(observe(events[a], attempts[a]))
-                a += 1
-            if a < q:
-                self._commit(run, a, q)
-                out.extend([NOTHING] * (q - a))
-            if q < len(events):
-                out.append(observe(events[q], attempts[q]))
-            a = q + 1
+        def take(i: int) -> int:
+            nonlocal run, first, end
+            if self._ep is not None or events[i].kind != "step":
+                return i
+            if not first <= i < end:
+                stop = ends[bisect.bisect_right(ends, i)]
+                if (
+                    stop - i < _BULK
+                    or self._entries < size
+                    or len(self._gaps) < _GAPS
+                    or cols.fields[i]["step"] < self._gate
+                ):
+                    return i
+                run, first, end = _Run.read(self, cols.fields[i:stop], cols.values[0][i:stop]), i, stop
+            if run is None:
+                return i
+            k = i - first
+            q = run.bars[bisect.bisect_left(run.bars, k)]
+            if q == k:
+                return i
+            self._commit(run, k, q)
+            return first + q
+
+        observe_runs(self.observe, events, attempts, out, take)
 
     def _commit(self, run: _Run, a: int, b: int) -> None:
         """The state after the entries ``a`` to ``b - 1`` of ``run``, all past the gate, none reaching a bar with no
