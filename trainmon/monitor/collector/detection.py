@@ -65,7 +65,7 @@ class _Group:
             try:
                 det.observe_batch(evs, atts, outs)  # keeps the outputs before a raise
             except Exception:
-                ev = evs[len(outs)]
+                ev = evs[min(len(outs), len(evs) - 1)]  # an override may raise after its last output
                 log.exception("detector %s failed on a %s event of run %s; dropped for it", det.kind, ev.kind, ev.run)
                 failed.append(det)
             if at is not None:

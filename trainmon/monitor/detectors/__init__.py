@@ -2,9 +2,10 @@
 
 The package finds its detectors itself: every module of it that defines a :class:`Detector` subclass
 (its own, not one it imports) is a detector module; the others (``base``, ``rolling``,
-``intermittent``, ``anchors``) are helpers. Adding a detector is adding its module: the facts the
-rest of the daemon needs (its config section, engine order, priority in an incident, plots, whether
-per-layer norms localise it) are declared on its class, and read from here.
+``intermittent``, ``anchors``, and ``batch`` and ``quiet`` for the ``observe_batch`` overrides) are
+helpers. Adding a detector is adding its module: the facts the rest of the daemon needs (its config
+section, engine order, priority in an incident, plots, whether per-layer norms localise it) are
+declared on its class, and read from here.
 """
 
 from __future__ import annotations
