@@ -80,7 +80,7 @@ PLOTS_BEFORE = {
     "throughput": {"throughput_collapse", "straggler", "hang"},
 }
 LOCALISED_BEFORE = {"loss_spike", "grad_explosion", "nan_inf", "divergence"}
-HELPERS = {"base", "rolling", "intermittent", "anchors"}
+HELPERS = {"base", "rolling", "intermittent", "anchors", "batch", "quiet"}
 FACTS = ("kind", "config_class", "order", "priority", "plots", "localised")
 
 TOY = '''
