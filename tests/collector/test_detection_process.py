@@ -14,12 +14,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
 from trainmon.monitor.collector.detection import Detection
 from trainmon.monitor.collector.detection_process import DetectionProcess
 from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.exporter import DetectionCollector
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.collector.live import LiveState
 from trainmon.monitor.config import DetectorsConfig, detectors_config
@@ -133,6 +135,11 @@ def test_a_child_that_stops_answering_is_replaced(caplog: pytest.LogCaptureFixtu
                 time.sleep(0.05)
         assert answers == [[]]  # answered, with no findings: the events are stored, their detection is lost
         assert detection.pid != first and detection.generation == 1
+        registry = CollectorRegistry()
+        registry.register(DetectionCollector(detection))
+        exposition = generate_latest(registry).decode()
+        assert "trainmon_detection_restarts_total 1.0" in exposition
+        assert "trainmon_detection_lost_calls_total 1.0" in exposition  # the group whose steps went unchecked
         assert any("answered nothing" in r.getMessage() for r in caplog.records)
         found: list[list] = []
         detection.observe(events + nan, found.append)  # the new child works

@@ -452,6 +452,12 @@ class DetectionCollector(Collector):
             "but never checked by the detectors.",
             value=self._detection.generation,
         )
+        yield CounterMetricFamily(
+            "trainmon_detection_lost_calls",
+            "Detection calls (a committed group's events, a silence check) a detection process that died or did "
+            "not answer took with it: the events are stored, never checked by the detectors.",
+            value=self._detection.lost,
+        )
         yield GaugeMetricFamily(
             "trainmon_detection_inflight_groups",
             "Committed groups waiting for their detection (the writer blocks at 8).",
