@@ -27,12 +27,12 @@ _BATCH = 5000
 _PROCESS_FROM = 50_000
 """Events from which an import's detection runs in a child process: under 0.5 s of detection in this thread,
 about what the child's start costs."""
-_IN_THREAD = frozenset(("lr_schedule_drift", "divergence", "grad_explosion", "degenerate"))
-"""The detectors that still run in the importing thread beside the child: about a third of detection's CPU on a
-log of losses, LRs and grad norms, which leaves this thread (parsing, storing, sending the child its batches) and
-the child (reading them, the other detectors) about as busy: a million-row CSV's import took 10.2-10.5 s, 8.6
-and 8.8 s of CPU, against 11.1-11.3 s with lr_schedule_drift and divergence alone here. Where each runs changes
-no finding (``SplitDetection``)."""
+_IN_THREAD = frozenset(("lr_schedule_drift", "divergence"))
+"""The detectors that still run in the importing thread beside the child. Since the detectors decide most steps of a
+batch at once (``Detector.observe_batch``), detection is the smaller half of a long import: a million-row CSV took
+7.2-7.3 s with these two here (7.0 s of CPU in the importing process, 5.4 in the child), 7.5-7.6 s with
+grad_explosion and degenerate here as well (7.2-7.5 / 5.0-5.2), 8.0-8.6 s with none (5.9 / 6.2-7.2: the child
+starts after the parse, so it has the less time). Where each runs changes no finding (``SplitDetection``)."""
 _RUN = operator.attrgetter("run")
 _TIME = operator.attrgetter("time")
 
