@@ -36,10 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.quiet import observe_quiet
+from trainmon.monitor.detectors.quiet import observe_quiet, steps_without
 from trainmon.wire import Event
 
 __all__ = ["LossScaleCollapse", "LossScaleCollapseConfig"]
+
+_QUIET_UNTIL = steps_without("loss_scale", "skipped")
 
 
 @dataclass
@@ -107,16 +109,7 @@ class LossScaleCollapse(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step with neither a loss scale nor a skip flag is quiet (:mod:`.quiet`)."""
-        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
-
-    @staticmethod
-    def _quiet_until(events: list[Event], i: int) -> int:
-        for j in range(i, len(events)):
-            ev = events[j]
-            f = ev.fields
-            if "loss_scale" in f or "skipped" in f or ev.kind != "step":
-                return j
-        return len(events)
+        observe_quiet(self.observe, events, attempts, out, _QUIET_UNTIL)
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         scale = f.get("loss_scale")

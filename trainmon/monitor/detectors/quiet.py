@@ -18,7 +18,7 @@ from trainmon.monitor.detectors.base import Finding, finite
 from trainmon.monitor.detectors.batch import observe_runs
 from trainmon.wire import Event
 
-__all__ = ["observe_quiet"]
+__all__ = ["observe_quiet", "steps_without"]
 
 
 def observe_quiet(
@@ -48,3 +48,18 @@ def observe_quiet(
         return end
 
     observe_runs(observe, events, attempts, out, take)
+
+
+def steps_without(*names: str) -> Callable[[list[Event], int], int]:
+    """The ``quiet_until`` of a detector whose quiet events are the steps that carry none of ``names``: where the run of
+    them from an index ends."""
+    keys = frozenset(names)
+
+    def quiet_until(events: list[Event], i: int) -> int:
+        for j in range(i, len(events)):
+            ev = events[j]
+            if ev.kind != "step" or not keys.isdisjoint(ev.fields):
+                return j
+        return len(events)
+
+    return quiet_until

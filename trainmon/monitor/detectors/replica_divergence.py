@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.quiet import observe_quiet
+from trainmon.monitor.detectors.quiet import observe_quiet, steps_without
 from trainmon.wire import Event
 
 __all__ = ["ReplicaDivergence", "ReplicaDivergenceConfig"]
+
+_QUIET_UNTIL = steps_without("weights_checksum")
 
 
 @dataclass
@@ -129,15 +131,7 @@ class ReplicaDivergence(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step without a weights checksum is quiet (:mod:`.quiet`)."""
-        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
-
-    @staticmethod
-    def _quiet_until(events: list[Event], i: int) -> int:
-        for j in range(i, len(events)):
-            ev = events[j]
-            if "weights_checksum" in ev.fields or ev.kind != "step":
-                return j
-        return len(events)
+        observe_quiet(self.observe, events, attempts, out, _QUIET_UNTIL)
 
     def _on_step(self, event: Event, f: dict[str, Any], attempt: int) -> list[Finding]:
         raw = f.get("weights_checksum")

@@ -71,11 +71,13 @@ from typing import Any
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.intermittent import _WINDOW as _INTER_WINDOW
 from trainmon.monitor.detectors.intermittent import Intermittent
-from trainmon.monitor.detectors.quiet import observe_quiet
+from trainmon.monitor.detectors.quiet import observe_quiet, steps_without
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["ThroughputCollapse", "ThroughputCollapseConfig"]
+
+_QUIET_UNTIL = steps_without("step_time", "phases")
 
 
 @dataclass
@@ -387,16 +389,7 @@ class ThroughputCollapse(Detector):
 
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step without timings is quiet (:mod:`.quiet`): it only ends a save's wait and may be the first step."""
-        observe_quiet(self.observe, events, attempts, out, self._quiet_until)
-
-    @staticmethod
-    def _quiet_until(events: list[Event], i: int) -> int:
-        for j in range(i, len(events)):
-            ev = events[j]
-            f = ev.fields
-            if "step_time" in f or "phases" in f or ev.kind != "step":
-                return j
-        return len(events)
+        observe_quiet(self.observe, events, attempts, out, _QUIET_UNTIL)
 
     # -- steps ---------------------------------------------------------------------------------
 
