@@ -1,5 +1,5 @@
-"""A long log's detection runs in the detection child process (``import_log``'s ``_PROCESS_FROM``), and must store
-exactly the anomalies that detection in the importing thread stores: same rows, same ids, same order.
+"""A long log's detection runs in the detection child process (``import_log``'s ``_PROCESS_FROM``, in bytes of log),
+and must store exactly the anomalies that detection in the importing thread stores: same rows, same ids, same order.
 
 The threshold is lowered here so that real logs of every shape (resumes, several runs in one file, NaNs, spikes,
 silences the log's clock shows) take the child's path, and the child is counted to prove they did.
@@ -58,7 +58,7 @@ def _anomalies(path: Path, process_from: int, monkeypatch: pytest.MonkeyPatch) -
 def test_a_log_detected_in_the_child_stores_what_this_thread_stores(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path = REAL_LOGS / name
     here, none = _anomalies(path, 10**12, monkeypatch)
-    child, started = _anomalies(path, 20, monkeypatch)
+    child, started = _anomalies(path, 1, monkeypatch)
     assert none == 0 and started == 1, "the child's path was not taken"
     assert child == here
 
@@ -66,7 +66,7 @@ def test_a_log_detected_in_the_child_stores_what_this_thread_stores(name: str, m
 def test_a_short_log_starts_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "short.csv"
     log.write_text("step,loss\n" + "".join(f"{i},{3 - i / 1000}\n" for i in range(50)) + "50,nan\n")
-    rows, started = _anomalies(log, 1000, monkeypatch)
+    rows, started = _anomalies(log, log.stat().st_size + 1, monkeypatch)
     assert started == 0
     assert [r["kind"] for r in rows] == ["nan_inf"] and rows[0]["first_step"] == 50
 
@@ -85,8 +85,34 @@ def test_an_import_whose_detection_process_died_fails_instead_of_reporting_steps
             killed.append(self.pid)
             os.kill(self.pid, signal.SIGKILL)
 
-    monkeypatch.setattr(import_store, "_PROCESS_FROM", 20)
+    monkeypatch.setattr(import_store, "_PROCESS_FROM", 1)
     monkeypatch.setattr(DetectionProcess, "_start", start_then_die)
     with pytest.raises(RuntimeError, match="detection process stopped during the import"):
         import_log(REAL_LOGS / "05_bashkir-asr.json", Storage("sqlite://"))
     assert killed
+
+
+def test_a_long_log_starts_its_process_before_the_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child is told by the log's size, so its start (a Python and its imports) overlaps the parse instead of
+    following it; a log of that size or more takes the child's path."""
+    log = tmp_path / "long.csv"
+    log.write_text("step,loss\n" + "".join(f"{i},{3 - i / 1000}\n" for i in range(50)) + "50,nan\n")
+    order: list[str] = []
+    start, parse = DetectionProcess._start, import_store.read_events
+
+    def started(self: DetectionProcess) -> None:
+        order.append("child")
+        start(self)
+
+    def parsed(*args: Any, **kwargs: Any) -> Any:
+        order.append("parse")
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(DetectionProcess, "_start", started)
+    monkeypatch.setattr(import_store, "read_events", parsed)
+    monkeypatch.setattr(import_store, "_PROCESS_FROM", log.stat().st_size)
+    storage = Storage("sqlite://")
+    import_log(log, storage)
+    assert order == ["child", "parse"]
+    with storage.connect() as conn:
+        assert [r.kind for r in conn.execute(select(anomalies))] == ["nan_inf"]
