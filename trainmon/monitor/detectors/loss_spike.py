@@ -96,7 +96,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import NOTHING, POSITIVE, Detector, Finding, finite
 from trainmon.monitor.detectors.batch import Columns, columns
-from trainmon.monitor.detectors.rolling import RollingWindow, _median, _quantile
+from trainmon.monitor.detectors.rolling import RollingWindow, sorted_median, sorted_quantile
 from trainmon.wire import Event
 
 __all__ = ["LossSpike", "LossSpikeConfig"]
@@ -267,21 +267,10 @@ class _Windows:
         return len(self._sorted)
 
     def quantile(self, q: float) -> np.ndarray:
-        return _quantile(self._sorted, q)  # type: ignore[arg-type]
+        return sorted_quantile(self._sorted, q)  # type: ignore[arg-type]
 
     def median(self) -> np.ndarray:
-        return _median(self._sorted)  # type: ignore[arg-type]
-
-
-def _extend(window: RollingWindow, values: np.ndarray) -> None:
-    """``window.add`` of each of ``values`` (finite) in turn: a window's worth or more replaces what it holds, so only
-    the last ``size`` are added, to the emptied window (the same order, and the same sorted list: see
-    :class:`_Windows`)."""
-    if len(values) >= window.size:
-        window.clear()
-        values = values[len(values) - window.size :]
-    for x in values.tolist():
-        window.add(x)
+        return sorted_median(self._sorted)  # type: ignore[arg-type]
 
 
 def _grad_norm(fields: dict[str, Any]) -> float | None:
@@ -723,8 +712,8 @@ class LossSpike(Detector):
         def accept(pa: int, pb: int, ja: int, jb: int) -> None:
             """Steps pa..pb, entries ja..jb among them, as observe takes them while nothing stands out."""
             if jb > ja:
-                _extend(level, xs[ja:jb])
-                _extend(diffs, ds[max(ja - shift, 0) : jb - shift])
+                level.extend(xs[ja:jb][-w:].tolist())  # what the windows keep of the run (all finite)
+                diffs.extend(ds[max(ja - shift, 0) : jb - shift][-d:].tolist())
                 self._prev = xs[jb - 1].item()
                 self._n += jb - ja
                 last = jb - 1

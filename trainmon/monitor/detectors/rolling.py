@@ -2,7 +2,7 @@
 
 Detectors run on every event of every rank, so the per-event cost matters (the collector
 targets 100k samples/s on two cores; a 1M-row post-mortem calls ``add`` ~19 times a row). Two
-windows, one set of statistics (``_median``, ``_quantile``, ``_mad`` of a sorted list):
+windows, one set of statistics (``sorted_median``, ``sorted_quantile``, ``_mad`` of a sorted list):
 
 * :class:`RollingWindow` keeps its values in arrival order and in a sorted list, for statistics read on
   every step: adding is one ``insort`` and one ``bisect`` removal (C memmove of at most ``size``
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["LazyWindow", "RollingWindow", "window_bounds"]
+__all__ = ["LazyWindow", "RollingWindow", "sorted_median", "sorted_quantile", "window_bounds"]
 
 _NEAR = 4
 """``window_bounds`` tries the bounding blocks this many positions either side of the centre."""
@@ -37,13 +37,16 @@ _NEAR = 4
 _isfinite, _bisect_left, _insort = math.isfinite, bisect.bisect_left, bisect.insort
 
 
-def _median(s: list[float]) -> float:
+def sorted_median(s: list[float]) -> float:
+    """Median of the sorted ``s``: the middle value, or the mean of the two middle ones. Public, as
+    :func:`sorted_quantile`, for a detector that reads many windows' statistics at once from sorted rows (the same
+    float operations, so the same values a window gives)."""
     n = len(s)
     mid = n // 2
     return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
-def _quantile(s: list[float], q: float) -> float:
+def sorted_quantile(s: list[float], q: float) -> float:
     """Nearest-rank quantile of the sorted ``s``, ``q`` in [0, 1]."""
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
@@ -51,7 +54,7 @@ def _quantile(s: list[float], q: float) -> float:
 def _mad(s: list[float]) -> float:
     """Median absolute deviation of the sorted ``s``, scaled by 1.4826 to estimate sigma for normal data."""
     n = len(s)
-    below, raw = _kth_deviations(s, _median(s), n // 2)
+    below, raw = _kth_deviations(s, sorted_median(s), n // 2)
     return 1.4826 * (raw if n % 2 else 0.5 * (below + raw))
 
 
@@ -85,7 +88,7 @@ def _kth_deviations(s: list[float], m: float, k: int) -> tuple[float, float]:
 
 def window_bounds(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every window of ``size`` (odd, or at least 4) consecutive finite ``values``, window ``j`` being
-    ``values[j:j + size]``: its values sorted (row ``j``), its median, the float ``_median`` gives, and bounds
+    ``values[j:j + size]``: its values sorted (row ``j``), its median, the float ``sorted_median`` gives, and bounds
     ``lo <= mad <= hi`` on the float ``_mad`` gives (the exact MAD: ``_mad`` of the row), in one numpy pass. Equal
     as numbers: numpy's sort leaves a ``0.0`` and a ``-0.0`` in no particular order, so a zero may differ in sign
     (what a rule compares, not what it reports).
@@ -198,10 +201,10 @@ class RollingWindow:
 
     def quantile(self, q: float) -> float:
         """Nearest-rank quantile, ``q`` in [0, 1]."""
-        return _quantile(self._sorted, q)
+        return sorted_quantile(self._sorted, q)
 
     def median(self) -> float:
-        return _median(self._sorted)
+        return sorted_median(self._sorted)
 
     def mad(self) -> float:
         """Median absolute deviation, scaled by 1.4826 to estimate sigma for normal data."""
@@ -301,11 +304,11 @@ class LazyWindow:
         self._sorted = None
 
     def median(self) -> float:
-        return _median(self._view())
+        return sorted_median(self._view())
 
     def quantile(self, q: float) -> float:
         """Nearest-rank quantile, ``q`` in [0, 1]."""
-        return _quantile(self._view(), q)
+        return sorted_quantile(self._view(), q)
 
     def mad(self) -> float:
         """Median absolute deviation, scaled by 1.4826 to estimate sigma for normal data."""
