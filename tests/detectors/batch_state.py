@@ -11,20 +11,30 @@ import random
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
 
+def _slots(cls: type) -> list[str]:
+    """The attributes kept in ``cls``'s slots, its bases' included (a class lists only its own)."""
+    names: list[str] = []
+    for c in reversed(cls.__mro__):
+        own = c.__dict__.get("__slots__", ())
+        names += [own] if isinstance(own, str) else [n for n in own if n not in ("__dict__", "__weakref__")]
+    return names
+
+
 def state(det: Detector) -> str:
-    """Everything the detector keeps, as text (repr: a NaN equals itself, -0.0 differs from 0.0)."""
+    """Everything the detector keeps, as text (repr: a NaN equals itself, -0.0 differs from 0.0): an object with
+    fields or slots (a window, a rank's record) as the values in them, a slot never set as ``<unset>``."""
 
     def plain(v: Any) -> Any:
-        if isinstance(v, LazyWindow):
-            return ("window", list(v._order))
         if isinstance(v, collections.deque):
             return ("deque", v.maxlen, [plain(x) for x in v])
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return (type(v).__name__, {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)})
+        slots = _slots(type(v))
+        if slots:
+            return (type(v).__name__, {k: plain(getattr(v, k, "<unset>")) for k in slots})
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):

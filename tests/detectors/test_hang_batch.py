@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.detectors.batch_state import state
 from trainmon.monitor.detectors import hang
-from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.hang import Hang, HangConfig
 from trainmon.wire import Event
 
@@ -63,25 +64,6 @@ def _stream(seed: int, n: int = 3000) -> list[Event]:
     return evs
 
 
-def _state(det: Detector) -> str:
-    """Everything the detector keeps, as text (repr: a NaN equals itself, -0.0 differs from 0.0); a window or a
-    rank's record as the values in its slots or fields."""
-
-    def plain(v: Any) -> Any:
-        slots = getattr(type(v), "__slots__", None)
-        if hasattr(v, "__dataclass_fields__"):
-            return (type(v).__name__, {k: plain(getattr(v, k)) for k in v.__dataclass_fields__})
-        if slots and not isinstance(v, (str, tuple)):
-            return (type(v).__name__, {k: plain(getattr(v, k)) for k in slots})
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)) or type(v).__name__ == "deque":
-            return [plain(x) for x in v]
-        return v
-
-    return repr({k: plain(v) for k, v in vars(det).items()})
-
-
 def _check(config: HangConfig, events: list[Event], rng: random.Random) -> int:
     one, cut = Hang(config), Hang(config)
     found = i = 0
@@ -93,11 +75,11 @@ def _check(config: HangConfig, events: list[Event], rng: random.Random) -> int:
         got: list[list[Finding]] = []
         cut.observe_batch(batch, attempts, got)
         assert repr(got) == repr(expected), f"outputs differ in the batch ending at event {i}"
-        assert _state(cut) == _state(one), f"state differs after the batch ending at event {i}"
+        assert state(cut) == state(one), f"state differs after the batch ending at event {i}"
         now = batch[-1].time + rng.choice([0.0, 1.0, 30.0, 900.0])
         ticked = one.tick(now)
         assert repr(cut.tick(now)) == repr(ticked), f"ticks differ after the batch ending at event {i}"
-        assert _state(cut) == _state(one), f"state differs after the tick after event {i}"
+        assert state(cut) == state(one), f"state differs after the tick after event {i}"
         found += sum(map(len, expected)) + len(ticked)
     return found
 
