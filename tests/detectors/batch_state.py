@@ -44,9 +44,13 @@ def state(det: Detector) -> str:
     return repr({k: plain(v) for k, v in vars(det).items()})
 
 
-def check_batches(cls: type[Detector], config: Any, events: list[Event], rng: random.Random) -> int:
+def check_batches(
+    cls: type[Detector], config: Any, events: list[Event], rng: random.Random, ticks: bool = False
+) -> int:
     """Feed ``events`` (those ``cls`` consumes) to one instance event by event and to another in batches cut at
-    random, comparing outputs and state after every batch; returns how many findings there were."""
+    random, comparing outputs and state after every batch; with ``ticks``, then ticking both at a time at or after
+    the batch's last event and comparing again (for a detector whose ``tick`` reads what a batch left, hang's).
+    Returns how many findings there were, ticks' included."""
     events = [e for e in events if cls.consumes is None or e.kind in cls.consumes]
     one, cut = cls(config), cls(config)
     found = i = 0
@@ -59,5 +63,11 @@ def check_batches(cls: type[Detector], config: Any, events: list[Event], rng: ra
         assert repr(got) == repr(expected), f"{cls.kind}: outputs differ in the batch from event {i}"
         assert state(cut) == state(one), f"{cls.kind}: state differs after the batch from event {i}"
         found += sum(map(len, expected))
+        if ticks:
+            now = batch[-1].time + rng.choice([0.0, 1.0, 30.0, 900.0])
+            ticked = one.tick(now)
+            assert repr(cut.tick(now)) == repr(ticked), f"{cls.kind}: ticks differ after the batch from event {i}"
+            assert state(cut) == state(one), f"{cls.kind}: state differs after the tick after the batch from event {i}"
+            found += len(ticked)
         i += len(batch)
     return found

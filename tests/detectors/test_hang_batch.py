@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.detectors.batch_state import state
+from tests.detectors.batch_state import check_batches
 from trainmon.monitor.detectors import hang
-from trainmon.monitor.detectors.base import Finding
 from trainmon.monitor.detectors.hang import Hang, HangConfig
 from trainmon.wire import Event
 
@@ -64,26 +63,6 @@ def _stream(seed: int, n: int = 3000) -> list[Event]:
     return evs
 
 
-def _check(config: HangConfig, events: list[Event], rng: random.Random) -> int:
-    one, cut = Hang(config), Hang(config)
-    found = i = 0
-    while i < len(events):
-        batch = events[i : i + rng.choice([1, 2, 5, rng.randint(1, 100), rng.randint(100, 3000)])]
-        i += len(batch)
-        attempts = [0] * len(batch)
-        expected: list[list[Finding]] = list(map(one.observe, batch, attempts))
-        got: list[list[Finding]] = []
-        cut.observe_batch(batch, attempts, got)
-        assert repr(got) == repr(expected), f"outputs differ in the batch ending at event {i}"
-        assert state(cut) == state(one), f"state differs after the batch ending at event {i}"
-        now = batch[-1].time + rng.choice([0.0, 1.0, 30.0, 900.0])
-        ticked = one.tick(now)
-        assert repr(cut.tick(now)) == repr(ticked), f"ticks differ after the batch ending at event {i}"
-        assert state(cut) == state(one), f"state differs after the tick after event {i}"
-        found += sum(map(len, expected)) + len(ticked)
-    return found
-
-
 def _config(rng: random.Random) -> HangConfig:
     return HangConfig(
         min_timeout=rng.choice([2.0, 60.0]),
@@ -101,12 +80,12 @@ def test_batches_end_in_the_state_of_one_event_at_a_time(seed: int, monkeypatch:
     config = HangConfig() if seed % 4 == 0 else _config(rng)
     # pieces as small as a run learnt at once, so that most of a stream that breaks often is learnt at once
     monkeypatch.setattr(hang, "_PIECE", rng.choice([hang._AT_ONCE, 50, 100, hang._PIECE]))
-    _check(config, _stream(seed), rng)
+    check_batches(Hang, config, _stream(seed), rng, ticks=True)
 
 
 def test_the_streams_find_stalls_and_hangs() -> None:
     """The streams reach the stalls, pauses and hangs: the proof above is not only of steady stretches."""
-    assert sum(_check(HangConfig(), _stream(seed), random.Random(seed)) for seed in range(4))
+    assert sum(check_batches(Hang, HangConfig(), _stream(seed), random.Random(seed), ticks=True) for seed in range(4))
 
 
 def test_times_that_run_back_are_not_learnt(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,4 +96,4 @@ def test_times_that_run_back_are_not_learnt(monkeypatch: pytest.MonkeyPatch) -> 
     times = [1e9 + t for t in range(200)] + [1e9 + 200 - 0.25 * t for t in range(200)]
     events = [Event("run_start", "r", 0, "h", "s", 0, 1e9, {})]
     events += [Event("step", "r", 0, "h", "s", i + 1, t, {"step": i}) for i, t in enumerate(times)]
-    _check(config, events, random.Random(0))
+    check_batches(Hang, config, events, random.Random(0), ticks=True)
