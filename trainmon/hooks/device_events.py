@@ -21,6 +21,8 @@ _POOL_MAX = 512  # events kept for reuse; more in flight than this are simply cr
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _streams: dict[tuple[int, int], Any] = {}  # (device, raw cudaStream_t) -> torch.cuda.Stream
+# torch.cuda.Event.record's C half: the Python method only looks the current stream up when given none.
+_record_on = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None)
 
 
 def current_stream() -> Any:
@@ -57,7 +59,10 @@ class EventPool:
         except IndexError:
             # torch.cuda.Event.__new__ has no annotations in torch's sources, so mypy calls it untyped.
             event = torch.cuda.Event(enable_timing=self._timing)  # type: ignore[no-untyped-call]
-        event.record(current_stream())
+        if _record_on is None:  # a torch without this internal: the public path
+            event.record(current_stream())
+        else:
+            _record_on(event, current_stream())
         return event
 
     def release(self, events: Iterable[Any]) -> None:

@@ -2,9 +2,10 @@
 
 Calling ``.item()`` on a CUDA tensor waits for every kernel queued before it: one such call per
 step serialises the CPU and the GPU. Instead, ``submit`` (training thread) only gathers: on GPU the
-step's device scalars become one buffer of ours (a stack and a cat, queued on the training stream, so
-the values are the step's even where the loop later overwrites its tensors, as CUDA-graph outputs are)
-and an event is recorded behind them; on CPU nothing is gathered at all. The sender thread does the
+step's device scalars become one buffer of ours (``gather``: a stack and a cat, queued on the training
+stream, so the values are the step's even where the loop later overwrites its tensors, as CUDA-graph
+outputs are), behind which the caller records an event (``TrainMonitor.step_end``'s end of the optimizer
+phase serves); on CPU nothing is gathered at all. The sender thread does the
 rest (``ready``): it queues each buffer's ``non_blocking`` copy into pinned host memory on a copy
 stream of its own that waits for that event on the device, and releases items in submission order once
 their copy and phase-timing events have completed (``event.query()``, never a wait). The copy and the
@@ -24,18 +25,38 @@ import torch
 
 from trainmon.hooks.device_events import EventPool
 
-__all__ = ["Readback"]
+__all__ = ["Readback", "gather"]
+
+
+Layout = list[tuple[str, int, bool]]
+"""What a gathered buffer holds, in order: (key, number of values, a scalar?)."""
+
+
+def gather(device: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Layout] | None:
+    """``device``'s tensors (graph-free) in one buffer of ours, queued on the current stream: two ops however many
+    values (the scalars in one stack, then one cat with the rest, its dtype the widest among them), where a
+    reshape each made one more per tensor. None when there is nothing to gather."""
+    if not device:
+        return None
+    scalars = [t for t in device.values() if t.dim() == 0]
+    rest = [t if t.dim() == 1 else t.reshape(-1) for t in device.values() if t.dim() != 0]
+    parts = [torch.stack(scalars), *rest] if scalars else rest
+    # A buffer of ours, whatever the loop does with its tensors later: the stack is one already.
+    flat = torch.cat(parts) if len(parts) > 1 else parts[0] if scalars else parts[0].clone()
+    layout = [(k, 1, True) for k, t in device.items() if t.dim() == 0]
+    layout += [(k, t.numel(), False) for k, t in device.items() if t.dim() != 0]
+    return flat, layout
 
 
 class _Gathered:
     """A step's device values in one buffer, on their way to the host."""
 
-    __slots__ = ("copied", "flat", "gathered", "layout", "pinned")
+    __slots__ = ("copied", "flat", "layout", "pinned", "ready")
 
-    def __init__(self, flat: torch.Tensor, gathered: Any, layout: list[tuple[str, int, bool]]) -> None:
+    def __init__(self, flat: torch.Tensor, layout: Layout, ready: Any) -> None:
         self.flat = flat  # the device buffer, kept alive until its copy has completed
-        self.gathered = gathered  # the event behind the gather, on the training thread's stream
         self.layout = layout  # (key, numel, scalar?) in the buffer's order
+        self.ready = ready  # an event behind the gather on the training thread's stream (the caller's to release)
         self.pinned: torch.Tensor | None = None  # the host buffer, once the copy is queued (sender thread)
         self.copied: Any = None  # the event behind the copy, on the copy stream
 
@@ -50,7 +71,7 @@ class Readback:
         self.pending: collections.deque[tuple[Any, _Gathered | None, Sequence[Any]]] = collections.deque()
         self.capacity = capacity
         self._lock = threading.Lock()  # between the sender thread and close(); never the training thread
-        self._events: EventPool | None = None  # the events behind gathers and copies, made on the first one
+        self._events: EventPool | None = None  # the events behind the copies, made on the first one
         self._streams: dict[torch.device, Any] = {}  # the copy stream of each device (sender thread)
         self._queued = 0  # pending items whose copy the sender has queued: the oldest ones
         # Pinned buffers whose copy has been read, by (length, dtype), for the next copies of that shape: the
@@ -58,9 +79,15 @@ class Readback:
         self._buffers: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self.dropped = 0
 
-    def submit(self, item: Any, device: dict[str, torch.Tensor] | None = None, events: Sequence[Any] = ()) -> bool:
-        """Queue ``item``; ``device`` holds its CUDA tensors to read (graph-free: ``.data`` or made under
-        ``no_grad``), ``events`` CUDA events to wait for.
+    def submit(
+        self,
+        item: Any,
+        values: tuple[torch.Tensor, Layout] | None = None,
+        ready: Any = None,
+        events: Sequence[Any] = (),
+    ) -> bool:
+        """Queue ``item``; ``values`` is what ``gather`` made of its CUDA tensors, ``ready`` a CUDA event the caller
+        recorded after it (and releases), ``events`` CUDA events to wait for.
 
         Returns False (and counts) when too many items wait: never blocks.
         """
@@ -68,19 +95,10 @@ class Readback:
             self.dropped += 1
             return False
         gathered = None
-        if device:
-            # The scalars in one stack, then one cat with the rest (its dtype the widest among them): two ops
-            # however many values, where a reshape each made one more per tensor.
-            scalars = [t for t in device.values() if t.dim() == 0]
-            rest = [t if t.dim() == 1 else t.reshape(-1) for t in device.values() if t.dim() != 0]
-            parts = [torch.stack(scalars), *rest] if scalars else rest
-            # A buffer of ours, whatever the loop does with its tensors later: the stack is one already.
-            flat = torch.cat(parts) if len(parts) > 1 else parts[0] if scalars else parts[0].clone()
-            layout = [(k, 1, True) for k, t in device.items() if t.dim() == 0]
-            layout += [(k, t.numel(), False) for k, t in device.items() if t.dim() != 0]
+        if values is not None:
+            gathered = _Gathered(values[0], values[1], ready)
             if self._events is None:
                 self._events = EventPool(enable_timing=False)
-            gathered = _Gathered(flat, self._events.record(), layout)
         self.pending.append((item, gathered, events))
         return True
 
@@ -115,7 +133,7 @@ class Readback:
         """Queue the host copy of every gathered buffer that has none yet (sender thread): on a copy stream that
         waits, on the device, for the gather's event, so the training stream carries none of it."""
         pending = self.pending
-        end = len(pending)  # before the check below: an item's gather event is made before it is appended
+        end = len(pending)  # before the check below: the copy events' pool is made before a gathered item is appended
         if self._events is None:  # nothing was ever gathered (a CPU run): nothing to copy
             self._queued = end
             return
@@ -130,21 +148,20 @@ class Readback:
                     pinned = self._buffers[(flat.numel(), flat.dtype)].pop()
                 except (KeyError, IndexError):
                     pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-                stream.wait_event(gathered.gathered)
+                stream.wait_event(gathered.ready)
                 with torch.cuda.stream(stream):
                     pinned.copy_(flat, non_blocking=True)  # device → host copy queued, not awaited
-                    assert self._events is not None  # made with the gather's event
                     gathered.copied = self._events.record()
                 gathered.pinned = pinned
         self._queued = end  # items the training thread appended meanwhile wait for the next call
 
     def _values(self, gathered: _Gathered | None) -> dict[str, Any]:
-        """The copied values by key; the events go back to the pool (they have completed)."""
+        """The copied values by key; the copy's event goes back to the pool (it has completed)."""
         if gathered is None:
             return {}
         pinned = gathered.pinned
         assert pinned is not None and self._events is not None  # copied before it completed
-        self._events.release((gathered.gathered, gathered.copied))
+        self._events.release((gathered.copied,))
         flat = pinned.tolist()
         free = self._buffers.setdefault((pinned.numel(), pinned.dtype), [])
         if len(free) < 64:  # enough for the copies in flight at once; a step's shape rarely changes

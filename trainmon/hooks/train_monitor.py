@@ -73,7 +73,7 @@ from trainmon.hooks.precursors import (
     snapshot_for_update_ratio,
     update_ratios,
 )
-from trainmon.hooks.readback import Readback, read
+from trainmon.hooks.readback import Readback, gather, read
 from trainmon.hooks.stacks import StackWatch
 from trainmon.hooks.transport import Transport
 from trainmon.schedules import Schedule, declared_schedule
@@ -120,6 +120,7 @@ class _Step:
     update_ratio: torch.Tensor | None = None
     scheduler_epoch: int | None = None
     memory: tuple[int, int] | None = None
+    ready: Any = None  # on GPU, the event behind the step's gathered values (and the optimizer's end)
     checksum: torch.Tensor | None = None  # of the weights the step starts from (trainmon.hooks.checksum)
     precursors: Sampled | None = None  # sampled steps: names, stacked device values (trainmon.hooks.precursors)
 
@@ -657,8 +658,10 @@ class TrainMonitor:
         if opened is None:
             opened = self._after_backward
         if opened is not None:
-            s.marks.append(("optimizer", opened, self._events.record() if self._cuda else t0))
             self._optimizer_open = self._after_backward = None
+            if not self._cuda:
+                s.marks.append(("optimizer", opened, t0))
+                opened = None  # marked; on GPU it is, below, by the event behind the step's gathered values
         updates = self._updates
         if updates:  # optimizer.step ran: the LRs it used replace those read at the step's first forward
             s.lr = updates.pop()
@@ -673,6 +676,10 @@ class TrainMonitor:
             s.scheduler_epoch = self._scheduler.last_epoch
         if s.scale is None and self._scaler is not None and self._scaler._scale is not None:
             s.scale = self._scaler._scale.detach().clone()  # first step: scale() made it lazily
+        if opened is not None and (s.update_sample is not None or (s.stepped and s.sampled)):
+            # trainmon's own device work follows the update on a sampled step: the optimizer's end comes before it
+            s.marks.append(("optimizer", opened, self._events.record()))
+            opened = None
         if s.update_sample is not None:
             s.update_ratio, groups = update_ratios(s.update_sample)
             s.update_sample = None
@@ -681,8 +688,15 @@ class TrainMonitor:
             s.precursors = _joined(s.precursors, adam_eps_fractions(self._optimizer))
         if self._cuda:
             s.memory = _cuda_memory()
+            values = gather(_device_tensors(s))  # in stream order, a step's values are its own
+            if values is not None or opened is not None:
+                # One event behind the gathered values (a stack and a cat: microseconds of device work): the
+                # optimizer's end, where not marked above, and what the sender's copy of them waits for.
+                s.ready = ready = self._events.record()
+                if opened is not None:
+                    s.marks.append(("optimizer", opened, ready))
             events = [end for _, _, end in s.marks if not isinstance(end, float)]
-            self._readback.submit(s, _device_tensors(s), events)
+            self._readback.submit(s, values, s.ready, events)
         else:  # self._readback.submit(s), inlined (see Readback.pending)
             readback = self._readback
             if len(readback.pending) < readback.capacity:
@@ -752,7 +766,10 @@ class TrainMonitor:
             record["phases"] = phases
             if self._cuda:  # their times are read: the events may be recorded again
                 events = {id(e): e for _, start, end in s.marks for e in (start, end) if not isinstance(e, float)}
+                events.pop(id(s.ready), None)  # given back below, once
                 self._events.release(events.values())
+        if s.ready is not None:  # the copy it guarded has completed
+            self._events.release((s.ready,))
         if s.memory is not None:
             record["mem_allocated_bytes"], record["mem_peak_bytes"] = s.memory
         if s.loss is not None:
