@@ -27,7 +27,7 @@ import operator
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
@@ -107,14 +107,26 @@ class _Slot:
 
     def __init__(self, events: list[Event], arrival: float | None, sent: float | None = None) -> None:
         self.events = events
-        # Its runs of consecutive events of one stream (a producer's batch is one): what the ingest looks up,
-        # checks and counts once per run of events rather than once per event (a whole batch of an import).
-        self.segments = [list(same) for _, same in itertools.groupby(events, _SEGMENT)]
+        self.segments = [_segment(list(same)) for _, same in itertools.groupby(events, _SEGMENT)]
         self.arrival = arrival  # collector wall time the batch was received; None: not live (tests, imports)
         self.sent = sent  # the producer's wall time when it sent the batch, if it said (wire.SENT_HEADER)
         self.fresh: list[tuple[Event, int]] = []
         self.error: BaseException | None = None
         self.stored_as: dict[str, str] = {}  # IngestResult.stored_as
+
+
+class _Segment(NamedTuple):
+    """A run of consecutive events of one stream (a producer's batch is one), with each event's time and kind
+    read once: what the ingest looks up, checks and counts once per segment rather than once per event (a
+    whole batch of an import)."""
+
+    events: list[Event]
+    times: list[float]
+    kinds: list[str]
+
+
+def _segment(events: list[Event]) -> _Segment:
+    return _Segment(events, list(map(_TIME, events)), list(map(_KIND, events)))
 
 
 def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
@@ -144,6 +156,11 @@ def _columns(rows: list[dict[str, Any]]) -> Columns:
     return {name: [row.get(name) for row in rows] for name in set().union(*rows)}
 
 
+def _field(fields: list[dict[str, Any]], name: str) -> list[Any]:
+    """Each of ``fields``' value of ``name`` (None where it has none), at C speed."""
+    return list(map(dict.get, fields, itertools.repeat(name)))
+
+
 def _step_columns(events: list[Event], attempts: list[int], fields: list[dict[str, Any]], present: set[str]) -> Columns:
     """The steps' ``steps`` rows, column by column, with the columns some step has (``insert_ignore`` stores NULL
     in the others): an imported step has 4 of 30. Built from the fields (``fields``: each step's; ``present``: the
@@ -157,8 +174,8 @@ def _step_columns(events: list[Event], attempts: list[int], fields: list[dict[st
         "time": list(map(_TIME, events)),
     }
     for name in _STEP_FIELDS.intersection(present):
-        columns[name] = [f.get(name) for f in fields]
-    lrs = columns["lrs"] = [f.get("lr") for f in fields]
+        columns[name] = _field(fields, name)
+    lrs = columns["lrs"] = _field(fields, "lr")
     columns["lr"] = [x[0] if x else None for x in lrs]
     if "phases" in present:
         phases = [f.get("phases") or {} for f in fields]
@@ -185,13 +202,15 @@ def _layer_rows(events: list[Event], attempts: list[int], present: set[str]) -> 
     return [row for ev, attempt in zip(events, attempts, strict=True) if (row := _layer_row(ev, attempt))]
 
 
-def _extremes(events: list[Event]) -> tuple[float, float]:
-    """The latest and the earliest of the events' times on the collector's clock (``aligned``). Under one offset
+def _extremes(segment: _Segment) -> tuple[float, float]:
+    """The latest and the earliest of the segment's times on the collector's clock (``aligned``). Under one offset
     ``aligned`` keeps the times' order, so each run of events of one offset (a segment's, stamped together) gives
     the aligned extremes of its times, without a call per event."""
     extremes: list[tuple[float, float]] = []
-    for offset, same in itertools.groupby(events, _OFFSET):
-        times = list(map(_TIME, same))
+    stop = 0
+    for offset, same in itertools.groupby(map(_OFFSET, segment.events)):
+        start, stop = stop, stop + len(list(same))
+        times = segment.times[start:stop]
         extremes.append((aligned(max(times), offset), aligned(min(times), offset)))
     latest, earliest = extremes[0]
     for hi, lo in extremes[1:]:
@@ -293,8 +312,7 @@ class Ingestor:
                     slot.error = exc
         try:
             known: dict[str, _Stream] = {}
-            fresh_all: list[tuple[Event, int]] = []
-            parts: list[tuple[_Stream, list[Event]]] = []  # the fresh events, by segment, in the group's order
+            parts: list[tuple[_Stream, _Segment]] = []  # the fresh events, by segment, in the group's order
             with self.storage.begin() as conn:
                 for slot in group:
                     if slot.error is not None:
@@ -314,15 +332,14 @@ class Ingestor:
                         for ev in slot.events:
                             known[ev.stream].clock.add(ev.time, arrival)
                     for segment in slot.segments:
-                        st = known[segment[0].stream]
+                        st = known[segment.events[0].stream]
                         fresh = self._dedupe(st, segment)
                         if arrival is not None:  # the collector's own stamp on a validated (frozen) event
-                            for ev in fresh:
+                            for ev in fresh.events:
                                 object.__setattr__(ev, "clock_offset", st.clock.offset)
-                        if fresh:
+                        if fresh.events:
                             parts.append((st, fresh))
-                            slot.fresh.extend(zip(fresh, itertools.repeat(st.attempt)))
-                    fresh_all.extend(slot.fresh)
+                            slot.fresh.extend(zip(fresh.events, itertools.repeat(st.attempt)))
                 if parts:
                     # Priming a run is the costly part of a new one: only for the events stored, under the run
                     # they are stored under, before they are written (the history must not hold them).
@@ -340,15 +357,15 @@ class Ingestor:
         return self._launches.commit()
 
     @staticmethod
-    def _dedupe(st: _Stream, segment: list[Event]) -> list[Event]:
+    def _dedupe(st: _Stream, segment: _Segment) -> _Segment:
         """The events of ``segment`` (one stream's, in order) not stored before, recorded in the stream's seqs;
         its count of missing seqs grows by each gap and shrinks by each one filled. Counted for the segment: each
         fresh seq above the stream's highest adds the gap below it, each one below fills one, which sums to the
         highest's rise less the fresh events."""
         highest = st.seqs.last
-        stored = list(map(st.seqs.add, map(_SEQ, segment)))  # False: stored before, a duplicate
-        fresh = segment if all(stored) else list(itertools.compress(segment, stored))
-        st.missing += st.seqs.last - highest - len(fresh)
+        stored = st.seqs.add_all(list(map(_SEQ, segment.events)))  # False: stored before, a duplicate
+        fresh = segment if all(stored) else _Segment(*(list(itertools.compress(c, stored)) for c in segment))
+        st.missing += st.seqs.last - highest - len(fresh.events)
         return fresh
 
     def _check_limits(self, events: list[Event], admitted: dict[str, set[int]]) -> None:
@@ -434,7 +451,7 @@ class Ingestor:
         launches: dict[str, str | None] | None = None  # stream -> launch id, of the batch's run_start events
         pulses = self._launches.pulses  # when each run was last heard from: whether a new job meets a live one
         for segment in slot.segments:
-            ev = segment[0]
+            ev = segment.events[0]
             st = known.get(ev.stream)
             if st is None:
                 cached = self._streams.get(ev.stream)
@@ -462,14 +479,12 @@ class Ingestor:
                         f"not run {ev.run!r} rank {ev.rank}"
                     )
                 slot.stored_as[ev.run] = st.run
-                for e in segment:
+                for e in segment.events:
                     object.__setattr__(e, "run", st.run)  # the collector's own stamp, as ``clock_offset``
             pulse = pulses.get(st.run)
             if pulse is None:
                 pulse = pulses[st.run] = Pulse()
-            times = map(_TIME, segment) if arrival is None else itertools.repeat(arrival, len(segment))
-            for t, kind in zip(times, map(_KIND, segment), strict=True):
-                pulse.beat(t, kind, ev.rank)
+            pulse.beats(segment.times if arrival is None else [arrival], segment.kinds, ev.rank)
 
     @staticmethod
     def _fetch(conn: Connection, stream: str) -> _Stream | None:
@@ -479,7 +494,7 @@ class Ingestor:
         seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
         return _Stream(row.run, row.rank, row.attempt, seqs, row.missing, ClockOffset(row.clock_offset))
 
-    def _write(self, conn: Connection, parts: list[tuple[_Stream, list[Event]]], known: dict[str, _Stream]) -> None:
+    def _write(self, conn: Connection, parts: list[tuple[_Stream, _Segment]], known: dict[str, _Stream]) -> None:
         """Store the fresh events, given by segment (one stream's, in order): their rows, and what they tell of
         their streams and runs (when each was active, on the collector's clock, how many events, a start, an end)."""
         step_events: list[Event] = []
@@ -487,9 +502,10 @@ class Ingestor:
         rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
         run_updates: dict[str, dict[str, Any]] = {}
-        for st, events in parts:
+        for st, segment in parts:
+            events, kinds = segment.events, segment.kinds
             first_event, attempt = events[0], st.attempt
-            latest, earliest = _extremes(events)
+            latest, earliest = _extremes(segment)
             su = stream_updates.get(first_event.stream)  # not setdefault: its default dict would be built every time
             if su is None:
                 su = stream_updates[first_event.stream] = {"host": first_event.host, "last_time": latest, "events": 0}
@@ -502,10 +518,11 @@ class Ingestor:
             else:
                 ru["updated_at"] = max(ru["updated_at"], latest)
                 ru["first"] = min(ru["first"], earliest)
-            stepping = list(map(_IS_STEP, map(_KIND, events)))
-            step_events += itertools.compress(events, stepping)
-            step_attempts += itertools.repeat(attempt, len(step_events) - len(step_attempts))  # one per step added
-            if all(stepping):
+            count = kinds.count("step")
+            stepping = None if count == len(kinds) else list(map(_IS_STEP, kinds))  # None: steps alone, as mostly
+            step_events += events if stepping is None else itertools.compress(events, stepping)
+            step_attempts += itertools.repeat(attempt, count)
+            if stepping is None:
                 continue
             for ev in itertools.compress(events, map(operator.not_, stepping)):
                 f = ev.fields

@@ -76,6 +76,16 @@ class SeqSet:
             self._bound()
         return True
 
+    def add_all(self, seqs: list[int]) -> list[bool]:
+        """Record ``seqs`` in order, as :meth:`add` each; False for those stored already (before, or earlier in
+        ``seqs``). A stream's usual batch, the next seqs one by one, extends the set by its first and last alone
+        (a million-event import made a million calls here)."""
+        if seqs and seqs[0] > self.last and seqs == list(range(seqs[0], seqs[0] + len(seqs))):
+            self.add(seqs[0])
+            self._lasts[-1] = seqs[-1]
+            return [True] * len(seqs)
+        return list(map(self.add, seqs))
+
     def _bound(self) -> None:
         while len(self._firsts) > MAX_RANGES:
             self.closed += self._firsts[1] - self._lasts[0] - 1

@@ -114,12 +114,15 @@ _NUMBER_LISTS = json.JSONEncoder(check_circular=False)
 def _json_texts(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
     """A JSON column's cells as bound on SQLite, where ``process`` (SQLAlchemy's) binds a value as its
     ``json.dumps``. A column of non-empty lists of plain numbers (a step's learning rates, one list per step) is
-    encoded by one ``json.dumps`` of the column and cut at the ``, `` between its lists (a number's text holds
-    no bracket nor line break): the same texts, without a million calls through SQLAlchemy's wrapper and the
-    encoder's."""
-    lists = set(map(type, cells)) == {list} and all(cells)
-    if lists and set(map(type, itertools.chain.from_iterable(cells))) <= _NUMBERS:
-        return _NUMBER_LISTS.encode(cells)[1:-1].replace("], [", "]\n[").split("\n")
+    encoded by one ``json.dumps`` of the column and cut between its lists (a number's text holds no bracket,
+    comma nor line break): the same texts, without a million calls through SQLAlchemy's wrapper and the
+    encoder's. Where each list holds one number (one param group, as mostly), the ``, `` between the lists are
+    the only ones, and the cut needs no marking first."""
+    if set(map(type, cells)) == {list} and all(cells):
+        numbers = list(itertools.chain.from_iterable(cells))
+        if set(map(type, numbers)) <= _NUMBERS:
+            text = _NUMBER_LISTS.encode(cells)[1:-1]
+            return text.split(", ") if len(numbers) == len(cells) else text.replace("], [", "]\n[").split("\n")
     return _each(process, cells)
 
 
