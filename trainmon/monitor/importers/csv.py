@@ -221,10 +221,16 @@ class Rows:
     no cell of it is blank), so a metric table's text is let go as its columns are read.
     """
 
-    def __init__(self, lines: list[int], text: list[list[str] | None] | list[list[str | float] | None]) -> None:
+    def __init__(
+        self,
+        lines: list[int],
+        text: list[list[str] | None] | list[list[str | float] | None],
+        numbers: dict[int, list[float | None]] | None = None,
+    ) -> None:
+        """``numbers``: the columns read already (a table whose every block pandas read is all floats)."""
         self.lines = lines  # each row's line number in the file
         self._text = text  # each column's cells (text, or floats read already); None once all read as numbers
-        self._numbers: dict[int, list[float | None]] = {}
+        self._numbers = numbers or {}
 
     def column(self, j: int) -> list[float | None]:
         """Column ``j`` as ``to_float`` reads each cell, read once."""
@@ -243,7 +249,11 @@ class Rows:
 
     def select(self, keep: list[int]) -> Rows:
         """The rows with the columns ``keep`` only (one run's columns of a panel export)."""
-        return Rows(self.lines, [self._text[i] for i in keep])
+        return Rows(
+            self.lines,
+            [self._text[i] for i in keep],
+            {k: self._numbers[i] for k, i in enumerate(keep) if i in self._numbers},
+        )
 
 
 _BLOCK = 1 << 20
@@ -265,6 +275,7 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
     """
     line_numbers: list[int] = []
     text: list[list[str] | list[str | float]] = [[] for _ in range(width)]
+    cut = False  # a block was cut into cells as text (not read by pandas)
     bad = 0
     n = 2  # the next record's number in the file (the header is 1)
     while block := f.read(_BLOCK):
@@ -273,6 +284,7 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
         count = block.count("\n") + (not block.endswith("\n"))  # the last line of a file may have no end
         columns = _number_columns(block, width, count)
         if columns is None:
+            cut = True
             lines = _lines(block)
             if '"' in block or max(map(len, lines)) > csv.field_size_limit():
                 rows: Iterable[list[str]] = csv.reader(itertools.chain(lines, f))
@@ -301,7 +313,10 @@ def _table_rows(f: TextIO, width: int, path: Path) -> tuple[Rows, int]:
                 _into_columns(cells, text)
                 cells = []
         _into_columns(cells, text)
-    return Rows(line_numbers, list(text)), bad
+    if cut:
+        return Rows(line_numbers, list(text)), bad
+    # every cell a float already: read as they are (``float`` of each took 0.04 s of a million rows' four columns)
+    return Rows(line_numbers, [None] * width, dict(enumerate(text))), bad  # type: ignore[arg-type]
 
 
 def _lines(block: str) -> list[str]:
