@@ -33,9 +33,10 @@ What ``watch`` installs, and what each phase means:
 - ``other``: the rest of the step.
 
 Host-device traffic: none on the hot path. On GPU, forward/backward/optimizer are timed with
-CUDA events, and loss, norms, loss scale and per-parameter grad norms stay tensors until their
-non-blocking copy to pinned memory has landed (``trainmon.hooks.readback``); the step's record is sent
-when that happens, usually one step later. Events leave through the transport's bounded deque.
+CUDA events, and loss, norms, loss scale and per-parameter grad norms are gathered into one device
+buffer at ``step_end``, whose non-blocking copy to pinned memory the sender thread queues on a copy
+stream of its own (``trainmon.hooks.readback``); the step's record is sent once it has landed, usually
+one step later. Events leave through the transport's bounded deque.
 """
 
 from __future__ import annotations
