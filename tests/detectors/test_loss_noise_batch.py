@@ -1,5 +1,5 @@
 """``loss_noise``'s ``observe_batch`` (issue 24): the numpy screen and the windows' bulk moves it rests on equal what
-they replace. ``window_bounds`` gives each window's median and bounds that hold on its ``_mad``;
+they replace. ``window_bounds`` gives each window's median and bounds that hold on its ``sorted_mad``;
 ``RollingWindow.extend`` and ``LazyWindow.extend`` leave a window as adds one by one do (signed zeros, ties,
 non-finite values); ``_lrs`` reads the LRs ``_lr`` reads; and the detector fed in batches at random cuts reports, and
 ends in, what ``observe`` one event at a time does, on streams that leave and re-enter the quiet state all the time
@@ -21,7 +21,7 @@ from tests.detectors.helpers import ev, start
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import loss_noise
 from trainmon.monitor.detectors.loss_noise import LossNoise
-from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow, _mad, sorted_median, window_bounds
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow, sorted_mad, sorted_median, window_bounds
 from trainmon.wire import Event
 
 finite_values = st.one_of(
@@ -47,7 +47,7 @@ def test_window_bounds_hold_each_windows_median_and_mad(xs: list[float], size: i
         row = sorted(xs[j : j + size])
         assert s[j].tolist() == row  # as numbers: numpy's sort leaves signed zeros in no particular order
         assert m[j] == sorted_median(row)
-        mad = _mad(row)
+        mad = sorted_mad(row)
         assert lo[j] <= mad <= hi[j], (j, lo[j], mad, hi[j])
 
 

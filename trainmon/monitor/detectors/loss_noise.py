@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow, _mad, window_bounds
+from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow, sorted_mad, window_bounds
 from trainmon.wire import Event
 
 __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
@@ -215,7 +215,7 @@ class _Run:
         trend, t = np.abs(med), c.trend_max
         desc = trend > t * rhi
         for q in np.flatnonzero((trend > t * rlo) & ~desc).tolist():
-            desc[q] = trend[q] > t * _mad(rs[q].tolist())
+            desc[q] = trend[q] > t * sorted_mad(rs[q].tolist())
         leaving = self.e_step[: r0 + n - w]
         joins[pad:] = ~desc
         if min(leaving) < det._warmup_end:
@@ -402,10 +402,10 @@ class LossNoise(Detector):
             quiet = (blo > 0.0) & (run.rhi[k + run.off : end + run.off] / blo < bar)
         m = end - k
         for q in np.flatnonzero(~quiet).tolist():  # the exact MADs, as _add's early return and _ratios judge them
-            rdm = _mad(run.rs[k + q + run.off].tolist())
+            rdm = sorted_mad(run.rs[k + q + run.off].tolist())
             if blo[q] > 0.0 and rdm / blo[q] < bar:  # the recent one's (fewer values) may show it alone
                 continue
-            bdm = _mad(bs[rows[q]].tolist())
+            bdm = sorted_mad(bs[rows[q]].tolist())
             if bdm > 0.0 and rdm / bdm >= bar:
                 m = q
                 break

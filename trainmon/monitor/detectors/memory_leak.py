@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.quiet import observe_quiet
+from trainmon.monitor.detectors.rolling import sorted_median
 from trainmon.wire import Event
 
 __all__ = ["MemoryLeak", "MemoryLeakConfig", "theil_sen"]
@@ -133,19 +134,13 @@ class _Series:
         self.stride, self.count = 1, 0
 
 
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 def _blocks(values: list[float], parts: int) -> tuple[list[float], float]:
     """Medians of ``parts`` equal blocks, and the smallest difference of two of them that is more
     than noise (about 3 sigma of the difference; sigma from the pooled MAD around the medians)."""
     n = len(values) // parts
     blocks = [values[i * n : (i + 1) * n] for i in range(parts)]
-    medians = [_median(b) for b in blocks]
-    spread = _median([abs(v - m) for b, m in zip(blocks, medians, strict=True) for v in b])
+    medians = [sorted_median(sorted(b)) for b in blocks]
+    spread = sorted_median(sorted(abs(v - m) for b, m in zip(blocks, medians, strict=True) for v in b))
     return medians, 3 * math.sqrt(2) * 1.25 * 1.4826 * spread / math.sqrt(n)
 
 

@@ -2,7 +2,7 @@
 
 Detectors run on every event of every rank, so the per-event cost matters (the collector
 targets 100k samples/s on two cores; a 1M-row post-mortem calls ``add`` ~19 times a row). Two
-windows, one set of statistics (``sorted_median``, ``sorted_quantile``, ``_mad`` of a sorted list):
+windows, one set of statistics (``sorted_median``, ``sorted_quantile``, ``sorted_mad`` of a sorted list):
 
 * :class:`RollingWindow` keeps its values in arrival order and in a sorted list, for statistics read on
   every step: adding is one ``insort`` and one ``bisect`` removal (C memmove of at most ``size``
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["LazyWindow", "RollingWindow", "sorted_median", "sorted_quantile", "window_bounds"]
+__all__ = ["LazyWindow", "RollingWindow", "sorted_mad", "sorted_median", "sorted_quantile", "window_bounds"]
 
 _NEAR = 4
 """``window_bounds`` tries the bounding blocks this many positions either side of the centre."""
@@ -51,7 +51,7 @@ def sorted_quantile(s: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def _mad(s: list[float]) -> float:
+def sorted_mad(s: list[float]) -> float:
     """Median absolute deviation of the sorted ``s``, scaled by 1.4826 to estimate sigma for normal data."""
     n = len(s)
     below, raw = _kth_deviations(s, sorted_median(s), n // 2)
@@ -88,10 +88,10 @@ def _kth_deviations(s: list[float], m: float, k: int) -> tuple[float, float]:
 
 def window_bounds(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every window of ``size`` (odd, or at least 4) consecutive finite ``values``, window ``j`` being
-    ``values[j:j + size]``: its values sorted (row ``j``), its median, the float ``sorted_median`` gives, and bounds
-    ``lo <= mad <= hi`` on the float ``_mad`` gives (the exact MAD: ``_mad`` of the row), in one numpy pass. Equal
-    as numbers: numpy's sort leaves a ``0.0`` and a ``-0.0`` in no particular order, so a zero may differ in sign
-    (what a rule compares, not what it reports).
+    ``values[j:j + size]``: its values sorted (row ``j``), its median, the float ``sorted_median`` gives, and
+    bounds ``lo <= mad <= hi`` on the float ``sorted_mad`` gives (the exact MAD: ``sorted_mad`` of the row), in one
+    numpy pass. Equal as numbers: numpy's sort leaves a ``0.0`` and a ``-0.0`` in no particular order, so a zero
+    may differ in sign (what a rule compares, not what it reports).
 
     Why exact: the bounds are :meth:`RollingWindow.mad_bounds`'s, whose proof holds for every block position in its
     range, here the tightest of those within ``_NEAR`` of the centre (the most of the lower bounds, the least of the
@@ -211,7 +211,7 @@ class RollingWindow:
         b = self._bounds
         if b is not None and b[0] == b[1]:
             return b[0]
-        mad = _mad(self._sorted)
+        mad = sorted_mad(self._sorted)
         self._bounds = (mad, mad)
         return mad
 
@@ -312,7 +312,7 @@ class LazyWindow:
 
     def mad(self) -> float:
         """Median absolute deviation, scaled by 1.4826 to estimate sigma for normal data."""
-        return _mad(self._view())
+        return sorted_mad(self._view())
 
     def mad_bounds(self) -> tuple[float, float]:
         """``(lo, hi)`` with ``lo <= mad() <= hi``, as :meth:`RollingWindow.mad_bounds`: here the MAD itself, which
