@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import start_collector
 from tests.events import event
 from tests.trainer_helpers import ROOT, TINY, run_trainer
 from trainmon.monitor.analysis.compare import compare, load_run, noise_sigma, series_from_arrays
@@ -192,6 +193,34 @@ def test_cli_files_and_store(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "B is consistently worse than A" in capsys.readouterr().out.replace("\n", " ")
     assert main(["compare", "smol-ref", "nope", "--db", str(db)]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_cli_runs_on_a_collector_read_as_in_its_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--url``: run ids on a collector give the comparison their store gives (the same series, read through the
+    run's export), a file beside a run id works too, and a run the collector lacks is an error naming it."""
+    s, a, b = _tp_story()
+    fa = _write_run(tmp_path / "ref.jsonl", "smol-ref", a, _lr(s), {"tp": 1, "seed": 42})
+    fb = _write_run(tmp_path / "tp.jsonl", "smol-tp", b, _lr(s), {"tp": 2, "seed": 42})
+    db = tmp_path / "store.sqlite"
+    store = Storage(str(db))
+    import_file(fa, store)
+    import_file(fb, store)
+    store.close()
+    assert main(["compare", "smol-ref", "smol-tp", "--db", str(db), "--json"]) == 0
+    stored = json.loads(capsys.readouterr().out)
+    collector = start_collector(db)
+    try:
+        assert main(["compare", "smol-ref", "smol-tp", "--url", collector.url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == stored
+        assert main(["compare", str(fa), "smol-tp", "--url", collector.url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["loss"] == stored["loss"]
+        assert main(["compare", "smol-ref", "nope", "--url", collector.url]) == 2
+        err = capsys.readouterr().err
+        assert "nope" in err and collector.url in err
+    finally:
+        collector.stop()
+    assert main(["compare", "smol-ref", "smol-tp", "--url", collector.url]) == 2  # nothing answers there now
+    assert "smol-ref" in capsys.readouterr().err
 
 
 # -- real reference-trainer runs -------------------------------------------------------------------

@@ -336,8 +336,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from trainmon.monitor.analysis.compare import CompareError, compare, load_run, render
 
     try:
-        a = load_run(args.a, args.db, args.run_a)
-        b = load_run(args.b, args.db, args.run_b)
+        collector = None
+        if args.url:
+            from trainmon.monitor.analysis.live_view import HttpSource
+
+            collector = HttpSource(args.url, args.token or os.environ.get("TRAINMON_TOKEN") or None)
+        a = load_run(args.a, args.db, args.run_a, collector)
+        b = load_run(args.b, args.db, args.run_b, collector)
         result = compare(a, b, by=args.by)
     except (CompareError, FileNotFoundError) as exc:
         _error("compare", exc)
@@ -525,11 +530,16 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
         help="align two runs by step or tokens and say where and how they diverge",
-        description="A and B are run ids in --db, or log files/folders (imported into memory).",
+        description="A and B are run ids in --db or on a collector (--url), or log files/folders (imported into "
+        "memory).",
     )
-    p.add_argument("a", metavar="A", help="the reference run: a run id in --db, or a log file or folder")
+    p.add_argument("a", metavar="A", help="the reference run: a run id in --db or on --url, or a log file or folder")
     p.add_argument("b", metavar="B", help="the run compared with it")
     p.add_argument("--db", help="store holding run ids A and/or B (SQLite path or SQLAlchemy URL)")
+    p.add_argument(
+        "--url", help="collector holding run ids A and/or B, e.g. http://127.0.0.1:9400 (reads their export)"
+    )
+    p.add_argument("--token", help="the collector's bearer token (default: $TRAINMON_TOKEN)")
     p.add_argument("--run-a", help="which run of a multi-run file A")
     p.add_argument("--run-b", help="which run of a multi-run file B")
     p.add_argument(

@@ -18,19 +18,23 @@ The report names:
 * the eval loss gap at the evaluations both runs made;
 * the configuration keys whose values differ.
 
-Runs come from a store (``--db``) or from log files/folders, which are imported into an
-in-memory store first (:func:`trainmon.monitor.analysis.open_run.open_run`), so both paths share one query.
+Runs come from a store (``--db``), a collector (``--url``: the run's export, as ``trainmon export`` writes it) or
+from log files/folders, which are imported into an in-memory store first
+(:func:`trainmon.monitor.analysis.open_run.open_run`), so every path shares one query.
 Runs are aligned by optimizer step, or by tokens consumed (a run with a different batch size).
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainmon.monitor.analysis.live_view import HttpSource, SourceError
 from trainmon.monitor.analysis.open_run import OpenRunError, open_run
 from trainmon.monitor.core.escape import escape_for_terminal
 from trainmon.monitor.detectors.loss_noise import shuffling_hint
@@ -154,17 +158,35 @@ def _from_storage(storage: Storage, run: str, label: str) -> RunSeries:
     )
 
 
-def load_run(spec: str, db: str | None = None, run: str | None = None) -> RunSeries:
-    """A run by id in ``db``, or the run held by a log file or folder (imported into memory).
+def load_run(
+    spec: str, db: str | None = None, run: str | None = None, collector: HttpSource | None = None
+) -> RunSeries:
+    """A run by id in ``db`` or on ``collector``, or the run held by a log file or folder (imported into memory).
 
-    ``run`` picks one run of a multi-run file.
+    ``run`` picks one run of a multi-run file. A run on a collector is read through its export, imported as a
+    file would be: a comparison reads the same series wherever the run is.
     """
+    if collector is not None and not Path(spec).exists():
+        with tempfile.TemporaryDirectory(prefix="trainmon-compare-") as tmp:
+            path = Path(tmp) / "export.jsonl"
+            try:
+                collector.export_to(spec, path)
+            except KeyError as exc:
+                where = f"{spec}: not a log file or folder, nor a run on {collector.where}"
+                raise CompareError(f"{where} ({exc.args[0]})") from None
+            except SourceError as exc:
+                raise CompareError(f"{spec}: {exc}") from None
+            return _opened(path, None, spec, spec)
+    return _opened(spec, db, run, spec)
+
+
+def _opened(target: str | Path, db: str | None, run: str | None, label: str) -> RunSeries:
     try:
-        opened = open_run(spec, db, run, choose="--run-a/--run-b")
+        opened = open_run(target, db, run, choose="--run-a/--run-b")
     except OpenRunError as exc:
         raise CompareError(str(exc)) from None
     with opened:
-        return _from_storage(opened.storage, opened.run, spec)
+        return _from_storage(opened.storage, opened.run, label)
 
 
 # -- statistics ------------------------------------------------------------------------------------

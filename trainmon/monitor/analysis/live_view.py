@@ -373,6 +373,17 @@ class HttpSource:
         path = f"/v1/runs/{urllib.parse.quote(run, safe='')}/postmortem"
         return _revive(self._get(path, ANALYSIS_TIMEOUT))
 
+    def export_to(self, run: str, path: Path) -> int:
+        """Write ``run``'s events to ``path`` as the collector exports them (``GET /v1/runs/{run}/export``, JSONL that
+        ``trainmon postmortem FILE`` reads back); the number of events. ``KeyError`` for an unknown run."""
+        lines = 0
+        url = f"/v1/runs/{urllib.parse.quote(run, safe='')}/export"
+        with self.open("GET", url, ANALYSIS_TIMEOUT) as resp, open(path, "wb") as out:
+            for line in resp:  # one event a line, as it arrives
+                out.write(line)
+                lines += 1
+        return lines
+
     def report_page(self, run: str) -> bytes:
         """The post-mortem's self-contained HTML report, plots inline (``GET /v1/runs/{run}/report``)."""
         return self._fetch(f"/v1/runs/{urllib.parse.quote(run, safe='')}/report", ANALYSIS_TIMEOUT)
