@@ -24,11 +24,13 @@ from trainmon.monitor.store.storage import Storage
 __all__ = ["ImportResult", "import_log"]
 
 _BATCH = 5000
-_PROCESS_FROM = 4 << 20
-"""Bytes of log from which an import's detection runs in a child process: about 50,000 events of a metric table
-(fewer of a JSON log), under 0.5 s of detection in this thread, about what the child's start costs. Known before
-the parse, so the child starts (0.25 s of CPU, 0.45 s to its first answer) on another core while this one parses:
-a million-row CSV's parse took 1.2 s before its first event, with the child's start after it."""
+_PROCESS_FROM = 8 << 20
+"""Bytes of log from which an import's detection runs in a child process. Known before the parse, so the child
+starts (0.25 s of CPU, 0.45 s to its first answer) on another core while this one parses: counted in events (from
+50,000), it started after a million-row CSV's first 1.2 s of parsing, and the import waited 0.3-0.4 s more on it.
+8 MiB is about 50,000 entries of an HF trainer_state.json (whose 30,000 entries, 4.9 MB, took 0.2 s longer with
+the child: their parse is too short to hide its start), 125,000 rows of a four-column CSV (a 100,000-row one, 6.5
+MB, took as long either way)."""
 _IN_THREAD = frozenset(("lr_schedule_drift", "divergence"))
 """The detectors that still run in the importing thread beside the child. Since the detectors decide most steps of a
 batch at once (``Detector.observe_batch``), detection is the smaller half of a long import: a million-row CSV took
