@@ -30,13 +30,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import torch
-from torch._utils import _flatten_dense_tensors
 
 __all__ = ["LAYOUT_AXES", "normalise_layout", "weights_checksum"]
 
 LAYOUT_AXES = ("tp", "dp", "pp")
 """Parallel dimensions, fastest-varying first: Megatron-LM's rank order (tensor, data, pipeline)."""
 
+# torch._utils._flatten_dense_tensors, less its Python frame: one call that flattens and concatenates a list
+_flatten = torch._C._nn.flatten_dense_tensors
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _LOW = (1 << 24) - 1
 _BATCH_ELEMENTS = 1 << 22  # smaller tensors are summed in batches of up to this many elements (16 MiB of int32)
@@ -84,7 +85,7 @@ def _sums(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     kernel launches (3 ms of host time on an H200 for a 12-layer GPT): tensors under ``_BATCH_ELEMENTS``
     are concatenated per dtype (a cat across dtypes would convert the bits, not keep them) and reduced
     once per batch, for a temporary of at most that many elements. A batch is flattened and concatenated
-    in one call (``_flatten_dense_tensors``), where a reshape and a detach of each tensor from Python were
+    in one call (``torch._utils._flatten_dense_tensors``), where a reshape and a detach of each tensor from Python were
     still 300 dispatcher calls for that GPT, which made the checksum step the slowest of the overhead
     bench's steps on an H200 (4.4 ms of host time). Called under ``no_grad``.
     """
@@ -97,11 +98,11 @@ def _sums(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
             continue
         batch, size = batches.get(t.dtype, ([], 0))
         if size + n > _BATCH_ELEMENTS:
-            parts.append(_flatten_dense_tensors(batch))
+            parts.append(_flatten(batch))
             batch, size = [], 0
         batch.append(t)
         batches[t.dtype] = (batch, size + n)
-    parts.extend(_flatten_dense_tensors(b) if len(b) > 1 else b[0] for b, _ in batches.values() if b)
+    parts.extend(_flatten(b) if len(b) > 1 else b[0] for b, _ in batches.values() if b)
     bits = torch.stack([f.view(_BITS[f.element_size()]).sum(dtype=torch.int64) for f in parts]).sum()
     squares = torch.stack([torch.linalg.vector_norm(f, dtype=torch.float32) for f in parts]).square().sum()
     return bits, squares
