@@ -401,7 +401,7 @@ class LossNoise(Detector):
         with np.errstate(divide="ignore", invalid="ignore"):
             quiet = (blo > 0.0) & (run.rhi[k + run.off : end + run.off] / blo < bar)
         m = end - k
-        for q in np.flatnonzero(~quiet).tolist():  # the exact MADs, as _add's early return and _ratios judge them
+        for q in np.flatnonzero(~quiet).tolist():  # the exact MADs, as _judge's _under judges them
             rdm = sorted_mad(run.rs[k + q + run.off].tolist())
             if blo[q] > 0.0 and rdm / blo[q] < bar:  # the recent one's (fewer values) may show it alone
                 continue
@@ -444,10 +444,28 @@ class LossNoise(Detector):
         """(relative, absolute) noise of the recent window over the baseline's, once both are judged."""
         if len(self._recent) < self.config.window or not self._bd.full:
             return None
-        bd, ba = self._bd.mad(), self._ba.mad()
-        if bd <= 0 or ba <= 0:
+        if self._bd.mad() <= 0 or self._ba.mad() <= 0:
             return None  # a baseline with no measurable noise (a quantised or constant log)
-        return self._rd.mad() / bd, self._ra.mad() / ba
+        return self._noise()
+
+    def _noise(self) -> tuple[float, float]:
+        """``_ratios`` where both baselines' MADs are known positive."""
+        return self._rd.mad() / self._bd.mad(), self._ra.mad() / self._ba.mad()
+
+    @staticmethod
+    def _under(recent: RollingWindow | LazyWindow, base: RollingWindow | LazyWindow, bar: float) -> bool:
+        """``recent.mad() / base.mad() < bar``, ``base``'s MAD positive, from the MADs' O(1) bounds where they decide
+        it, else from the MADs. Exact: with ``lo <= mad <= hi``, the ratio is at most ``recent_hi / base_lo`` where
+        ``base_lo`` is positive, and at least ``recent_lo / base_hi`` (float division is monotone in both, rounding
+        included), and neither bound shows a NaN ratio (two infinite MADs: the absolute ones of losses near the
+        float's limit) under the bar."""
+        base_lo, base_hi = base.mad_bounds()
+        lo, hi = recent.mad_bounds()
+        if base_lo > 0 and hi / base_lo < bar:
+            return True
+        if lo / base_hi >= bar:
+            return False
+        return recent.mad() / base.mad() < bar
 
     def _judging(self) -> bool:
         """The windows full enough to judge (``_ratios`` judges then); they stay so until the attempt ends."""
@@ -467,11 +485,6 @@ class LossNoise(Detector):
                 return True
             self._ba_retry = n + _RETRY_ADDS
         return self._ba.mad() > 0
-
-    def _absolute_quiet(self, bar: float) -> bool:
-        """The absolute noise proven under ``bar`` x its baseline's from the MADs' bounds (the baseline's positive)."""
-        ba = self._ba.mad_bounds()[0]
-        return ba > 0 and self._ra.mad_bounds()[1] / ba < bar
 
     def _descending(self) -> bool:
         """The recent window's median log-loss change exceeds ``trend_max`` x its noise. The MAD is computed only
@@ -516,18 +529,11 @@ class LossNoise(Detector):
                 self._admitted += 1
                 if old_lr is not None:
                     self._blr.add(old_lr)
-        if not self._open and (self._judged or self._judging()):
-            # Judged, and one noise proven under admit_ratio x its baseline's: what the rule below does with such a
-            # noise, on most entries from the MADs' O(1) bounds, then from the relative ratio itself, before the four
-            # exact MADs. Exact: with both baselines' MADs positive (their lower bounds) the ratios exist, and each is
-            # at most its recent window's upper bound over its baseline's lower bound (float division is monotone).
-            bd = self._bd.mad_bounds()[0]
-            if bd > 0 and (self._admitted <= self._ba_proven or self._ba_positive()):
-                bar = c.admit_ratio
-                rd = self._rd
-                if rd.mad_bounds()[1] / bd < bar or rd.mad() / self._bd.mad() < bar or self._absolute_quiet(bar):
-                    self._since, self._settled, self._high, self._hits = None, True, False, 0
-                    return []
+        if not self._open:
+            if (self._judged or self._judging()) and self._measured():
+                return self._judge(step)
+            self._high = False  # too few entries yet, or a baseline with no measurable noise (a quantised log)
+            return []
         ratios = self._ratios()
         if ratios is None:
             self._high = False
@@ -539,15 +545,6 @@ class LossNoise(Detector):
             self._since, self._settled = None, True
         elif self._since is None and self._settled:
             self._since = step
-        if not self._open:
-            # A streak starts at ``ratio`` and holds while the noise stays ``admit_ratio`` up (hysteresis).
-            # (the LR and the level, dearest, asked last: only of an entry that starts or holds a streak)
-            held = noise >= c.admit_ratio and self._settled and (self._hits or rel >= c.ratio)
-            self._hits = self._hits + 1 if held and self._lr_steady() and self._level_steady() else 0
-            if self._hits < c.sustain or rel < c.ratio:
-                return []
-            self._open, self._calm, self._reported = True, 0, step
-            return [self._report(step, rel, ab)]
         self._calm = self._calm + 1 if noise < c.release_ratio else 0
         if self._calm >= c.sustain:
             self._open = False
@@ -557,6 +554,36 @@ class LossNoise(Detector):
             self._reported = step
             return [self._report(step, rel, ab)]
         return []
+
+    def _measured(self) -> bool:
+        """Both baselines' MADs positive (a quantised or constant log's may be zero: no ratio then): the relative one's
+        from its lower bound where that shows it, the absolute one's from its ties (``_ba_positive``)."""
+        bd = self._bd
+        return (bd.mad_bounds()[0] > 0 or bd.mad() > 0) and (self._admitted <= self._ba_proven or self._ba_positive())
+
+    def _judge(self, step: int) -> list[Finding]:
+        """The rule, nothing open, on a judged entry whose ratios exist (``_measured``). Noise, the lesser ratio, at
+        least ``admit_ratio`` makes the entry high and dates the rise; a streak starts at ``ratio`` and holds while
+        the noise stays ``admit_ratio`` up (hysteresis), and opens the finding after ``sustain`` entries. Each ratio is
+        only compared with a bar (``_under``: on most entries from the MADs' O(1) bounds, quiet ones and those
+        between ``admit_ratio`` and ``ratio`` alike) and computed for a report; the relative one first, which decides
+        most quiet entries alone (the absolute window is sorted only when read), and the LR and the level, dearest,
+        last: only of an entry that starts or holds a streak."""
+        c = self.config
+        rd, bd, bar = self._rd, self._bd, c.admit_ratio
+        if self._under(rd, bd, bar) or self._under(self._ra, self._ba, bar):
+            self._since, self._settled, self._high, self._hits = None, True, False, 0
+            return []
+        self._high = True  # the lesser ratio at least the bar (the relative one, of log changes, is never NaN)
+        if self._since is None and self._settled:
+            self._since = step
+        held = self._settled and (self._hits or not self._under(rd, bd, c.ratio))
+        self._hits = self._hits + 1 if held and self._lr_steady() and self._level_steady() else 0
+        if self._hits < c.sustain or self._under(rd, bd, c.ratio):
+            return []
+        rel, ab = self._noise()
+        self._open, self._calm, self._reported = True, 0, step
+        return [self._report(step, rel, ab)]
 
     def _report(self, step: int, rel: float, ab: float) -> Finding:
         c = self.config
