@@ -1,6 +1,7 @@
 """A JSON column of lists that hold one number each (a step's learning rates under one param group: most imported
 steps) is bound as its processor binds each cell, every number's text included: ints, floats SQLite's JSON text
-writes in exponent form, non-finite ones, and columns whose lists hold one number or more."""
+writes in exponent form, non-finite ones, and columns whose lists hold one number or more. And ``insert_ignore``,
+which asks a column's first cell before it counts its Nones, of no rows at all."""
 
 from __future__ import annotations
 
@@ -22,3 +23,11 @@ def test_lists_of_one_number_are_bound_as_each_cell_alone() -> None:
     columns += [[[1e-05], [2.0, 3.0], [4]], [[1.0, 2.0]] * 3, [[1]]]  # a list of two among lists of one
     for cells in columns:
         assert binder(cells) == [process(c) for c in cells], cells
+
+
+def test_no_rows_store_nothing() -> None:
+    storage = Storage("sqlite://")
+    with storage.begin() as conn:
+        storage.insert_ignore(conn, steps, {"run": [], "rank": [], "attempt": [], "step": [], "time": [], "loss": []})
+    with storage.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM steps").scalar() == 0

@@ -412,8 +412,12 @@ class Storage:
         """
         omissible = self._omissible(table)
         count = len(next(iter(columns.values())))
-        kept = {
-            name: cells for name, cells in sorted(columns.items()) if name not in omissible or cells.count(None) < count
+        if not count:
+            return
+        kept = {  # a cell not None keeps its column: most columns answer by their first, without a scan
+            name: cells
+            for name, cells in sorted(columns.items())
+            if name not in omissible or cells[0] is not None or cells.count(None) < count
         }
         key = (table.name, tuple(kept))
         plan = self._inserts.get(key)
