@@ -26,6 +26,7 @@ from tests.events import batch, event, step_events
 from tests.prometheus import (
     PROMTOOL,
     REPO,
+    Prometheus,
     WebhookReceiver,
     alertmanager_test_config,
     fake_nvml_env,
@@ -75,6 +76,17 @@ def _key(alert: dict[str, Any], names: tuple[str, ...]) -> tuple[tuple[str, str]
 
 def _logs(tmp_path: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in (tmp_path / "logs").iterdir())
+
+
+def _throughput(prom: Prometheus, since: float) -> str:
+    """The faults run's tokens/s and half its median so far, a sample a second: what TrainmonThroughputCollapse
+    compared, for a failure to say whether the stall was too shallow or the normal samples too few."""
+    rate = f'trainmon:tokens_per_second:rate2m{{run="{FAULTS}"}}'
+    lines = []
+    for name, expr in (("tokens/s", rate), ("half median", f"0.5 * quantile_over_time(0.5, {rate}[30m])")):
+        series = prom.query_range(expr, since, time.time())
+        lines.append(f"{name}: " + " ".join(f"{float(v):.0f}" for _, v in (series[0]["values"] if series else ())))
+    return "\n".join(lines)
 
 
 def _launch(tmp_path: Path, collector_url: str) -> list[subprocess.Popen]:
@@ -142,6 +154,7 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
     )
     with stopping(receiver, collector, am, prom):
         assert {g["name"] for g in prom.rule_groups()} >= {"trainmon.recording", "trainmon.training"}
+        launched = time.time()
         procs = _launch(tmp_path, collector.url)
         try:
             seen: dict[tuple, dict[str, Any]] = {}
@@ -164,6 +177,8 @@ def test_faults_fire_alerts_and_alertmanager_delivers_them(tmp_path: Path) -> No
                 time.sleep(0.5)
             missing = EXPECTED_FIRING - set(seen)
             detail = f"firing: {sorted(seen)}\n{_logs(tmp_path)}"
+            if ("TrainmonThroughputCollapse", (("run", FAULTS),)) in missing:
+                detail += "\n" + _throughput(prom, launched)
             assert not missing, f"never firing in Prometheus: {sorted(missing)}\n{detail}"
         finally:
             for proc in procs:
