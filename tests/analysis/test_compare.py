@@ -170,10 +170,21 @@ def _write_run(path: Path, run: str, losses: np.ndarray, lrs: np.ndarray, config
     return path
 
 
-def test_cli_files_and_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _stored_story(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The TP story's two runs as files, and a store holding both."""
     s, a, b = _tp_story()
     fa = _write_run(tmp_path / "ref.jsonl", "smol-ref", a, _lr(s), {"tp": 1, "seed": 42})
     fb = _write_run(tmp_path / "tp.jsonl", "smol-tp", b, _lr(s), {"tp": 2, "seed": 42})
+    db = tmp_path / "store.sqlite"
+    store = Storage(str(db))
+    import_file(fa, store)
+    import_file(fb, store)
+    store.close()
+    return fa, fb, db
+
+
+def test_cli_files_and_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fa, fb, db = _stored_story(tmp_path)
     assert main(["compare", str(fa), str(fb), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["loss"]["verdict"] == "worse" == out["loss"]["direction"]
@@ -182,11 +193,6 @@ def test_cli_files_and_store(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert out["eval"]["common"] == 4 and out["eval"]["final_gap"] > 0.05
     assert out["throughput"]["ratio"] == pytest.approx(1.0)
 
-    db = tmp_path / "store.sqlite"
-    store = Storage(str(db))
-    import_file(fa, store)
-    import_file(fb, store)
-    store.close()
     assert main(["compare", "smol-ref", "smol-tp", "--db", str(db), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["loss"]["from_step"] == out["loss"]["from_step"]
     assert main(["compare", "smol-ref", "smol-tp", "--db", str(db)]) == 0
@@ -198,14 +204,7 @@ def test_cli_files_and_store(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_cli_runs_on_a_collector_read_as_in_its_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--url``: run ids on a collector give the comparison their store gives (the same series, read through the
     run's export), a file beside a run id works too, and a run the collector lacks is an error naming it."""
-    s, a, b = _tp_story()
-    fa = _write_run(tmp_path / "ref.jsonl", "smol-ref", a, _lr(s), {"tp": 1, "seed": 42})
-    fb = _write_run(tmp_path / "tp.jsonl", "smol-tp", b, _lr(s), {"tp": 2, "seed": 42})
-    db = tmp_path / "store.sqlite"
-    store = Storage(str(db))
-    import_file(fa, store)
-    import_file(fb, store)
-    store.close()
+    fa, _, db = _stored_story(tmp_path)
     assert main(["compare", "smol-ref", "smol-tp", "--db", str(db), "--json"]) == 0
     stored = json.loads(capsys.readouterr().out)
     collector = start_collector(db)
