@@ -31,12 +31,13 @@ starts (0.25 s of CPU, 0.45 s to its first answer) on another core while this on
 8 MiB is about 50,000 entries of an HF trainer_state.json (whose 30,000 entries, 4.9 MB, took 0.2 s longer with
 the child: their parse is too short to hide its start), 125,000 rows of a four-column CSV (a 100,000-row one, 6.5
 MB, took as long either way)."""
-_IN_THREAD = frozenset(("lr_schedule_drift", "divergence"))
+_IN_THREAD = frozenset(("divergence",))
 """The detectors that still run in the importing thread beside the child. Since the detectors decide most steps of a
-batch at once (``Detector.observe_batch``), detection is the smaller half of a long import: a million-row CSV took
-7.2-7.3 s with these two here (7.0 s of CPU in the importing process, 5.4 in the child), 7.5-7.6 s with
-grad_explosion and degenerate here as well (7.2-7.5 / 5.0-5.2), 8.0-8.6 s with none (5.9 / 6.2-7.2: the child
-starts after the parse, so it has the less time). Where each runs changes no finding (``SplitDetection``)."""
+batch at once (``Detector.observe_batch``), detection is the smaller half of a long import. A million-row CSV on a
+quiet machine (session 14, the child started during the parse), interleaved: 5.35-5.46 s with divergence alone here
+(one run of five 5.90), 5.63-5.93 s with lr_schedule_drift as well; session 13 (the child started after the first
+50,000 events): 7.2-7.3 s with both, 7.5-7.6 s with grad_explosion and degenerate as well, 8.0-8.6 s with none.
+Where each runs changes no finding (``SplitDetection``)."""
 _RUN = operator.attrgetter("run")
 _TIME = operator.attrgetter("time")
 
