@@ -540,11 +540,7 @@ class LossNoise(Detector):
             return []
         rel, ab = ratios
         noise = min(rel, ab)
-        self._high = noise >= c.admit_ratio
-        if noise < c.admit_ratio:
-            self._since, self._settled = None, True
-        elif self._since is None and self._settled:
-            self._since = step
+        self._rise(step, noise >= c.admit_ratio)
         self._calm = self._calm + 1 if noise < c.release_ratio else 0
         if self._calm >= c.sustain:
             self._open = False
@@ -572,11 +568,10 @@ class LossNoise(Detector):
         c = self.config
         rd, bd, bar = self._rd, self._bd, c.admit_ratio
         if self._under(rd, bd, bar) or self._under(self._ra, self._ba, bar):
-            self._since, self._settled, self._high, self._hits = None, True, False, 0
+            self._rise(step, False)
+            self._hits = 0
             return []
-        self._high = True  # the lesser ratio at least the bar (the relative one, of log changes, is never NaN)
-        if self._since is None and self._settled:
-            self._since = step
+        self._rise(step, True)  # the lesser ratio at least the bar (the relative one, of log changes, is never NaN)
         held = self._settled and (self._hits or not self._under(rd, bd, c.ratio))
         self._hits = self._hits + 1 if held and self._lr_steady() and self._level_steady() else 0
         if self._hits < c.sustain or self._under(rd, bd, c.ratio):
@@ -584,6 +579,15 @@ class LossNoise(Detector):
         rel, ab = self._noise()
         self._open, self._calm, self._reported = True, 0, step
         return [self._report(step, rel, ab)]
+
+    def _rise(self, step: int, high: bool) -> None:
+        """The entry's noise, the lesser ratio, at least ``admit_ratio`` (``high``) or not: a high one after a settled
+        one dates the rise; one under it settles the noise."""
+        self._high = high
+        if not high:
+            self._since, self._settled = None, True
+        elif self._since is None and self._settled:
+            self._since = step
 
     def _report(self, step: int, rel: float, ab: float) -> Finding:
         c = self.config
