@@ -62,7 +62,7 @@ from trainmon.monitor.importers.terminal import binary_evidence, clean_text
 from trainmon.monitor.importers.textlog import looks_like_textlog, parse_textlog, sniff_textlog
 from trainmon.wire import RUN_ID_PATTERN, Event
 
-__all__ = ["FORMATS", "ImportFormatError", "detect_format", "parse_mapping", "read_events"]
+__all__ = ["FORMATS", "ImportFormatError", "detect_format", "log_files", "parse_mapping", "read_events"]
 
 FORMATS = (
     "jsonl",
@@ -154,7 +154,7 @@ def detect_format(path: str | Path, *, csv_hint: bool = False) -> str:
     if path.is_dir():
         if _jsonl_streams(path):
             return "jsonl"
-        if any(is_event_file(p) for p in path.iterdir() if p.is_file()):
+        if _event_files(path):
             return "tensorboard"
         raise ImportFormatError(
             f"{path}: no *.jsonl or TensorBoard event files in this folder or its rank folders"
@@ -225,7 +225,7 @@ def read_events(
             events = read_jsonl(path)
         return _renamed(events, run) if run else events
     if fmt == "tensorboard":
-        files = sorted(p for p in path.iterdir() if p.is_file() and is_event_file(p)) if path.is_dir() else [path]
+        files = _event_files(path) if path.is_dir() else [path]
         items, meta = parse_tensorboard(files)
         digest = "|".join(file_digest(f) for f in files)
         mtime = max((mtime_of(f) or 0.0) for f in files)
@@ -246,6 +246,20 @@ def read_events(
         mtime = mtime_of(path)
     name = run or run_id_from_path(path)
     return build_events(items, meta, run=name, source=path, digest=digest, mtime=mtime)
+
+
+def log_files(path: str | Path) -> list[Path]:
+    """The files :func:`read_events` reads for ``path``: the file itself, or a folder's JSONL streams or TensorBoard
+    event files (not what else the folder holds: a run folder's checkpoints are not its log)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    return [f for stream in _jsonl_streams(path) for f in stream] or _event_files(path)
+
+
+def _event_files(folder: Path) -> list[Path]:
+    """A folder's TensorBoard event files, in name order."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and is_event_file(p))
 
 
 def _jsonl_streams(folder: Path, *, nested: bool = True) -> list[list[Path]]:

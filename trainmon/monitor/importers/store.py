@@ -18,7 +18,7 @@ from pathlib import Path
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import IngestError, Ingestor, IngestResult
 from trainmon.monitor.config import CollectorConfig
-from trainmon.monitor.importers import read_events
+from trainmon.monitor.importers import log_files, read_events
 from trainmon.monitor.store.storage import Storage
 
 __all__ = ["ImportResult", "import_log"]
@@ -115,11 +115,10 @@ def import_log(
 
 
 def _size(path: Path) -> int:
-    """The bytes of a log file, or of the files of a log folder (a spool, TensorBoard event files)."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """The bytes of the log a path holds: the file, or the log files of a folder (its JSONL streams or TensorBoard
+    event files; a run folder's checkpoints beside them would start a detection process for a short log)."""
     try:
-        return path.stat().st_size
+        return sum(f.stat().st_size for f in log_files(path))
     except OSError:  # read_events says what is wrong with it
         return 0
 
