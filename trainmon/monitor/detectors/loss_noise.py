@@ -33,9 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
-from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow, sorted_mad, window_bounds
+from trainmon.monitor.detectors.rolling import (
+    LazyWindow,
+    RollingWindow,
+    mad_floors,
+    sorted_mad,
+    sorted_mads,
+    window_bounds,
+)
 from trainmon.wire import Event
 
 __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
@@ -48,6 +56,12 @@ _STRETCH = 16
 clusters), doubled while screens decide nothing."""
 _RUN_MIN = 64
 """Runs of steps shorter than this go through ``observe`` one by one: planning one costs as much."""
+_BLOCK = 8
+"""Baseline windows that share one floor under their MADs (``mad_floors``): a union of ``baseline + 7`` values sorted
+for eight windows of ``baseline``, the floors loose enough to leave a few in a hundred quiet entries to the exact
+MADs."""
+_EXACT = 64
+"""Entries the floors leave undecided whose exact MADs a screen computes at a time: it stops at the first one high."""
 
 
 def _lr(f: dict[str, Any]) -> Any:
@@ -159,14 +173,12 @@ class _Run:
     the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists) and
     whether that one may join the baseline (past the warmup, the window not descending), which it does from the
     quiet state; and the baseline's windows were every one that may join to join (``joined``, from the baseline at
-    the run's start: its sorted values and the lower bounds on its MAD), which hold from the quiet state unless an
-    earlier stretch kept some out, until ``baseline`` more have joined. ``pad``: the entries before the recent
-    window is full, which no screen takes."""
+    the run's start, and floors under their MADs: ``floors``), which hold from the quiet state unless an earlier
+    stretch kept some out, until ``baseline`` more have joined. ``pad``: the entries before the recent window is full,
+    which no screen takes."""
 
     __slots__ = (
         "b0",
-        "blo",
-        "bs",
         "cc",
         "e_a",
         "e_d",
@@ -174,6 +186,7 @@ class _Run:
         "e_lr",
         "e_step",
         "fields",
+        "floors",
         "joined",
         "joins",
         "off",
@@ -205,12 +218,12 @@ class _Run:
         self.pad = pad = max(0, w - r0)
         self.joins = joins = np.zeros(n, dtype=bool)
         self.off = -pad  # entry k's recent window is row k + off (r0 + pad is the window)
-        self.cc = self.rs = self.rhi = self.bs = self.blo = np.empty(0)
-        self.joined: list[float] = []
+        self.cc = self.rs = self.rhi = self.floors = self.joined = np.empty(0)
         self.b0 = 0
         if n <= pad:
             return
-        rs, med, rlo, rhi = window_bounds(np.array(self.e_d[1:]), w)
+        ed = np.array(self.e_d)
+        rs, med, rlo, rhi = window_bounds(ed[1:], w)
         self.rs, self.rhi = rs, rhi
         trend, t = np.abs(med), c.trend_max
         desc = trend > t * rhi
@@ -223,9 +236,9 @@ class _Run:
         self.cc = np.cumsum(joins)  # the entries that may join through each entry
         bd = det._bd.values()
         self.b0, b = len(bd), c.baseline
-        self.joined = bd + [self.e_d[e] for e in (np.flatnonzero(joins) + (r0 - w)).tolist()]
+        self.joined = np.concatenate((np.array(bd, dtype=float), ed[np.flatnonzero(joins) + (r0 - w)]))
         if len(self.joined) >= b:  # window r: joined[r : r + b], the baseline once b0 + cc - b = r
-            self.bs, _, self.blo, _ = window_bounds(np.array(self.joined), b)
+            self.floors = mad_floors(self.joined, b, _BLOCK)
 
     def last_lrs(self, entries: Any, size: int) -> list[Any]:
         """The last ``size`` LRs logged by ``entries`` (``e_*`` indices), in order."""
@@ -380,35 +393,35 @@ class LossNoise(Detector):
         baseline's MAD is zero or the recent one is under ``admit_ratio`` x it (``_add`` returns nothing then, by
         whichever of its paths), and the entry it pushes out of the recent window joins the baseline where the run
         says it may (``_Run.joins``: nothing rising or open blocks it then). The baseline's windows through those
-        admissions come from ``window_bounds``: the ratio is at most the recent MAD's upper bound over the baseline's
-        lower one (float division is monotone), and where that does not show it under the bar, the exact MADs do.
-        The windows then take the entries at once."""
+        admissions are the run's or, after a stretch that kept some out, the current baseline followed by the entries
+        that join: the ratio is at most the recent MAD's upper bound over the floor under the baseline's
+        (``mad_floors``; float division is monotone), and where that does not show it under the bar, the exact MADs
+        do (``sorted_mads``), ``_EXACT`` entries at a time. The windows then take the entries at once."""
         c = self.config
         w, b, bar = c.window, c.baseline, c.admit_ratio
         ed, end = run.e_d, len(run.joins)
         before = int(run.cc[k - 1]) if k else 0
         top = run.b0 + before
-        if top >= b and self._bd.values() == run.joined[top - b : top]:  # the run's baseline windows hold
-            bs, rows = run.bs, run.cc[k:end] + (run.b0 - b)
-            blo = run.blo[rows]
+        joined = run.joined
+        if top >= b and self._bd.values() == joined[top - b : top].tolist():  # the run's baseline windows hold
+            seq, rows = joined, run.cc[k:end] + (run.b0 - b)  # entry k + q's baseline: seq[rows[q] :][:b]
+            floors = run.floors[rows]
         else:  # until b entries joined after a stretch that could not join (then the run's windows hold again)
             end = min(end, max(k + 1, int(np.searchsorted(run.cc, before + b)) + 1))
-            joins = run.joins[k:end]
-            at = (np.flatnonzero(joins) + (k + run.r0 - w)).tolist()
-            bs, _, blo, _ = window_bounds(np.array(self._bd.values() + [ed[e] for e in at]), b)
-            rows = np.cumsum(joins)
-            blo = blo[rows]
+            seq = np.concatenate((np.array(self._bd.values()), joined[top : top + b]))
+            rows = np.cumsum(run.joins[k:end])
+            floors = mad_floors(seq, b, _BLOCK)[rows]
         with np.errstate(divide="ignore", invalid="ignore"):
-            quiet = (blo > 0.0) & (run.rhi[k + run.off : end + run.off] / blo < bar)
-        m = end - k
-        for q in np.flatnonzero(~quiet).tolist():  # the exact MADs, as _judge's _under judges them
-            rdm = sorted_mad(run.rs[k + q + run.off].tolist())
-            if blo[q] > 0.0 and rdm / blo[q] < bar:  # the recent one's (fewer values) may show it alone
-                continue
-            bdm = sorted_mad(bs[rows[q]].tolist())
-            if bdm > 0.0 and rdm / bdm >= bar:
-                m = q
-                break
+            undecided = np.flatnonzero(~((floors > 0.0) & (run.rhi[k + run.off : end + run.off] / floors < bar)))
+            m = end - k
+            for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
+                q = undecided[at : at + _EXACT]
+                rdm = sorted_mads(run.rs[q + (k + run.off)])
+                bdm = sorted_mads(np.sort(sliding_window_view(seq, b)[rows[q]], axis=1))
+                high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar))
+                if len(high):
+                    m = int(q[high[0]])
+                    break
         whole = m == end - k
         if not m:
             return k, whole

@@ -16,7 +16,10 @@ windows, one set of statistics (``sorted_median``, ``sorted_quantile``, ``sorted
 
 Both take many values at once (``extend``), and :func:`window_bounds` gives the median and bounds on the MAD of
 every window a run of adds passes through, in one numpy pass: for a detector's ``observe_batch`` that decides a
-batch's entries from those statistics, then hands the windows the batch in one go.
+batch's entries from those statistics, then hands the windows the batch in one go. Where a rule needs only a floor
+under each window's MAD, :func:`mad_floors` gives one for many windows at once at a fraction of the sorting (and one
+that also holds for any window of fewer values among them), and :func:`sorted_mads` the exact MADs of the few rows
+the floors leave undecided.
 """
 
 from __future__ import annotations
@@ -24,17 +27,31 @@ from __future__ import annotations
 import bisect
 import collections
 import math
+import sys
 from collections.abc import Iterable
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["LazyWindow", "RollingWindow", "sorted_mad", "sorted_median", "sorted_quantile", "window_bounds"]
+__all__ = [
+    "LazyWindow",
+    "RollingWindow",
+    "mad_floors",
+    "sorted_mad",
+    "sorted_mads",
+    "sorted_median",
+    "sorted_quantile",
+    "window_bounds",
+]
 
 _NEAR = 4
 """``window_bounds`` tries the bounding blocks this many positions either side of the centre."""
 
 _isfinite, _bisect_left, _insort = math.isfinite, bisect.bisect_left, bisect.insort
+_HALF_DOWN = 0.5 - 2.0**-52
+"""Half, less the rounding of two subtractions: a span of ``t`` values times this is at most their ``t``-th deviation
+(``mad_floors``)."""
+_MAX = sys.float_info.max
 
 
 def sorted_median(s: list[float]) -> float:
@@ -119,6 +136,49 @@ def window_bounds(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
     lo = (np.minimum(a, b) + np.minimum(a, d)).max(axis=0)
     hi = (np.maximum(a, b) + np.maximum(a, d)).min(axis=0)
     return s, m, 1.4826 * (0.5 * lo), 1.4826 * (0.5 * hi)
+
+
+def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
+    """A floor under the ``sorted_mad`` of every window of ``size`` consecutive finite ``values``,
+    window ``j`` being ``values[j:j + size]``, one per window: each the floor of the ``block`` consecutive windows
+    it shares a block with, from the union of their values, sorted once (``block + size - 1`` values where a window
+    costs ``size``). It holds for any ``size`` values among those of the union (a window some values have left).
+
+    Why it holds: the ``t``-th smallest deviation ``|x - m|`` (1-based) is at least half the span of the ``t`` values
+    it is taken over (``|xh - m| + |m - xl| >= xh - xl`` for the least and greatest of them, whatever the median),
+    and those ``t`` values, among the union's, span at least the least span of ``t`` consecutive sorted values of
+    the union. In floats: each deviation is one rounded subtraction (``>= (1 - u)`` times the true one, or
+    infinite), and so is the span (``<= (1 + u)`` times, clamped to the largest float where it overflows), so the
+    span times ``_HALF_DOWN <= (1 - u) / (2 (1 + u))`` is at most the deviation, and its rounding too (rounding is
+    monotone and the deviation a float); ``sorted_mad``'s arithmetic on the deviations (the mean of two, times
+    1.4826) is monotone in them, rounding included, so the same arithmetic on the floors stays under it."""
+    n, k = len(values), size >> 1
+    span = min(n, size + block - 1)
+    windows = n - size + 1
+    starts = np.minimum(np.arange(0, windows, block), n - span)  # the last block's union taken from the end
+    u = np.sort(sliding_window_view(values, span)[starts], axis=1)
+
+    def floor(t: int) -> np.ndarray:  # under the t-th smallest deviation
+        least = np.minimum((u[:, t - 1 :] - u[:, : span - t + 1]).min(axis=1), _MAX)
+        return least * _HALF_DOWN
+
+    raw = floor(k + 1)
+    mad = 1.4826 * raw if size & 1 else 1.4826 * (0.5 * (floor(k) + raw))
+    return np.repeat(mad, block)[:windows]
+
+
+def sorted_mads(rows: np.ndarray) -> np.ndarray:
+    """``sorted_mad`` of each of the sorted finite ``rows`` (a 2-d array), equal as numbers: the same median, the
+    same deviations (``|x - m|`` is the float ``m - x`` or ``x - m``, a rounded subtraction being symmetric) and the
+    same one or two of them selected (``np.partition`` is exact), with the same arithmetic."""
+    n = rows.shape[1]
+    mid = n >> 1
+    m = rows[:, mid] if n & 1 else 0.5 * (rows[:, mid - 1] + rows[:, mid])
+    dev = np.abs(rows - m[:, None])
+    if n & 1:
+        return 1.4826 * np.partition(dev, mid, axis=1)[:, mid]
+    two = np.partition(dev, (mid - 1, mid), axis=1)
+    return 1.4826 * (0.5 * (two[:, mid - 1] + two[:, mid]))
 
 
 def _check(size: int) -> None:
