@@ -30,8 +30,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_postmortem(args: argparse.Namespace) -> int:
-    from trainmon.monitor.analysis.live_view import HttpSource, SourceError
-
     report: Path | None = None
     with _progress(quiet=args.json) as progress:
         if args.url is None and args.db is None and Path(args.target).exists():
@@ -39,6 +37,8 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
             if analysis is None:
                 return 2
         else:
+            from trainmon.monitor.analysis.live_view import HttpSource, SourceError  # a store's run: not a file's
+
             try:
                 source = _live_source(args)
                 task = progress.add_task(f"analysing {escape_for_terminal(args.target)}", total=None)
@@ -79,9 +79,10 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
 
 
 def _postmortem_of_file(args: argparse.Namespace, progress: Any) -> Any:
-    """Import the log FILE (or folder) into memory and analyse it; None (said on stderr) when it cannot be."""
+    """Import the log FILE (or folder) into memory and analyse it; None (said on stderr) when it cannot be.
+
+    The analysis module is imported once the log is in: it is not needed before the parse's first line."""
     from trainmon.monitor.analysis.open_run import open_run
-    from trainmon.monitor.analysis.postmortem import analyse
 
     name = escape_for_terminal(Path(args.target).name)  # progress descriptions are rich markup
     task = progress.add_task(f"importing {name}", total=None)
@@ -96,6 +97,8 @@ def _postmortem_of_file(args: argparse.Namespace, progress: Any) -> Any:
         _error("postmortem", exc)
         return None
     progress.update(task, total=1, completed=1)
+    from trainmon.monitor.analysis.postmortem import analyse
+
     task = progress.add_task("analysing", total=None)
     with opened:
         analysis = analyse(opened.storage, opened.run, lambda st: progress.update(task, description=f"analysing: {st}"))

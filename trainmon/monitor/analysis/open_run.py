@@ -16,7 +16,7 @@ from types import TracebackType
 from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.store.storage import Storage
 
-__all__ = ["OpenRunError", "OpenedRun", "open_run"]
+__all__ = ["OpenRunError", "OpenedRun", "import_file", "open_run"]
 
 
 class OpenRunError(ValueError):
@@ -66,8 +66,6 @@ def open_run(
     if not path.exists():
         where = f"a run in {db} nor " if db else ""
         raise OpenRunError(f"{target}: not {where}a log file or folder" + ("" if db else " (give --db for run ids)"))
-    from trainmon.monitor.analysis.postmortem import import_file  # the detectors: only files need them
-
     storage = Storage("sqlite://")
     try:
         found = import_file(path, storage, config, progress)
@@ -80,3 +78,19 @@ def open_run(
         storage.close()
         raise OpenRunError(str(exc)) from None
     return OpenedRun(storage, chosen)
+
+
+def import_file(
+    path: str | Path,
+    storage: Storage,
+    config: CollectorConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[str]:
+    """Ingest a log file or folder into ``storage`` (running the detectors); the run ids it held.
+
+    ``progress`` is called with the number of events read so far after each batch. Here, not beside
+    the analysis: a post-mortem of a file imports the analysis (pandas, the queries) only once the
+    log is in."""
+    from trainmon.monitor.importers.store import import_log  # the detectors: only files need them
+
+    return import_log(path, storage, config, progress=progress).runs

@@ -57,7 +57,6 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,8 +65,8 @@ from sqlalchemy import Connection, Row
 
 from trainmon.flops import declared_flops_per_token
 from trainmon.monitor.analysis import coverage
+from trainmon.monitor.analysis.open_run import import_file  # re-exported: importing a log is where analyses start
 from trainmon.monitor.analysis.verdict import clusters
-from trainmon.monitor.config import CollectorConfig
 from trainmon.monitor.core import budget, goodput
 from trainmon.monitor.core.attempts import attempt_failed, attempt_status
 from trainmon.monitor.core.fmt import fmt
@@ -99,21 +98,6 @@ CONTRACT_KEYS = ("kind", "severity", "rank", "first_step", "last_step", "message
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
 Progress = Callable[[str], None]
-
-
-def import_file(
-    path: str | Path,
-    storage: Storage,
-    config: CollectorConfig | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> list[str]:
-    """Ingest a log file or folder into ``storage`` (running the detectors); the run ids it held.
-
-    ``progress`` is called with the number of events read so far after each batch.
-    """
-    from trainmon.monitor.importers.store import import_log  # the detectors: only files need them
-
-    return import_log(path, storage, config, progress=progress).runs
 
 
 @dataclass
