@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import operator
+from itertools import compress
 
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, NOTHING, Detector, Finding
+from trainmon.monitor.detectors.batch import reading
 from trainmon.wire import Event
 
 __all__ = ["RUN_WIDE", "Detection", "Found", "Keyed"]
@@ -48,39 +50,43 @@ class _Group:
         Detector by detector, not event by event: one detector's ``observe`` called over the whole batch
         (``map``, in C) keeps its code and state hot and its call site of one callee; event by event, 17
         callees took turns at one call site. Same findings, reordered by the caller: detection cost 1.75x
-        less CPU on a 200k-step log."""
-        kinds = set(map(_KIND, events))
+        less CPU on a 200k-step log.
+
+        The batch is read once for all of them (:func:`.batch.reading`): its columns and quiet scans are shared.
+        """
         out: list[tuple[int, list[list[Finding]]]] = []
         failed: list[Detector] = []
-        for pos, det in zip(self.places, self.dets, strict=True):
-            reads = det.consumes
-            if reads is None or kinds <= reads:
-                evs, atts, at = events, attempts, None
-            else:
-                at = [j for j, ev in enumerate(events) if ev.kind in reads]
-                if not at:
-                    continue
-                evs, atts = [events[j] for j in at], [attempts[j] for j in at]
-            outs: list[list[Finding]] = []
-            try:
-                det.observe_batch(evs, atts, outs)  # keeps the outputs before a raise
-            except Exception:
-                ev = evs[min(len(outs), len(evs) - 1)]  # an override may raise after its last output
-                log.exception("detector %s failed on a %s event of run %s; dropped for it", det.kind, ev.kind, ev.run)
-                failed.append(det)
-            if at is not None:
-                spread: list[list[Finding]] = [NOTHING] * len(events)
-                for j, found in zip(at, outs, strict=False):  # outs stops short where the detector raised
-                    spread[j] = found
-                outs = spread
-            out.append((pos, outs))
+        with reading(events) as batch:
+            kinds = batch.kinds
+            present = set(kinds)
+            for pos, det in zip(self.places, self.dets, strict=True):
+                reads = det.consumes
+                if reads is None or present <= reads:
+                    evs, atts, at = events, attempts, None
+                else:
+                    at = list(compress(range(len(kinds)), map(reads.__contains__, kinds)))
+                    if not at:
+                        continue
+                    evs, atts = [events[j] for j in at], [attempts[j] for j in at]
+                outs: list[list[Finding]] = []
+                try:
+                    det.observe_batch(evs, atts, outs)  # keeps the outputs before a raise
+                except Exception:
+                    ev = evs[min(len(outs), len(evs) - 1)]  # an override may raise after its last output
+                    log.exception(
+                        "detector %s failed on a %s event of run %s; dropped for it", det.kind, ev.kind, ev.run
+                    )
+                    failed.append(det)
+                if at is not None:
+                    spread: list[list[Finding]] = [NOTHING] * len(events)
+                    for j, found in zip(at, outs, strict=False):  # outs stops short where the detector raised
+                        spread[j] = found
+                    outs = spread
+                out.append((pos, outs))
         for det in failed:
             del self.places[self.dets.index(det)]
             self.dets.remove(det)
         return out
-
-
-_KIND = operator.attrgetter("kind")
 
 
 class Detection:
@@ -139,25 +145,27 @@ class Detection:
 
         An event goes to those detectors of its (run, rank), then of its run, that read its kind. Each group
         takes its events of the batch at once (``_Group.feed``), and the findings are put back in event order.
+        A batch of one run and rank (an import's) is read once for both its groups (:func:`.batch.reading`).
         """
         events = [event for event, _ in items]
         attempts = [attempt for _, attempt in items]
         runs: dict[str, list[int]] = {}
         keyed: list[Keyed] = []
-        for (run, rank), at in _by_key(events).items():
-            group = self.rank_dets.get((run, rank))
-            if group is None:
-                group = self.rank_dets[(run, rank)] = self._make(self._rank_classes)
-            if run not in runs:
-                runs[run] = []
-                if run not in self.run_dets:
-                    self.run_dets[run] = self._make(self._run_classes)
-            _collect(group, events, attempts, at, run, rank, 0, keyed)
-            runs[run].extend(at)
-        for run, at in runs.items():
-            if self.run_dets[run].dets:
-                at.sort()
-                _collect(self.run_dets[run], events, attempts, at, run, RUN_WIDE, 1, keyed)
+        with reading(events):
+            for (run, rank), at in _by_key(events).items():
+                group = self.rank_dets.get((run, rank))
+                if group is None:
+                    group = self.rank_dets[(run, rank)] = self._make(self._rank_classes)
+                if run not in runs:
+                    runs[run] = []
+                    if run not in self.run_dets:
+                        self.run_dets[run] = self._make(self._run_classes)
+                _collect(group, events, attempts, at, run, rank, 0, keyed)
+                runs[run].extend(at)
+            for run, at in runs.items():
+                if self.run_dets[run].dets:
+                    at.sort()
+                    _collect(self.run_dets[run], events, attempts, at, run, RUN_WIDE, 1, keyed)
         keyed.sort(key=_KEY)
         return keyed
 

@@ -1,17 +1,26 @@
 """What the :meth:`Detector.observe_batch` overrides that decide runs of steps at once share: the batch read as columns
 (a look at a few fields of thousands of steps, numpy over a column), and the walk that hands the runs they decide to
-them and every other event to ``observe``."""
+them and every other event to ``observe``.
+
+A batch is read once for all the detectors of its group: the engine opens a :class:`Reading` of the list it hands them
+(:func:`reading`), and :func:`columns` and the quiet scans (:mod:`.quiet`) asked about that very list answer from it.
+Asked about any other list, they read it afresh. What they hand out is the caller's own copy, and nothing is kept once
+the reading is closed."""
 
 from __future__ import annotations
 
+import operator
+import threading
+from bisect import bisect_left
 from collections.abc import Callable
-from itertools import repeat
+from itertools import compress, repeat
+from types import TracebackType
 from typing import Any, NamedTuple
 
 from trainmon.monitor.detectors.base import NOTHING, Finding
 from trainmon.wire import Event
 
-__all__ = ["Columns", "columns", "observe_runs"]
+__all__ = ["Columns", "Reading", "columns", "observe_runs", "read", "reading"]
 
 _CHUNK = 8
 """Events observed one at a time after ``take`` decided none (doubling up to :data:`_MAX_CHUNK` while it decides none
@@ -19,6 +28,154 @@ again): a loud event, and the few after it, cost what ``observe`` costs."""
 _MAX_CHUNK = 1024
 """... so that a stretch only ``observe`` can follow (an open episode, a run of loud steps) is observed in chunks, in C,
 with ``take`` asked once a chunk, and the walk is back to deciding runs within a chunk of that stretch's end."""
+
+_FIELDS, _KIND = operator.attrgetter("fields"), operator.attrgetter("kind")
+_NONE: frozenset[str] = frozenset()
+
+
+class Reading:
+    """One batch's columns, each read at most once (in C) when first asked: its events' fields and kinds, where its
+    runs of steps end, the field names it carries, a field's or an event attribute's column, and where the steps that
+    carry some names are. Detectors share it while it is open (:func:`reading`): the lists it holds are read, never
+    handed out (:func:`columns` copies them)."""
+
+    __slots__ = ("_attributes", "_carrying", "_columns", "_ends", "_fields", "_keys", "_kinds", "events")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self._clear()
+
+    def _clear(self) -> None:
+        self._fields: list[dict[str, Any]] | None = None
+        self._kinds: list[str] | None = None
+        self._ends: list[int] | None = None
+        self._keys: frozenset[str] | None = None
+        self._columns: dict[str, list[Any]] = {}
+        self._attributes: dict[str, list[Any]] = {}
+        self._carrying: dict[frozenset[str], list[int]] = {}
+
+    @property
+    def fields(self) -> list[dict[str, Any]]:
+        """Each event's fields, in order."""
+        if self._fields is None:
+            self._fields = list(map(_FIELDS, self.events))
+        return self._fields
+
+    @property
+    def kinds(self) -> list[str]:
+        """Each event's kind, in order."""
+        if self._kinds is None:
+            self._kinds = list(map(_KIND, self.events))
+        return self._kinds
+
+    @property
+    def ends(self) -> list[int]:
+        """Where each run of steps ends: the positions of the events that are not steps (a few a batch: starts, evals,
+        ends), ascending, then the batch's length. Found by ``list.index`` (in C) rather than a flag per event."""
+        if self._ends is None:
+            kinds = self.kinds
+            ends: list[int] = []
+            if kinds.count("step") != len(kinds):
+                for kind in set(kinds) - {"step"}:
+                    at = -1
+                    for _ in range(kinds.count(kind)):
+                        at = kinds.index(kind, at + 1)
+                        ends.append(at)
+                ends.sort()
+            ends.append(len(kinds))
+            self._ends = ends
+        return self._ends
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """The names of the fields any event carries: a field no event carries is a column of None without a look."""
+        if self._keys is None:
+            self._keys = frozenset().union(*self.fields)
+        return self._keys
+
+    def column(self, name: str) -> list[Any]:
+        """The field ``name`` of each event, None where it is absent."""
+        values = self._columns.get(name)
+        if values is None:
+            absent = name not in self.keys
+            values = [None] * len(self.events) if absent else list(map(dict.get, self.fields, repeat(name)))
+            self._columns[name] = values
+        return values
+
+    def attribute(self, name: str) -> list[Any]:
+        """The attribute ``name`` of each event (its rank, its clock offset)."""
+        values = self._attributes.get(name)
+        if values is None:
+            values = self._attributes[name] = list(map(operator.attrgetter(name), self.events))
+        return values
+
+    def quiet_end(self, i: int, without: frozenset[str] = _NONE) -> int:
+        """The end of the run of steps from ``i`` that carry none of the fields ``without``: the next event that is not
+        a step or carries one (``i`` itself when ``events[i]`` does), else the batch's end. A query costs two
+        bisections: the steps that carry those fields are found once a batch, and only in a batch that carries them."""
+        ends = self.ends
+        end = ends[bisect_left(ends, i)]
+        if without and end > i:
+            names = without & self.keys
+            if names:
+                at = self._carrying.get(names)
+                if at is None:
+                    carry = map(operator.not_, map(names.isdisjoint, self.fields))
+                    at = self._carrying[names] = [*compress(range(len(self.events)), carry), len(self.events)]
+                end = min(end, at[bisect_left(at, i)])
+        return end
+
+
+class _Readings(threading.local):
+    """The readings open in this thread, innermost last (a thread of its own runs a detection beside the import's)."""
+
+    def __init__(self) -> None:
+        self.open: list[Reading] = []
+
+
+_READINGS = _Readings()
+
+
+class _Open:
+    """:func:`reading`'s context."""
+
+    __slots__ = ("_events", "_opened")
+
+    def __init__(self, events: list[Event]) -> None:
+        self._events = events
+        self._opened: Reading | None = None
+
+    def __enter__(self) -> Reading:
+        events = self._events
+        for shared in _READINGS.open:
+            if shared.events is events:
+                return shared
+        self._opened = opened = Reading(events)
+        _READINGS.open.append(opened)
+        return opened
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        opened = self._opened
+        if opened is not None:
+            _READINGS.open.remove(opened)
+            opened._clear()  # nothing of the batch outlives it, even where a caller kept the reading
+
+
+def reading(events: list[Event]) -> _Open:
+    """A context in which :func:`read` of ``events`` (that very list) is one :class:`Reading`: the one open already,
+    else a new one, closed (its columns dropped) when this context ends."""
+    return _Open(events)
+
+
+def read(events: list[Event]) -> Reading:
+    """The open :class:`Reading` of ``events`` (that very list, not one equal to it), else a new one that no one else
+    sees."""
+    for shared in _READINGS.open:
+        if shared.events is events:
+            return shared
+    return Reading(events)
 
 
 class Columns(NamedTuple):
@@ -31,20 +188,11 @@ class Columns(NamedTuple):
 
 
 def columns(events: list[Event], *names: str) -> Columns:
-    """The batch's fields, where its other kinds are, and the columns of ``names``: each read in one comprehension
-    (a long log's batch is thousands of steps), the other kinds found by ``list.index`` (in C) rather than a flag
-    per event."""
-    fields = [e.fields for e in events]
-    kinds = [e.kind for e in events]
-    others: list[int] = []
-    if kinds.count("step") != len(kinds):
-        for kind in set(kinds) - {"step"}:
-            at = -1
-            for _ in range(kinds.count(kind)):
-                at = kinds.index(kind, at + 1)
-                others.append(at)
-        others.sort()
-    return Columns(fields, others, [[f.get(name) for f in fields] for name in names])
+    """The batch's fields, where its other kinds are, and the columns of ``names``, read once for every detector while
+    the batch's reading is open (:func:`read`): each a copy of its own (a list copied costs a twelfth of one read),
+    which the caller may change."""
+    batch = read(events)
+    return Columns(list(batch.fields), batch.ends[:-1], [list(batch.column(name)) for name in names])
 
 
 def observe_runs(

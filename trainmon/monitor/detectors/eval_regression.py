@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.batch import Reading
 from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
@@ -338,13 +339,8 @@ class EvalRegression(Detector):
         level, a window of the last ``train_window`` finite losses."""
         observe_quiet(self.observe, events, attempts, out, self._quiet_until, self.config.train_window)
 
-    def _quiet_until(self, events: list[Event], i: int) -> int:
-        if self._sets:
-            return i
-        for j in range(i, len(events)):
-            if events[j].kind != "step":
-                return j
-        return len(events)
+    def _quiet_until(self, batch: Reading, i: int) -> int:
+        return i if self._sets else batch.quiet_end(i)
 
     def _merge(self, label: str, found: list[Finding]) -> list[Finding]:
         """One anomaly per run and kind: a set's findings say which set; a set's regression clearing resolves the

@@ -29,10 +29,13 @@ Why the rule is what it is (failure-modes.md C1, C2, C3):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
+from trainmon.monitor.detectors.batch import Reading
 from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
@@ -145,14 +148,11 @@ class InitLoss(Detector):
         detector reads of it."""
         observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _quiet_until(self, events: list[Event], i: int) -> int:
-        until = self._until
-        done = until == -math.inf  # every step is quiet: only a start can matter (no step to read)
-        for j in range(i, len(events)):
-            ev = events[j]
-            if ev.kind != "step" or (not done and ev.fields["step"] < until):
-                return j
-        return len(events)
+    def _quiet_until(self, batch: Reading, i: int) -> int:
+        until, end = self._until, batch.quiet_end(i)
+        if until == -math.inf:  # every step is quiet: only a start can matter (no step to read)
+            return end
+        return next(compress(range(i, end), map(operator.lt, batch.column("step")[i:end], repeat(until))), end)
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         loss = f.get("loss")

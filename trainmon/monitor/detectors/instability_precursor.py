@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.monitor.detectors.base import SEVERITIES, Detector, Finding, finite
+from trainmon.monitor.detectors.batch import Reading
 from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
@@ -398,13 +399,8 @@ class InstabilityPrecursor(Detector):
         ``_LOSS_HISTORY`` finite losses."""
         observe_quiet(self.observe, events, attempts, out, self._quiet_until, _LOSS_HISTORY)
 
-    def _quiet_until(self, events: list[Event], i: int) -> int:
-        quiet = self._fields.isdisjoint
-        for j in range(i, len(events)):
-            ev = events[j]
-            if ev.kind != "step" or not quiet(ev.fields):
-                return j
-        return len(events)
+    def _quiet_until(self, batch: Reading, i: int) -> int:
+        return batch.quiet_end(i, self._fields)
 
     def _on_step(self, f: dict[str, Any]) -> list[Finding]:
         """A step that carries module statistics: each mechanism's values, module by module."""

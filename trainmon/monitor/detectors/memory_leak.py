@@ -46,11 +46,14 @@ import math
 from dataclasses import dataclass
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.quiet import observe_quiet
+from trainmon.monitor.detectors.batch import Reading
+from trainmon.monitor.detectors.quiet import observe_quiet, steps_without
 from trainmon.monitor.detectors.rolling import sorted_median
 from trainmon.wire import Event
 
 __all__ = ["MemoryLeak", "MemoryLeakConfig", "theil_sen"]
+
+_WITHOUT_MEMORY = steps_without("mem_allocated_bytes")
 
 
 @dataclass
@@ -206,14 +209,8 @@ class MemoryLeak(Detector):
         """A step past the warm-up without device memory is quiet (:mod:`.quiet`): it only marks the last step."""
         observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _quiet_until(self, events: list[Event], i: int) -> int:
-        if self._warm_since is None:
-            return i
-        for j in range(i, len(events)):
-            ev = events[j]
-            if "mem_allocated_bytes" in ev.fields or ev.kind != "step":
-                return j
-        return len(events)
+    def _quiet_until(self, batch: Reading, i: int) -> int:
+        return i if self._warm_since is None else _WITHOUT_MEMORY(batch, i)
 
     def _observe_health(self, event: Event) -> list[Finding]:
         f = event.fields

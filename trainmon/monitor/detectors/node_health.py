@@ -26,10 +26,13 @@ set of conditions or the severity changes and resolved after ``resolve_after`` c
 from __future__ import annotations
 
 import collections
+import operator
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any
 
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.batch import Reading
 from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
@@ -171,15 +174,14 @@ class NodeHealth(Detector):
         marks the last step."""
         observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _quiet_until(self, events: list[Event], i: int) -> int:
+    def _quiet_until(self, batch: Reading, i: int) -> int:
         calm = self._calm
         watched = self._skew or self._skewed_since is not None
-        for j in range(i, len(events)):
-            ev = events[j]
-            offset = ev.clock_offset
-            if ev.kind != "step" or (offset is not None and (watched or not calm(offset))):
+        end, offsets = batch.quiet_end(i), batch.attribute("clock_offset")
+        for j in compress(range(i, end), map(operator.is_not, offsets[i:end], repeat(None))):  # an import has none
+            if watched or not calm(offsets[j]):
                 return j
-        return len(events)
+        return end
 
     def _calm(self, offset: float) -> bool:
         """The host's clock is within the threshold of the collector's."""

@@ -37,8 +37,10 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass
+from itertools import compress
 
 from trainmon.monitor.detectors.base import Detector, Finding
+from trainmon.monitor.detectors.batch import Reading
 from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
@@ -168,14 +170,11 @@ class Straggler(Detector):
         else:
             observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
-    def _quiet_until(self, events: list[Event], i: int) -> int:
+    def _quiet_until(self, batch: Reading, i: int) -> int:
         if self._world > 1:
             return i
-        for j in range(i, len(events)):
-            ev = events[j]
-            if ev.rank or ev.kind != "step":
-                return j
-        return len(events)
+        end = batch.quiet_end(i)
+        return next(compress(range(i, end), batch.attribute("rank")[i:end]), end)
 
     def _on_step(self, event: Event) -> list[Finding]:
         """A step of a run of several ranks: its timings join those of the other ranks at that step."""
