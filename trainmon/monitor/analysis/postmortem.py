@@ -474,9 +474,12 @@ def _stride(rows: int) -> tuple[int, int]:
     return k, k // 2
 
 
+_SAMPLE_KEY = ("rank", "attempt", "step")  # the sample's key; each other column may hold SQLite's 'NaN' text
+
+
 def _sample(conn: Connection, run: str, extents: list[dict[str, Any]], stride: int, offset: int) -> pd.DataFrame:
     """Every rank's steps at ``step % stride == offset`` (plain tuples from the DB-API cursor:
-    SQLAlchemy rows would cost more than SQLite's own work here, 60k rows x 17 columns)."""
+    SQLAlchemy rows would cost more than SQLite's own work here, 60k rows of ``SAMPLE_COLUMNS``)."""
     rows: list[tuple] = []
     for e in extents:
         wanted = None
@@ -485,8 +488,9 @@ def _sample(conn: Connection, run: str, extents: list[dict[str, Any]], stride: i
             wanted = list(range(start, e["last"] + 1, stride))
         rows.extend(sampled_steps(conn, run, e["rank"], e["attempt"], wanted))
     df = pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
-    for c in SAMPLE_COLUMNS[4:]:
-        df[c] = pd.to_numeric(df[c], errors="coerce")  # 'NaN' text on SQLite -> NaN
+    for c in SAMPLE_COLUMNS:
+        if c not in _SAMPLE_KEY:
+            df[c] = pd.to_numeric(df[c], errors="coerce")  # 'NaN' text on SQLite -> NaN
     return df
 
 
