@@ -408,8 +408,7 @@ def _batched(events: Iterator[Event]) -> Iterator[Event]:
     of building its events); a batch's objects are counted once it is made. The post-mortem's own import
     pauses the collector throughout (``importers.store``); this is for every other caller.
     """
-    while batch := _take(events):
-        yield from batch
+    return itertools.chain.from_iterable(iter(functools.partial(_take, events), []))  # flattened at C speed
 
 
 def _wire_steps(items: list[Item], meta: LogMeta, run: str) -> list[Item]:
@@ -547,6 +546,7 @@ def _events(
         config_base["notes"] = list(meta.notes)
 
     emitter = _Emitter(run, digest, meta, config_base)
+    step_event = emitter.step  # looked up once: a long log makes a million step events
     clock = t0 if not real_time else None
     prev_step: int | None = None
     last_time = -math.inf
@@ -572,7 +572,7 @@ def _events(
             marked = False
             if emitter.pending is not None:
                 yield emitter.start(t)
-            yield emitter.step(it, t)  # type: ignore[arg-type]
+            yield step_event(it, t)  # type: ignore[arg-type]
         elif kind is ResumeMark:
             emitter.new_attempt(resumed=True, reason=it.reason, after_step=it.after_step, time=last_time)  # type: ignore[union-attr]
             marked = True  # the steps it replays are this attempt's, not one more
