@@ -60,7 +60,7 @@ _BLOCK = 8
 """Baseline windows that share one floor under their MADs (``mad_floors``): a union of ``baseline + 7`` values sorted
 for eight windows of ``baseline``, the floors loose enough to leave a few in a hundred quiet entries to the exact
 MADs."""
-_EXACT = 64
+_EXACT = 8
 """Entries the floors leave undecided whose exact MADs a screen computes at a time: it stops at the first one high."""
 
 
@@ -385,39 +385,40 @@ class LossNoise(Detector):
 
     def _screen(self, run: _Run, k: int, out: list[list[Finding]]) -> tuple[int, bool]:
         """``observe`` of the run's entries from ``k`` in the quiet state (``_quiet``), as far as they are proven quiet:
-        returns where it stopped and whether every entry it took was quiet (it takes the run's rest, or, where the
-        run's baseline windows do not hold, the entries until they hold again); else it stopped at the first entry
-        whose noise it cannot show under ``admit_ratio`` x the baseline's (``observe`` judges that one).
+        returns where it stopped and whether every entry it took was quiet (it takes the run's rest); else it stopped
+        at the first entry whose noise it cannot show under ``admit_ratio`` x the baseline's (``observe`` judges that
+        one).
 
         From the quiet state an entry changes nothing but the windows, and leaves the state quiet, while the
         baseline's MAD is zero or the recent one is under ``admit_ratio`` x it (``_add`` returns nothing then, by
         whichever of its paths), and the entry it pushes out of the recent window joins the baseline where the run
         says it may (``_Run.joins``: nothing rising or open blocks it then). The baseline's windows through those
-        admissions are the run's or, after a stretch that kept some out, the current baseline followed by the entries
-        that join: the ratio is at most the recent MAD's upper bound over the floor under the baseline's
-        (``mad_floors``; float division is monotone), and where that does not show it under the bar, the exact MADs
-        do (``sorted_mads``), ``_EXACT`` entries at a time. The windows then take the entries at once."""
+        admissions are the current baseline followed by the entries that join: the run's windows, or after a stretch
+        that kept some out, new ones until ``baseline`` entries have joined and the run's hold again. The ratio is at
+        most the recent MAD's upper bound over the floor under the baseline's (``mad_floors``; float division is
+        monotone), and where that does not show it under the bar, the exact MADs do (``sorted_mads``), ``_EXACT``
+        entries at a time. The windows then take the entries at once."""
         c = self.config
         w, b, bar = c.window, c.baseline, c.admit_ratio
         ed, end = run.e_d, len(run.joins)
-        before = int(run.cc[k - 1]) if k else 0
-        top = run.b0 + before
+        top = run.b0 + (int(run.cc[k - 1]) if k else 0)  # joined[:top]: the baseline at the run's start and its joins
         joined = run.joined
-        if top >= b and self._bd.values() == joined[top - b : top].tolist():  # the run's baseline windows hold
-            seq, rows = joined, run.cc[k:end] + (run.b0 - b)  # entry k + q's baseline: seq[rows[q] :][:b]
-            floors = run.floors[rows]
-        else:  # until b entries joined after a stretch that could not join (then the run's windows hold again)
-            end = min(end, max(k + 1, int(np.searchsorted(run.cc, before + b)) + 1))
-            seq = np.concatenate((np.array(self._bd.values()), joined[top : top + b]))
-            rows = np.cumsum(run.joins[k:end])
-            floors = mad_floors(seq, b, _BLOCK)[rows]
+        rows = np.cumsum(run.joins[k:end])  # entry k + q's baseline: seq[rows[q] : rows[q] + b]
+        if top >= b and self._bd.values() == joined[top - b : top].tolist():  # the run's windows hold
+            seq = joined[top - b :]
+            floors = run.floors[rows + (top - b)]
+        else:  # the first b windows new, then the run's
+            seq = np.concatenate((np.array(self._bd.values()), joined[top:]))
+            floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[top:]))[rows]
         with np.errstate(divide="ignore", invalid="ignore"):
             undecided = np.flatnonzero(~((floors > 0.0) & (run.rhi[k + run.off : end + run.off] / floors < bar)))
             m = end - k
+            if len(undecided):
+                windows = sliding_window_view(seq, b)
             for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
                 q = undecided[at : at + _EXACT]
                 rdm = sorted_mads(run.rs[q + (k + run.off)])
-                bdm = sorted_mads(np.sort(sliding_window_view(seq, b)[rows[q]], axis=1))
+                bdm = sorted_mads(np.sort(windows[rows[q]], axis=1))
                 high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar))
                 if len(high):
                     m = int(q[high[0]])
