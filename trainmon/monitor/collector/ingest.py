@@ -136,8 +136,6 @@ def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
 _PHASE_KEYS = {p: f"phase_{p}" for p in PHASE_COLUMNS}
 _STEP_FIELDS = frozenset(STEP_FIELDS)
 _PRECURSORS = frozenset(PRECURSOR_FIELDS)
-_RUN = operator.attrgetter("run")
-_RANK = operator.attrgetter("rank")
 _TIME = operator.attrgetter("time")
 _OFFSET = operator.attrgetter("clock_offset")
 _KIND = operator.attrgetter("kind")
@@ -161,17 +159,29 @@ def _field(fields: list[dict[str, Any]], name: str) -> list[Any]:
     return list(map(dict.get, fields, itertools.repeat(name)))
 
 
-def _step_columns(events: list[Event], attempts: list[int], fields: list[dict[str, Any]], present: set[str]) -> Columns:
+class _StepKeys(NamedTuple):
+    """The steps' key columns and times, gathered segment by segment: a segment's steps share its stream's run,
+    rank and attempt, and their times were read for the segment (``_Segment``), so no step is asked them again."""
+
+    run: list[str]
+    rank: list[int]
+    attempt: list[int]
+    time: list[float]
+
+
+def _step_columns(
+    events: list[Event], attempts: list[int], fields: list[dict[str, Any]], present: set[str], keys: _StepKeys
+) -> Columns:
     """The steps' ``steps`` rows, column by column, with the columns some step has (``insert_ignore`` stores NULL
-    in the others): an imported step has 4 of 30. Built from the fields (``fields``: each step's; ``present``: the
-    names some step has) at C speed, not as a row per step read back column by column (a quarter of an import's
-    store stage)."""
+    in the others): an imported step has 4 of 30. Built from the keys (``keys``, ``attempts`` its attempts) and
+    the fields (``fields``: each step's; ``present``: the names some step has) at C speed, not as a row per step
+    read back column by column (a quarter of an import's store stage)."""
     columns = {
-        "run": list(map(_RUN, events)),
-        "rank": list(map(_RANK, events)),
+        "run": keys.run,
+        "rank": keys.rank,
         "attempt": attempts,
         "step": list(map(_STEP, fields)),
-        "time": list(map(_TIME, events)),
+        "time": keys.time,
     }
     for name in _STEP_FIELDS.intersection(present):
         columns[name] = _field(fields, name)
@@ -498,7 +508,7 @@ class Ingestor:
         """Store the fresh events, given by segment (one stream's, in order): their rows, and what they tell of
         their streams and runs (when each was active, on the collector's clock, how many events, a start, an end)."""
         step_events: list[Event] = []
-        step_attempts: list[int] = []
+        keys = _StepKeys([], [], [], [])
         rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
         run_updates: dict[str, dict[str, Any]] = {}
@@ -520,10 +530,15 @@ class Ingestor:
                 ru["first"] = min(ru["first"], earliest)
             count = kinds.count("step")
             stepping = None if count == len(kinds) else list(map(_IS_STEP, kinds))  # None: steps alone, as mostly
-            step_events += events if stepping is None else itertools.compress(events, stepping)
-            step_attempts += itertools.repeat(attempt, count)
+            keys.run.extend(itertools.repeat(st.run, count))  # every event's run now (``_add_streams``)
+            keys.rank.extend(itertools.repeat(st.rank, count))
+            keys.attempt.extend(itertools.repeat(attempt, count))
             if stepping is None:
+                step_events += events
+                keys.time.extend(segment.times)
                 continue
+            step_events += itertools.compress(events, stepping)
+            keys.time.extend(itertools.compress(segment.times, stepping))
             for ev in itertools.compress(events, map(operator.not_, stepping)):
                 f = ev.fields
                 if ev.kind == "eval":
@@ -583,8 +598,8 @@ class Ingestor:
         if step_events:
             fields = list(map(_FIELDS, step_events))
             present = set().union(*fields)
-            self.storage.insert_ignore(conn, steps, _step_columns(step_events, step_attempts, fields, present))
-            layers = _layer_rows(step_events, step_attempts, present)
+            self.storage.insert_ignore(conn, steps, _step_columns(step_events, keys.attempt, fields, present, keys))
+            layers = _layer_rows(step_events, keys.attempt, present)
             if layers:
                 self.storage.insert_ignore(conn, layer_stats, _columns(layers))
         for table, batch in rows.items():
