@@ -50,10 +50,9 @@ from sqlalchemy.types import TypeDecorator
 log = logging.getLogger("trainmon.storage")
 _CHECKPOINT_SECONDS = 1.0
 _MAX_PLANS = 256  # compiled INSERTs kept (insert_ignore): one per table and set of columns a batch fills
-# Values bound by one multi-row INSERT: SQLite's limit before 3.32, and all PostgreSQL gets (its limit is 65,535).
+# Values bound by one multi-row INSERT: SQLite's limit before 3.32 (32,766 since), PostgreSQL's is 65,535. Rows
+# beyond ~50 per statement no longer make an insert cheaper.
 _MAX_VARIABLES = 999
-# SQLite's since 3.32: it runs an import's steps 15% sooner in statements of a few thousand rows than of a hundred.
-_MAX_SQLITE_VARIABLES = 32_766
 
 __all__ = [
     "PHASE_COLUMNS",
@@ -152,45 +151,17 @@ class _Statement(NamedTuple):
 
 
 class _InsertPlan:
-    """How ``Storage.insert_ignore`` stores rows of one set of columns: by statements of ``rows`` rows, then the
-    rows past the last whole one by statements of a power of two rows each (at most one of each: 1,360 rows left
-    are stored by statements of 1,024, 256, 64 and 16), each statement made when first needed. Its SQL is
-    SQLAlchemy's INSERT of one row with the rows' values repeated (``values``): SQLAlchemy compiles one of
-    ``_MAX_VARIABLES`` values in 30 ms, of ten times as many in ten times as long."""
+    """How ``Storage.insert_ignore`` stores rows of one set of columns: by statements of ``rows`` rows, the rows
+    past the last whole one by a statement of one row each, each statement compiled when first needed (one of
+    ``_MAX_VARIABLES`` values takes SQLAlchemy 30 ms; a batch of a few rows never needs it)."""
 
-    __slots__ = ("binders", "order", "rows", "statements", "template")
+    __slots__ = ("binders", "order", "rows", "statements")
 
-    def __init__(self, order: tuple[str, ...], binders: list[_Binder | None], variables: int) -> None:
+    def __init__(self, order: tuple[str, ...], binders: list[_Binder | None]) -> None:
         self.order = order  # the columns, in the statements' order
         self.binders = binders  # each column's (None: bound as it is)
-        self.rows = max(1, variables // len(order))
+        self.rows = max(1, _MAX_VARIABLES // len(order))
         self.statements: dict[int, _Statement] = {}  # by its number of rows
-        self.template: _Template | None = None  # made with the first statement
-
-    def sizes(self, count: int) -> Iterator[tuple[int, int]]:
-        """(rows a statement, statements) that store ``count`` rows in their order, the largest first."""
-        whole, rest = divmod(count, self.rows)
-        if whole:
-            yield self.rows, whole
-        while rest:
-            rows = 1 << (rest.bit_length() - 1)
-            yield rows, 1
-            rest -= rows
-
-
-class _Template(NamedTuple):
-    """SQLAlchemy's multi-row INSERT of some columns cut around its rows' values: ``head``, then each row's values
-    (``row``, whose parameter names end in ``_m1`` where they are named), joined by ``, ``, then ``tail``."""
-
-    head: str
-    row: str
-    tail: str
-    named: bool
-
-    def sql(self, rows: int) -> str:
-        if not self.named:
-            return self.head + ", ".join(itertools.repeat(self.row, rows)) + self.tail
-        return self.head + ", ".join(self.row.replace("_m1)", f"_m{r})") for r in range(rows)) + self.tail
 
 
 metadata = MetaData()
@@ -404,9 +375,6 @@ class Storage:
                 self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="trainmon-checkpoint")
                 self._checkpointer.daemon = True
         self._positional = self.engine.dialect.positional  # qmark (SQLite) or named (psycopg) parameters
-        self._variables = _MAX_VARIABLES  # values one INSERT binds at most
-        if self.engine.dialect.name == "sqlite" and self.engine.dialect.dbapi.sqlite_version_info >= (3, 32):
-            self._variables = _MAX_SQLITE_VARIABLES
         self._inserts: dict[tuple[str, tuple[str, ...]], _InsertPlan] = {}
         self._omit: dict[str, frozenset[str]] = {}  # per table: see _omissible
         if self.url == "sqlite://":
@@ -469,53 +437,29 @@ class Storage:
             if len(self._inserts) >= _MAX_PLANS:  # the columns follow what producers send: keep the cache bounded
                 self._inserts.clear()
             order = tuple(c.name for c in table.c if c.name in kept)  # as SQLAlchemy lists an INSERT's columns
-            binders = [self._binder(table.c[n]) for n in order]
-            plan = self._inserts[key] = _InsertPlan(order, binders, self._variables)
+            plan = self._inserts[key] = _InsertPlan(order, [self._binder(table.c[n]) for n in order])
         width = len(plan.order)
         values: list[Any] = [None] * (count * width)  # row after row, each in the statements' column order
         for i, (name, bind) in enumerate(zip(plan.order, plan.binders, strict=True)):
             values[i::width] = kept[name] if bind is None else bind(kept[name])
         flat = tuple(values)  # its slices are the tuples the driver takes
-        start = 0
-        for rows, statements in plan.sizes(count):
+        whole = (count - count % plan.rows) * width
+        for rows, start, stop in ((plan.rows, 0, whole), (1, whole, len(flat))):
+            if start == stop:
+                continue
             statement = plan.statements.get(rows)
             if statement is None:
-                statement = plan.statements[rows] = self._insert_statement(table, plan, rows)
+                statement = plan.statements[rows] = self._compile_insert(table, plan.order, rows)
             step = rows * width
-            stop = start + statements * step
             params: list[Any] = [flat[i : i + step] for i in range(start, stop, step)]
             if statement.names is not None:
                 params = [dict(zip(statement.names, p, strict=True)) for p in params]
             conn.exec_driver_sql(statement.sql, params)
-            start = stop
 
-    def _insert_statement(self, table: Table, plan: _InsertPlan, rows: int) -> _Statement:
-        """An INSERT of ``rows`` rows of the plan's columns that skips an existing key. Its parameters are the
+    def _compile_insert(self, table: Table, order: tuple[str, ...], rows: int) -> _Statement:
+        """An INSERT of ``rows`` rows of the ``order`` columns that skips an existing key. Its parameters are the
         rows' values one after the other: positional, or (PostgreSQL) named as SQLAlchemy names a multi-row
         INSERT's (``<column>_m<row>``)."""
-        if plan.template is None:
-            plan.template = self._template(table, plan.order)
-        names = None if not plan.template.named else tuple(f"{n}_m{row}" for row in range(rows) for n in plan.order)
-        return _Statement(plan.template.sql(rows), names)
-
-    def _template(self, table: Table, order: tuple[str, ...]) -> _Template:
-        """SQLAlchemy's INSERT of ``order`` cut around its rows (:class:`_Template`): found between its statements
-        of one and two rows, and checked against its statement of three, and the parameters it binds."""
-        one, two, three = (self._compile_insert(table, order, rows) for rows in (1, 2, 3))
-        # The head and the first row's values: where the statement of two rows goes on with the second.
-        shared = next((i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b), len(one))
-        tail = one[shared:]
-        row = two[shared + len(", ") : len(two) - len(tail)]  # the second row's values
-        named = not self._positional
-        first = row.replace("_m1)", "_m0)") if named else row
-        template = _Template(one[: shared - len(first)], row, tail, named)
-        if [template.sql(n) for n in (1, 2, 3)] != [one, two, three]:
-            raise RuntimeError(f"SQLAlchemy's INSERT of {table.name} is not its rows' values repeated: {two}")
-        return template
-
-    def _compile_insert(self, table: Table, order: tuple[str, ...], rows: int) -> str:
-        """SQLAlchemy's INSERT of ``rows`` rows of the ``order`` columns that skips an existing key, checked to bind
-        the rows' values one after the other: positional, or (PostgreSQL) named ``<column>_m<row>``."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
@@ -528,7 +472,7 @@ class Storage:
             raise RuntimeError(
                 f"SQLAlchemy's INSERT of {table.name} binds {bound[: len(order)]}, not {names[: len(order)]}"
             )
-        return str(compiled)
+        return _Statement(str(compiled), None if self._positional else names)
 
     def _binder(self, column: Column[Any]) -> _Binder | None:
         """How a column's cells are bound, the whole column at once (None: as they are)."""
