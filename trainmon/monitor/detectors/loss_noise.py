@@ -27,8 +27,10 @@ few fixed windows.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,18 +180,21 @@ class _Run:
     which no screen takes."""
 
     __slots__ = (
+        "awin",
         "b0",
         "cc",
         "e_a",
         "e_d",
         "e_loss",
-        "e_lr",
         "e_step",
+        "ea",
         "fields",
         "floors",
+        "jidx",
         "joined",
         "joins",
         "off",
+        "old_lrs",
         "pad",
         "r0",
         "rhi",
@@ -212,19 +217,21 @@ class _Run:
             d = list(map(_log_change, losses, both[:-1].tolist()))
         self.e_loss = [x[0] for x in old] + losses
         self.e_d = [x[1] for x in old] + d
-        self.e_a = [x[2] for x in old] + (both[1:] - both[:-1]).tolist()
+        self.ea = np.concatenate((np.array([x[2] for x in old], dtype=float), both[1:] - both[:-1]))
+        self.e_a = self.ea.tolist()
         self.e_step = [x[4] for x in old] + [f["step"] for f in fields]
-        self.e_lr = [x[3] for x in old] + _lrs(fields)
+        self.old_lrs = [x[3] for x in old]
         self.pad = pad = max(0, w - r0)
         self.joins = joins = np.zeros(n, dtype=bool)
         self.off = -pad  # entry k's recent window is row k + off (r0 + pad is the window)
-        self.cc = self.rs = self.rhi = self.floors = self.joined = np.empty(0)
+        self.cc = self.rs = self.rhi = self.floors = self.joined = self.jidx = self.awin = np.empty(0)
         self.b0 = 0
         if n <= pad:
             return
         ed = np.array(self.e_d)
         rs, med, rlo, rhi = window_bounds(ed[1:], w)
         self.rs, self.rhi = rs, rhi
+        self.awin = sliding_window_view(self.ea[1:], w)  # entry k's absolute window: row k + off, unsorted
         trend, t = np.abs(med), c.trend_max
         desc = trend > t * rhi
         for q in np.flatnonzero((trend > t * rlo) & ~desc).tolist():
@@ -236,17 +243,24 @@ class _Run:
         self.cc = np.cumsum(joins)  # the entries that may join through each entry
         bd = det._bd.values()
         self.b0, b = len(bd), c.baseline
-        self.joined = np.concatenate((np.array(bd, dtype=float), ed[np.flatnonzero(joins) + (r0 - w)]))
+        self.jidx = np.flatnonzero(joins) + (r0 - w)  # joined[b0:]'s entries (e_* indices)
+        self.joined = np.concatenate((np.array(bd, dtype=float), ed[self.jidx]))
         if len(self.joined) >= b:  # window r: joined[r : r + b], the baseline once b0 + cc - b = r
             self.floors = mad_floors(self.joined, b, _BLOCK)
 
-    def last_lrs(self, entries: Any, size: int) -> list[Any]:
-        """The last ``size`` LRs logged by ``entries`` (``e_*`` indices), in order."""
-        lrs = self.e_lr
-        found = [lrs[e] for e in entries[-size:]]
+    def lrs(self, entries: Sequence[int]) -> list[Any]:
+        """``_lr`` of each of ``entries`` (``e_*`` indices, ascending): the recent window's as it kept them, the run's
+        read when asked (a screen hands the windows only the last few)."""
+        cut = bisect.bisect_left(entries, self.r0)
+        fields, r0 = self.fields, self.r0
+        return [self.old_lrs[e] for e in entries[:cut]] + _lrs([fields[e - r0] for e in entries[cut:]])
+
+    def last_lrs(self, entries: Sequence[int], size: int) -> list[Any]:
+        """The last ``size`` LRs logged by ``entries`` (``e_*`` indices, ascending), in order."""
+        found = self.lrs(entries[-size:])
         if None not in found:
             return found
-        return [lr for e in entries if (lr := lrs[e]) is not None][-size:]
+        return [lr for lr in self.lrs(entries) if lr is not None][-size:]
 
 
 class LossNoise(Detector):
@@ -384,52 +398,63 @@ class LossNoise(Detector):
         return self._judged and not (self._open or self._high or self._hits) and self._settled and self._since is None
 
     def _screen(self, run: _Run, k: int, out: list[list[Finding]]) -> tuple[int, bool]:
-        """``observe`` of the run's entries from ``k`` in the quiet state (``_quiet``), as far as they are proven quiet:
-        returns where it stopped and whether every entry it took was quiet (it takes the run's rest); else it stopped
-        at the first entry whose noise it cannot show under ``admit_ratio`` x the baseline's (``observe`` judges that
-        one).
+        """``observe`` of the run's entries from ``k`` in the quiet state (``_quiet``), as far as it can follow them:
+        returns where it stopped and whether it took the run's rest; else it stopped at the first entry of a rise it
+        cannot follow (``observe`` judges that one).
 
         From the quiet state an entry changes nothing but the windows, and leaves the state quiet, while the
         baseline's MAD is zero or the recent one is under ``admit_ratio`` x it (``_add`` returns nothing then, by
         whichever of its paths), and the entry it pushes out of the recent window joins the baseline where the run
-        says it may (``_Run.joins``: nothing rising or open blocks it then). The baseline's windows through those
-        admissions are the current baseline followed by the entries that join: the run's windows, or after a stretch
-        that kept some out, new ones until ``baseline`` entries have joined and the run's hold again. The ratio is at
-        most the recent MAD's upper bound over the floor under the baseline's (``mad_floors``; float division is
-        monotone), and where that does not show it under the bar, the exact MADs do (``sorted_mads``), ``_EXACT``
-        entries at a time. The windows then take the entries at once."""
+        says it may (``_Run.joins``: nothing rising or open blocks it then); so it does where the relative noise is
+        that high but the absolute one under the bar, or the absolute baseline's MAD zero (``_judge``'s second
+        ``_under``, ``_measured``). The baseline's windows through those admissions are the current baseline followed
+        by the entries that join: the run's windows, or after a rise kept some out, new ones until ``baseline``
+        entries have joined and the run's hold again. The ratio is at most the recent MAD's upper bound over the floor
+        under the baseline's (``mad_floors``; float division is monotone), and where that does not show it under the
+        bar, the exact MADs do (``sorted_mads``), ``_EXACT`` entries at a time.
+
+        Where both noises are high (a rise, ``_rise``), it follows the rise while it would not start a streak (the
+        relative noise under ``ratio``: ``_judge`` then neither counts nor asks the LR and the level): nothing joins
+        the baseline after its first entry, so each entry is judged against that one baseline, until the first entry
+        back under the bar, which leaves the state quiet again, its own one kept out too (``_follow``). A rise that
+        would start a streak, or still runs at the run's end, is left to ``observe``. The windows then take the
+        entries at once."""
         c = self.config
-        w, b, bar = c.window, c.baseline, c.admit_ratio
-        ed, end = run.e_d, len(run.joins)
-        top = run.b0 + (int(run.cc[k - 1]) if k else 0)  # joined[:top]: the baseline at the run's start and its joins
-        joined = run.joined
-        rows = np.cumsum(run.joins[k:end])  # entry k + q's baseline: seq[rows[q] : rows[q] + b]
-        if top >= b and self._bd.values() == joined[top - b : top].tolist():  # the run's windows hold
-            seq = joined[top - b :]
-            floors = run.floors[rows + (top - b)]
-        else:  # the first b windows new, then the run's
-            seq = np.concatenate((np.array(self._bd.values()), joined[top:]))
-            floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[top:]))[rows]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            undecided = np.flatnonzero(~((floors > 0.0) & (run.rhi[k + run.off : end + run.off] / floors < bar)))
-            m = end - k
-            if len(undecided):
-                windows = sliding_window_view(seq, b)
-            for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
-                q = undecided[at : at + _EXACT]
-                rdm = sorted_mads(run.rs[q + (k + run.off)])
-                bdm = sorted_mads(np.sort(windows[rows[q]], axis=1))
-                high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar))
-                if len(high):
-                    m = int(q[high[0]])
-                    break
-        whole = m == end - k
+        w, b = c.window, c.baseline
+        end, b0 = len(run.joins), run.b0
+        t = b0 + (int(run.cc[k - 1]) if k else 0)  # joined[:t]: the baseline at the run's start and the joins before
+        base, base_a = np.array(self._bd.values()), np.array(self._ba.values())  # the baseline's two windows
+        floors = run.floors[t - b :] if t >= b and base.tolist() == run.joined[t - b : t].tolist() else None
+        out_of = np.zeros(end, dtype=bool)  # entries whose leaving entry a rise kept out of the baseline
+        i = stop = k
+        while i < end:
+            # entry i + q's baselines: (base, joined[t:])[rows[q] :][:b] and (base_a, its absolute changes)
+            seq = np.concatenate((base, run.joined[t:]))
+            if floors is None:  # the first b windows new, the run's after
+                floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[t:]))
+            rows = np.cumsum(run.joins[i:end])
+            s = self._first_high(run, i, seq, floors, rows, base_a, t)
+            if s is None:
+                stop = end
+                break
+            e, bdm, r = s
+            a_win = np.concatenate((base_a, run.ea[run.jidx[t - b0 : t - b0 + r]]))[r : r + b]
+            n = self._follow(run, e, bdm, sorted_mad(sorted(a_win.tolist())))
+            stop = e
+            if n is None:
+                break
+            out_of[e + 1 : e + n + 1] = True
+            base, base_a = seq[r : r + b], a_win
+            t, floors = b0 + int(run.cc[e + n]), None
+            i = stop = e + n + 1
+        m = stop - k
         if not m:
-            return k, whole
+            return k, False
         # the state as m entries of observe leave it
         out.extend([NOTHING] * m)
-        self._prev = run.e_loss[run.r0 + k + m - 1]
-        at = (np.flatnonzero(run.joins[k : k + m]) + (k + run.r0 - w)).tolist()  # the entries joined, e_* indices
+        self._prev = run.e_loss[run.r0 + stop - 1]
+        ed = run.e_d
+        at = (np.flatnonzero(run.joins[k:stop] & ~out_of[k:stop]) + (k + run.r0 - w)).tolist()  # those joined
         if at:
             self._admitted += len(at)
             self._blr.extend(run.last_lrs(at, b))
@@ -437,20 +462,73 @@ class LossNoise(Detector):
             self._levels.extend([run.e_loss[e] for e in at])
             self._bd.extend([ed[e] for e in at])
             self._ba.extend([run.e_a[e] for e in at])
-        first, stop = run.r0 + k, run.r0 + k + m
-        kept = range(max(first, stop - w), stop)  # the entries the recent window keeps
+        first, last = run.r0 + k, run.r0 + stop
+        kept = range(max(first, last - w), last)  # the entries the recent window keeps
         recent = self._recent
         if m >= w:
             recent.clear()
         else:
             for _ in kept:
                 recent.popleft()
-        recent.extend([(run.e_loss[e], ed[e], run.e_a[e], run.e_lr[e], run.e_step[e]) for e in kept])
-        self._rd.extend(ed[first:stop])
-        self._ra.extend(run.e_a[kept.start : stop])
-        self._rlr.extend(run.last_lrs(range(first, stop), w))
+        recent.extend(
+            zip(
+                run.e_loss[kept.start : last],
+                ed[kept.start : last],
+                run.e_a[kept.start : last],
+                run.lrs(kept),
+                run.e_step[kept.start : last],
+                strict=True,
+            )
+        )
+        self._rd.extend(ed[first:last])
+        self._ra.extend(run.e_a[kept.start : last])
+        self._rlr.extend(run.last_lrs(range(first, last), w))
         self._prints.extend([run.fields[e - run.r0].get("batch_fingerprint") for e in kept])
-        return k + m, whole
+        return stop, stop == end
+
+    def _first_high(
+        self, run: _Run, i: int, seq: np.ndarray, floors: np.ndarray, rows: np.ndarray, base_a: np.ndarray, t: int
+    ) -> tuple[int, float, int] | None:
+        """The first of the run's entries from ``i`` whose noise is high from the quiet state, every entry joining where
+        the run says it may: the entry, its baseline's MAD and its baseline's row (``_screen``'s windows); None where
+        there is none."""
+        c = self.config
+        b, bar, off = c.baseline, c.admit_ratio, run.off
+        with np.errstate(divide="ignore", invalid="ignore"):
+            below = floors[rows]
+            undecided = np.flatnonzero(~((below > 0.0) & (run.rhi[i + off : len(rows) + i + off] / below < bar)))
+            for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
+                q = undecided[at : at + _EXACT]
+                rdm = sorted_mads(run.rs[q + (i + off)])
+                bdm = sorted_mads(np.sort(seq[rows[q][:, None] + np.arange(b)], axis=1))
+                for p in np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar)).tolist():  # the absolute noise too
+                    e, r = i + int(q[p]), int(rows[q[p]])
+                    a_win = np.concatenate((base_a, run.ea[run.jidx[t - run.b0 : t - run.b0 + r]]))[r : r + b]
+                    bam = sorted_mad(sorted(a_win.tolist()))
+                    if bam > 0.0 and not sorted_mad(sorted(run.awin[e + off].tolist())) / bam < bar:
+                        return e, float(bdm[p]), r
+        return None
+
+    def _follow(self, run: _Run, e: int, bdm: float, bam: float) -> int | None:
+        """Where the rise from ``e`` (high, its baselines' MADs ``bdm`` and ``bam``, positive) is back under the bar:
+        the first entry after it whose noise is not high, as its distance from ``e``, every entry judged against those
+        baselines (nothing joins them after ``e``; ``_judge``'s ``_under`` on the exact MADs). None where a high one
+        has the relative noise at ``ratio`` (it would start a streak) or the rise runs to the run's end."""
+        c = self.config
+        bar, ratio, off, end = c.admit_ratio, c.ratio, run.off, len(run.joins)
+        j = e
+        while j < end:
+            rows = np.arange(j, min(end, j + _EXACT)) + off
+            rel = sorted_mads(run.rs[rows]) / bdm
+            high = ~(rel < bar) & ~(sorted_mads(np.sort(run.awin[rows], axis=1)) / bam < bar)
+            back = np.flatnonzero(~high)
+            n = int(back[0]) if len(back) else len(rows)
+            if not (rel[:n] < ratio).all():
+                return None
+            if len(back):
+                return j + n - e
+            j += len(rows)
+        return None
 
     # -- the rule --------------------------------------------------------------------------------
 

@@ -156,11 +156,10 @@ def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
     span = min(n, size + block - 1)
     windows = n - size + 1
     starts = np.minimum(np.arange(0, windows, block), n - span)  # the last block's union taken from the end
-    u = np.sort(sliding_window_view(values, span)[starts], axis=1)
+    u = np.sort(values[starts[:, None] + np.arange(span)], axis=1)
 
     def floor(t: int) -> np.ndarray:  # under the t-th smallest deviation
-        least = np.minimum((u[:, t - 1 :] - u[:, : span - t + 1]).min(axis=1), _MAX)
-        return least * _HALF_DOWN
+        return np.minimum((u[:, t - 1 :] - u[:, : span - t + 1]).min(axis=1), _MAX) * _HALF_DOWN
 
     raw = floor(k + 1)
     mad = 1.4826 * raw if size & 1 else 1.4826 * (0.5 * (floor(k) + raw))
@@ -362,6 +361,10 @@ class LazyWindow:
         """``add`` of each of ``xs`` in turn."""
         self._order.extend(filter(_isfinite, xs))
         self._sorted = None
+
+    def values(self) -> list[float]:
+        """Values oldest first."""
+        return list(self._order)
 
     def median(self) -> float:
         return sorted_median(self._view())
