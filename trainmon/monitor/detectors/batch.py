@@ -43,9 +43,6 @@ class Reading:
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
-        self._clear()
-
-    def _clear(self) -> None:
         self._fields: list[dict[str, Any]] | None = None
         self._kinds: list[str] | None = None
         self._ends: list[int] | None = None
@@ -157,10 +154,8 @@ class _Open:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        opened = self._opened
-        if opened is not None:
-            _READINGS.open.remove(opened)
-            opened._clear()  # nothing of the batch outlives it, even where a caller kept the reading
+        if self._opened is not None:
+            _READINGS.open.remove(self._opened)
 
 
 def reading(events: list[Event]) -> _Open:

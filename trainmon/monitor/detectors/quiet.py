@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trainmon.monitor.detectors.base import Finding, finite
-from trainmon.monitor.detectors.batch import Reading, observe_runs, reading
+from trainmon.monitor.detectors.batch import Reading, observe_runs, read
 from trainmon.wire import Event
 
 __all__ = ["observe_quiet", "steps_without"]
@@ -35,24 +35,24 @@ def observe_quiet(
 ) -> None:
     """``observe`` of each event in order, its outputs appended to ``out``, where ``quiet_until(batch, i)`` is the end
     of the run of quiet events from ``i`` (``i`` itself when ``events[i]`` is not quiet), read from the detector's state
-    when asked and from ``batch``, the reading of ``events`` (:func:`.batch.reading`): ``observe`` of a quiet event
-    returns nothing, and the state it leaves after a run of them is the state it leaves after observing the run's first
-    event, its last event, and the steps that carry the run's last ``window`` finite losses."""
-    with reading(events) as batch:
+    when asked and from ``batch``, the reading of ``events`` (:func:`.batch.read`): ``observe`` of a quiet event returns
+    nothing, and the state it leaves after a run of them is the state it leaves after observing the run's first event,
+    its last event, and the steps that carry the run's last ``window`` finite losses."""
+    batch = read(events)
 
-        def take(start: int) -> int:
-            end = quiet_until(batch, start)
-            if end > start:
-                observe(events[start], attempts[start])  # outputs: nothing, as every quiet event's
-                tail, need = end, window
-                while tail > start + 1 and (tail == end or need > 0):  # the last event, back to the last finite losses
-                    tail -= 1
-                    need -= finite(events[tail].fields.get("loss"))
-                for i in range(tail, end):
-                    observe(events[i], attempts[i])
-            return end
+    def take(start: int) -> int:
+        end = quiet_until(batch, start)
+        if end > start:
+            observe(events[start], attempts[start])  # outputs: nothing, as every quiet event's
+            tail, need = end, window
+            while tail > start + 1 and (tail == end or need > 0):  # the last event, and back to the last finite losses
+                tail -= 1
+                need -= finite(events[tail].fields.get("loss"))
+            for i in range(tail, end):
+                observe(events[i], attempts[i])
+        return end
 
-        observe_runs(observe, events, attempts, out, take)
+    observe_runs(observe, events, attempts, out, take)
 
 
 def steps_without(*names: str) -> Callable[[Reading, int], int]:
