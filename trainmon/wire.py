@@ -26,7 +26,6 @@ size of free-form JSON (configs, fingerprints), and ``time`` (seconds since the 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import reprlib
@@ -310,9 +309,17 @@ _MAX_DEPTH = 16  # nesting of a json field
 _MAX_NODES = 20_000  # values in a json field, all levels
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(slots=True)
 class Event:
-    """A validated event, floats decoded (non-finite markers become float NaN/inf)."""
+    """A validated event, floats decoded (non-finite markers become float NaN/inf).
+
+    Read-only by contract, not by ``frozen``: an event is shared by every reader (the store, the live
+    state, each detector, the detection child), so nobody may assign to it. The collector alone stamps
+    the events it has just validated (``clock_offset``, and ``run`` for a stream stored apart), before any
+    reader sees them; ``tests/test_event_writes.py`` fails on any other write in the package. A frozen
+    class's ``__init__`` goes through a setter per field (0.40 us an event; the generated one of this class
+    is plain stores, 0.13 us), and both processes of a long import build a million events. Unhashable
+    (``__hash__`` is None), as the frozen class with its dict field was in effect."""
 
     kind: str
     run: str
@@ -325,36 +332,6 @@ class Event:
     clock_offset: float | None = field(default=None, compare=False)
     """Seconds that put ``time`` on the collector's clock (``trainmon.clock``): set by the
     collector on events that arrived live, never read from the wire; None on imports."""
-
-    def __init__(
-        self,
-        kind: str,
-        run: str,
-        rank: int,
-        host: str,
-        stream: str,
-        seq: int,
-        time: float,
-        fields: dict[str, Any],
-        clock_offset: float | None = None,
-    ) -> None:
-        # The generated __init__ of a frozen class looks object.__setattr__ up for each field: 0.78 us an
-        # event, a million times for a long log, and again for every event the collector validates. The
-        # slots' own setters, looked up once (below the class), do the same in 0.44 us.
-        _set_kind(self, kind)
-        _set_run(self, run)
-        _set_rank(self, rank)
-        _set_host(self, host)
-        _set_stream(self, stream)
-        _set_seq(self, seq)
-        _set_time(self, time)
-        _set_fields(self, fields)
-        _set_clock_offset(self, clock_offset)
-
-
-(_set_kind, _set_run, _set_rank, _set_host, _set_stream, _set_seq, _set_time, _set_fields, _set_clock_offset) = (
-    Event.__dict__[f.name].__set__ for f in dataclasses.fields(Event)
-)
 
 
 def encode_float(x: float) -> float | str:
