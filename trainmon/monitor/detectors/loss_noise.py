@@ -38,6 +38,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
+from trainmon.monitor.detectors.batch import columns
 from trainmon.monitor.detectors.rolling import (
     LazyWindow,
     RollingWindow,
@@ -201,7 +202,7 @@ class _Run:
         "rs",
     )
 
-    def __init__(self, det: LossNoise, fields: list[Any], losses: list[float]) -> None:
+    def __init__(self, det: LossNoise, fields: list[Any], losses: list[float], steps: list[int]) -> None:
         c = det.config
         w = c.window
         old = list(det._recent)
@@ -219,7 +220,7 @@ class _Run:
         self.e_d = [x[1] for x in old] + d
         self.ea = np.concatenate((np.array([x[2] for x in old], dtype=float), both[1:] - both[:-1]))
         self.e_a = self.ea.tolist()
-        self.e_step = [x[4] for x in old] + [f["step"] for f in fields]
+        self.e_step = [x[4] for x in old] + steps
         self.old_lrs = [x[3] for x in old]
         self.pad = pad = max(0, w - r0)
         self.joins = joins = np.zeros(n, dtype=bool)
@@ -339,21 +340,17 @@ class LossNoise(Detector):
         screened many entries at a time (``_screen``); what the screen cannot show quiet, and every other event, goes
         through ``observe``."""
         observe, n = self.observe, len(events)
-        kinds = [e.kind for e in events]
-        fields = [e.fields for e in events]
-        losses = [f.get("loss") for f in fields]
-        if kinds.count("step") == n and set(map(type, losses)) == {float}:
+        fields, others, (losses, steps) = columns(events, "loss", "step")
+        if not others and set(map(type, losses)) == {float}:
             loss = np.array(losses)
             simple = np.isfinite(loss) & (loss > 0.0)
         else:
-            simple = np.array(
-                [k == "step" and type(x) is float and 0.0 < x < math.inf for k, x in zip(kinds, losses, strict=True)],
-                dtype=bool,
-            )
+            simple = np.array([type(x) is float and 0.0 < x < math.inf for x in losses], dtype=bool)
+            simple[others] = False
         i = 0
         for stop in [*np.flatnonzero(~simple).tolist(), n]:
             if stop - i >= _RUN_MIN and self._screens:
-                self._run(events, attempts, i, stop, fields, losses, out)
+                self._run(events, attempts, i, stop, fields, losses, steps, out)
             else:
                 out.extend(map(observe, events[i:stop], attempts[i:stop]))
             if stop < n:
@@ -368,6 +365,7 @@ class LossNoise(Detector):
         hi: int,
         fields: list[Any],
         losses: list[Any],
+        steps: list[Any],
         out: list[list[Finding]],
     ) -> None:
         """``observe`` of the steps ``events[lo:hi]``, all with positive finite float losses: from the quiet state
@@ -377,7 +375,7 @@ class LossNoise(Detector):
         if self._prev is None:  # the first has no difference: observe keeps its loss
             out.append(observe(events[lo], attempts[lo]))
             lo += 1
-        run = _Run(self, fields[lo:hi], losses[lo:hi])
+        run = _Run(self, fields[lo:hi], losses[lo:hi], steps[lo:hi])
         k, n, back = 0, hi - lo, _STRETCH
         while k < n:
             stretch = _STRETCH
