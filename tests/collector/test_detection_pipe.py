@@ -1,8 +1,8 @@
 """The pipe to the detection child: frames, the events' encoding, and what the child holds between messages.
 
 A frame arrives in pieces when the child waits on the pipe: read straight into its own buffer, it must come out
-whole however it was cut, with a timeout between the pieces. Events cross as constructor-argument tuples with the
-attempts apart and must come back equal, with their clock offsets (which equality ignores) and their types.
+whole however it was cut, with a timeout between the pieces. Events cross as columns (``_events``) with the attempts
+apart and must come back equal, with their clock offsets (which equality ignores) and their types.
 Between messages the child must hold nothing of the last one, or every garbage collection there scans it.
 """
 
