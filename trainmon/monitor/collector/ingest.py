@@ -116,17 +116,19 @@ class _Slot:
 
 
 class _Segment(NamedTuple):
-    """A run of consecutive events of one stream (a producer's batch is one), with each event's time and kind
-    read once: what the ingest looks up, checks and counts once per segment rather than once per event (a
-    whole batch of an import)."""
+    """A run of consecutive events of one stream (a producer's batch is one), with each event's time, kind and
+    fields read once: what the ingest looks up, checks and counts once per segment rather than once per event (a
+    whole batch of an import). Read together, as the batch arrives: read again later, the fields of a million
+    events took twice as long, their events gone from the CPU's caches."""
 
     events: list[Event]
     times: list[float]
     kinds: list[str]
+    fields: list[dict[str, Any]]
 
 
 def _segment(events: list[Event]) -> _Segment:
-    return _Segment(events, list(map(_TIME, events)), list(map(_KIND, events)))
+    return _Segment(events, list(map(_TIME, events)), list(map(_KIND, events)), list(map(_FIELDS, events)))
 
 
 def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
@@ -508,6 +510,7 @@ class Ingestor:
         """Store the fresh events, given by segment (one stream's, in order): their rows, and what they tell of
         their streams and runs (when each was active, on the collector's clock, how many events, a start, an end)."""
         step_events: list[Event] = []
+        step_fields: list[dict[str, Any]] = []
         keys = _StepKeys([], [], [], [])
         rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
@@ -535,9 +538,11 @@ class Ingestor:
             keys.attempt.extend(itertools.repeat(attempt, count))
             if stepping is None:
                 step_events += events
+                step_fields += segment.fields
                 keys.time.extend(segment.times)
                 continue
             step_events += itertools.compress(events, stepping)
+            step_fields += itertools.compress(segment.fields, stepping)
             keys.time.extend(itertools.compress(segment.times, stepping))
             for ev in itertools.compress(events, map(operator.not_, stepping)):
                 f = ev.fields
@@ -596,9 +601,9 @@ class Ingestor:
                     if ev.rank == 0:
                         ru["status"] = f["status"]
         if step_events:
-            fields = list(map(_FIELDS, step_events))
-            present = set().union(*fields)
-            self.storage.insert_ignore(conn, steps, _step_columns(step_events, keys.attempt, fields, present, keys))
+            present = set().union(*step_fields)
+            columns = _step_columns(step_events, keys.attempt, step_fields, present, keys)
+            self.storage.insert_ignore(conn, steps, columns)
             layers = _layer_rows(step_events, keys.attempt, present)
             if layers:
                 self.storage.insert_ignore(conn, layer_stats, _columns(layers))

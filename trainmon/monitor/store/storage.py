@@ -131,11 +131,11 @@ def _json_texts(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
     comma nor line break): the same texts, without a million calls through SQLAlchemy's wrapper and the
     encoder's. Where each list holds one number (one param group, as mostly), the ``, `` between the lists are
     the only ones, and the cut needs no marking first."""
-    if set(map(type, cells)) == {list} and all(cells):
-        numbers = list(itertools.chain.from_iterable(cells))
-        if set(map(type, numbers)) <= _NUMBERS:
-            text = _NUMBER_LISTS.encode(cells)[1:-1]
-            return text.split(", ") if len(numbers) == len(cells) else text.replace("], [", "]\n[").split("\n")
+    lists = set(map(type, cells)) == {list} and all(cells)
+    if lists and set(map(type, itertools.chain.from_iterable(cells))) <= _NUMBERS:
+        text = _NUMBER_LISTS.encode(cells)[1:-1]
+        texts = text.split(", ")  # one a cell where each list holds one number, more where a list holds more
+        return texts if len(texts) == len(cells) else text.replace("], [", "]\n[").split("\n")
     return _each(process, cells)
 
 
