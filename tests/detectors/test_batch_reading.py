@@ -4,13 +4,15 @@ nothing read of one batch answers for another batch or for another list."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
 from itertools import repeat
 from typing import Any, ClassVar
 
 from trainmon.monitor.collector.detection import _Group
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
-from trainmon.monitor.detectors.batch import columns, read, reading
+from trainmon.monitor.detectors.batch import carries, columns, floats, read, reading
 from trainmon.monitor.detectors.quiet import steps_without
 from trainmon.wire import Event
 
@@ -46,11 +48,15 @@ class _Reader(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         fields, others, (losses,) = columns(events, "loss")
         ends = [_WITHOUT_PROBE(read(events), i) for i in range(len(events))]
-        self.seen.append((list(fields), list(others), list(losses), ends))
+        array = floats(events, "loss")
+        shared = list(map(repr, array.tolist()))
+        self.seen.append((list(fields), list(others), list(losses), ends, shared, carries(events, "probe")))
         if self.vandal:
             fields[:] = [{}] * len(fields)
             others.append(len(events))
             losses[:] = ["vandal"] * len(losses)
+            with contextlib.suppress(ValueError):  # read-only: shared
+                array[:] = 0.0
         out.extend(repeat(NOTHING, len(events)))
 
 
@@ -65,7 +71,8 @@ def _expected(events: list[Event]) -> tuple[Any, ...]:
     others = [i for i, e in enumerate(events) if e.kind != "step"]
     losses = [f.get("loss") for f in fields]
     ends = [_naive_quiet_end(events, i, frozenset(("probe",))) for i in range(len(events))]
-    return fields, others, losses, ends
+    array = [repr(math.nan if x is None else float(x)) for x in losses]
+    return fields, others, losses, ends, array, any("probe" in f for f in fields)
 
 
 def _batch(rng: random.Random, n: int) -> list[Event]:

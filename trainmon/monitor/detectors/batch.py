@@ -17,10 +17,12 @@ from itertools import compress, repeat
 from types import TracebackType
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from trainmon.monitor.detectors.base import NOTHING, Finding
 from trainmon.wire import Event
 
-__all__ = ["Columns", "Reading", "columns", "observe_runs", "read", "reading"]
+__all__ = ["Columns", "Reading", "carries", "columns", "floats", "observe_runs", "read", "reading"]
 
 _CHUNK = 8
 """Events observed one at a time after ``take`` decided none (doubling up to :data:`_MAX_CHUNK` while it decides none
@@ -39,7 +41,7 @@ class Reading:
     carry some names are. Detectors share it while it is open (:func:`reading`): the lists it holds are read, never
     handed out (:func:`columns` copies them)."""
 
-    __slots__ = ("_attributes", "_carrying", "_columns", "_ends", "_fields", "_keys", "_kinds", "events")
+    __slots__ = ("_attributes", "_carrying", "_columns", "_ends", "_fields", "_floats", "_keys", "_kinds", "events")
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
@@ -48,6 +50,7 @@ class Reading:
         self._ends: list[int] | None = None
         self._keys: frozenset[str] | None = None
         self._columns: dict[str, list[Any]] = {}
+        self._floats: dict[str, np.ndarray] = {}
         self._attributes: dict[str, list[Any]] = {}
         self._carrying: dict[frozenset[str], list[int]] = {}
 
@@ -97,6 +100,14 @@ class Reading:
             absent = name not in self.keys
             values = [None] * len(self.events) if absent else list(map(dict.get, self.fields, repeat(name)))
             self._columns[name] = values
+        return values
+
+    def floats(self, name: str) -> np.ndarray:
+        """The field ``name`` of each event as a float, NaN where it is absent: read-only, being shared."""
+        values = self._floats.get(name)
+        if values is None:
+            values = self._floats[name] = np.array(self.column(name), dtype=float)
+            values.flags.writeable = False
         return values
 
     def attribute(self, name: str) -> list[Any]:
@@ -188,6 +199,18 @@ def columns(events: list[Event], *names: str) -> Columns:
     which the caller may change."""
     batch = read(events)
     return Columns(list(batch.fields), batch.ends[:-1], [list(batch.column(name)) for name in names])
+
+
+def floats(events: list[Event], name: str) -> np.ndarray:
+    """``np.array`` of the column of ``name``, floats (NaN where absent), made once for every detector while the
+    batch's reading is open (:func:`read`): read-only, an array a detector changes is its own copy."""
+    return read(events).floats(name)
+
+
+def carries(events: list[Event], *names: str) -> bool:
+    """Whether an event of the batch carries one of the fields ``names``: the names its reading found (:func:`read`),
+    rather than a look at each event for each name."""
+    return not read(events).keys.isdisjoint(names)
 
 
 def observe_runs(

@@ -57,7 +57,6 @@ import bisect
 import collections
 import itertools
 import math
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -67,7 +66,7 @@ import numpy as np
 
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.batch import columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
 
@@ -258,11 +257,7 @@ class _Columns:
         if n < _BULK:
             return None
         fields, others, (lrs,) = columns(events, "lr")
-        usual = (  # every event a step, nothing else to read
-            not others
-            and not any(map(operator.contains, fields, itertools.repeat("scheduler_steps")))
-            and not any(map(operator.contains, fields, itertools.repeat("skipped")))
-        )
+        usual = not others and not carries(events, "scheduler_steps", "skipped")  # every event a step, nothing else
         flat = list(itertools.chain.from_iterable(lrs)) if usual and set(map(type, lrs)) == {list} else []
         if usual and lrs.count(None) == n:  # a log that does not print its LR
             plain, bare = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
