@@ -431,7 +431,7 @@ class LossNoise(Detector):
             if floors is None:  # the first b windows new, the run's after
                 floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[t:]))
             rows = np.cumsum(run.joins[i:end])
-            s = self._first_high(run, i, seq, floors, rows, base_a, t)
+            s = self._first_high(run, i, seq, floors, rows)
             if s is None:
                 stop = end
                 break
@@ -441,9 +441,13 @@ class LossNoise(Detector):
             stop = e
             if n is None:
                 break
-            out_of[e + 1 : e + n + 1] = True
+            if n:
+                out_of[e + 1 : e + n + 1] = True
+                floors = None
+            else:  # e quiet after all: the same windows from the next entry on
+                floors = floors[r:]
             base, base_a = seq[r : r + b], a_win
-            t, floors = b0 + int(run.cc[e + n]), None
+            t = b0 + int(run.cc[e + n])
             i = stop = e + n + 1
         m = stop - k
         if not m:
@@ -485,11 +489,11 @@ class LossNoise(Detector):
         return stop, stop == end
 
     def _first_high(
-        self, run: _Run, i: int, seq: np.ndarray, floors: np.ndarray, rows: np.ndarray, base_a: np.ndarray, t: int
+        self, run: _Run, i: int, seq: np.ndarray, floors: np.ndarray, rows: np.ndarray
     ) -> tuple[int, float, int] | None:
-        """The first of the run's entries from ``i`` whose noise is high from the quiet state, every entry joining where
-        the run says it may: the entry, its baseline's MAD and its baseline's row (``_screen``'s windows); None where
-        there is none."""
+        """The first of the run's entries from ``i`` whose relative noise is high from the quiet state, every entry
+        joining where the run says it may: the entry, its baseline's MAD (positive) and its baseline's row
+        (``_screen``'s windows); None where there is none."""
         c = self.config
         b, bar, off = c.baseline, c.admit_ratio, run.off
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -499,21 +503,23 @@ class LossNoise(Detector):
                 q = undecided[at : at + _EXACT]
                 rdm = sorted_mads(run.rs[q + (i + off)])
                 bdm = sorted_mads(np.sort(seq[rows[q][:, None] + np.arange(b)], axis=1))
-                for p in np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar)).tolist():  # the absolute noise too
-                    e, r = i + int(q[p]), int(rows[q[p]])
-                    a_win = np.concatenate((base_a, run.ea[run.jidx[t - run.b0 : t - run.b0 + r]]))[r : r + b]
-                    bam = sorted_mad(sorted(a_win.tolist()))
-                    if bam > 0.0 and not sorted_mad(sorted(run.awin[e + off].tolist())) / bam < bar:
-                        return e, float(bdm[p]), r
+                high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar))
+                if len(high):
+                    p = int(high[0])
+                    return i + int(q[p]), float(bdm[p]), int(rows[q[p]])
         return None
 
     def _follow(self, run: _Run, e: int, bdm: float, bam: float) -> int | None:
-        """Where the rise from ``e`` (high, its baselines' MADs ``bdm`` and ``bam``, positive) is back under the bar:
-        the first entry after it whose noise is not high, as its distance from ``e``, every entry judged against those
-        baselines (nothing joins them after ``e``; ``_judge``'s ``_under`` on the exact MADs). None where a high one
-        has the relative noise at ``ratio`` (it would start a streak) or the rise runs to the run's end."""
+        """Where the noise from ``e`` (the relative noise high, its baselines' MADs ``bdm``, positive, and ``bam``) is
+        back under the bar: the first entry from ``e`` whose noise is not high, as its distance from ``e``, every entry
+        judged against those baselines (nothing joins them after a high ``e``; ``_judge``'s ``_under`` on the exact
+        MADs); 0 where ``e`` is not high after all (the absolute noise under the bar), or not measured (``bam`` zero:
+        ``_measured``). None where a high one has the relative noise at ``ratio`` (it would start a streak) or the rise
+        runs to the run's end."""
         c = self.config
         bar, ratio, off, end = c.admit_ratio, c.ratio, run.off, len(run.joins)
+        if not bam > 0.0:
+            return 0
         j = e
         while j < end:
             rows = np.arange(j, min(end, j + _EXACT)) + off

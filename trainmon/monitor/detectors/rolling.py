@@ -159,7 +159,8 @@ def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
     u = np.sort(values[starts[:, None] + np.arange(span)], axis=1)
 
     def floor(t: int) -> np.ndarray:  # under the t-th smallest deviation
-        return np.minimum((u[:, t - 1 :] - u[:, : span - t + 1]).min(axis=1), _MAX) * _HALF_DOWN
+        with np.errstate(over="ignore"):  # an infinite span clamped
+            return np.minimum((u[:, t - 1 :] - u[:, : span - t + 1]).min(axis=1), _MAX) * _HALF_DOWN
 
     raw = floor(k + 1)
     mad = 1.4826 * raw if size & 1 else 1.4826 * (0.5 * (floor(k) + raw))
@@ -172,12 +173,13 @@ def sorted_mads(rows: np.ndarray) -> np.ndarray:
     same one or two of them selected (``np.partition`` is exact), with the same arithmetic."""
     n = rows.shape[1]
     mid = n >> 1
-    m = rows[:, mid] if n & 1 else 0.5 * (rows[:, mid - 1] + rows[:, mid])
-    dev = np.abs(rows - m[:, None])
-    if n & 1:
-        return 1.4826 * np.partition(dev, mid, axis=1)[:, mid]
-    two = np.partition(dev, (mid - 1, mid), axis=1)
-    return 1.4826 * (0.5 * (two[:, mid - 1] + two[:, mid]))
+    with np.errstate(over="ignore"):  # infinite as sorted_mad's, where values near the float's limit overflow
+        m = rows[:, mid] if n & 1 else 0.5 * (rows[:, mid - 1] + rows[:, mid])
+        dev = np.abs(rows - m[:, None])
+        if n & 1:
+            return 1.4826 * np.partition(dev, mid, axis=1)[:, mid]
+        two = np.partition(dev, (mid - 1, mid), axis=1)
+        return 1.4826 * (0.5 * (two[:, mid - 1] + two[:, mid]))
 
 
 def _check(size: int) -> None:
