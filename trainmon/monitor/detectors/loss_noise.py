@@ -173,12 +173,13 @@ class _Run:
     the detector's state does not change about them, computed once. Each entry's log and absolute change; the recent
     window it leaves (only ever its last ``window`` changes, whatever the state): that window's values sorted, median,
     bounds on its MAD and whether it descends (``_descending``: from the bounds where they decide, else the exact MAD);
-    the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists) and
-    whether that one may join the baseline (past the warmup, the window not descending), which it does from the
-    quiet state; and the baseline's windows were every one that may join to join (``joined``, from the baseline at
-    the run's start, and floors under their MADs: ``floors``), which hold from the quiet state unless an earlier
-    stretch kept some out, until ``baseline`` more have joined. ``pad``: the entries before the recent window is full,
-    which no screen takes."""
+    the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists, the
+    absolute changes also as an array, ``ea``, and each recent window of them, unsorted, ``awin``; the LRs read when
+    asked, ``lrs``) and whether that one may join the baseline (past the warmup, the window not descending), which it
+    does from the quiet state; and the baseline's windows were every one that may join to join (``joined``, from the
+    baseline at the run's start, then the entries ``jidx``, and floors under their MADs: ``floors``), which hold from
+    the quiet state unless an earlier stretch kept some out, until ``baseline`` more have joined. ``pad``: the entries
+    before the recent window is full, which no screen takes."""
 
     __slots__ = (
         "awin",
