@@ -42,7 +42,7 @@ def _cmd_postmortem(args: argparse.Namespace) -> int:
             try:
                 source = _live_source(args)
                 task = progress.add_task(f"analysing {escape_for_terminal(args.target)}", total=None)
-                analysis = source.postmortem(args.target)
+                analysis = source.postmortem(args.target, series=args.out is not None)  # series: for plots
                 if args.out is not None and isinstance(source, HttpSource):
                     out = Path(args.out)
                     page = source.report_page(args.target)  # the same report, rendered by the collector
@@ -97,11 +97,12 @@ def _postmortem_of_file(args: argparse.Namespace, progress: Any) -> Any:
         _error("postmortem", exc)
         return None
     progress.update(task, total=1, completed=1)
-    from trainmon.monitor.analysis.postmortem import analyse
+    from trainmon.monitor.analysis.postmortem import analyse, summarize
 
     task = progress.add_task("analysing", total=None)
+    read = analyse if args.out is not None else summarize  # the plots' series only for a report
     with opened:
-        analysis = analyse(opened.storage, opened.run, lambda st: progress.update(task, description=f"analysing: {st}"))
+        analysis = read(opened.storage, opened.run, lambda st: progress.update(task, description=f"analysing: {st}"))
     progress.update(task, total=1, completed=1)
     return analysis
 

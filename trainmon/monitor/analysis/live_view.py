@@ -281,12 +281,13 @@ class DbSource:
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
         return run_status(self.storage, run, window)
 
-    def postmortem(self, run: str) -> Any:
-        """The post-mortem :class:`~trainmon.monitor.analysis.postmortem.Analysis` of ``run`` (its
-        series too: ``--out`` draws them); ``KeyError`` for an unknown run."""
-        from trainmon.monitor.analysis.postmortem import analyse  # pandas: only for a post-mortem
+    def postmortem(self, run: str, series: bool = True) -> Any:
+        """The post-mortem :class:`~trainmon.monitor.analysis.postmortem.Analysis` of ``run``, its
+        series too (``--out`` draws them); without ``series``, its summary alone (``summarize``).
+        ``KeyError`` for an unknown run."""
+        from trainmon.monitor.analysis.postmortem import analyse, summarize  # pandas: only for a post-mortem
 
-        return analyse(self.storage, run)
+        return analyse(self.storage, run) if series else summarize(self.storage, run)
 
 
 DEFAULT_COLLECTOR = "http://127.0.0.1:9400"
@@ -367,9 +368,10 @@ class HttpSource:
     def status(self, run: str, window: int = 120) -> dict[str, Any]:
         return _revive(self._get(f"/v1/runs/{urllib.parse.quote(run, safe='')}?window={window}"))
 
-    def postmortem(self, run: str) -> dict[str, Any]:
+    def postmortem(self, run: str, series: bool = True) -> dict[str, Any]:
         """The post-mortem summary the collector computed on its store (``GET /v1/runs/{run}/postmortem``),
-        the same JSON ``trainmon postmortem RUN --db STORE --json`` prints; ``KeyError`` for an unknown run."""
+        the same JSON ``trainmon postmortem RUN --db STORE --json`` prints; ``KeyError`` for an unknown run.
+        ``series`` is :meth:`DbSource.postmortem`'s: a collector's report comes as its page (``report_page``)."""
         path = f"/v1/runs/{urllib.parse.quote(run, safe='')}/postmortem"
         return _revive(self._get(path, ANALYSIS_TIMEOUT))
 
