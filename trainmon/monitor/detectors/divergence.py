@@ -97,7 +97,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
 from trainmon.monitor.detectors.batch import columns, observe_runs
@@ -224,6 +223,60 @@ def _enveloped(env: float, decay: float, aboves: Iterable[float]) -> list[float]
     return out
 
 
+_CLOSE = 1e-6
+"""Chains whose logarithms are this close to the greatest may be it: a chain of a million roundings strays from its
+real value by 1e-10 of it."""
+_NORMAL = -660.0
+"""The logarithm above which a chain stays a normal float (2**-952) and its roundings are relative."""
+
+
+def _envelope_after(env: float, decay: float, aboves: np.ndarray) -> float:
+    """The band's envelope after ``aboves`` (the last value :func:`_enveloped` gives), without a step per entry.
+
+    Each value starts a chain, decayed once per later entry; rounding a product by ``decay`` keeps the order of what it
+    rounds, so the envelope is the greatest of the chains (by induction on ``max(env * decay, above)``). The chains that
+    can be the greatest are found on their logarithms, and only those are decayed, exactly: ``multiply.accumulate``
+    multiplies in order, as the loop does. Where a chain could leave the normal floats (or a value is not finite), the
+    loop itself gives it."""
+    n = len(aboves)
+    starts = np.concatenate(([env], aboves))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(starts) + np.arange(n, -1, -1) * math.log(decay)
+    top = logs.max()
+    if not _NORMAL < top < _INF:
+        return _enveloped(env, decay, aboves.tolist())[-1]
+    best = 0.0
+    for j in np.flatnonzero(logs >= top - _CLOSE).tolist():
+        chain = np.full(n - j + 1, decay)
+        chain[0] = starts[j]
+        best = max(best, np.multiply.accumulate(chain)[-1].item())
+    return best
+
+
+def _envelopes(env: float, decay: float, aboves: np.ndarray, keep: int) -> list[float]:
+    """The band's envelopes after the last ``keep`` of ``aboves`` from ``env`` (the end of :func:`_enveloped` of them
+    all): the entries before those are skipped at once (:func:`_envelope_after`)."""
+    skip = len(aboves) - keep
+    if skip > 0:
+        env = _envelope_after(env, decay, aboves[:skip])
+    return _enveloped(env, decay, aboves[max(skip, 0) :].tolist())
+
+
+def _medians(values: np.ndarray, size: int) -> np.ndarray:
+    """The median of each ``size`` successive ``values`` (one a window, the first ending at ``values[size - 1]``): the
+    windows' columns sorted by an odd-even transposition network, ``size`` passes of elementwise min and max over whole
+    columns (a few numpy calls, where sorting each window is a step per window). Exact: min and max pick values, and the
+    middle two are averaged as a sorted window's are."""
+    n = len(values) - size + 1
+    cols = [values[j : j + n] for j in range(size)]
+    for p in range(size):
+        for j in range(p % 2, size - 1, 2):
+            lo, hi = cols[j], cols[j + 1]
+            cols[j], cols[j + 1] = np.minimum(lo, hi), np.maximum(lo, hi)
+    mid = size // 2
+    return cols[mid] if size % 2 else 0.5 * (cols[mid - 1] + cols[mid])
+
+
 def _opening(f: Finding, step: int) -> list[Finding]:
     """An episode dated at its onset and found at ``step``: the anomaly spans both (its last step is where
     the condition is known to hold now)."""
@@ -299,8 +352,9 @@ class _Episode:
 @dataclass(slots=True)
 class _Run:
     """Step events in a row, read in one look: what :meth:`Divergence._on_loss` computes for each of them that does
-    not depend on what it judges (the median filter, the EMA, the running minimum, how far above it, the band's
-    envelope, the health's best), and the entries at which a bar is reached (``bars``, then the run's length)."""
+    not depend on what it judges (the median filter, the EMA, the running minimum, how far above it, the health's best;
+    the band's envelope, from how far above, only where it is kept: :meth:`Divergence._commit`), and the entries at
+    which a bar is reached (``bars``, then the run's length)."""
 
     fields: list[dict[str, Any]]
     steps: list[int]
@@ -313,7 +367,7 @@ class _Run:
     smoothed: list[float]
     lows: np.ndarray  # the running minimum of the smoothed loss
     new_lows: list[int]  # the entries that lowered it
-    envelopes: list[float]
+    aboves: np.ndarray  # how far above the running minimum, relative to it
     health_best: list[int]  # the entries that lowered the health's best
     healthy: list[int]  # the entries within reach of the health's best
     bars: list[int]
@@ -335,25 +389,26 @@ class _Run:
             or det._ema is None
             or len(det._gaps) < _GAPS
             or set(map(type, losses)) != {float}
-            or set(map(type, steps)) != {int}
+            or set(map(type, recent + steps)) != {int}
             or 0.0 in window
-            or min(steps) < det._gate
-            or max(steps) >= _EXACT_INT
-            or min(recent) < 0
-            or max(recent) >= _EXACT_INT
         ):
+            return None
+        try:
+            at = np.array(recent + steps, dtype=np.int64)  # the window's steps, then the run's
+        except OverflowError:  # beyond int64
+            return None
+        if at.min() < 0 or at.max() >= _EXACT_INT or at[len(recent) :].min() < det._gate:
             return None
         conc = np.array(window + losses)  # each entry's loss after the window's
         loss = conc[size:]
         if not (np.isfinite(loss).all() and loss.all()):
             return None
-        gaps = np.diff(np.array(recent + steps, dtype=np.int64))[size - 1 :]  # each entry's, from the one before
+        between = np.diff(at)
+        gaps = between[size - 1 :]  # each entry's, from the one before
         wide = int(np.count_nonzero(gaps >= cfg.sparse_min_interval))
-        if np.diff(recent).min(initial=1) <= 0 or gaps.min() <= 0 or 2 * (det._wide_gaps + wide) >= _GAPS:
+        if between.min() <= 0 or 2 * (det._wide_gaps + wide) >= _GAPS:
             return None
-        ordered = np.sort(sliding_window_view(conc, size)[1:], axis=1)  # each entry's median window, sorted
-        mid = size // 2
-        med = ordered[:, mid] if size % 2 else 0.5 * (ordered[:, mid - 1] + ordered[:, mid])
+        med = _medians(conc[1:], size)  # each entry's median window
         medians = med.tolist()
         smoothed = _smoothed(det._ema, cfg.ema_alpha, medians)
         s = np.array(smoothed)
@@ -391,7 +446,7 @@ class _Run:
             smoothed=smoothed,
             lows=lows,
             new_lows=np.flatnonzero(s < np.concatenate(([_INF if low is None else low], lows[:-1]))).tolist(),
-            envelopes=_enveloped(det._envelope, det._decay, above.tolist()),
+            aboves=above,
             health_best=np.flatnonzero(med < np.concatenate(([health.best], best[:-1]))).tolist(),
             healthy=np.flatnonzero(med <= best + health.rel * np.abs(best)).tolist(),
             bars=[*np.flatnonzero(~(above < cfg.above_min_rel) & trend | big).tolist(), len(steps)],
@@ -562,8 +617,9 @@ class Divergence(Detector):
         if news:
             self._min_step = run.steps[news[-1]]
         self._critical_run = self._short_hits = 0
-        self._envelope = run.envelopes[b - 1]
-        self._envelopes.extend(run.envelopes[lo:b])
+        envelopes = _envelopes(self._envelope, self._decay, run.aboves[a:b], b - lo)
+        self._envelope = envelopes[-1]
+        self._envelopes.extend(envelopes)
 
     # -- the task metric -------------------------------------------------------------------------
 
