@@ -39,7 +39,7 @@ def _analysed(path: Path) -> tuple[Analysis, Any]:
 
 def _gaps(path: Path) -> dict[str, dict[str, str]]:
     a, config = _analysed(path)
-    return {g["signal"]: g for g in not_checked(a.summary, a.bins, a.evals, config)}
+    return {g["signal"]: g for g in not_checked(a.summary, a.carried, a.evals, config)}
 
 
 def _manifest() -> list[dict[str, Any]]:
@@ -102,7 +102,7 @@ def test_the_verdict_lists_what_was_not_checked() -> None:
     if not REAL_LOGS.exists():
         pytest.skip("no real logs here")
     a, config = _analysed(REAL_LOGS / "01_whisper-large-v2-ja.json")
-    summary = json_safe(a.summary | {"not_checked": not_checked(a.summary, a.bins, a.evals, config)})
+    summary = json_safe(a.summary | {"not_checked": not_checked(a.summary, a.carried, a.evals, config)})
     text, page = _render(summary)
     box = " ".join(text.split("overview")[0].split())
     assert "HEALTHY" in box and "not checked" in box

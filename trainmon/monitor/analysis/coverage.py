@@ -5,7 +5,8 @@ input carries: a log without grad norms cannot show a gradient explosion, one wi
 eval regression, a synthetic clock a hang, a log written every 100 steps a one-step spike between
 its entries. DESIGN.md ("How a finding earns trust"): a verdict of healthy lists the signals the
 run did not carry. This module says which, from what the post-mortem already read (its summary,
-the per-step-range aggregates and what the importer recorded about the log), so it costs no query.
+which signals the lowest rank's steps carry and what the importer recorded about the log), so it
+costs no query.
 
 Each entry is ``{"signal", "unchecked", "why"}``: the signal missing, the checks it would have fed,
 and why it is missing. Only what is missing is listed: a signal that is there says nothing.
@@ -13,6 +14,7 @@ and why it is missing. Only what is missing is listed: a signal that is there sa
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import pandas as pd
@@ -22,19 +24,17 @@ __all__ = ["not_checked"]
 _GPU_READINGS = ("max_temperature_c", "min_sm_clock_hz", "max_ecc_corrected", "max_ecc_uncorrected")
 
 
-def _carried(bins: pd.DataFrame, column: str) -> bool:
-    """Some step of the lowest rank holds a value of ``column`` (the bins hold its per-range aggregate)."""
-    return column in bins and bool(bins[column].notna().any())
-
-
-def not_checked(summary: dict[str, Any], bins: pd.DataFrame, evals: pd.DataFrame, config: Any) -> list[dict[str, str]]:
+def not_checked(
+    summary: dict[str, Any], carried: Collection[str], evals: pd.DataFrame, config: Any
+) -> list[dict[str, str]]:
     """The checks the input did not allow (see the module docstring), in the order a reader needs
     them: the training signals first, then time, ranks and hardware.
 
-    ``summary`` is the post-mortem's (before ``json_safe``), ``bins`` its per-step-range aggregates of
-    the lowest rank, ``evals`` its evaluations (one row each, with a loss or only metrics such as a
-    WER), ``config`` the run's stored config (an importer records there the signals the
-    log format never has, and whether each logged loss is a mean over several steps)."""
+    ``summary`` is the post-mortem's (before ``json_safe``), ``carried`` the signals some step of the
+    lowest rank holds (``loss``, NaN or not; a finite ``grad_norm``; ``lr``), ``evals`` its
+    evaluations (one row each, with a loss or only metrics such as a WER), ``config`` the run's stored
+    config (an importer records there the signals the log format never has, and whether each logged
+    loss is a mean over several steps)."""
     if not summary.get("steps_logged"):
         return [{"signal": "steps", "unchecked": "everything", "why": "the input holds no training step"}]
     imported = isinstance(config, dict) and bool(config.get("imported_from"))
@@ -44,7 +44,7 @@ def not_checked(summary: dict[str, Any], bins: pd.DataFrame, evals: pd.DataFrame
     def missing(signal: str, checks: str, why: str) -> None:
         out.append({"signal": signal, "unchecked": checks, "why": why})
 
-    if not _carried(bins, "loss") and not (bins["nonfinite"].sum() if "nonfinite" in bins else 0):
+    if "loss" not in carried:
         missing("loss", "loss spikes, divergence, non-finite losses, the first loss", f"no loss in {source}")
     mean_over = config.get("loss_mean_over_steps") if imported else None
     every = _entries_every(summary)
@@ -60,7 +60,7 @@ def not_checked(summary: dict[str, Any], bins: pd.DataFrame, evals: pd.DataFrame
             "a spike of one step (averaged into its entry, or between two entries)",
             f"{source} holds one entry per {every:,.0f} steps",
         )
-    if not _carried(bins, "grad_norm"):
+    if "grad_norm" not in carried:
         missing(
             "grad norm",
             "gradient explosions, and whether a loss spike started in the gradients",
@@ -72,7 +72,7 @@ def not_checked(summary: dict[str, Any], bins: pd.DataFrame, evals: pd.DataFrame
             "eval regressions (overfitting), and the task metric a divergence is weighed against",
             f"no evaluation {'read from' if imported else 'in'} {source}",
         )
-    if not _carried(bins, "lr"):
+    if "lr" not in carried:
         missing("learning rate", "learning-rate schedule drift", f"no learning rate in {source}")
     clock = (summary.get("unknown") or {}).get("duration_seconds")
     if clock:

@@ -13,7 +13,9 @@ sorts them, is out of budget. The analysis therefore reads three things, each th
   each: no sort). Totals, the phase breakdown, and the loss / grad-norm / throughput curves
   (mean with min-max band, so a one-step spike stays visible) come from them. In data-parallel
   training every rank sees the same step; rank 0 stands for the run, tokens are scaled by the
-  world size.
+  world size. The curves are the plots' alone: :func:`summarize` (``--json``) leaves them out,
+  half of SQLite's work on a log of a million steps, and asks the steps only whether they carry
+  a loss, a grad norm and an LR (a probe that ends at the first step that does).
 * **sample** - every rank's steps at ``step % k == c`` for a prime stride ``k`` chosen to read
   about 60k rows (``k = 1``, everything, on small runs). The per-rank table, the rank heatmap
   and the LR comparison use it. A prime stride is not aligned with periodic events
@@ -84,7 +86,14 @@ from trainmon.monitor.store.event_reads import (
     resume_rows,
 )
 from trainmon.monitor.store.queries import anomaly_rows, run_row, step_base, stream_rows
-from trainmon.monitor.store.step_reads import SAMPLE_COLUMNS, sampled_steps, step_bins, step_extent, step_row
+from trainmon.monitor.store.step_reads import (
+    SAMPLE_COLUMNS,
+    sampled_steps,
+    step_bins,
+    step_carries,
+    step_extent,
+    step_row,
+)
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage
 from trainmon.schedules import Schedule
 
@@ -112,18 +121,27 @@ class Analysis:
     schedule: Schedule | None = None
     notes: list[str] = field(default_factory=list)
     precursors: Sequence[Row] = ()  # (attempt, step, precursors) of the lowest rank's sampled steps (issue 28)
+    carried: frozenset[str] = frozenset()  # the signals the lowest rank's steps carry (coverage.not_checked)
 
 
 def summarize(storage: Storage, run: str, progress: Progress | None = None) -> dict[str, Any]:
-    """The post-mortem summary: the contract's keys first, then what helps a human."""
-    return analyse(storage, run, progress).summary
+    """The post-mortem summary: the contract's keys first, then what helps a human. The same as
+    ``analyse(...).summary``, without reading what only the plots draw (the loss, grad-norm and LR
+    curves, the precursors): ``postmortem --json`` without ``--out``."""
+    return _analyse(storage, run, progress, series=False).summary
 
 
 def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Analysis:
-    """Everything ``trainmon postmortem`` reports about ``run``; raises ``KeyError`` if unknown.
+    """Everything ``trainmon postmortem`` reports about ``run``, the plots' series too; raises
+    ``KeyError`` if unknown.
 
     ``progress`` is called with the name of each stage as it starts (for a progress bar).
     """
+    return _analyse(storage, run, progress, series=True)
+
+
+def _analyse(storage: Storage, run: str, progress: Progress | None, series: bool) -> Analysis:
+    """:func:`analyse`; without ``series``, the bins hold no curve and no precursor is read."""
     say = progress or (lambda _stage: None)
     notes: list[str] = []
     with storage.connect() as conn:
@@ -143,9 +161,10 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         # The two big reads run side by side on their own connections (the DB driver releases the
         # GIL while SQLite works); an in-memory store has one connection per thread, so not there.
         with ThreadPoolExecutor(1) if storage.url != "sqlite://" else nullcontext() as pool:
-            pending = pool.submit(_bins_on, storage, run, lead) if pool is not None else None
+            pending = pool.submit(_bins_on, storage, run, lead, series) if pool is not None else None
             sample = _sample(conn, run, extents, stride, offset)
-            bins = pending.result() if pending is not None else _bins(conn, run, lead)
+            bins = pending.result() if pending is not None else _bins(conn, run, lead, series)
+        carried = _carried(conn, run, lead)
         say("checkpoints, resumes and evaluations")
         ckpts = _checkpoints(conn, run, rank0)
         resumed = resume_rows(conn, run, rank0 or 0)
@@ -158,7 +177,7 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         synthetic = _import_facts(row.config)["clock_unknown"]
         good = goodput.from_store(conn, run, rank0, _attempts(streams, extents), found, synthetic)
         say("instability precursors")
-        precursors = precursor_samples(conn, run, rank0) if rank0 is not None else ()
+        precursors = precursor_samples(conn, run, rank0) if series and rank0 is not None else ()
         say("node health")
         health_df, health_note = _health(conn, run)
     notes.extend(_import_notes(row.config))
@@ -260,8 +279,8 @@ def analyse(storage: Storage, run: str, progress: Progress | None = None) -> Ana
         "sample": {"stride": stride, "offset": offset, "rows": len(sample)},
         "notes": notes,
     }
-    summary["not_checked"] = coverage.not_checked(summary, bins, eval_df, row.config)
-    return Analysis(summary, bins, sample, eval_df, health_df, schedule, notes, precursors)
+    summary["not_checked"] = coverage.not_checked(summary, carried, eval_df, row.config)
+    return Analysis(summary, bins, sample, eval_df, health_df, schedule, notes, precursors, carried)
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -416,13 +435,14 @@ def _extents(conn: Connection, run: str, streams: list[dict[str, Any]]) -> list[
     return out
 
 
-def _bins_on(storage: Storage, run: str, extents: list[dict[str, Any]]) -> pd.DataFrame:
+def _bins_on(storage: Storage, run: str, extents: list[dict[str, Any]], curves: bool) -> pd.DataFrame:
     with storage.connect() as conn:
-        return _bins(conn, run, extents)
+        return _bins(conn, run, extents, curves)
 
 
-def _bins(conn: Connection, run: str, extents: list[dict[str, Any]]) -> pd.DataFrame:
-    """Exact aggregates over ~BINS step ranges of one rank (all its attempts), one range query each."""
+def _bins(conn: Connection, run: str, extents: list[dict[str, Any]], curves: bool) -> pd.DataFrame:
+    """Exact aggregates over ~BINS step ranges of one rank (all its attempts), one range query each;
+    ``curves``: with the loss, grad-norm and LR the plots draw (:func:`step_bins`)."""
     span = sum(e["last"] - e["first"] + 1 for e in extents)
     if not span:
         return pd.DataFrame(columns=["attempt", "lo", "hi", "count"])
@@ -432,12 +452,26 @@ def _bins(conn: Connection, run: str, extents: list[dict[str, Any]]) -> pd.DataF
         for e in sorted(extents, key=lambda e: e["attempt"])
         for lo in range(e["first"], e["last"] + 1, width)
     ]
-    df = pd.DataFrame.from_records(step_bins(conn, run, extents[0]["rank"], ranges))
+    df = pd.DataFrame.from_records(step_bins(conn, run, extents[0]["rank"], ranges, curves=curves))
     for c in df.columns:
         if c not in ("attempt", "lo", "hi", "count"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
     df["step"] = (df["lo"] + df["hi"] - 1) / 2
     return df
+
+
+_CARRIED = (("loss", False), ("grad_norm", True), ("lr", False))  # (column, finite values only)
+
+
+def _carried(conn: Connection, run: str, lead: list[dict[str, Any]]) -> frozenset[str]:
+    """The signals some step of the lowest rank carries, for :func:`coverage.not_checked`: a loss (a
+    NaN one too: the log has a loss), a finite grad norm, an LR. Probes, not the bins: the summary
+    reads no curve, and a column the steps carry answers at their first step."""
+    return frozenset(
+        column
+        for column, finite in _CARRIED
+        if any(step_carries(conn, run, e["rank"], e["attempt"], column, finite=finite) for e in lead)
+    )
 
 
 def _per_step_total(bins: pd.DataFrame, col: str, n_col: str) -> float:

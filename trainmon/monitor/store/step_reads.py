@@ -24,6 +24,7 @@ __all__ = [
     "recent_steps",
     "sampled_steps",
     "step_bins",
+    "step_carries",
     "step_ends",
     "step_extent",
     "step_row",
@@ -33,18 +34,13 @@ __all__ = [
 ]
 
 RECENT_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "step_time", "tokens")  # and every phase
-SAMPLE_COLUMNS = (
+SAMPLE_COLUMNS = (  # what the post-mortem reads of the sample: the per-rank table, the heatmap, the LR
     "rank",
     "attempt",
     "step",
-    "time",
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
     "lr",
     "step_time",
-    "tokens",
-    *[f"phase_{p}" for p in PHASE_COLUMNS],
+    *[f"phase_{p}" for p in ("data", "forward", "backward", "comm", "optimizer")],
 )
 SERIES_COLUMNS = ("step", "attempt", "loss", "lr", "tokens", "step_time", *[f"phase_{p}" for p in PHASE_COLUMNS])
 _PHASES = [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
@@ -91,13 +87,15 @@ def _finite(col: Any) -> Any:
     return case((col.between(-1e308, 1e308), col), else_=None)
 
 
-def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int, int, int]]) -> list[dict[str, Any]]:
+def step_bins(
+    conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int, int, int]], *, curves: bool
+) -> list[dict[str, Any]]:
     """Exact aggregates of one rank's steps over each ``(attempt, lo, hi)`` range (``lo <= step <
     hi``), one range query each; ranges without steps are left out. Each record holds ``attempt``,
     ``lo``, ``hi``, ``count``, sums of ``step_time``, ``tokens`` and the phases (with ``timed`` and
-    ``tokens_n``, how many steps carry them), finite loss and grad-norm mean / min / max,
-    ``nonfinite`` (NaN or infinite losses) and mean ``lr``."""
-    loss, gn = _finite(steps.c.loss), _finite(steps.c.grad_norm)
+    ``tokens_n``, how many steps carry them); with ``curves``, also what the plots draw: the finite
+    loss and grad-norm mean / min / max, ``nonfinite`` (NaN or infinite losses) and mean ``lr``
+    (half of SQLite's work on a log of a million steps, and no figure of the summary needs them)."""
     cols = [
         func.count().label("count"),
         func.sum(steps.c.step_time).label("step_time"),
@@ -105,15 +103,19 @@ def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int,
         func.sum(steps.c.tokens).label("tokens"),
         func.count(steps.c.tokens).label("tokens_n"),
         *[func.sum(steps.c[f"phase_{p}"]).label(f"phase_{p}") for p in PHASE_COLUMNS],
-        func.avg(loss).label("loss"),
-        func.min(loss).label("loss_min"),
-        func.max(loss).label("loss_max"),
-        func.sum(case((loss.is_(None) & steps.c.loss.is_not(None), 1), else_=0)).label("nonfinite"),
-        func.avg(gn).label("grad_norm"),
-        func.max(gn).label("grad_norm_max"),
-        func.avg(_finite(steps.c.grad_norm_clipped)).label("grad_norm_clipped"),
-        func.avg(steps.c.lr).label("lr"),
     ]
+    if curves:
+        loss, gn = _finite(steps.c.loss), _finite(steps.c.grad_norm)
+        cols += [
+            func.avg(loss).label("loss"),
+            func.min(loss).label("loss_min"),
+            func.max(loss).label("loss_max"),
+            func.sum(case((loss.is_(None) & steps.c.loss.is_not(None), 1), else_=0)).label("nonfinite"),
+            func.avg(gn).label("grad_norm"),
+            func.max(gn).label("grad_norm_max"),
+            func.avg(_finite(steps.c.grad_norm_clipped)).label("grad_norm_clipped"),
+            func.avg(steps.c.lr).label("lr"),
+        ]
     lo_p, hi_p, att_p = bindparam("lo"), bindparam("hi"), bindparam("att")
     stmt = select(*cols).where(
         steps.c.run == run, steps.c.rank == rank, steps.c.attempt == att_p, steps.c.step >= lo_p, steps.c.step < hi_p
@@ -124,6 +126,15 @@ def step_bins(conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int,
         if r.count:
             records.append({"attempt": attempt, "lo": lo, "hi": hi, **r._mapping})
     return records
+
+
+def step_carries(conn: Connection, run: str, rank: int, attempt: int, column: str, *, finite: bool = False) -> bool:
+    """Whether some step of one (rank, attempt) holds a value of ``column`` (a finite one with ``finite``):
+    the first step that does ends the read, so a column the steps carry costs a probe or two; one
+    they never carry, a pass over the attempt's steps."""
+    value = _finite(steps.c[column]) if finite else steps.c[column]
+    where = (steps.c.run == run) & (steps.c.rank == rank) & (steps.c.attempt == attempt) & value.is_not(None)
+    return conn.execute(select(steps.c.step).where(where).limit(1)).first() is not None
 
 
 def sampled_steps(
