@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -432,23 +432,20 @@ class LossNoise(Detector):
             if floors is None:  # the first b windows new, the run's after
                 floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[t:]))
             rows = np.cumsum(run.joins[i:end])
-            s = self._first_high(run, i, seq, floors, rows)
-            if s is None:
+            for e, bdm, r in self._relative_highs(run, i, seq, floors, rows):
+                a_win = np.concatenate((base_a, run.ea[run.jidx[t - b0 : t - b0 + r]]))[r : r + b]
+                n = self._follow(run, e, bdm, sorted_mad(sorted(a_win.tolist())))
+                if n != 0:  # a rise, or one observe must follow
+                    break
+            else:
                 stop = end
                 break
-            e, bdm, r = s
-            a_win = np.concatenate((base_a, run.ea[run.jidx[t - b0 : t - b0 + r]]))[r : r + b]
-            n = self._follow(run, e, bdm, sorted_mad(sorted(a_win.tolist())))
             stop = e
             if n is None:
                 break
-            if n:
-                out_of[e + 1 : e + n + 1] = True
-                floors = None
-            else:  # e quiet after all: the same windows from the next entry on
-                floors = floors[r:]
+            out_of[e + 1 : e + n + 1] = True
             base, base_a = seq[r : r + b], a_win
-            t = b0 + int(run.cc[e + n])
+            t, floors = b0 + int(run.cc[e + n]), None
             i = stop = e + n + 1
         m = stop - k
         if not m:
@@ -489,26 +486,25 @@ class LossNoise(Detector):
         self._prints.extend([run.fields[e - run.r0].get("batch_fingerprint") for e in kept])
         return stop, stop == end
 
-    def _first_high(
+    def _relative_highs(
         self, run: _Run, i: int, seq: np.ndarray, floors: np.ndarray, rows: np.ndarray
-    ) -> tuple[int, float, int] | None:
-        """The first of the run's entries from ``i`` whose relative noise is high from the quiet state, every entry
-        joining where the run says it may: the entry, its baseline's MAD (positive) and its baseline's row
-        (``_screen``'s windows); None where there is none."""
+    ) -> Iterator[tuple[int, float, int]]:
+        """The run's entries from ``i`` whose relative noise is high from the quiet state, every entry joining where
+        the run says it may, in order, as the caller asks for them (it stops at a rise): each entry, its baseline's MAD
+        (positive) and its baseline's row (``_screen``'s windows)."""
         c = self.config
         b, bar, off = c.baseline, c.admit_ratio, run.off
-        with np.errstate(divide="ignore", invalid="ignore"):
-            below = floors[rows]
+        below = floors[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero floor or MAD decides nothing
             undecided = np.flatnonzero(~((below > 0.0) & (run.rhi[i + off : len(rows) + i + off] / below < bar)))
-            for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
-                q = undecided[at : at + _EXACT]
-                rdm = sorted_mads(run.rs[q + (i + off)])
-                bdm = sorted_mads(np.sort(seq[rows[q][:, None] + np.arange(b)], axis=1))
-                high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar))
-                if len(high):
-                    p = int(high[0])
-                    return i + int(q[p]), float(bdm[p]), int(rows[q[p]])
-        return None
+        for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
+            q = undecided[at : at + _EXACT]
+            rdm = sorted_mads(run.rs[q + (i + off)])
+            bdm = sorted_mads(np.sort(seq[rows[q][:, None] + np.arange(b)], axis=1))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar)).tolist()
+            for p in high:
+                yield i + int(q[p]), float(bdm[p]), int(rows[q[p]])
 
     def _follow(self, run: _Run, e: int, bdm: float, bam: float) -> int | None:
         """Where the noise from ``e`` (the relative noise high, its baselines' MADs ``bdm``, positive, and ``bam``) is
