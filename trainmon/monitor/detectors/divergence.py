@@ -223,9 +223,9 @@ def _enveloped(env: float, decay: float, aboves: Iterable[float]) -> list[float]
     return out
 
 
-_CLOSE = 1e-6
-"""Chains whose logarithms are this close to the greatest may be it: a chain of a million roundings strays from its
-real value by 1e-10 of it."""
+_CLOSE = 1e-9
+"""Chains whose logarithms are this close to the greatest may be it (and the closer for each rounding of the longest: a
+chain of ``n`` roundings strays from its real value by ``n * 2**-53`` of it at most; a logarithm is off by 1e-13)."""
 _NORMAL = -660.0
 """The logarithm above which a chain stays a normal float (2**-952) and its roundings are relative."""
 
@@ -246,7 +246,7 @@ def _envelope_after(env: float, decay: float, aboves: np.ndarray) -> float:
     if not _NORMAL < top < _INF:
         return _enveloped(env, decay, aboves.tolist())[-1]
     best = 0.0
-    for j in np.flatnonzero(logs >= top - _CLOSE).tolist():
+    for j in np.flatnonzero(logs >= top - _CLOSE - n * 2.0**-50).tolist():
         chain = np.full(n - j + 1, decay)
         chain[0] = starts[j]
         best = max(best, np.multiply.accumulate(chain)[-1].item())
@@ -394,16 +394,16 @@ class _Run:
         ):
             return None
         try:
-            at = np.array(recent + steps, dtype=np.int64)  # the window's steps, then the run's
+            stepped = np.array(recent + steps, dtype=np.int64)  # the window's steps, then the run's
         except OverflowError:  # beyond int64
             return None
-        if at.min() < 0 or at.max() >= _EXACT_INT or at[len(recent) :].min() < det._gate:
+        if stepped.min() < 0 or stepped.max() >= _EXACT_INT or stepped[len(recent) :].min() < det._gate:
             return None
         conc = np.array(window + losses)  # each entry's loss after the window's
         loss = conc[size:]
         if not (np.isfinite(loss).all() and loss.all()):
             return None
-        between = np.diff(at)
+        between = np.diff(stepped)
         gaps = between[size - 1 :]  # each entry's, from the one before
         wide = int(np.count_nonzero(gaps >= cfg.sparse_min_interval))
         if between.min() <= 0 or 2 * (det._wide_gaps + wide) >= _GAPS:
