@@ -499,12 +499,13 @@ class LossNoise(Detector):
             undecided = np.flatnonzero(~((below > 0.0) & (run.rhi[i + off : len(rows) + i + off] / below < bar)))
         for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
             q = undecided[at : at + _EXACT]
-            rdm = sorted_mads(run.rs[q + (i + off)])
             bdm = sorted_mads(np.sort(seq[rows[q][:, None] + np.arange(b)], axis=1))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                high = np.flatnonzero((bdm > 0.0) & (rdm / bdm >= bar)).tolist()
-            for p in high:
-                yield i + int(q[p]), float(bdm[p]), int(rows[q[p]])
+            with np.errstate(divide="ignore", invalid="ignore"):  # the recent MAD's upper bound shows most quiet
+                maybe = np.flatnonzero((bdm > 0.0) & ~(run.rhi[q + (i + off)] / bdm < bar)).tolist()
+            for p in maybe:
+                e = i + int(q[p])
+                if sorted_mad(run.rs[e + off].tolist()) / bdm[p] >= bar:
+                    yield e, float(bdm[p]), int(rows[q[p]])
 
     def _follow(self, run: _Run, e: int, bdm: float, bam: float) -> int | None:
         """Where the noise from ``e`` (the relative noise high, its baselines' MADs ``bdm``, positive, and ``bam``) is
