@@ -4,15 +4,13 @@ nothing read of one batch answers for another batch or for another list."""
 
 from __future__ import annotations
 
-import contextlib
-import math
 import random
 from itertools import repeat
 from typing import Any, ClassVar
 
 from trainmon.monitor.collector.detection import _Group
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding
-from trainmon.monitor.detectors.batch import carries, columns, floats, read, reading
+from trainmon.monitor.detectors.batch import carries, columns, read
 from trainmon.monitor.detectors.quiet import steps_without
 from trainmon.wire import Event
 
@@ -48,15 +46,11 @@ class _Reader(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         fields, others, (losses,) = columns(events, "loss")
         ends = [_WITHOUT_PROBE(read(events), i) for i in range(len(events))]
-        array = floats(events, "loss")
-        shared = list(map(repr, array.tolist()))
-        self.seen.append((list(fields), list(others), list(losses), ends, shared, carries(events, "probe")))
+        self.seen.append((list(fields), list(others), list(losses), ends, carries(events, "probe")))
         if self.vandal:
             fields[:] = [{}] * len(fields)
             others.append(len(events))
             losses[:] = ["vandal"] * len(losses)
-            with contextlib.suppress(ValueError):  # read-only: shared
-                array[:] = 0.0
         out.extend(repeat(NOTHING, len(events)))
 
 
@@ -71,8 +65,7 @@ def _expected(events: list[Event]) -> tuple[Any, ...]:
     others = [i for i, e in enumerate(events) if e.kind != "step"]
     losses = [f.get("loss") for f in fields]
     ends = [_naive_quiet_end(events, i, frozenset(("probe",))) for i in range(len(events))]
-    array = [repr(math.nan if x is None else float(x)) for x in losses]
-    return fields, others, losses, ends, array, any("probe" in f for f in fields)
+    return fields, others, losses, ends, any("probe" in f for f in fields)
 
 
 def _batch(rng: random.Random, n: int) -> list[Event]:
@@ -112,7 +105,7 @@ def test_nothing_read_of_a_batch_answers_for_the_next_one_in_the_same_list() -> 
         assert witness.seen[-1] == _expected(events)
         witness.observe_batch(events, [0] * n, [])  # no reading open: read afresh
         assert witness.seen[-1] == _expected(events)
-    with reading(events) as batch:
+    with read(events) as batch:
         assert read(events) is batch
     assert read(events) is not batch
 
@@ -129,7 +122,7 @@ def test_each_detector_reads_its_own_list_not_the_groups() -> None:
         group.feed(events, [0] * n)
         assert every.seen[-1] == _expected(events)
         assert steps.seen[-1] == _expected([e for e in events if e.kind in ("run_start", "step")])
-        with reading(events):
+        with read(events):
             twin = [Event(e.kind, e.run, e.rank, e.host, e.stream, e.seq, e.time, dict(e.fields)) for e in events]
             twin[0] = Event("eval", "r", 0, "h", "s", 0, 0.0, {"loss": 7.0, "probe": 1})
             every.observe_batch(twin, [0] * n, [])

@@ -3,7 +3,7 @@
 them and every other event to ``observe``.
 
 A batch is read once for all the detectors of its group: the engine opens a :class:`Reading` of the list it hands them
-(:func:`reading`), and :func:`columns` and the quiet scans (:mod:`.quiet`) asked about that very list answer from it.
+(:func:`read`), and :func:`columns` and the quiet scans (:mod:`.quiet`) asked about that very list answer from it.
 Asked about any other list, they read it afresh. What they hand out is the caller's own copy, and nothing is kept once
 the reading is closed."""
 
@@ -17,12 +17,10 @@ from itertools import compress, repeat
 from types import TracebackType
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from trainmon.monitor.detectors.base import NOTHING, Finding
 from trainmon.wire import Event
 
-__all__ = ["Columns", "Reading", "carries", "columns", "floats", "observe_runs", "read", "reading"]
+__all__ = ["Columns", "Reading", "carries", "columns", "observe_runs", "read"]
 
 _CHUNK = 8
 """Events observed one at a time after ``take`` decided none (doubling up to :data:`_MAX_CHUNK` while it decides none
@@ -36,55 +34,35 @@ _NONE: frozenset[str] = frozenset()
 
 
 class Reading:
-    """One batch's columns, each read at most once (in C) when first asked: its events' fields and kinds, where its
-    runs of steps end, the field names it carries, a field's or an event attribute's column, and where the steps that
-    carry some names are. Detectors share it while it is open (:func:`reading`): the lists it holds are read, never
-    handed out (:func:`columns` copies them)."""
+    """One batch's columns, each read at most once (in C): its events' fields and kinds and where its runs of steps end
+    when it is made, and when first asked the field names it carries, a field's or an event attribute's column, and
+    where the steps that carry some names are. Detectors share it while it is open (``with read(events)``): the lists it
+    holds are read, never handed out (:func:`columns` copies them)."""
 
-    __slots__ = ("_attributes", "_carrying", "_columns", "_ends", "_fields", "_floats", "_keys", "_kinds", "events")
+    __slots__ = ("_attributes", "_carrying", "_columns", "_keys", "ends", "events", "fields", "kinds")
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
-        self._fields: list[dict[str, Any]] | None = None
-        self._kinds: list[str] | None = None
-        self._ends: list[int] | None = None
+        self.fields: list[dict[str, Any]] = list(map(_FIELDS, events))  # each event's fields, in order
+        self.kinds: list[str] = list(map(_KIND, events))  # each event's kind, in order
+        self.ends = _ends(self.kinds)
+        """Where each run of steps ends: the positions of the events that are not steps (a few a batch: starts, evals,
+        ends), ascending, then the batch's length."""
         self._keys: frozenset[str] | None = None
         self._columns: dict[str, list[Any]] = {}
-        self._floats: dict[str, np.ndarray] = {}
         self._attributes: dict[str, list[Any]] = {}
         self._carrying: dict[frozenset[str], list[int]] = {}
 
-    @property
-    def fields(self) -> list[dict[str, Any]]:
-        """Each event's fields, in order."""
-        if self._fields is None:
-            self._fields = list(map(_FIELDS, self.events))
-        return self._fields
+    def __enter__(self) -> Reading:
+        """Open: :func:`read` of its very list answers with it in this thread until it is closed (opened again while
+        open, it stays open until the outer close)."""
+        _READINGS.open.append(self)
+        return self
 
-    @property
-    def kinds(self) -> list[str]:
-        """Each event's kind, in order."""
-        if self._kinds is None:
-            self._kinds = list(map(_KIND, self.events))
-        return self._kinds
-
-    @property
-    def ends(self) -> list[int]:
-        """Where each run of steps ends: the positions of the events that are not steps (a few a batch: starts, evals,
-        ends), ascending, then the batch's length. Found by ``list.index`` (in C) rather than a flag per event."""
-        if self._ends is None:
-            kinds = self.kinds
-            ends: list[int] = []
-            if kinds.count("step") != len(kinds):
-                for kind in set(kinds) - {"step"}:
-                    at = -1
-                    for _ in range(kinds.count(kind)):
-                        at = kinds.index(kind, at + 1)
-                        ends.append(at)
-                ends.sort()
-            ends.append(len(kinds))
-            self._ends = ends
-        return self._ends
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        _READINGS.open.remove(self)
 
     @property
     def keys(self) -> frozenset[str]:
@@ -102,14 +80,6 @@ class Reading:
             self._columns[name] = values
         return values
 
-    def floats(self, name: str) -> np.ndarray:
-        """The field ``name`` of each event as a float, NaN where it is absent: read-only, being shared."""
-        values = self._floats.get(name)
-        if values is None:
-            values = self._floats[name] = np.array(self.column(name), dtype=float)
-            values.flags.writeable = False
-        return values
-
     def attribute(self, name: str) -> list[Any]:
         """The attribute ``name`` of each event (its rank, its clock offset)."""
         values = self._attributes.get(name)
@@ -123,15 +93,29 @@ class Reading:
         bisections: the steps that carry those fields are found once a batch, and only in a batch that carries them."""
         ends = self.ends
         end = ends[bisect_left(ends, i)]
-        if without and end > i:
+        if end > i and without and not self.keys.isdisjoint(without):
             names = without & self.keys
-            if names:
-                at = self._carrying.get(names)
-                if at is None:
-                    carry = map(operator.not_, map(names.isdisjoint, self.fields))
-                    at = self._carrying[names] = [*compress(range(len(self.events)), carry), len(self.events)]
-                end = min(end, at[bisect_left(at, i)])
+            at = self._carrying.get(names)
+            if at is None:
+                carry = map(operator.not_, map(names.isdisjoint, self.fields))
+                at = self._carrying[names] = [*compress(range(len(self.events)), carry), len(self.events)]
+            end = min(end, at[bisect_left(at, i)])
         return end
+
+
+def _ends(kinds: list[str]) -> list[int]:
+    """:attr:`Reading.ends` of a batch of ``kinds``: the other kinds found by ``list.index`` (in C) rather than a flag
+    per event."""
+    ends: list[int] = []
+    if kinds.count("step") != len(kinds):
+        for kind in set(kinds) - {"step"}:
+            at = -1
+            for _ in range(kinds.count(kind)):
+                at = kinds.index(kind, at + 1)
+                ends.append(at)
+        ends.sort()
+    ends.append(len(kinds))
+    return ends
 
 
 class _Readings(threading.local):
@@ -144,40 +128,9 @@ class _Readings(threading.local):
 _READINGS = _Readings()
 
 
-class _Open:
-    """:func:`reading`'s context."""
-
-    __slots__ = ("_events", "_opened")
-
-    def __init__(self, events: list[Event]) -> None:
-        self._events = events
-        self._opened: Reading | None = None
-
-    def __enter__(self) -> Reading:
-        events = self._events
-        for shared in _READINGS.open:
-            if shared.events is events:
-                return shared
-        self._opened = opened = Reading(events)
-        _READINGS.open.append(opened)
-        return opened
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        if self._opened is not None:
-            _READINGS.open.remove(self._opened)
-
-
-def reading(events: list[Event]) -> _Open:
-    """A context in which :func:`read` of ``events`` (that very list) is one :class:`Reading`: the one open already,
-    else a new one, closed (its columns dropped) when this context ends."""
-    return _Open(events)
-
-
 def read(events: list[Event]) -> Reading:
-    """The open :class:`Reading` of ``events`` (that very list, not one equal to it), else a new one that no one else
-    sees."""
+    """The open :class:`Reading` of ``events`` (that very list, not one equal to it), else a new one, which only its
+    caller sees unless it opens it (``with read(events) as batch:``)."""
     for shared in _READINGS.open:
         if shared.events is events:
             return shared
@@ -199,12 +152,6 @@ def columns(events: list[Event], *names: str) -> Columns:
     which the caller may change."""
     batch = read(events)
     return Columns(list(batch.fields), batch.ends[:-1], [list(batch.column(name)) for name in names])
-
-
-def floats(events: list[Event], name: str) -> np.ndarray:
-    """``np.array`` of the column of ``name``, floats (NaN where absent), made once for every detector while the
-    batch's reading is open (:func:`read`): read-only, an array a detector changes is its own copy."""
-    return read(events).floats(name)
 
 
 def carries(events: list[Event], *names: str) -> bool:

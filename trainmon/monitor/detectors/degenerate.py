@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns, floats, observe_runs
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -138,7 +138,8 @@ class _Screen(NamedTuple):
 def _screen(events: list[Event]) -> _Screen:
     fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
     # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-    loss, norm = floats(events, "loss"), floats(events, "grad_norm")
+    loss = np.array(losses, dtype=float)
+    norm = np.array(norms, dtype=float)
     kept = np.isfinite(loss)
     quiet = ~kept | ((loss != 0.0) & (norm != 0.0))
     quiet[others] = False

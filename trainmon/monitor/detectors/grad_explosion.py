@@ -73,7 +73,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns, floats, observe_runs
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
@@ -187,15 +187,15 @@ def _screen(events: list[Event]) -> _Screen:
     _, others, (norms, losses, coefs, layers) = columns(events, "grad_norm", "loss", "clip_coef", "layer_grad_norms")
     # a validated event's loss, grad norm and clip coefficient are floats when present (trainmon.wire); absent reads as
     # NaN here
-    norm = floats(events, "grad_norm")
+    norm = np.array(norms, dtype=float)
     judged = np.isfinite(norm) & (norm > 0.0)
     x = np.full(n, np.inf)
     np.log(norm, out=x, where=judged)
     plain = np.ones(n, dtype=bool)
     plain[others] = False
     if coefs.count(None) != n:
-        plain &= ~np.isfinite(floats(events, "clip_coef"))
-    kept = np.isfinite(floats(events, "loss"))
+        plain &= ~np.isfinite(np.array(coefs, dtype=float))
+    kept = np.isfinite(np.array(losses, dtype=float))
     return _Screen(norms, losses, layers if layers.count(None) != n else None, judged, x, kept, plain)
 
 

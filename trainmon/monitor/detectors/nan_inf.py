@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns, floats, observe_runs
+from trainmon.monitor.detectors.batch import columns, observe_runs
 from trainmon.wire import Event
 
 __all__ = ["NanInf", "NanInfConfig"]
@@ -202,9 +202,9 @@ class NanInf(Detector):
         """The batch's fields, losses and grad norms, and the positions of its events that are not quiet steps."""
         fields, others, (losses, norms) = columns(events, "loss", "grad_norm")
         # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-        loss = floats(events, "loss")
+        loss = np.array(losses, dtype=float)
         quiet = np.isfinite(loss) & (loss != 0.0)
-        norm_ok = np.isfinite(floats(events, "grad_norm"))
+        norm_ok = np.isfinite(np.array(norms, dtype=float))
         if None in norms:
             norm_ok |= np.fromiter(map(operator.is_, norms, itertools.repeat(None)), bool, len(norms))
         quiet &= norm_ok
