@@ -53,7 +53,8 @@ def test_the_envelope_after_a_stretch_is_the_loops_last(halflife: int, monkeypat
 
 
 def test_an_envelope_that_could_leave_the_normal_floats_is_looped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below the normal floats a rounding is no longer relative: the chains' logarithms cannot tell the greatest."""
+    """Below the normal floats a rounding is no longer relative: the chains' logarithms cannot tell the greatest; and
+    where many chains are as great, decaying each would cost more than the loop."""
     looped: list[int] = []
     monkeypatch.setattr(divergence, "_enveloped", lambda *a: looped.append(1) or _enveloped(*a))
     cases = (
@@ -61,6 +62,7 @@ def test_an_envelope_that_could_leave_the_normal_floats_is_looped(monkeypatch: p
         (1e-300, [0.0, 1e-310, 0.0] * 200),
         (1.0, [0.0] * 5000),  # decayed by half an entry: 2**-5000
         (0.1, [0.2, math.inf, 0.1]),
+        (0.01, [0.01 * 0.5**i for i in range(1, 40)]),  # falling as fast as the envelope decays: every chain as great
     )
     for env, aboves in cases:
         assert _envelope_after(env, 0.5, np.array(aboves)) == _enveloped(env, 0.5, aboves)[-1]

@@ -228,6 +228,9 @@ _CLOSE = 1e-9
 chain of ``n`` roundings strays from its real value by ``n * 2**-53`` of it at most; a logarithm is off by 1e-13)."""
 _NORMAL = -660.0
 """The logarithm above which a chain stays a normal float (2**-952) and its roundings are relative."""
+_NEAR = 8
+"""More chains that close to the greatest (a rise at the very rate the envelope decays) are left to the loop: decaying
+each of them would cost more."""
 
 
 def _envelope_after(env: float, decay: float, aboves: np.ndarray) -> float:
@@ -236,17 +239,18 @@ def _envelope_after(env: float, decay: float, aboves: np.ndarray) -> float:
     Each value starts a chain, decayed once per later entry; rounding a product by ``decay`` keeps the order of what it
     rounds, so the envelope is the greatest of the chains (by induction on ``max(env * decay, above)``). The chains that
     can be the greatest are found on their logarithms, and only those are decayed, exactly: ``multiply.accumulate``
-    multiplies in order, as the loop does. Where a chain could leave the normal floats (or a value is not finite), the
-    loop itself gives it."""
+    multiplies in order, as the loop does. Where a chain could leave the normal floats (or a value is not finite), or
+    too many are that close, the loop itself gives it."""
     n = len(aboves)
     starts = np.concatenate(([env], aboves))
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.log(starts) + np.arange(n, -1, -1) * math.log(decay)
     top = logs.max()
-    if not _NORMAL < top < _INF:
+    near = np.flatnonzero(logs >= top - _CLOSE - n * 2.0**-50)
+    if not _NORMAL < top < _INF or len(near) > _NEAR:
         return _enveloped(env, decay, aboves.tolist())[-1]
     best = 0.0
-    for j in np.flatnonzero(logs >= top - _CLOSE - n * 2.0**-50).tolist():
+    for j in near.tolist():
         chain = np.full(n - j + 1, decay)
         chain[0] = starts[j]
         best = max(best, np.multiply.accumulate(chain)[-1].item())
