@@ -354,9 +354,9 @@ class Ingestor:
                     for segment in slot.segments:
                         st = known[segment.events[0].stream]
                         fresh = self._dedupe(st, segment)
-                        if arrival is not None:  # the collector's own stamp on a validated (frozen) event
+                        if arrival is not None:  # the collector's own stamp on a validated event
                             for ev in fresh.events:
-                                object.__setattr__(ev, "clock_offset", st.clock.offset)
+                                ev.clock_offset = st.clock.offset
                         if fresh.events:
                             parts.append((st, fresh))
                             slot.fresh.extend(zip(fresh.events, itertools.repeat(st.attempt)))
@@ -500,7 +500,7 @@ class Ingestor:
                     )
                 slot.stored_as[ev.run] = st.run
                 for e in segment.events:
-                    object.__setattr__(e, "run", st.run)  # the collector's own stamp, as ``clock_offset``
+                    e.run = st.run  # the collector's own stamp, as ``clock_offset``
             pulse = pulses.get(st.run)
             if pulse is None:
                 pulse = pulses[st.run] = Pulse()

