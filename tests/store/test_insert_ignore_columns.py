@@ -212,7 +212,7 @@ def test_a_replayed_row_is_skipped_whatever_columns_it_fills(store: Storage) -> 
 def test_rows_of_one_key_within_one_statement_keep_the_first(store: Storage) -> None:
     """A batch spans several multi-row statements and the single-row one after them; a key repeated in it,
     within one statement or across them, keeps its first row, as one row at a time would."""
-    count = 1000  # 111 rows a statement with these 9 columns: 9 statements, then 1 row each
+    count = 1000  # several multi-row statements (run, rank, attempt and lr bound once each), then 1 row each
     columns = {
         "run": ["r"] * count,
         "rank": [0] * count,
