@@ -35,11 +35,11 @@ _NONE: frozenset[str] = frozenset()
 
 class Reading:
     """One batch's columns, each read at most once (in C): its events' fields and kinds and where its runs of steps end
-    when it is made, and when first asked the field names it carries, a field's or an event attribute's column, and
-    where the steps that carry some names are. Detectors share it while it is open (``with read(events)``): the lists it
-    holds are read, never handed out (:func:`columns` copies them)."""
+    when it is made, and when first asked the field names it carries, a field's column, and where the steps that carry
+    some names are. Detectors share it while it is open (``with read(events)``): the lists it holds are read, never
+    handed out (:func:`columns` copies them)."""
 
-    __slots__ = ("_attributes", "_carrying", "_columns", "_keys", "ends", "events", "fields", "kinds")
+    __slots__ = ("_carrying", "_columns", "_keys", "ends", "events", "fields", "kinds")
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
@@ -50,7 +50,6 @@ class Reading:
         ends), ascending, then the batch's length."""
         self._keys: frozenset[str] | None = None
         self._columns: dict[str, list[Any]] = {}
-        self._attributes: dict[str, list[Any]] = {}
         self._carrying: dict[frozenset[str], list[int]] = {}
 
     def __enter__(self) -> Reading:
@@ -78,13 +77,6 @@ class Reading:
             absent = name not in self.keys
             values = [None] * len(self.events) if absent else list(map(dict.get, self.fields, repeat(name)))
             self._columns[name] = values
-        return values
-
-    def attribute(self, name: str) -> list[Any]:
-        """The attribute ``name`` of each event (its rank, its clock offset)."""
-        values = self._attributes.get(name)
-        if values is None:
-            values = self._attributes[name] = list(map(operator.attrgetter(name), self.events))
         return values
 
     def quiet_end(self, i: int, without: frozenset[str] = _NONE) -> int:

@@ -38,6 +38,8 @@ from trainmon.wire import Event
 
 __all__ = ["THROTTLE_REASONS", "NodeHealth", "NodeHealthConfig", "decode_throttle"]
 
+_OFFSET = operator.attrgetter("clock_offset")
+
 
 @dataclass
 class NodeHealthConfig:
@@ -177,10 +179,11 @@ class NodeHealth(Detector):
     def _quiet_until(self, batch: Reading, i: int) -> int:
         calm = self._calm
         watched = self._skew or self._skewed_since is not None
-        end, offsets = batch.quiet_end(i), batch.attribute("clock_offset")
-        for j in compress(range(i, end), map(operator.is_not, offsets[i:end], repeat(None))):  # an import has none
-            if watched or not calm(offsets[j]):
-                return j
+        end = batch.quiet_end(i)
+        offsets = list(map(_OFFSET, batch.events[i:end]))
+        for k in compress(range(len(offsets)), map(operator.is_not, offsets, repeat(None))):  # an import has none
+            if watched or not calm(offsets[k]):
+                return i + k
         return end
 
     def _calm(self, offset: float) -> bool:

@@ -35,6 +35,7 @@ at the end covers the steps it covered.
 from __future__ import annotations
 
 import bisect
+import operator
 import statistics
 from dataclasses import dataclass
 from itertools import compress
@@ -46,6 +47,8 @@ from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
 
 __all__ = ["Straggler", "StragglerConfig"]
+
+_RANK = operator.attrgetter("rank")
 
 
 @dataclass
@@ -174,7 +177,7 @@ class Straggler(Detector):
         if self._world > 1:
             return i
         end = batch.quiet_end(i)
-        return next(compress(range(i, end), batch.attribute("rank")[i:end]), end)
+        return next(compress(range(i, end), map(_RANK, batch.events[i:end])), end)
 
     def _on_step(self, event: Event) -> list[Finding]:
         """A step of a run of several ranks: its timings join those of the other ranks at that step."""
