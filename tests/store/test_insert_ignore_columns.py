@@ -54,7 +54,8 @@ def _reference_step_row(ev: Event, attempt: int) -> dict[str, Any]:
     for name in STEP_FIELDS:
         row[name] = f.get(name)
     row["lr"] = lrs[0] if lrs else None
-    row["lrs"] = lrs
+    one_group = lrs is not None and len(lrs) == 1 and type(lrs[0]) is float and str(lrs[0]) != "-0.0"
+    row["lrs"] = None if one_group else lrs  # one group's rate is the lr column's (ingest._other_groups)
     for p in PHASE_COLUMNS:
         row[f"phase_{p}"] = phases.get(p)
     return row

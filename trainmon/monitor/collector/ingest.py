@@ -23,6 +23,7 @@ per-event rows keep the producer's own times (durations within a rank are differ
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import threading
 from collections.abc import Callable
@@ -195,13 +196,41 @@ def _step_columns(
     }
     for name in _STEP_FIELDS.intersection(present):
         columns[name] = _field(fields, name)
-    lrs = columns["lrs"] = _field(fields, "lr")
-    columns["lr"] = [x[0] if x else None for x in lrs]
+    lrs = _field(fields, "lr")
+    lr = columns["lr"] = [x[0] if x else None for x in lrs]
+    columns["lrs"] = _other_groups(lrs, lr)
     if "phases" in present:
         phases = [f.get("phases") or {} for f in fields]
         for phase in _PHASE_KEYS.keys() & set().union(*phases):
             columns[_PHASE_KEYS[phase]] = [p.get(phase) for p in phases]
     return columns
+
+
+def _other_groups(lrs: list[Any], lr: list[Any]) -> list[Any]:
+    """The ``lrs`` column: each step's learning rates where the ``lr`` column (the first group's) does not already
+    say them all, NULL where the step has one group whose rate ``lr`` gives back as it is (a float, but -0.0:
+    SQLite stores a REAL -0.0 as 0). ``replay.step_fields`` reads such a step's rates back as ``[lr]``. One group
+    is most runs, and its JSON text was a fifth of an import's store stage (a float's shortest repr, a million
+    times) for the value the ``lr`` column holds; a non-finite rate, which PostgreSQL's JSON cannot hold, is
+    stored too. Asked of the whole column at C speed first."""
+    if (
+        set(map(type, lrs)) == _LIST
+        and set(map(len, lrs)) == _ONE
+        and set(map(type, lr)) == _FLOAT
+        and (0.0 not in lr or all(map(_exact_in_lr, lr)))
+    ):
+        return [None] * len(lrs)
+    return [None if x is not None and len(x) == 1 and _exact_in_lr(x[0]) else x for x in lrs]
+
+
+def _exact_in_lr(x: Any) -> bool:
+    """The ``lr`` column (a REAL) gives ``x`` back as it is: a float, not -0.0."""
+    return type(x) is float and (x != 0.0 or math.copysign(1.0, x) > 0.0)
+
+
+_LIST = {list}
+_ONE = {1}
+_FLOAT = {float}
 
 
 def _layer_row(ev: Event, attempt: int) -> dict[str, Any] | None:

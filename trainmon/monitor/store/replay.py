@@ -35,6 +35,8 @@ def step_fields(row: Any) -> dict[str, Any]:
     fields["step"] = m["step"]
     if m["lrs"] is not None:
         fields["lr"] = m["lrs"]
+    elif m["lr"] is not None:  # one group, its rate stored once (``ingest._other_groups``)
+        fields["lr"] = [m["lr"]]
     phases = {p: m[f"phase_{p}"] for p in PHASE_COLUMNS if m[f"phase_{p}"] is not None}
     if phases:
         fields["phases"] = phases

@@ -130,7 +130,10 @@ def _json_texts(process: Callable[[Any], Any], cells: list[Any]) -> list[Any]:
     encoded by one ``json.dumps`` of the column and cut between its lists (a number's text holds no bracket,
     comma nor line break): the same texts, without a million calls through SQLAlchemy's wrapper and the
     encoder's. Where each list holds one number (one param group, as mostly), the ``, `` between the lists are
-    the only ones, and the cut needs no marking first."""
+    the only ones, and the cut needs no marking first. A column of None (the ``lrs`` of a run of one param group,
+    ``ingest._other_groups``) is JSON's ``null`` in every row, made once."""
+    if cells.count(None) == len(cells):
+        return [process(None)] * len(cells)
     lists = set(map(type, cells)) == {list} and all(cells)
     if lists and set(map(type, itertools.chain.from_iterable(cells))) <= _NUMBERS:
         text = _NUMBER_LISTS.encode(cells)[1:-1]
