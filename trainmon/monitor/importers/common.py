@@ -682,12 +682,18 @@ class _Emitter:
         step = p.step
         fields: dict[str, Any] = {"step": step}
         sound = type(step) is int and 0 <= step <= MAX_INT
+        # A finite float is its own wire value (``_wire_float``'s first case, asked here without the call: three
+        # a step, a million steps).
         if (x := p.loss) is not None:
-            fields["loss"] = _wire_float(x)
+            fields["loss"] = x if type(x) is float and x - x == 0.0 else _wire_float(x)
         if (x := p.grad_norm) is not None:
-            fields["grad_norm"] = _wire_float(x)
+            fields["grad_norm"] = x if type(x) is float and x - x == 0.0 else _wire_float(x)
         if lr := p.lr:
-            fields["lr"] = [_wire_float(lr[0])] if len(lr) == 1 else list(map(_wire_float, lr))
+            if len(lr) == 1:
+                x = lr[0]
+                fields["lr"] = [x if type(x) is float and x - x == 0.0 else _wire_float(x)]
+            else:
+                fields["lr"] = list(map(_wire_float, lr))
         if (n := p.tokens) is not None and 0 <= n <= MAX_INT:  # a count the wire cannot hold is left out
             fields["tokens"] = int(n)
         if (x := p.step_time) is not None and math.isfinite(x) and x >= 0:
