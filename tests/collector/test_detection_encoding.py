@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import pickle
-import struct
 from typing import Any
 
 import pytest
 
+from tests.bitwise import same
 from trainmon.monitor.collector import detection_process as dp
 from trainmon.wire import Event
 
@@ -28,27 +28,14 @@ def _across(items: Items) -> Items:
     return dp._items(pickle.loads(pickle.dumps(dp._events(items), dp._PROTOCOL)))
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal and indistinguishable: same type, floats to the bit (NaN, -0.0), containers in the same order."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return struct.pack("<d", a) == struct.pack("<d", b)
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return bool(a == b)
-
-
 def _assert_crosses_unchanged(items: Items) -> None:
     back = _across(items)
     assert len(back) == len(items)
     for (got, got_attempt), (sent, attempt) in zip(back, items, strict=True):
         assert type(got) is Event
-        assert _same(got_attempt, attempt)
+        assert same(got_attempt, attempt)
         for name in _ATTRIBUTES:
-            assert _same(getattr(got, name), getattr(sent, name)), (name, getattr(got, name), getattr(sent, name))
+            assert same(getattr(got, name), getattr(sent, name)), (name, getattr(got, name), getattr(sent, name))
 
 
 def _step(i: int, **kw: Any) -> Event:

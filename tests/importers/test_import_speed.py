@@ -13,7 +13,6 @@ import csv
 import itertools
 import logging
 import math
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.bitwise import same
 from trainmon.monitor.importers import csv as csv_importer
 from trainmon.monitor.importers.common import (
     EvalPoint,
@@ -35,23 +35,6 @@ from trainmon.monitor.importers.common import (
 from trainmon.monitor.importers.csv import Rows, _Series, _table_items
 from trainmon.monitor.importers.structure import combine, eval_point_values, eval_sets, root_sum_squares
 from trainmon.wire import Event, WireError, validate_event
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal, floats by their bits (NaN's sign, -0.0), ints and floats told apart."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return struct.pack("<d", a) == struct.pack("<d", b)
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, (TrainPoint, EvalPoint)):
-        return all(_same(getattr(a, f), getattr(b, f)) for f in a.__slots__)
-    if isinstance(a, Event):
-        return all(_same(getattr(a, f), getattr(b, f)) for f in a.__slots__)
-    return bool(a == b)
 
 
 def _outcome(build: Any) -> Any:
@@ -143,7 +126,7 @@ def test_lines_cut_into_cells_equal_the_csv_modules_records(
 
 def _same_cell(got: str | float, cell: str) -> bool:
     """The cell's text, or (a chunk of rows of decimal numbers, read by pandas) the float Python reads of it."""
-    return got == cell if type(got) is str else _same(got, float(cell))
+    return got == cell if type(got) is str else same(got, float(cell))
 
 
 _DECIMAL = st.one_of(
@@ -174,7 +157,7 @@ def test_rows_of_decimals_read_by_pandas_are_the_floats_python_reads(table: tupl
         assert got is None
         return
     assert got is not None  # every row a row of decimals: read at C speed
-    assert _same(got, want)
+    assert same(got, want)
 
 
 @pytest.mark.parametrize("cell", ["True", "false", "nan", "-nan", "inf", "Infinity", "", " ", "1_0", "NA", "0x1"])
@@ -185,7 +168,7 @@ def test_a_chunk_with_a_cell_that_is_not_a_decimal_is_cut_as_text(cell: str, tmp
     path = tmp_path / "t.csv"
     path.write_text(f"_step,train/loss,train/grad_norm\n0,1,{cell}\n1,1,{cell}\n2,1,2.5\n")
     items, _ = csv_importer.parse_csv(path)
-    assert _same([p.grad_norm for p in items if isinstance(p, TrainPoint)], [to_float(cell), to_float(cell), 2.5])
+    assert same([p.grad_norm for p in items if isinstance(p, TrainPoint)], [to_float(cell), to_float(cell), 2.5])
 
 
 def test_an_overlong_field_is_refused_as_the_csv_module_refuses_it(tmp_path: Path) -> None:
@@ -292,7 +275,7 @@ def test_rows_read_column_by_column_give_the_points_of_the_rows_read_one_by_one(
     rows, series = table
     want = _outcome(lambda: _old_table_items(Rows(rows.lines, list(rows._text)), series))
     got = _outcome(lambda: _table_items(Path("t.csv"), rows, series))
-    assert _same(got, want)  # a non-finite token count fails as it did (round(inf))
+    assert same(got, want)  # a non-finite token count fails as it did (round(inf))
 
 
 # --- points into events -------------------------------------------------------------------------
@@ -368,7 +351,7 @@ def test_a_step_event_is_what_validate_event_made_of_it(p: TrainPoint, t: float)
     em = _Emitter("run-1", "digest", LogMeta(format="csv", framework="csv"), {})
     want = _outcome(lambda: _old_step(em, p, t))
     got = _outcome(lambda: em.step(p, t))
-    assert _same(got, want), (got, want)
+    assert same(got, want), (got, want)
     assert em.seq == (1 if isinstance(got, Event) else em.seq)
 
 
@@ -389,7 +372,7 @@ def test_an_eval_event_is_what_validate_event_made_of_it(p: EvalPoint, t: float)
     em = _Emitter("run-1", "digest", LogMeta(format="csv", framework="csv"), {})
     want = _outcome(lambda: _old_eval(em, p, t))
     got = _outcome(lambda: em.eval(p, t))
-    assert _same(got, want), (got, want)
+    assert same(got, want), (got, want)
 
 
 # --- a log's numbers ----------------------------------------------------------------------------
@@ -427,10 +410,10 @@ _LOGGED = st.one_of(
 @settings(max_examples=1500, deadline=None)
 @given(_LOGGED)
 def test_a_count_is_what_to_float_made_of_it(value: Any) -> None:
-    assert _same(to_count(value), _old_to_count(value))
+    assert same(to_count(value), _old_to_count(value))
 
 
 @settings(max_examples=1500, deadline=None)
 @given(st.dictionaries(st.sampled_from(["learning_rate", "lr", "x"]), _LOGGED | st.lists(_LOGGED, max_size=3)))
 def test_learning_rates_are_what_to_float_made_of_them(entry: dict[str, Any]) -> None:
-    assert _same(lr_values(entry, ("learning_rate", "lr")), _old_lr_values(entry, ("learning_rate", "lr")))
+    assert same(lr_values(entry, ("learning_rate", "lr")), _old_lr_values(entry, ("learning_rate", "lr")))
