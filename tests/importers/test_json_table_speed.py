@@ -18,12 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.bitwise import same
 from trainmon.fingerprint import flatten
 from trainmon.monitor.importers import json_table
 from trainmon.monitor.importers.common import Item, LogMeta, TrainPoint
 from trainmon.monitor.importers.csv import Rows, parse_table
-
-from .test_import_speed import _same
 
 
 def _old_cell(value: Any) -> str:
@@ -118,7 +117,7 @@ def test_rows_gathered_column_by_column_are_the_table_read_row_by_row(
         got = _outcome(lambda: json_table.parse_json_table(path))
     finally:
         logging.disable(logging.NOTSET)
-    assert _same(got, want) if not isinstance(want[0], type) else got == want
+    assert same(got, want) if not isinstance(want[0], type) else got == want
 
 
 def test_a_float_cell_is_kept_as_the_float(tmp_path: Path) -> None:
@@ -127,4 +126,4 @@ def test_a_float_cell_is_kept_as_the_float(tmp_path: Path) -> None:
     path.write_text('{"step": 0, "loss": -0.0, "tokens": 1e400}\n{"step": 1, "loss": NaN, "tokens": 12}\n')
     items, _ = json_table.parse_json_table(path)
     points = [p for p in items if isinstance(p, TrainPoint)]
-    assert _same([p.loss for p in points], [0.0, math.nan]) and [p.tokens for p in points] == [None, 12]
+    assert same([p.loss for p in points], [0.0, math.nan]) and [p.tokens for p in points] == [None, 12]
