@@ -18,6 +18,7 @@ from sqlalchemy import select
 from tests.conftest import start_collector
 from trainmon.hooks import TrainMonitor
 from trainmon.hooks.transport import Transport
+from trainmon.monitor.store.replay import step_fields
 from trainmon.monitor.store.storage import steps, streams
 
 
@@ -65,7 +66,7 @@ def test_every_signal_of_a_plain_loop_arrives(live_collector, tmp_path: Path) ->
     assert [r.step for r in rows] == list(range(20))
     assert [r.loss for r in rows] == pytest.approx(losses)
     for r in rows:
-        assert r.grad_norm > 0 and r.grad_norm_clipped <= 0.5 + 1e-6 and r.lrs == [1e-2]
+        assert r.grad_norm > 0 and r.grad_norm_clipped <= 0.5 + 1e-6 and step_fields(r)["lr"] == [1e-2]
         assert r.tokens == 32 and r.step_time > 0 and r.phase_data > 0 and r.phase_other >= 0
     assert tuple(end) == ("finished", 0)
 
