@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -88,6 +88,8 @@ from trainmon.monitor.store.event_reads import (
 from trainmon.monitor.store.queries import anomaly_rows, run_row, step_base, stream_rows
 from trainmon.monitor.store.step_reads import (
     SAMPLE_COLUMNS,
+    SAMPLE_KEY,
+    SUMMED_COLUMNS,
     sampled_steps,
     step_bins,
     step_carries,
@@ -158,12 +160,16 @@ def _analyse(storage: Storage, run: str, progress: Progress | None, series: bool
         lead = [e for e in extents if e["rank"] == rank0]
         say("step aggregates and per-rank sample")
         stride, offset = _stride(sum(e["last"] - e["first"] + 1 for e in extents))
+        summed = _sums_carried(conn, run, lead)
+        # What the summary reads of the lowest rank's sample: its LR against a schedule, and the per-rank
+        # table's step and phase times only when some step of it carries one (the plots draw them all).
+        lead_read = SAMPLE_COLUMNS if series or summed else ("lr",) if schedule is not None else ()
         # The two big reads run side by side on their own connections (the DB driver releases the
         # GIL while SQLite works); an in-memory store has one connection per thread, so not there.
         with ThreadPoolExecutor(1) if storage.url != "sqlite://" else nullcontext() as pool:
-            pending = pool.submit(_bins_on, storage, run, lead, series) if pool is not None else None
-            sample = _sample(conn, run, extents, stride, offset)
-            bins = pending.result() if pending is not None else _bins(conn, run, lead, series)
+            pending = pool.submit(_bins_on, storage, run, lead, series, summed) if pool is not None else None
+            sample = _sample(conn, run, extents, stride, offset, (rank0, lead_read))
+            bins = pending.result() if pending is not None else _bins(conn, run, lead, series, summed)
         carried = _carried(conn, run, lead)
         say("checkpoints, resumes and evaluations")
         ckpts = _checkpoints(conn, run, rank0)
@@ -435,14 +441,15 @@ def _extents(conn: Connection, run: str, streams: list[dict[str, Any]]) -> list[
     return out
 
 
-def _bins_on(storage: Storage, run: str, extents: list[dict[str, Any]], curves: bool) -> pd.DataFrame:
+def _bins_on(storage: Storage, run: str, extents: list[dict[str, Any]], curves: bool, sums: bool) -> pd.DataFrame:
     with storage.connect() as conn:
-        return _bins(conn, run, extents, curves)
+        return _bins(conn, run, extents, curves, sums)
 
 
-def _bins(conn: Connection, run: str, extents: list[dict[str, Any]], curves: bool) -> pd.DataFrame:
+def _bins(conn: Connection, run: str, extents: list[dict[str, Any]], curves: bool, sums: bool) -> pd.DataFrame:
     """Exact aggregates over ~BINS step ranges of one rank (all its attempts), one range query each;
-    ``curves``: with the loss, grad-norm and LR the plots draw (:func:`step_bins`)."""
+    ``curves``: with the loss, grad-norm and LR the plots draw; ``sums``: whether some step carries
+    what the bins sum (:func:`step_bins`)."""
     span = sum(e["last"] - e["first"] + 1 for e in extents)
     if not span:
         return pd.DataFrame(columns=["attempt", "lo", "hi", "count"])
@@ -452,7 +459,7 @@ def _bins(conn: Connection, run: str, extents: list[dict[str, Any]], curves: boo
         for e in sorted(extents, key=lambda e: e["attempt"])
         for lo in range(e["first"], e["last"] + 1, width)
     ]
-    df = pd.DataFrame.from_records(step_bins(conn, run, extents[0]["rank"], ranges, curves=curves))
+    df = pd.DataFrame.from_records(step_bins(conn, run, extents[0]["rank"], ranges, curves=curves, sums=sums))
     for c in df.columns:
         if c not in ("attempt", "lo", "hi", "count"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
@@ -472,6 +479,14 @@ def _carried(conn: Connection, run: str, lead: list[dict[str, Any]]) -> frozense
         for column, finite in _CARRIED
         if any(step_carries(conn, run, e["rank"], e["attempt"], column, finite=finite) for e in lead)
     )
+
+
+def _sums_carried(conn: Connection, run: str, lead: list[dict[str, Any]]) -> bool:
+    """Whether some step of the lowest rank carries a step time, tokens or a phase time (what the bins
+    sum). A W&B or HF log carries none: one pass of probes over a million steps (0.26 s) then spares
+    the bins their sums (0.43 -> 0.05 s) and the sample a visit to each of its rows; a run that carries
+    one answers at its first step."""
+    return any(step_carries(conn, run, e["rank"], e["attempt"], *SUMMED_COLUMNS) for e in lead)
 
 
 def _per_step_total(bins: pd.DataFrame, col: str, n_col: str) -> float:
@@ -508,22 +523,28 @@ def _stride(rows: int) -> tuple[int, int]:
     return k, k // 2
 
 
-_SAMPLE_KEY = ("rank", "attempt", "step")  # the sample's key; each other column may hold SQLite's 'NaN' text
-
-
-def _sample(conn: Connection, run: str, extents: list[dict[str, Any]], stride: int, offset: int) -> pd.DataFrame:
+def _sample(
+    conn: Connection,
+    run: str,
+    extents: list[dict[str, Any]],
+    stride: int,
+    offset: int,
+    lean: tuple[int | None, Container[str]],
+) -> pd.DataFrame:
     """Every rank's steps at ``step % stride == offset`` (plain tuples from the DB-API cursor:
-    SQLAlchemy rows would cost more than SQLite's own work here, 60k rows of ``SAMPLE_COLUMNS``)."""
+    SQLAlchemy rows would cost more than SQLite's own work here, 60k rows of ``SAMPLE_COLUMNS``);
+    ``lean`` is a rank and the columns read of its steps (the others NaN, :func:`sampled_steps`)."""
     rows: list[tuple] = []
     for e in extents:
         wanted = None
         if stride > 1:
             start = e["first"] + (offset - e["first"]) % stride
             wanted = list(range(start, e["last"] + 1, stride))
-        rows.extend(sampled_steps(conn, run, e["rank"], e["attempt"], wanted))
+        read = lean[1] if e["rank"] == lean[0] else SAMPLE_COLUMNS
+        rows.extend(sampled_steps(conn, run, e["rank"], e["attempt"], wanted, read))
     df = pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
     for c in SAMPLE_COLUMNS:
-        if c not in _SAMPLE_KEY:
+        if c not in SAMPLE_KEY:
             df[c] = pd.to_numeric(df[c], errors="coerce")  # 'NaN' text on SQLite -> NaN
     return df
 

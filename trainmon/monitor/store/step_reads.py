@@ -8,17 +8,19 @@ and their float processors would cost more than SQLite's own work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, func, select
+from sqlalchemy import Connection, bindparam, case, func, or_, select
 
 from trainmon.monitor.store.storage import PHASE_COLUMNS, steps
 
 __all__ = [
     "RECENT_COLUMNS",
     "SAMPLE_COLUMNS",
+    "SAMPLE_KEY",
     "SERIES_COLUMNS",
+    "SUMMED_COLUMNS",
     "latest_step",
     "lowest_step_rank",
     "recent_steps",
@@ -34,14 +36,14 @@ __all__ = [
 ]
 
 RECENT_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "step_time", "tokens")  # and every phase
+SAMPLE_KEY = ("rank", "attempt", "step")
 SAMPLE_COLUMNS = (  # what the post-mortem reads of the sample: the per-rank table, the heatmap, the LR
-    "rank",
-    "attempt",
-    "step",
+    *SAMPLE_KEY,
     "lr",
     "step_time",
     *[f"phase_{p}" for p in ("data", "forward", "backward", "comm", "optimizer")],
 )
+SUMMED_COLUMNS = ("step_time", "tokens", *[f"phase_{p}" for p in PHASE_COLUMNS])  # what the bins sum
 SERIES_COLUMNS = ("step", "attempt", "loss", "lr", "tokens", "step_time", *[f"phase_{p}" for p in PHASE_COLUMNS])
 _PHASES = [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
 
@@ -88,22 +90,29 @@ def _finite(col: Any) -> Any:
 
 
 def step_bins(
-    conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int, int, int]], *, curves: bool
+    conn: Connection, run: str, rank: int, ranges: Iterable[tuple[int, int, int]], *, curves: bool, sums: bool
 ) -> list[dict[str, Any]]:
     """Exact aggregates of one rank's steps over each ``(attempt, lo, hi)`` range (``lo <= step <
     hi``), one range query each; ranges without steps are left out. Each record holds ``attempt``,
-    ``lo``, ``hi``, ``count``, sums of ``step_time``, ``tokens`` and the phases (with ``timed`` and
-    ``tokens_n``, how many steps carry them); with ``curves``, also what the plots draw: the finite
+    ``lo``, ``hi``, ``count``, sums of ``SUMMED_COLUMNS`` (with ``timed`` and ``tokens_n``, how many
+    steps carry a step time and tokens); with ``curves``, also what the plots draw: the finite
     loss and grad-norm mean / min / max, ``nonfinite`` (NaN or infinite losses) and mean ``lr``
-    (half of SQLite's work on a log of a million steps, and no figure of the summary needs them)."""
-    cols = [
-        func.count().label("count"),
-        func.sum(steps.c.step_time).label("step_time"),
-        func.count(steps.c.step_time).label("timed"),
-        func.sum(steps.c.tokens).label("tokens"),
-        func.count(steps.c.tokens).label("tokens_n"),
-        *[func.sum(steps.c[f"phase_{p}"]).label(f"phase_{p}") for p in PHASE_COLUMNS],
-    ]
+    (half of SQLite's work on a log of a million steps, and no figure of the summary needs them).
+
+    ``sums=False`` says no step of the ranges carries any of ``SUMMED_COLUMNS`` (:func:`step_carries`):
+    the sums are then NULL and the counts 0 without reading them, and without ``curves`` a range is
+    counted in the primary key's index alone (a million steps: 0.05 s against 0.43 s with the sums)."""
+    cols = [func.count().label("count")]
+    if sums:
+        cols += [
+            func.sum(steps.c.step_time).label("step_time"),
+            func.count(steps.c.step_time).label("timed"),
+            func.sum(steps.c.tokens).label("tokens"),
+            func.count(steps.c.tokens).label("tokens_n"),
+            *[func.sum(steps.c[f"phase_{p}"]).label(f"phase_{p}") for p in PHASE_COLUMNS],
+        ]
+    absent: dict[str, Any] = {"step_time": None, "timed": 0, "tokens": None, "tokens_n": 0}  # what sums=False gives
+    absent = {} if sums else {**absent, **dict.fromkeys(f"phase_{p}" for p in PHASE_COLUMNS)}
     if curves:
         loss, gn = _finite(steps.c.loss), _finite(steps.c.grad_norm)
         cols += [
@@ -124,25 +133,29 @@ def step_bins(
     for attempt, lo, hi in ranges:
         r = conn.execute(stmt, {"lo": lo, "hi": hi, "att": attempt}).one()
         if r.count:
-            records.append({"attempt": attempt, "lo": lo, "hi": hi, **r._mapping})
+            records.append({"attempt": attempt, "lo": lo, "hi": hi, "count": r.count, **absent, **r._mapping})
     return records
 
 
-def step_carries(conn: Connection, run: str, rank: int, attempt: int, column: str, *, finite: bool = False) -> bool:
-    """Whether some step of one (rank, attempt) holds a value of ``column`` (a finite one with ``finite``):
-    the first step that does ends the read, so a column the steps carry costs a probe or two; one
-    they never carry, a pass over the attempt's steps."""
-    value = _finite(steps.c[column]) if finite else steps.c[column]
-    where = (steps.c.run == run) & (steps.c.rank == rank) & (steps.c.attempt == attempt) & value.is_not(None)
+def step_carries(conn: Connection, run: str, rank: int, attempt: int, *columns: str, finite: bool = False) -> bool:
+    """Whether some step of one (rank, attempt) holds a value of one of ``columns`` (a finite one with
+    ``finite``): the first step that does ends the read, so a column the steps carry costs a probe or
+    two; columns they never carry, one pass over the attempt's steps."""
+    values = [_finite(steps.c[c]) if finite else steps.c[c] for c in columns]
+    where = (steps.c.run == run) & (steps.c.rank == rank) & (steps.c.attempt == attempt)
+    where &= or_(*(v.is_not(None) for v in values))
     return conn.execute(select(steps.c.step).where(where).limit(1)).first() is not None
 
 
 def sampled_steps(
-    conn: Connection, run: str, rank: int, attempt: int, wanted: list[int] | None
+    conn: Connection, run: str, rank: int, attempt: int, wanted: list[int] | None, read: Container[str] = SAMPLE_COLUMNS
 ) -> list[tuple[Any, ...]]:
     """``SAMPLE_COLUMNS`` of one (rank, attempt)'s steps numbered ``wanted`` (every step if None),
-    as plain tuples, through the primary key (IN lists of at most 900)."""
-    base = f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM steps WHERE run = ? AND rank = ? AND attempt = ?"
+    as plain tuples, through the primary key (IN lists of at most 900). A column other than the key
+    and those in ``read`` is NULL without being read: the key alone is read from the primary key's
+    index, without a visit to each row (a million steps' 58,824-row sample: 0.08 s against 0.16 s)."""
+    columns = ", ".join(c if c in read or c in SAMPLE_KEY else "NULL" for c in SAMPLE_COLUMNS)
+    base = f"SELECT {columns} FROM steps WHERE run = ? AND rank = ? AND attempt = ?"
     params = (run, rank, attempt)
     if wanted is None:
         return _fetchall(conn, base, params)
