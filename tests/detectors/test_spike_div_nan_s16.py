@@ -1,0 +1,73 @@
+"""Session 16's speed work on divergence, loss_spike and nan_inf: the shortcuts each hold to the values of the plain
+definition, bit for bit, including where they must give up and hand over to it."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from trainmon.monitor.detectors import divergence
+from trainmon.monitor.detectors.divergence import _LANES_FROM, _medians, _smoothed, _smoothed_all
+
+
+def _bits(values: np.ndarray) -> list[int]:
+    bits: list[int] = np.asarray(values, dtype=np.float64).view(np.int64).tolist()
+    return bits
+
+
+def _series(n: int, seed: int, kind: str) -> np.ndarray:
+    rng = random.Random(seed)
+    if kind == "falling":
+        raw = [(2.0 + 8.0 * math.exp(-i / 3000)) * math.exp(0.05 * rng.gauss(0, 1)) for i in range(n + 4)]
+    elif kind == "spiky":  # jumps of many orders of magnitude: the lanes' approximate starts are far off
+        raw = [10.0 ** rng.choice([-3, 0, 2, 5]) * (1 + 0.1 * rng.random()) for _ in range(n + 4)]
+    elif kind == "tiny":  # subnormal losses: roundings are not relative there
+        raw = [5e-324 * rng.randint(1, 40) for _ in range(n + 4)]
+    else:  # "huge": the EMA overflows
+        raw = [1e308 * (1 + rng.random()) / 1.5 for _ in range(n + 4)]
+    return _medians(np.array(raw), 5)
+
+
+@pytest.mark.parametrize("kind", ["falling", "spiky", "tiny", "huge"])
+@pytest.mark.parametrize("n", [_LANES_FROM - 1, _LANES_FROM, 5000, 5017])
+def test_the_lanes_give_the_loops_ema_bit_for_bit(kind: str, n: int) -> None:
+    med = _series(n, n, kind)
+    for ema in (float(med[0]), 3.25, 1e300):
+        for alpha in (0.3, 0.5, 0.05):
+            want = np.array(_smoothed(ema, alpha, med.tolist()))
+            got = _smoothed_all(ema, alpha, med)
+            assert _bits(got) == _bits(want)
+
+
+def test_a_real_looking_loss_is_smoothed_in_lanes_not_by_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lanes meet on a noisy falling loss (else the shortcut would only ever cost): the loop is not called."""
+    med = _series(5000, 1, "falling")
+    want = _bits(np.array(_smoothed(4.0, 0.3, med.tolist())))
+    calls: list[object] = []
+
+    def loop(*args: object) -> list[float]:
+        calls.append(args)
+        return []
+
+    monkeypatch.setattr(divergence, "_smoothed", loop)
+    assert _bits(_smoothed_all(4.0, 0.3, med)) == want
+    assert not calls
+
+
+def test_lanes_that_do_not_meet_hand_the_whole_run_to_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lead too short to meet (one entry, from a start far off) is caught by the bitwise check."""
+    med = _series(5000, 2, "spiky")
+    monkeypatch.setattr(divergence, "_LEAD", 1)
+    want = _bits(np.array(_smoothed(1.0, 0.3, med.tolist())))
+    calls: list[float] = []
+
+    def loop(ema: float, alpha: float, medians: list[float]) -> list[float]:
+        calls.append(ema)
+        return _smoothed(ema, alpha, medians)
+
+    monkeypatch.setattr(divergence, "_smoothed", loop)
+    assert _bits(_smoothed_all(1.0, 0.3, med)) == want
+    assert len(calls) == 1
