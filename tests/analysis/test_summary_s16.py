@@ -1,9 +1,10 @@
 """``summarize``'s lean reads: when no step of the lowest rank carries a step time, tokens or a phase
 time (a W&B or HF log), the bins only count the steps and that rank's sample reads its key alone
-(its LR too against a declared schedule). These hold the lean summary to the one every column read
-gives, on the cases around the probe that decides it: nothing carried, the last step alone carrying
-a step time, a NaN one, another rank carrying them all, a schedule to compare the LR with; the sample
-is strided (a small ``SAMPLE_ROWS``), as on a long run.
+(its LR too against a declared schedule), or nothing when it logged every step. These hold the lean
+summary to the one every column read gives, on the cases around the probe that decides it: nothing
+carried (every step logged, or gaps), the last step alone carrying a step time, a NaN one, another
+rank carrying them all, a schedule to compare the LR with; the sample is strided (a small
+``SAMPLE_ROWS``), as on a long run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
 from trainmon.monitor.analysis import postmortem
 from trainmon.monitor.analysis.postmortem import import_file, summarize
@@ -57,11 +58,18 @@ def _set(storage: Storage, run: str, step: int, **values: Any) -> None:
         conn.execute(update(steps).where(steps.c.run == run, steps.c.step == step).values(**values))
 
 
-def test_nothing_carried_reads_lean_and_says_the_same(imported: tuple[Storage, str], monkeypatch) -> None:
-    lean, full, summed = _lean_and_full(*imported, monkeypatch)
+@pytest.mark.parametrize("gaps", [False, True])
+def test_nothing_carried_reads_lean_and_says_the_same(imported: tuple[Storage, str], monkeypatch, gaps: bool) -> None:
+    """Every step logged, the sampled ones are known without a read; with gaps, their key is read."""
+    storage, run = imported
+    if gaps:
+        with storage.engine.begin() as conn:
+            conn.execute(delete(steps).where(steps.c.run == run, steps.c.step % 9 == 4))
+    lean, full, summed = _lean_and_full(storage, run, monkeypatch)
     assert not summed
     assert lean == full
-    assert json.loads(lean)["sample"]["stride"] > 1
+    summary = json.loads(lean)
+    assert summary["sample"]["stride"] > 1 and summary["sample"]["rows"] == summary["ranks"][0]["samples"] > 0
 
 
 @pytest.mark.parametrize("step_time", [0.5, math.nan])

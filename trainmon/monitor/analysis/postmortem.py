@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -93,6 +93,7 @@ from trainmon.monitor.store.step_reads import (
     sampled_steps,
     step_bins,
     step_carries,
+    step_count,
     step_extent,
     step_row,
 )
@@ -529,24 +530,40 @@ def _sample(
     extents: list[dict[str, Any]],
     stride: int,
     offset: int,
-    lean: tuple[int | None, Container[str]],
+    lean: tuple[int | None, tuple[str, ...]],
 ) -> pd.DataFrame:
     """Every rank's steps at ``step % stride == offset`` (plain tuples from the DB-API cursor:
     SQLAlchemy rows would cost more than SQLite's own work here, 60k rows of ``SAMPLE_COLUMNS``);
-    ``lean`` is a rank and the columns read of its steps (the others NaN, :func:`sampled_steps`)."""
+    ``lean`` is a rank and the columns read of its steps (the others NaN, :func:`sampled_steps`).
+
+    Of a (rank, attempt) read for its key alone that logged every step from its first to its last
+    (one count in the index), the sampled steps are known without a read: a million steps' sample
+    0.19 -> 0.06 s, the rows and their frame included. The frame's rows are then in another order;
+    nothing of the summary depends on it (per-rank medians and counts; the LR is not read)."""
     rows: list[tuple] = []
+    known: list[pd.DataFrame] = []
     for e in extents:
-        wanted = None
-        if stride > 1:
-            start = e["first"] + (offset - e["first"]) % stride
-            wanted = list(range(start, e["last"] + 1, stride))
-        read = lean[1] if e["rank"] == lean[0] else SAMPLE_COLUMNS
-        rows.extend(sampled_steps(conn, run, e["rank"], e["attempt"], wanted, read))
+        rank, attempt, first, last = e["rank"], e["attempt"], e["first"], e["last"]
+        wanted = range(first + (offset - first) % stride, last + 1, stride)
+        read = lean[1] if rank == lean[0] else SAMPLE_COLUMNS
+        if not read and step_count(conn, run, rank, attempt) == last - first + 1:
+            known.append(_key_frame(rank, attempt, wanted))
+        else:
+            rows.extend(sampled_steps(conn, run, rank, attempt, list(wanted) if stride > 1 else None, read))
     df = pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
     for c in SAMPLE_COLUMNS:
         if c not in SAMPLE_KEY:
             df[c] = pd.to_numeric(df[c], errors="coerce")  # 'NaN' text on SQLite -> NaN
-    return df
+    frames = [f for f in (df, *known) if len(f)]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else df
+
+
+def _key_frame(rank: int, attempt: int, sampled: range) -> pd.DataFrame:
+    """The sample's rows of one (rank, attempt) at the steps ``sampled``, every column but the key NaN."""
+    n = len(sampled)
+    key = {"rank": np.full(n, rank, dtype=np.int64), "attempt": np.full(n, attempt, dtype=np.int64)}
+    key["step"] = np.arange(sampled.start, sampled.stop, sampled.step, dtype=np.int64)
+    return pd.DataFrame({**key, **{c: np.full(n, np.nan) for c in SAMPLE_COLUMNS if c not in SAMPLE_KEY}})
 
 
 def _last_step(conn: Connection, run: str, extents: list[dict[str, Any]]) -> dict[str, Any] | None:
