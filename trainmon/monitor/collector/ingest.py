@@ -44,6 +44,7 @@ from trainmon.monitor.store.storage import (
     PHASE_COLUMNS,
     PRECURSOR_FIELDS,
     STEP_FIELDS,
+    Repeated,
     Storage,
     checkpoints,
     evals,
@@ -172,12 +173,22 @@ def _field(fields: list[dict[str, Any]], name: str) -> list[Any]:
 
 class _StepKeys(NamedTuple):
     """The steps' key columns and times, gathered segment by segment: a segment's steps share its stream's run,
-    rank and attempt, and their times were read for the segment (``_Segment``), so no step is asked them again."""
+    rank and attempt (``_key_column``), and their times were read for the segment (``_Segment``), so no step is
+    asked them again."""
 
     run: list[str]
     rank: list[int]
     attempt: list[int]
     time: list[float]
+
+
+def _key_column(parts: list[tuple[Any, int]]) -> list[Any]:
+    """A key column of the steps of the parts (each part's value and number of steps): ``Repeated`` where the
+    steps are one segment's (an import's batch), which ``insert_ignore`` then binds once a statement without
+    asking each step whether its value is that one object."""
+    if len(parts) == 1:
+        return Repeated(*parts[0])
+    return list(itertools.chain.from_iterable(itertools.starmap(itertools.repeat, parts)))
 
 
 def _step_columns(
@@ -219,7 +230,7 @@ def _other_groups(lrs: list[Any], lr: list[Any]) -> list[Any]:
         and set(map(type, lr)) == _FLOAT
         and (0.0 not in lr or all(map(_exact_in_lr, lr)))
     ):
-        return [None] * len(lrs)
+        return Repeated(None, len(lrs))
     return [None if x is not None and len(x) == 1 and _exact_in_lr(x[0]) else x for x in lrs]
 
 
@@ -548,7 +559,8 @@ class Ingestor:
         their streams and runs (when each was active, on the collector's clock, how many events, a start, an end)."""
         step_events: list[Event] = []
         step_fields: list[dict[str, Any]] = []
-        keys = _StepKeys([], [], [], [])
+        counts: list[tuple[_Stream, int]] = []  # each part with steps: its stream and number of steps
+        times: list[float] = []
         rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
         run_updates: dict[str, dict[str, Any]] = {}
@@ -570,17 +582,16 @@ class Ingestor:
                 ru["first"] = min(ru["first"], earliest)
             count = kinds.count("step")
             stepping = None if count == len(kinds) else list(map(_IS_STEP, kinds))  # None: steps alone, as mostly
-            keys.run.extend(itertools.repeat(st.run, count))  # every event's run now (``_add_streams``)
-            keys.rank.extend(itertools.repeat(st.rank, count))
-            keys.attempt.extend(itertools.repeat(attempt, count))
+            if count:
+                counts.append((st, count))
             if stepping is None:
                 step_events += events
                 step_fields += segment.fields
-                keys.time.extend(segment.times)
+                times += segment.times
                 continue
             step_events += itertools.compress(events, stepping)
             step_fields += itertools.compress(segment.fields, stepping)
-            keys.time.extend(itertools.compress(segment.times, stepping))
+            times += itertools.compress(segment.times, stepping)
             for ev in itertools.compress(events, map(operator.not_, stepping)):
                 f = ev.fields
                 if ev.kind == "eval":
@@ -639,6 +650,12 @@ class Ingestor:
                         ru["status"] = f["status"]
         if step_events:
             present = set().union(*step_fields)
+            keys = _StepKeys(
+                _key_column([(st.run, n) for st, n in counts]),  # every event's run now (``_add_streams``)
+                _key_column([(st.rank, n) for st, n in counts]),
+                _key_column([(st.attempt, n) for st, n in counts]),
+                times,
+            )
             columns = _step_columns(step_events, keys.attempt, step_fields, present, keys)
             self.storage.insert_ignore(conn, steps, columns)
             layers = _layer_rows(step_events, keys.attempt, present)

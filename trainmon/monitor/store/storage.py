@@ -59,6 +59,7 @@ __all__ = [
     "PHASE_COLUMNS",
     "PRECURSOR_FIELDS",
     "STEP_FIELDS",
+    "Repeated",
     "Storage",
     "anomalies",
     "checkpoints",
@@ -177,9 +178,23 @@ class _InsertPlan:
         self.statements: dict[int, _Statement] = {}  # by its number of rows
 
 
+class Repeated(list[Any]):
+    """A column that holds one object in each of its rows, made so by its maker: ``insert_ignore`` binds it once a
+    statement without asking each cell whether it is that object (an imported batch's run, rank, attempt and
+    ``lrs``: 4 of its 9 columns, whose cells asked one by one cost 0.06-0.09 s of a million steps' ingest)."""
+
+    __slots__ = ()
+
+    def __init__(self, value: Any, count: int) -> None:
+        super().__init__(itertools.repeat(value, count))
+
+
 def _one_object(cells: list[Any]) -> bool:
     """Whether every cell is the same object (bound alike whatever its type: not merely equal, as 1 and 1.0 or
-    0.0 and -0.0 are): a batch's run, rank and attempt, given by the collector as one object for its rows."""
+    0.0 and -0.0 are): a batch's run, rank and attempt, given by the collector as one object for its rows
+    (``Repeated`` where it knows, without a look at each cell)."""
+    if type(cells) is Repeated:
+        return True
     first = cells[0]
     return cells[-1] is first and all(map(operator.is_, cells, itertools.repeat(first)))
 

@@ -1,0 +1,85 @@
+"""The steps' key columns the ingest gives ``insert_ignore`` as ``Repeated`` (one segment's steps: an import's
+batch) store what the same values given as plain lists store, row for row; a group of segments of several streams
+(the live collector's) gives plain lists, whose cells ``insert_ignore`` asks one by one."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import text
+
+from trainmon.monitor.collector.engine import Engine
+from trainmon.monitor.collector.ingest import Ingestor, _key_column
+from trainmon.monitor.config import DetectorsConfig
+from trainmon.monitor.store.storage import Repeated, Storage, steps
+from trainmon.wire import validate_event
+
+
+def _stored(store: Storage) -> list[tuple[Any, ...]]:
+    columns = [c.name for c in steps.c]
+    shown = ", ".join(f"quote({c})" for c in columns)
+    with store.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(f"SELECT {shown} FROM steps ORDER BY run, rank, attempt, step"))]
+
+
+def test_one_part_is_repeated_and_several_are_plain_lists() -> None:
+    one = _key_column([("run", 3)])
+    assert type(one) is Repeated and one == ["run"] * 3
+    several = _key_column([("a", 2), ("b", 1), ("a", 1)])
+    assert type(several) is list and several == ["a", "a", "b", "a"]
+
+
+def test_repeated_columns_store_what_plain_lists_store() -> None:
+    n, run, nan = 500, "repeated", math.nan
+    varying = {
+        "step": list(range(n)),
+        "time": [float(i) for i in range(n)],
+        "loss": [nan if i % 7 == 0 else 1.0 / (i + 1) for i in range(n)],
+        "lr": [1e-4] * n,
+    }
+    stores = Storage("sqlite://"), Storage("sqlite://")
+    for store, make in zip(stores, (Repeated, lambda v, c: [v] * c), strict=True):
+        columns = {"run": make(run, n), "rank": make(3, n), "attempt": make(1, n), "lrs": make(None, n), **varying}
+        with store.begin() as conn:
+            store.insert_ignore(conn, steps, columns)
+    assert _stored(stores[0]) == _stored(stores[1])
+    assert len(_stored(stores[0])) == n
+
+
+def _events(stream: str, run: str, rank: int, seqs: range, lrs: list[float]) -> list[Any]:
+    return [
+        validate_event(
+            {
+                "kind": "step",
+                "run": run,
+                "rank": rank,
+                "host": "h",
+                "stream": stream,
+                "seq": seq,
+                "time": 1000.0 + seq,
+                "fields": {"step": seq, "loss": 2.0 - seq / 100, "lr": lrs},
+            }
+        )
+        for seq in seqs
+    ]
+
+
+def test_an_imports_batch_and_a_live_group_store_the_same_steps() -> None:
+    """The same steps, ingested as batches of one stream each (the keys ``Repeated``) and as one group of
+    interleaved streams' segments (plain lists), store the same rows; a second param group's rates included."""
+    parts = [("s0", "a", 0, [1e-3]), ("s1", "a", 1, [1e-3, 2e-3]), ("s2", "b", 0, [-0.0])]
+    stores = []
+    for by_stream in (True, False):
+        store = Storage("sqlite://")
+        ingestor = Ingestor(store, Engine(store, DetectorsConfig(), process=False), None)
+        batches = [_events(stream, run, rank, range(1, 40), lrs) for stream, run, rank, lrs in parts]
+        if by_stream:
+            for batch in batches:
+                ingestor.ingest(batch)
+        else:
+            mixed = [ev for i in range(0, 39, 13) for batch in batches for ev in batch[i : i + 13]]
+            ingestor.ingest(mixed)
+        stores.append(store)
+    assert _stored(stores[0]) == _stored(stores[1])
+    assert len(_stored(stores[0])) == 3 * 39
