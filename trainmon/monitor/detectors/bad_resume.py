@@ -59,7 +59,7 @@ from typing import Any
 
 from trainmon.fingerprint import compare_fingerprints
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.batch import columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs
 from trainmon.wire import Event, json_safe
 
 __all__ = ["BadResume", "BadResumeConfig"]
@@ -100,7 +100,7 @@ class BadResumeConfig:
     """Steps of a log that starts at a resume whose grad norms and losses are the reference for its first update."""
 
 
-_STEP, _FIRST = itemgetter("step"), itemgetter(0)
+_FIRST = itemgetter(0)
 _AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a run
 
 _TOPOLOGY = ("world_size", "global_batch_tokens", "accum_steps", "config_hash")
@@ -259,7 +259,8 @@ class BadResume(Detector):
         fingerprint) only feeds the history, of which the last values count: it is learnt at once (:meth:`_learn`).
         On a long log that never resumes that is every step. Every other event is :meth:`observe`'s
         (:func:`observe_runs`)."""
-        fields, others, (lists,) = columns(events, "lr")
+        fields, others, (lists, steps) = columns(events, "lr", "step")
+        fingerprinted = carries(events, "batch_fingerprint")  # most logs carry none: no step is looked at for one
         ends = [*others, len(events)]  # where each run of steps ends
         unread = 0  # the runs before this one are observe's: the screen refused them
 
@@ -268,27 +269,26 @@ class BadResume(Detector):
             if i < unread or self._check is not None:  # the first steps after a resume are checked one by one
                 return i
             j = ends[bisect.bisect_left(ends, i)]
-            if j - i >= _AT_ONCE and self._learn(fields[i:j], lists[i:j]):
+            if j - i >= _AT_ONCE and self._learn(fields[i:j], steps[i:j], lists[i:j], fingerprinted):
                 return j
             unread = j
             return i
 
         observe_runs(self.observe, events, attempts, out, take)
 
-    def _learn(self, fs: list[dict[str, Any]], lists: list[Any]) -> bool:
-        """The fields ``fs`` (their ``lr`` values: ``lists``) of steps that no check reads, each as :meth:`observe`
-        would have remembered it: the last ``maxlen`` usable losses, grad norms and LRs (read from the end, through
-        the same rules), the LRs' peak, the last step. False, with nothing learnt, when a step carries a batch
-        fingerprint (each is checked against those before it) or a step number is not an int (``int()`` of it may
-        fail or round): read them one by one.
+    def _learn(self, fs: list[dict[str, Any]], steps: list[Any], lists: list[Any], fingerprinted: bool) -> bool:
+        """The fields ``fs`` (their ``step`` and ``lr`` values: ``steps``, ``lists``) of steps that no check reads, each
+        as :meth:`observe` would have remembered it: the last ``maxlen`` usable losses, grad norms and LRs (read from
+        the end, through the same rules), the LRs' peak, the last step. False, with nothing learnt, when a step
+        carries a batch fingerprint (each is checked against those before it; looked for only where the batch
+        carries one, ``fingerprinted``) or a step number is not an int (``int()`` of it may fail or round): read
+        them one by one.
 
         The LRs' peak needs every LR: a column screened at once (each a list whose first value is a finite float,
         so that :func:`_lr` returns that value), else :func:`_lr` of each."""
-        try:
-            steps = list(map(_STEP, fs))
-        except KeyError:
+        if set(map(type, steps)) != {int}:  # (a step without a number reads None)
             return False
-        if set(map(type, steps)) != {int} or any(map(dict.__contains__, fs, repeat("batch_fingerprint"))):
+        if fingerprinted and any(map(dict.__contains__, fs, repeat("batch_fingerprint"))):
             return False
         lrs: list[float] | None = None
         if set(map(type, lists)) == {list}:

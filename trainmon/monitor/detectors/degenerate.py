@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -145,7 +145,8 @@ def _screen(events: list[Event]) -> _Screen:
     quiet[others] = False
     counted = kept & np.isfinite(norm)
     before = counted & (norm > 0.0)
-    if True in skipped:  # not on a step the fp16 scaler skipped
+    # not on a step the fp16 scaler skipped (``True in`` a column of None costs 38 ns a step: asked of a log with skips)
+    if carries(events, "skipped") and True in skipped:
         counted &= np.fromiter((x is not True for x in skipped), bool, len(skipped))
     return _Screen(fields, losses, norms, kept, counted, before, np.flatnonzero(~quiet))
 

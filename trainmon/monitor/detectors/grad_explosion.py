@@ -66,6 +66,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import operator
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -308,6 +309,18 @@ class GradExplosion(Detector):
         if floor is not None and x < floor:
             self._floor = x
 
+    def _accept_all(self, xs: list[float]) -> None:
+        """:meth:`_accept` of each of ``xs`` (at least one), each also added to ``_all``: the windows extended at once
+        (a window's worth on every quiet run, one add at a time cost 0.03 s of a million-step log)."""
+        seq = xs if self._prev is None else [self._prev, *xs]
+        self._diffs.extend(map(abs, map(operator.sub, seq[1:], seq[:-1])))
+        self._prev = xs[-1]
+        self._logs.extend(xs)
+        self._all.extend(xs)
+        floor = self._floor
+        if floor is not None:
+            self._floor = min(floor, *xs)
+
     def _loss_ref(self) -> tuple[float, float] | None:
         """(median, robust sigma from the MAD of entry-to-entry differences) of the reference losses."""
         losses = list(self._losses)
@@ -439,9 +452,7 @@ class GradExplosion(Detector):
             tail = [_log(s.norms[k]) for k in at[-(w + 1) :].tolist()]
             if len(tail) > w:  # the one before the window's values: only its difference to the next one stays
                 self._prev = tail.pop(0)
-            for v in tail:
-                self._accept(v)
-                self._all.add(v)
+            self._accept_all(tail)
         at = np.flatnonzero(s.kept[i:j]) + i
         if len(at):
             self._recent_losses.extend(s.losses[k] for k in at[-(self._recent_losses.maxlen or 0) :].tolist())
