@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.detectors.batch_state import check_batches
+from tests.detectors.helpers import ev, start
+from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import divergence
 from trainmon.monitor.detectors.divergence import _LANES_FROM, _medians, _smoothed, _smoothed_all
+from trainmon.monitor.detectors.nan_inf import NanInf
 
 
 def _bits(values: np.ndarray) -> list[int]:
@@ -71,3 +76,18 @@ def test_lanes_that_do_not_meet_hand_the_whole_run_to_the_loop(monkeypatch: pyte
     monkeypatch.setattr(divergence, "_smoothed", loop)
     assert _bits(_smoothed_all(1.0, 0.3, med)) == want
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("norms", ["none", "all", "some", "nan"])
+def test_nan_inf_reads_grad_norms_absent_from_a_batch_or_only_from_some_steps_as_one_step_at_a_time(norms: str) -> None:
+    """Whether a step's grad norm is fine is asked only of those not finite (absent: fine; NaN: not), and of none in
+    a batch that carries no grad norm at all: the same state and outputs as observe either way."""
+    rng = random.Random(16)
+    events = [start()]
+    for t in range(6000):
+        fields: dict[str, Any] = {"step": t, "loss": 2.0 * math.exp(0.1 * rng.gauss(0, 1))}
+        if norms == "all" or (norms != "none" and rng.random() < 0.5):
+            fields["grad_norm"] = math.nan if norms == "nan" and rng.random() < 0.001 else rng.random() + 0.5
+        events.append(ev("step", fields, float(t)))
+    found = check_batches(NanInf, DetectorsConfig().nan_inf, events, rng)
+    assert found if norms == "nan" else not found

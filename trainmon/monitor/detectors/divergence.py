@@ -89,6 +89,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import itertools
 import math
 import operator
 import statistics
@@ -443,23 +444,25 @@ class _Run:
             return None
         steps = list(map(_STEP, fields))
         recent = list(det._recent_steps)
+        both = recent + steps  # the window's steps, then the run's
         window = det._raw.values()
         if (
             det._entries < size
             or det._ema is None
             or len(det._gaps) < _GAPS
             or list(map(type, losses)).count(float) != len(losses)  # a count in C: half a set's cost
-            or list(map(type, recent + steps)).count(int) != len(recent) + len(steps)
+            or list(map(type, both)).count(int) != len(both)
             or 0.0 in window
         ):
             return None
+        # (known ints and floats: np.fromiter reads them a fifth to a third faster than np.array)
         try:
-            stepped = np.array(recent + steps, dtype=np.int64)  # the window's steps, then the run's
+            stepped = np.fromiter(both, np.int64, len(both))
         except OverflowError:  # beyond int64
             return None
         if stepped.min() < 0 or stepped.max() >= _EXACT_INT or stepped[len(recent) :].min() < det._gate:
             return None
-        conc = np.array(window + losses)  # each entry's loss after the window's
+        conc = np.fromiter(itertools.chain(window, losses), float, len(window) + len(losses))  # the window's, the run's
         loss = conc[size:]
         if not (np.isfinite(loss).all() and loss.all()):
             return None
@@ -500,7 +503,7 @@ class _Run:
             gaps=gaps,
             noise=np.abs(np.diff(conc[size - 1 :])),
             medians=med,
-            centers=(recent + steps)[1 + (size >> 1) : 1 + (size >> 1) + len(steps)],
+            centers=both[1 + (size >> 1) : 1 + (size >> 1) + len(steps)],
             smoothed=s,
             lows=lows,
             new_lows=np.flatnonzero(s < np.concatenate(([_INF if low is None else low], lows[:-1]))),

@@ -23,9 +23,7 @@ Two conditions share the anomaly kind (one anomaly per run and rank at a time):
 from __future__ import annotations
 
 import collections
-import itertools
 import math
-import operator
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs
 from trainmon.wire import Event
 
 __all__ = ["NanInf", "NanInfConfig"]
@@ -204,10 +202,13 @@ class NanInf(Detector):
         # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
         loss = np.array(losses, dtype=float)
         quiet = np.isfinite(loss) & (loss != 0.0)
-        norm_ok = np.isfinite(np.array(norms, dtype=float))
-        if None in norms:
-            norm_ok |= np.fromiter(map(operator.is_, norms, itertools.repeat(None)), bool, len(norms))
-        quiet &= norm_ok
+        if carries(events, "grad_norm"):  # else every step's is absent, which is fine: no look at them
+            norm_ok = np.isfinite(np.array(norms, dtype=float))
+            # absent or not finite: only those are asked which (a log with grad norms has none, where a look at each
+            # for a None cost 0.015 s a million steps)
+            odd = np.flatnonzero(~norm_ok).tolist()
+            norm_ok[odd] = [norms[k] is None for k in odd]
+            quiet &= norm_ok
         quiet[others] = False
         return fields, losses, norms, np.flatnonzero(~quiet)
 
