@@ -20,7 +20,7 @@ from sqlalchemy import delete, insert, select, update
 
 from trainmon.monitor.analysis import postmortem
 from trainmon.monitor.analysis.postmortem import import_file, summarize
-from trainmon.monitor.store.step_reads import step_bins
+from trainmon.monitor.store.step_reads import step_bins, step_count
 from trainmon.monitor.store.storage import PHASE_COLUMNS, Storage, runs, steps, streams
 from trainmon.schedules import Schedule
 from trainmon.wire import json_safe
@@ -116,3 +116,13 @@ def test_bins_without_the_sums_are_the_bins_with_them(imported: tuple[Storage, s
         full = step_bins(conn, run, 0, ranges, curves=curves, sums=True)
     assert [list(r.items()) for r in lean] == [list(r.items()) for r in full]
     assert sum(r["count"] for r in lean) == STEPS
+
+
+def test_a_whole_attempts_ranges_are_counted_without_a_read(imported: tuple[Storage, str]) -> None:
+    storage, run = imported
+    ranges = [(0, lo, min(lo + 37, STEPS)) for lo in range(0, STEPS, 37)]
+    with storage.connect() as conn:
+        assert step_count(conn, run, 0, 0) == STEPS  # every step from the first to the last
+        known = step_bins(conn, run, 0, ranges, curves=False, sums=False, whole={0})
+        read = step_bins(conn, run, 0, ranges, curves=False, sums=True)
+    assert [list(r.items()) for r in known] == [list(r.items()) for r in read]
