@@ -83,3 +83,35 @@ def test_an_imports_batch_and_a_live_group_store_the_same_steps() -> None:
         stores.append(store)
     assert _stored(stores[0]) == _stored(stores[1])
     assert len(_stored(stores[0])) == 3 * 39
+
+
+def _sqlalchemy_statement(store: Storage, table: Any, plan: Any, rows: int) -> str:
+    """SQLAlchemy's own INSERT of ``rows`` rows, its parameters numbered as ``insert_ignore`` binds them: the
+    statement ``_compile_insert`` gives, made the slow way."""
+    from sqlalchemy import bindparam
+    from sqlalchemy.dialects.sqlite import insert
+
+    row = {**dict.fromkeys(plan.order), **{name: bindparam(f"{name}_shared") for name in plan.shared}}
+    compiled = insert(table).values([row] * rows).on_conflict_do_nothing().compile(dialect=store.engine.dialect)
+    names = (*(f"{n}_shared" for n in plan.shared), *(f"{n}_m{r}" for r in range(rows) for n in plan.order))
+    number = {name: i for i, name in enumerate(names, start=1)}
+    sql = str(compiled).split("?")
+    bound = compiled.positiontup or ()
+    return sql[0] + "".join(f"?{number[name]}{text}" for name, text in zip(bound, sql[1:], strict=True))
+
+
+def test_a_statement_of_many_rows_is_sqlalchemys() -> None:
+    from trainmon.monitor.store.storage import _InsertPlan, health, layer_stats
+
+    store = Storage("sqlite://")
+    cases = [
+        (steps, ("step", "time", "loss", "grad_norm", "lr"), ("run", "rank", "attempt", "lrs")),
+        (steps, ("run", "rank", "attempt", "step", "time", "loss", "grad_norm", "lr", "lrs"), ()),
+        (steps, ("step",), ("run", "rank", "attempt", "time")),
+        (health, ("run", "rank", "attempt", "host", "time", "data"), ()),
+        (layer_stats, ("step", "time", "grad_norms"), ("run", "rank", "attempt", "precursors")),
+    ]
+    for table, order, shared in cases:
+        plan = _InsertPlan(order, [None] * len(order), shared, [None] * len(shared))
+        for rows in (1, 2, 3, 7, 199):
+            assert store._compile_insert(table, plan, rows).sql == _sqlalchemy_statement(store, table, plan, rows)
