@@ -4,16 +4,20 @@ batch) store what the same values given as plain lists store, row for row; a gro
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
+from trainmon.clock import aligned
 from trainmon.monitor.collector.engine import Engine
-from trainmon.monitor.collector.ingest import Ingestor, _key_column
+from trainmon.monitor.collector.ingest import Ingestor, _extremes, _key_column, _segment
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.store.storage import Repeated, Storage, steps
-from trainmon.wire import validate_event
+from trainmon.wire import Event, validate_event
 
 
 def _stored(store: Storage) -> list[tuple[Any, ...]]:
@@ -115,3 +119,33 @@ def test_a_statement_of_many_rows_is_sqlalchemys() -> None:
         plan = _InsertPlan(order, [None] * len(order), shared, [None] * len(shared))
         for rows in (1, 2, 3, 7, 199):
             assert store._compile_insert(table, plan, rows).sql == _sqlalchemy_statement(store, table, plan, rows)
+
+
+_OFFSETS = st.sampled_from([None, 0.0, -0.0, 0.5, 3600.0, -7.25, math.nan]) | st.builds(float, st.just("nan"))
+
+
+def _reference_extremes(times: list[float], offsets: list[Any]) -> tuple[float, float]:
+    """The extremes as the ingest took them before a segment of one offset was asked at C speed: by each run of
+    events of one offset."""
+    extremes, stop = [], 0
+    for offset, same in itertools.groupby(offsets):
+        start, stop = stop, stop + len(list(same))
+        extremes.append((aligned(max(times[start:stop]), offset), aligned(min(times[start:stop]), offset)))
+    latest, earliest = extremes[0]
+    for hi, lo in extremes[1:]:
+        latest, earliest = max(latest, hi), min(earliest, lo)
+    return latest, earliest
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 2e9, allow_nan=False), _OFFSETS), min_size=1, max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_a_segments_extremes_are_those_by_runs_of_one_offset(times_and_offsets: list[tuple[float, Any]]) -> None:
+    """Whether a segment's events share one offset or not (None, 0.0 and -0.0, one NaN object: equal offsets
+    that ``itertools.groupby`` puts in one run; NaNs each their own object), its extremes are what the runs of one
+    offset give, bit for bit."""
+    times, offsets = (list(c) for c in zip(*times_and_offsets, strict=True))
+    events = [
+        Event("step", "r", 0, "h", "s", i, t, {"step": i}, clock_offset=o)
+        for i, (t, o) in enumerate(zip(times, offsets, strict=True))
+    ]
+    assert repr(_extremes(_segment(events))) == repr(_reference_extremes(times, offsets))
