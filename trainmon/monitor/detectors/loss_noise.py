@@ -422,7 +422,7 @@ class LossNoise(Detector):
         w, b = c.window, c.baseline
         end, b0 = len(run.joins), run.b0
         t = b0 + (int(run.cc[k - 1]) if k else 0)  # joined[:t]: the baseline at the run's start and the joins before
-        base, base_a = np.array(self._bd.values()), np.array(self._ba.values())  # the baseline's two windows
+        base, base_a = np.array(self._bd.values()), self._ba.values()  # the baseline's two windows
         floors = run.floors[t - b :] if t >= b and base.tolist() == run.joined[t - b : t].tolist() else None
         out_of = np.zeros(end, dtype=bool)  # entries whose leaving entry a rise kept out of the baseline
         i = stop = k
@@ -433,8 +433,8 @@ class LossNoise(Detector):
                 floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[t:]))
             rows = np.cumsum(run.joins[i:end])
             for e, bdm, r in self._relative_highs(run, i, seq, floors, rows):
-                a_win = np.concatenate((base_a, run.ea[run.jidx[t - b0 : t - b0 + r]]))[r : r + b]
-                n = self._follow(run, e, bdm, sorted_mad(sorted(a_win.tolist())))
+                a_win = (base_a + run.ea[run.jidx[t - b0 + max(0, r - b) : t - b0 + r]].tolist())[-b:]
+                n = self._follow(run, e, bdm, sorted_mad(sorted(a_win)))
                 if n != 0:  # a rise, or one observe must follow
                     break
             else:
@@ -480,7 +480,7 @@ class LossNoise(Detector):
                 strict=True,
             )
         )
-        self._rd.extend(ed[first:last])
+        self._rd.extend(ed[kept.start : last])  # all finite: the last window's worth is what it keeps
         self._ra.extend(run.e_a[kept.start : last])
         self._rlr.extend(run.last_lrs(range(first, last), w))
         self._prints.extend([run.fields[e - run.r0].get("batch_fingerprint") for e in kept])
@@ -513,23 +513,20 @@ class LossNoise(Detector):
         judged against those baselines (nothing joins them after a high ``e``; ``_judge``'s ``_under`` on the exact
         MADs); 0 where ``e`` is not high after all (the absolute noise under the bar), or not measured (``bam`` zero:
         ``_measured``). None where a high one has the relative noise at ``ratio`` (it would start a streak) or the rise
-        runs to the run's end."""
+        runs to the run's end. One entry at a time, its absolute window sorted only where the relative noise is high: a
+        rise lasts about five entries (D_w1m: 2,179 rises, 11,607 entries), and numpy on eight rows at a time made
+        four times the calls (the follows' CPU 0.20 -> 0.14 s)."""
         c = self.config
-        bar, ratio, off, end = c.admit_ratio, c.ratio, run.off, len(run.joins)
+        bar, ratio, off = c.admit_ratio, c.ratio, run.off
         if not bam > 0.0:
             return 0
-        j = e
-        while j < end:
-            rows = np.arange(j, min(end, j + _EXACT)) + off
-            rel = sorted_mads(run.rs[rows]) / bdm
-            high = ~(rel < bar) & ~(sorted_mads(np.sort(run.awin[rows], axis=1)) / bam < bar)
-            back = np.flatnonzero(~high)
-            n = int(back[0]) if len(back) else len(rows)
-            if not (rel[:n] < ratio).all():
+        rs, awin = run.rs, run.awin
+        for j in range(e, len(run.joins)):
+            rel = sorted_mad(rs[j + off].tolist()) / bdm
+            if rel < bar or sorted_mad(sorted(awin[j + off].tolist())) / bam < bar:
+                return j - e
+            if not rel < ratio:
                 return None
-            if len(back):
-                return j + n - e
-            j += len(rows)
         return None
 
     # -- the rule --------------------------------------------------------------------------------
