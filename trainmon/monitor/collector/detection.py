@@ -147,11 +147,18 @@ class Detection:
         takes its events of the batch at once (``_Group.feed``), and the findings are put back in event order.
         A batch of one run and rank (an import's) is read once for both its groups (:func:`.batch.read`).
         """
-        events, attempts = list(map(_EVENT, items)), list(map(_ATTEMPT, items))
+        return self.observe_events(list(map(_EVENT, items)), list(map(_ATTEMPT, items)))
+
+    def observe_events(
+        self, events: list[Event], attempts: list[int], key: tuple[str, int] | None = None
+    ) -> list[Keyed]:
+        """:meth:`observe_keyed` of the events and their attempts as two lists. ``key``: the (run, rank) of every
+        event, where the caller knows the batch is of one (the detection pipe's columns say so), else None."""
         runs: dict[str, list[int]] = {}
         keyed: list[Keyed] = []
         with read(events):
-            for (run, rank), at in _by_key(events).items():
+            by_key = _by_key(events) if key is None else {key: list(range(len(events)))}
+            for (run, rank), at in by_key.items():
                 group = self.rank_dets.get((run, rank))
                 if group is None:
                     group = self.rank_dets[(run, rank)] = self._make(self._rank_classes)

@@ -45,6 +45,7 @@ from typing import Any
 from trainmon.monitor.collector.detection import Detection, Keyed
 from trainmon.monitor.config import DetectorsConfig, detectors_config
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
+from trainmon.monitor.detectors.batch import Reading
 from trainmon.wire import Event
 
 __all__ = ["Answer", "DetectionProcess", "LocalDetection", "SplitDetection"]
@@ -172,8 +173,12 @@ class DetectionProcess:
         self._send(["feed_run", run, _events(history)])
 
     def observe(self, items: Items, done: Answer) -> None:
+        self.observe_columns(_events(items), done)
+
+    def observe_columns(self, columns: list[tuple[Any, ...]], done: Answer) -> None:
+        """:meth:`observe` of events already encoded for the pipe (``_encode``)."""
         self._slots.acquire()
-        self._send(["observe", _events(items)], done)
+        self._send(["observe", columns], done)
 
     def tick(self, now: float, done: Answer) -> None:
         self._slots.acquire()
@@ -355,9 +360,12 @@ class SplitDetection:
         self._here.feed_run(run, history)
 
     def observe(self, items: Items, done: Answer) -> None:
+        """The events are read once for both halves: the columns the child is sent are those this thread's
+        detectors read (``_Batch``)."""
+        columns, batch = _encode(items)
         join = _Join(done)
-        self._child.observe(items, join.half)
-        join.half(self._here.observe_keyed(items))
+        self._child.observe_columns(columns, join.half)
+        join.half(batch.observe(self._here))
 
     def tick(self, now: float, done: Answer) -> None:
         join = _Join(done)
@@ -399,8 +407,39 @@ def _secret(name: str) -> bool:
     return upper.startswith("TRAINMON_") or any(w in upper for w in ("TOKEN", "SECRET", "PASSWORD", "WEBHOOK"))
 
 
-def _events(items: Items) -> list[tuple[Any, ...]]:
-    """Events as the pipe carries them: one column per constructor argument, and the attempts.
+class _Batch:
+    """One call's events and their attempts, with what detection reads of every event: its kind and fields, and the
+    (run, rank) of a batch of one (None otherwise). Both sides of the pipe have these at hand as columns (``_encode``,
+    ``_decode``), and hand them to their detectors' :class:`Reading` rather than read them from the events again:
+    with the events and attempts as two lists rather than pairs, that is seven passes over the batch fewer on each
+    side. Per million events in batches of 5,000, encoding, pickling and the parent's detection's reads cost 0.69 s
+    of CPU instead of 0.9 s, and the child's unpickling, rebuilding and reads 0.85 s instead of 1.05 s (a loaded
+    machine's figures)."""
+
+    __slots__ = ("attempts", "events", "fields", "key", "kinds")
+
+    def __init__(
+        self,
+        events: list[Event],
+        attempts: list[int],
+        kinds: list[str],
+        fields: list[dict[str, Any]],
+        key: tuple[str, int] | None,
+    ) -> None:
+        self.events = events
+        self.attempts = attempts
+        self.kinds = kinds
+        self.fields = fields
+        self.key = key
+
+    def observe(self, detection: Detection) -> list[Keyed]:
+        with Reading(self.events, self.fields, self.kinds):
+            return detection.observe_events(self.events, self.attempts, self.key)
+
+
+def _encode(items: Items) -> tuple[list[tuple[Any, ...]], _Batch]:
+    """Events as the pipe carries them, and as a :class:`_Batch` for this side: one column per constructor argument,
+    and the attempts (and the events themselves, for the batch).
 
     A column whose values are all equal to its first (an import's 5,000 events share their kind, run, rank, host,
     stream, missing clock offset and attempt) goes as that value alone, which the child repeats. Those columns hold
@@ -411,13 +450,35 @@ def _events(items: Items) -> list[tuple[Any, ...]]:
     field dicts (0.16 s pickled, 0.2 s unpickled) and ``Event.__init__`` (0.18 s, a plain slots class). The ten
     columns cost each call about 2 us more on either side, which a group of some 30 events makes up (a live group
     of 256 from 32 streams costs the same as before): a collector whose groups are that small is nearly idle."""
-    columns = list(
+    if not items:
+        return [], _Batch([], [], [], [], None)
+    columns = _columns(items)
+    wire = _wire(columns)
+    kinds, attempts, fields, events = columns[0], columns[6], columns[9], columns[_EVENTS]
+    return wire, _Batch(list(events), list(attempts), list(kinds), list(fields), _key(wire))
+
+
+def _events(items: Items) -> list[tuple[Any, ...]]:
+    """The pipe's columns alone (a rank's or run's history, a group the child detects alone)."""
+    return _wire(_columns(items))
+
+
+def _columns(items: Items) -> list[tuple[Any, ...]]:
+    """The columns the pipe carries, whole, and the events last. One tuple per event, transposed: the attributes read
+    in bytecode cost a live group of 256 events 0.05 ms less than a ``map(attrgetter)`` per column."""
+    return list(
         zip(
-            *[(e.kind, e.run, e.rank, e.host, e.stream, e.clock_offset, a, e.seq, e.time, e.fields) for e, a in items],
+            *[
+                (e.kind, e.run, e.rank, e.host, e.stream, e.clock_offset, a, e.seq, e.time, e.fields, e)
+                for e, a in items
+            ],
             strict=True,
         )
     )
-    return [_collapsed(c) for c in columns[:_VARYING]] + columns[_VARYING:]
+
+
+def _wire(columns: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [_collapsed(c) for c in columns[:_VARYING]] + columns[_VARYING:_EVENTS]
 
 
 def _collapsed(column: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -427,20 +488,32 @@ def _collapsed(column: tuple[Any, ...]) -> tuple[Any, ...]:
     return column[:1] if column.count(first) == len(column) else column
 
 
-_VARYING = 7
-"""``_events``' columns from this one on (seq, time, fields) go whole."""
+def _decode(columns: list[tuple[Any, ...]]) -> _Batch:
+    """``_encode``'s batch again, from its columns."""
+    if not columns:
+        return _Batch([], [], [], [], None)
+    n = len(columns[-1])
+    kinds, runs, ranks, hosts, streams, offsets, attempts, seqs, times, fields = (
+        c if len(c) == n else c * n for c in columns
+    )
+    events = list(map(Event, kinds, runs, ranks, hosts, streams, seqs, times, fields, offsets))
+    return _Batch(events, list(attempts), list(kinds), list(fields), _key(columns))
 
 
 def _items(columns: list[tuple[Any, ...]]) -> Items:
-    if not columns:
-        return []
-    n = len(columns[-1])
-    kinds, runs, ranks, hosts, streams, offsets, attempts, seqs, times, fields = (
-        c if len(c) == n else itertools.repeat(c[0], n) for c in columns
-    )
-    return list(
-        zip(map(Event, kinds, runs, ranks, hosts, streams, seqs, times, fields, offsets), attempts, strict=True)
-    )
+    """``_events``' items again."""
+    batch = _decode(columns)
+    return list(zip(batch.events, batch.attempts, strict=True))
+
+
+def _key(columns: list[tuple[Any, ...]]) -> tuple[str, int] | None:
+    """The (run, rank) of every event where the columns of runs and ranks are collapsed to one value."""
+    runs, ranks = columns[1], columns[2]
+    return (runs[0], ranks[0]) if len(runs) == 1 and len(ranks) == 1 else None
+
+
+_VARYING, _EVENTS = 7, 10
+"""``_columns``' columns from ``_VARYING`` on (seq, time, fields) go whole; the events, at ``_EVENTS``, stay."""
 
 
 def _found(keyed: list[Keyed]) -> list[list[Any]]:
@@ -538,7 +611,7 @@ def _answer(detection: Detection, message: list[Any], out: int) -> None:
     found: list[Keyed] = []
     try:
         if op == "observe":
-            found = detection.observe_keyed(_items(message[2]))
+            found = _decode(message[2]).observe(detection)
         elif op == "tick":
             found = detection.tick_keyed(message[2])
         elif op == "feed_rank":

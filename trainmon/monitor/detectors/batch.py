@@ -41,10 +41,14 @@ class Reading:
 
     __slots__ = ("_carrying", "_columns", "_keys", "ends", "events", "fields", "kinds")
 
-    def __init__(self, events: list[Event]) -> None:
+    def __init__(
+        self, events: list[Event], fields: list[dict[str, Any]] | None = None, kinds: list[str] | None = None
+    ) -> None:
+        """``fields`` and ``kinds``: the events' own, in order, where the caller has read them already (the detection
+        pipe carries them as columns), so that they are not read twice."""
         self.events = events
-        self.fields: list[dict[str, Any]] = list(map(_FIELDS, events))  # each event's fields, in order
-        self.kinds: list[str] = list(map(_KIND, events))  # each event's kind, in order
+        self.fields: list[dict[str, Any]] = list(map(_FIELDS, events)) if fields is None else fields
+        self.kinds: list[str] = list(map(_KIND, events)) if kinds is None else kinds
         self.ends = _ends(self.kinds)
         """Where each run of steps ends: the positions of the events that are not steps (a few a batch: starts, evals,
         ends), ascending, then the batch's length."""
