@@ -389,6 +389,44 @@ def database_url(path_or_url: str, *, create: bool = True) -> str:
     return f"sqlite:///{path}"
 
 
+_FLOAT_TAG = "$float"
+"""The one key of the JSON object that stands for a non-finite float in PostgreSQL's JSON cells."""
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _json_text(value: Any) -> str:
+    """A JSON cell's text for PostgreSQL, which has no NaN or infinity: Python writes the bare tokens ``NaN`` and
+    ``Infinity``, which the server refuses, and with them the whole statement (a batch of steps whose learning rates,
+    several param groups, held one NaN). A non-finite float is written as ``{"$float": "NaN"}`` ("Infinity",
+    "-Infinity"), read back as the float by :func:`_json_value`: an object no producer sends, where the wire's marker
+    strings would turn a logged string into a number. SQLite stores and reads Python's tokens as they are."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:  # a non-finite float somewhere: rare, so looked for only then
+        return json.dumps(_tagged(value), allow_nan=False)
+
+
+def _tagged(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return {_FLOAT_TAG: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    if isinstance(value, dict):
+        return {k: _tagged(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tagged(v) for v in value]
+    return value
+
+
+def _json_value(text: str | bytes) -> Any:
+    """A PostgreSQL JSON cell's value, its tagged non-finite floats floats again (:func:`_json_text`)."""
+    return json.loads(text, object_hook=_untagged)
+
+
+def _untagged(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and isinstance(marker := obj.get(_FLOAT_TAG), str) and marker in _NONFINITE:
+        return _NONFINITE[marker]
+    return obj
+
+
 class Storage:
     """The collector's database: schema creation and transactions.
 
@@ -398,7 +436,10 @@ class Storage:
 
     def __init__(self, path_or_url: str, *, background_checkpoint: bool = False, create: bool = True) -> None:
         self.url = database_url(path_or_url, create=create)
-        self.engine: Engine = create_engine(self.url)
+        postgres = self.url.startswith("postgresql")
+        self.engine: Engine = create_engine(
+            self.url, **({"json_serializer": _json_text, "json_deserializer": _json_value} if postgres else {})
+        )
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
         if self.engine.dialect.name == "sqlite":
