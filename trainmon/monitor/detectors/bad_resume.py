@@ -59,7 +59,7 @@ from typing import Any
 
 from trainmon.fingerprint import compare_fingerprints
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.batch import carries, columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs, read
 from trainmon.wire import Event, json_safe
 
 __all__ = ["BadResume", "BadResumeConfig"]
@@ -259,8 +259,9 @@ class BadResume(Detector):
         fingerprint) only feeds the history, of which the last values count: it is learnt at once (:meth:`_learn`).
         On a long log that never resumes that is every step. Every other event is :meth:`observe`'s
         (:func:`observe_runs`)."""
-        fields, others, (lists, steps) = columns(events, "lr", "step")
-        fingerprinted = carries(events, "batch_fingerprint")  # most logs carry none: no step is looked at for one
+        with read(events):  # one reading for both (the engine's is of another list where it leaves kinds out)
+            fields, others, (lists, steps) = columns(events, "lr", "step")
+            fingerprinted = carries(events, "batch_fingerprint")  # most logs carry none: no step is looked at for one
         ends = [*others, len(events)]  # where each run of steps ends
         unread = 0  # the runs before this one are observe's: the screen refused them
 

@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import carries, columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs, read
 from trainmon.wire import Event
 
 __all__ = ["Degenerate", "DegenerateConfig"]
@@ -136,7 +136,10 @@ class _Screen(NamedTuple):
 
 
 def _screen(events: list[Event]) -> _Screen:
-    fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
+    with read(events):  # one reading for the columns and the look for skips (the engine's is of another list where
+        # it leaves kinds out)
+        fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
+        skips = carries(events, "skipped")
     # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
     loss = np.array(losses, dtype=float)
     norm = np.array(norms, dtype=float)
@@ -146,7 +149,7 @@ def _screen(events: list[Event]) -> _Screen:
     counted = kept & np.isfinite(norm)
     before = counted & (norm > 0.0)
     # not on a step the fp16 scaler skipped (``True in`` a column of None costs 38 ns a step: asked of a log with skips)
-    if carries(events, "skipped") and True in skipped:
+    if skips and True in skipped:
         counted &= np.fromiter((x is not True for x in skipped), bool, len(skipped))
     return _Screen(fields, losses, norms, kept, counted, before, np.flatnonzero(~quiet))
 

@@ -57,6 +57,7 @@ import bisect
 import collections
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -66,7 +67,7 @@ import numpy as np
 
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.batch import carries, columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs, read
 from trainmon.schedules import Schedule
 from trainmon.wire import Event
 
@@ -119,7 +120,8 @@ _REPR_DIGITS = 17  # the most significant digits a float's repr has
 _DECAY_KEPT = 256  # change points kept of an inferred decay at most (halved beyond)
 _BULK = 32  # events from which a batch is looked at as a whole (numpy's fixed cost is a few us)
 _RUN_MIN = 8  # steps in a run from which it is taken at once (below, observe costs less than the look)
-_FALL, _HOLD, _BARE = 1, 2, 3  # the runs of steps taken at once: a decay, a held LR, no LR
+_FALL, _HOLD, _BARE, _RISE = 1, 2, 3, 4  # the runs of steps taken at once: a decay, a held LR, no LR, a warmup
+_FIRST = operator.itemgetter(0)
 _TINY = 1e-30  # the least LR a relative difference is taken of (every LR checked here is non-negative)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
 _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
@@ -138,12 +140,14 @@ def _same(lr: float, prev: float) -> bool:
     return abs(lr - prev) <= _SAME * (prev if prev >= _TINY else _TINY)
 
 
-def _falling(lrs: np.ndarray) -> np.ndarray:
-    """For each LR after the first, whether it is below the one before and not :func:`_same` as it: the same
-    comparison, over a column."""
+def _moving(lrs: np.ndarray, fall: bool) -> np.ndarray:
+    """For each LR after the first, whether it is below (``fall``; else above) the one before and not :func:`_same` as
+    it: the same comparisons, over a column."""
     prev, lr = lrs[:-1], lrs[1:]
-    falling: np.ndarray = (lr < prev) & ~(np.abs(lr - prev) <= _SAME * np.where(prev >= _TINY, prev, _TINY))
-    return falling
+    moving: np.ndarray = ((lr < prev) if fall else (lr > prev)) & ~(
+        np.abs(lr - prev) <= _SAME * np.where(prev >= _TINY, prev, _TINY)
+    )
+    return moving
 
 
 def _plain(f: dict[str, Any]) -> bool:
@@ -227,7 +231,8 @@ class _Columns:
     others (``plain``: an LR per group, every one a float in [0, inf), no scheduler count and no skip; ``bare``: no
     LR and no scheduler count), and where each kind of run ends (``ends[kind]``: the events that do not continue
     one, then the batch's length): a decay (each plain step below the one before and not the same value), a held LR
-    (equal to the one before), steps with no LR."""
+    (equal to the one before), steps with no LR, a warmup (each plain step above the one before and not the same
+    value)."""
 
     fields: list[dict[str, Any]]
     lrs: list[Any]
@@ -246,7 +251,7 @@ class _Columns:
                 continues = self.bare[1:] & self.bare[:-1]
             else:
                 both = plain[1:] & plain[:-1] & (groups[1:] == groups[:-1])
-                continues = both & (_falling(lr0) if kind == _FALL else lr0[1:] == lr0[:-1])
+                continues = both & (lr0[1:] == lr0[:-1] if kind == _HOLD else _moving(lr0, kind == _FALL))
             ends = self._ends[kind] = [*(np.flatnonzero(~continues) + 1).tolist(), len(plain)]
         return ends
 
@@ -256,15 +261,20 @@ class _Columns:
         n = len(events)
         if n < _BULK:
             return None
-        fields, others, (lrs,) = columns(events, "lr")
-        usual = not others and not carries(events, "scheduler_steps", "skipped")  # every event a step, nothing else
-        flat = list(itertools.chain.from_iterable(lrs)) if usual and set(map(type, lrs)) == {list} else []
-        if usual and lrs.count(None) == n:  # a log that does not print its LR
+        with read(events):  # one reading for both (the engine's is of another list where it leaves kinds out)
+            fields, others, (lrs,) = columns(events, "lr")
+            usual = not others and not carries(events, "scheduler_steps", "skipped")  # every event a step, nothing else
+        kinds = set(map(type, lrs)) if usual else set()
+        widths = set(map(len, lrs)) if kinds == {list} else set()
+        width = widths.pop() if len(widths) == 1 else 0  # LRs a step, the same at every step (0: not so)
+        # the LRs in a row, group by group: one group's (nearly every log's) read at 33 ns a step, not chained at 66
+        flat = [] if not width else list(map(_FIRST, lrs)) if width == 1 else list(itertools.chain.from_iterable(lrs))
+        if kinds == {type(None)}:  # a log that does not print its LR
             plain, bare = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
             lr0 = np.full(n, math.nan)
             groups = np.zeros(n, dtype=int)
-        elif flat and len(set(map(len, lrs))) == 1 and set(map(type, flat)) == {float}:  # one LR a group
-            table = np.array(flat).reshape(n, -1)
+        elif flat and set(map(type, flat)) == {float}:  # one LR a group
+            table = np.fromiter(flat, float, len(flat)).reshape(n, -1)  # floats: np.array's look at each is not needed
             plain = np.asarray(((table >= 0) & (table < _INF)).all(axis=1))
             bare = np.zeros(n, dtype=bool)
             lr0 = table[:, 0]
@@ -368,6 +378,8 @@ class LrScheduleDrift(Detector):
         before and not the same value; what :meth:`_check_inferred` keeps is the count, the last steps and the
         decay's change points), a step at the same LR as the one before (a constant LR, a printed one held at its
         rounding, where no frozen LR can be called), and a step with no LR at all (the logs that do not print it).
+        Before the peak, a warmup's steps (each above the one before and not the same value) find nothing either,
+        and leave the count, the last steps and the peak (D_w1m's 20,000 went through :meth:`observe` one by one).
         One look at the batch's LR column finds the runs of each (:class:`_Columns`); a run that starts where its
         kind has nothing to find updates the state in one go, every other event goes through :meth:`observe`."""
         cols = _Columns.read(events)
@@ -389,8 +401,8 @@ class LrScheduleDrift(Detector):
         observe_runs(self.observe, events, attempts, out, take)
 
     def _quiet(self, cols: _Columns, i: int) -> int:
-        """The kind of run (``_FALL``, ``_HOLD``, ``_BARE``) event ``i`` starts with nothing to find from the state
-        here, 0 when it must go through :meth:`observe`."""
+        """The kind of run (``_FALL``, ``_HOLD``, ``_BARE``, ``_RISE``) event ``i`` starts with nothing to find from
+        the state here, 0 when it must go through :meth:`observe`."""
         if cols.bare[i]:
             return _BARE if not self._awaiting_first and self._run_first is not None else 0
         if not cols.plain[i]:
@@ -401,15 +413,17 @@ class LrScheduleDrift(Detector):
             and not self._opaque
             and not self._awaiting_first
             and not self._open
-            and self._peak_done
             and self._n + 1 >= self.config.infer_points
             and self._run_first is not None
             and ratios is not None
             and len(ratios) == cols.groups[i]
             and prev is not None
-            and floor is not None
-            and lr <= floor
         ):
+            return 0
+        if not self._peak_done:  # a rise to a new peak is more warmup (but where one point makes the peak)
+            rise = lr >= self._peak and lr > prev and not _same(lr, prev) and self.config.infer_points > 1
+            return _RISE if rise else 0
+        if floor is None or lr > floor:
             return 0
         if lr == prev:  # held: no frozen LR can be called (never decayed, a stepwise decay, or no planned length)
             return _HOLD if not (self._decaying and not self._stepwise and self._planned) else 0
@@ -442,6 +456,16 @@ class LrScheduleDrift(Detector):
                 self._flat_next = fields[i]["step"]
             self._equal_run += k
             self._n += k
+            return
+        if kind == _RISE:  # each step a change, and the peak
+            self._equal_run = self._decreases = 0
+            self._decaying = False
+            self._prev = self._peak = lr0[j - 1].item()
+            self._peak_step = last
+            self._n += k
+            if k > 1:
+                self._flat_since = fields[j - 2]["step"]
+            self._changed(self._n, last)
             return
         if k > 1:  # the steps before the last one: each a change at the point after the one before
             self._prev = lr0[j - 2].item()
