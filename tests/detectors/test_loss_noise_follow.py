@@ -1,4 +1,4 @@
-"""``loss_noise``'s ``_follow`` one entry at a time (session 16, issue 24) returns what the numpy follow it replaced
+"""``loss_noise``'s ``_follow`` one entry at a time returns what the numpy follow it replaced
 returned, eight rows at a time: the same first entry back under the bar, the same None where a high one would start a
 streak or the rise runs to the run's end, on windows with ties, signed zeros, values near the float's limit (infinite
 absolute MADs) and baselines scaled to land on every side of ``admit_ratio`` and ``ratio``."""

@@ -1,5 +1,6 @@
-"""Session 16's speed work on divergence, loss_spike and nan_inf: the shortcuts each hold to the values of the plain
-definition, bit for bit, including where they must give up and hand over to it."""
+"""The shortcuts of divergence (its EMA in lanes) and nan_inf (grad norms asked whether absent only where not
+finite) hold to the values of the plain definition, bit for bit, including where they must give up and hand over
+to it."""
 
 from __future__ import annotations
 
