@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.bitwise import same
@@ -145,6 +145,8 @@ _DECIMAL = st.one_of(
         lambda w: st.tuples(st.just(w), st.lists(st.lists(_DECIMAL, min_size=w, max_size=w), min_size=1))
     )
 )
+@example((1, [[" +3E23"]]))  # pandas 3.1: 2.9999999999999997e+23
+@example((1, [["+6686569887426516086e+164"]]))  # pandas 3.1: 6.686569887426515e+182
 def test_rows_of_decimals_read_by_pandas_are_the_floats_python_reads(table: tuple[int, list[list[str]]]) -> None:
     """pandas reads each decimal as ``float`` does, bit for bit, or refuses the chunk (a cell ``float``
     refuses, a blank one), which is then cut into cells as text."""
@@ -155,6 +157,9 @@ def test_rows_of_decimals_read_by_pandas_are_the_floats_python_reads(table: tupl
         want = [[float(row[j]) for row in rows] for j in range(width)]
     except ValueError:
         assert got is None
+        return
+    if joined.count("+") != joined.count("e+") + joined.count("E+"):
+        assert got is None  # a plus sign before a number, which pandas may misread: cut as text, read by float
         return
     assert got is not None  # every row a row of decimals: read at C speed
     assert same(got, want)

@@ -348,6 +348,10 @@ def _number_columns(block: str, width: int, count: int) -> list[list[float]] | N
     data = block.encode()
     if data.translate(None, _DECIMAL_BYTES):  # a byte that is not one of them is left
         return None
+    if data.count(b"+") != data.count(b"e+") + data.count(b"E+"):
+        # a plus sign before a number, which pandas 3.1 may read a rounding off: " +3E23" as 2.9999999999999997e+23
+        # and "+6686569887426516086e+164" as 6.686569887426515e+182 (``float``: 3e+23, 6.686569887426516e+182)
+        return None
     # as many commas as rows of width cells hold: a short line would need a long one, which pandas refuses
     if data.count(b",") != (width - 1) * count or _longest_line(data) > csv.field_size_limit():
         return None
