@@ -335,7 +335,7 @@ _PANDAS_EXACT = (
     {} if tuple(map(int, re.findall(r"\d+", pandas.__version__)[:2])) >= (3, 1) else {"float_precision": "round_trip"}
 )
 """pandas reads a decimal as Python's ``float`` does (correctly rounded) from 3.1 on, with its round-trip
-converter (Python's own) before."""
+converter (Python's own) before; but for a number with a plus sign, which ``_number_columns`` leaves to ``float``."""
 
 
 def _number_columns(block: str, width: int, count: int) -> list[list[float]] | None:
