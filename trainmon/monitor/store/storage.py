@@ -48,6 +48,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
+from trainmon.wire import WireError, decode_float, encode_float
+
 log = logging.getLogger("trainmon.storage")
 _CHECKPOINT_SECONDS = 1.0
 _MAX_PLANS = 256  # compiled INSERTs kept (insert_ignore): one per table and set of columns a batch fills
@@ -390,8 +392,8 @@ def database_url(path_or_url: str, *, create: bool = True) -> str:
 
 
 _FLOAT_TAG = "$float"
-"""The one key of the JSON object that stands for a non-finite float in PostgreSQL's JSON cells."""
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""The one key of the JSON object that stands for a non-finite float in PostgreSQL's JSON cells (its value the
+wire format's marker: ``encode_float``)."""
 
 
 def _json_text(value: Any) -> str:
@@ -408,7 +410,7 @@ def _json_text(value: Any) -> str:
 
 def _tagged(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        return {_FLOAT_TAG: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+        return {_FLOAT_TAG: encode_float(value)}
     if isinstance(value, dict):
         return {k: _tagged(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -422,8 +424,11 @@ def _json_value(text: str | bytes) -> Any:
 
 
 def _untagged(obj: dict[str, Any]) -> Any:
-    if len(obj) == 1 and isinstance(marker := obj.get(_FLOAT_TAG), str) and marker in _NONFINITE:
-        return _NONFINITE[marker]
+    if len(obj) == 1 and isinstance(marker := obj.get(_FLOAT_TAG), str):
+        try:
+            return decode_float(marker)
+        except WireError:  # not a marker: an object a run logged
+            return obj
     return obj
 
 
