@@ -53,9 +53,15 @@ def _lean_and_full(storage: Storage, run: str, monkeypatch: pytest.MonkeyPatch) 
     return dump(lean), dump(full), said[0]
 
 
-def _set(storage: Storage, run: str, step: int, **values: Any) -> None:
+def _set(storage: Storage, run: str, step: int, recorded: bool, **values: Any) -> None:
+    """Give a stored step ``values``, and its stream the record of them the ingest keeps (``recorded``), or no
+    record at all (a store from before ``streams.step_fields``: summarize probes the steps then)."""
     with storage.engine.begin() as conn:
         conn.execute(update(steps).where(steps.c.run == run, steps.c.step == step).values(**values))
+        (held,) = conn.execute(select(streams.c.step_fields).where(streams.c.run == run)).scalars()
+        fields = {"phases" if name.startswith("phase_") else name for name in values}
+        record = sorted({*held, *fields}) if recorded else None
+        conn.execute(update(streams).where(streams.c.run == run).values(step_fields=record))
 
 
 @pytest.mark.parametrize("gaps", [False, True])
@@ -72,12 +78,13 @@ def test_nothing_carried_reads_lean_and_says_the_same(imported: tuple[Storage, s
     assert summary["sample"]["stride"] > 1 and summary["sample"]["rows"] == summary["ranks"][0]["samples"] > 0
 
 
+@pytest.mark.parametrize("recorded", [True, False])
 @pytest.mark.parametrize("step_time", [0.5, math.nan])
 def test_the_last_step_alone_carrying_a_step_time_is_found(
-    imported: tuple[Storage, str], monkeypatch, step_time: float
+    imported: tuple[Storage, str], monkeypatch, step_time: float, recorded: bool
 ) -> None:
     storage, run = imported
-    _set(storage, run, STEPS - 1, step_time=step_time)  # a NaN is stored as SQLite's 'NaN' text: carried
+    _set(storage, run, STEPS - 1, recorded, step_time=step_time)  # a NaN is stored as SQLite's 'NaN' text: carried
     lean, full, summed = _lean_and_full(storage, run, monkeypatch)
     assert summed and lean == full
 
@@ -126,3 +133,24 @@ def test_a_whole_attempts_ranges_are_counted_without_a_read(imported: tuple[Stor
         known = step_bins(conn, run, 0, ranges, curves=False, sums=False, whole={0})
         read = step_bins(conn, run, 0, ranges, curves=False, sums=True)
     assert [list(r.items()) for r in known] == [list(r.items()) for r in read]
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_what_the_steps_hold_is_read_from_the_streams_record(
+    imported: tuple[Storage, str], monkeypatch, recorded: bool
+) -> None:
+    """The import recorded the fields its steps hold (step, loss, lr): the summary reads that, not a pass over the
+    steps; a stream without a record (stored before it was kept) is probed, and both say the same."""
+    storage, run = imported
+    with storage.connect() as conn:
+        assert conn.execute(select(streams.c.step_fields)).scalars().all() == [["loss", "lr", "step"]]
+    if not recorded:
+        with storage.engine.begin() as conn:
+            conn.execute(update(streams).values(step_fields=None))
+    probed: list[tuple[str, ...]] = []
+    probe = postmortem.step_carries
+    monkeypatch.setattr(postmortem, "step_carries", lambda *a, **k: probed.append(a[4:]) or probe(*a, **k))
+    lean, full, summed = _lean_and_full(storage, run, monkeypatch)
+    assert not summed and lean == full
+    sums_probed = [cols for cols in probed if "step_time" in cols]
+    assert sums_probed == ([] if recorded else [postmortem.SUMMED_COLUMNS])

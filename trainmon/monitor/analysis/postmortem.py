@@ -93,6 +93,7 @@ from trainmon.monitor.store.step_reads import (
     SAMPLE_COLUMNS,
     SAMPLE_KEY,
     SUMMED_COLUMNS,
+    SUMMED_FIELDS,
     sampled_steps,
     step_bins,
     step_carries,
@@ -164,7 +165,7 @@ def _analyse(storage: Storage, run: str, progress: Progress | None, series: bool
         lead = [e for e in extents if e["rank"] == rank0]
         say("step aggregates and per-rank sample")
         stride, offset = _stride(sum(e["last"] - e["first"] + 1 for e in extents))
-        summed = _sums_carried(conn, run, lead)
+        summed = _sums_carried(conn, run, lead, streams)
         # Without the plots' series, and with no step time, tokens or phase on the lowest rank, the summary
         # reads of its steps only their LR against a schedule; an attempt of it that logged every step
         # from its first to its last is counted and sampled without a read.
@@ -493,12 +494,21 @@ def _carried(conn: Connection, run: str, lead: list[dict[str, Any]]) -> frozense
     )
 
 
-def _sums_carried(conn: Connection, run: str, lead: list[dict[str, Any]]) -> bool:
+def _sums_carried(conn: Connection, run: str, lead: list[dict[str, Any]], streams: list[dict[str, Any]]) -> bool:
     """Whether some step of the lowest rank carries a step time, tokens or a phase time (what the bins
-    sum). A W&B or HF log carries none: one pass of probes over a million steps (0.26 s) then spares
-    the bins their sums (0.43 -> 0.05 s) and the sample a visit to each of its rows; a run that carries
-    one answers at its first step."""
-    return any(step_carries(conn, run, e["rank"], e["attempt"], *SUMMED_COLUMNS) for e in lead)
+    sum). A W&B or HF log carries none, which spares the bins their sums (0.43 -> 0.05 s a million steps)
+    and the sample a visit to each of its rows. Read from what each stream's stored steps hold
+    (``streams.step_fields``); a stream stored before that was kept is probed, which takes a pass over its
+    steps to say no (0.26 s a million)."""
+    held = {(s["rank"], s["attempt"]): s["step_fields"] for s in streams}
+    for e in lead:
+        fields = held.get((e["rank"], e["attempt"]))
+        if fields is None:
+            if step_carries(conn, run, e["rank"], e["attempt"], *SUMMED_COLUMNS):
+                return True
+        elif not SUMMED_FIELDS.isdisjoint(fields):
+            return True
+    return False
 
 
 def _whole_attempts(conn: Connection, run: str, lead: list[dict[str, Any]]) -> frozenset[int]:

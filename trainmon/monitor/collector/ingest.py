@@ -99,6 +99,7 @@ class _Stream:
     seqs: SeqSet  # stored sequence numbers; a group works on a copy, kept only if it commits
     missing: int  # seqs below the highest that never arrived
     clock: ClockOffset  # shared by the group's copies: an estimate, not transactional state
+    step_fields: frozenset[str] | None  # the step fields its stored steps hold; None: unknown (streams.step_fields)
     new: bool = False
 
 
@@ -139,6 +140,17 @@ def _segment(events: list[Event]) -> _Segment:
         list(map(_KIND, events)),
         list(map(_FIELDS, events)),
     )
+
+
+def _hold(st: _Stream, su: dict[str, Any], fields: list[dict[str, Any]]) -> set[str]:
+    """The names ``fields`` (steps of ``st`` being stored) hold, added to what the stream's steps hold and to its
+    row's update (``su``) where that grew. A stream whose record is unknown (stored before it was kept) stays
+    unknown: a record of its new steps alone would deny what its old ones hold."""
+    names = set().union(*fields)
+    if st.step_fields is not None and not names.issubset(st.step_fields):
+        st.step_fields = st.step_fields.union(names)
+        su["step_fields"] = sorted(st.step_fields)
+    return names
 
 
 def _key(ev: Event, attempt: int, step: int) -> dict[str, Any]:
@@ -522,7 +534,15 @@ class Ingestor:
                 cached = self._streams.get(ev.stream)
                 # A copy the group can change and drop on a rollback (built directly: ``replace`` costs more).
                 st = (
-                    _Stream(cached.run, cached.rank, cached.attempt, cached.seqs.copy(), cached.missing, cached.clock)
+                    _Stream(
+                        cached.run,
+                        cached.rank,
+                        cached.attempt,
+                        cached.seqs.copy(),
+                        cached.missing,
+                        cached.clock,
+                        cached.step_fields,
+                    )
                     if cached
                     else self._fetch(conn, ev.stream)
                 )
@@ -534,7 +554,7 @@ class Ingestor:
                     )
                     attempt = stream_count(conn, run, ev.rank)
                     attempt += sum(1 for s in known.values() if s.new and s.run == run and s.rank == ev.rank)
-                    st = _Stream(run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), new=True)
+                    st = _Stream(run, ev.rank, attempt, SeqSet(), 0, ClockOffset(), frozenset(), new=True)
                 known[ev.stream] = st
                 added.append(ev.stream)
             if st.run != ev.run or st.rank != ev.rank:
@@ -557,7 +577,8 @@ class Ingestor:
         if row is None:
             return None
         seqs = SeqSet(row.received) if row.received is not None else SeqSet.up_to(row.last_seq)
-        return _Stream(row.run, row.rank, row.attempt, seqs, row.missing, ClockOffset(row.clock_offset))
+        known = None if row.step_fields is None else frozenset(row.step_fields)
+        return _Stream(row.run, row.rank, row.attempt, seqs, row.missing, ClockOffset(row.clock_offset), known)
 
     def _write(self, conn: Connection, parts: list[tuple[_Stream, _Segment]], known: dict[str, _Stream]) -> None:
         """Store the fresh events, given by segment (one stream's, in order): their rows, and what they tell of
@@ -565,6 +586,7 @@ class Ingestor:
         step_events: list[Event] = []
         step_fields: list[dict[str, Any]] = []
         counts: list[tuple[_Stream, int]] = []  # each part with steps: its stream and number of steps
+        held: list[set[str]] = []  # each part with steps: the field names its steps hold
         times: list[float] = []
         rows: dict[Any, list[dict]] = {t: [] for t in (evals, checkpoints, resumes, health)}
         stream_updates: dict[str, dict[str, Any]] = {}
@@ -593,10 +615,13 @@ class Ingestor:
                 step_events += events
                 step_fields += segment.fields
                 times += segment.times
+                held.append(_hold(st, su, segment.fields))
                 continue
             step_events += itertools.compress(events, stepping)
             step_fields += itertools.compress(segment.fields, stepping)
             times += itertools.compress(segment.times, stepping)
+            if count:
+                held.append(_hold(st, su, step_fields[-count:]))
             for ev in itertools.compress(events, map(operator.not_, stepping)):
                 f = ev.fields
                 if ev.kind == "eval":
@@ -654,7 +679,7 @@ class Ingestor:
                     if ev.rank == 0:
                         ru["status"] = f["status"]
         if step_events:
-            present = set().union(*step_fields)
+            present = set().union(*held)
             keys = _StepKeys(
                 _key_column([(st.run, n) for st, n in counts]),  # every event's run now (``_add_streams``)
                 _key_column([(st.rank, n) for st, n in counts]),
@@ -681,13 +706,23 @@ class Ingestor:
             st = known[stream]
             values = {
                 k: su[k]
-                for k in ("host", "last_time", "start", "end_status", "end_step", "end_error", "dropped_events")
+                for k in (
+                    "host",
+                    "last_time",
+                    "start",
+                    "end_status",
+                    "end_step",
+                    "end_error",
+                    "dropped_events",
+                    "step_fields",
+                )
                 if k in su
             }
             values.update(
                 last_seq=st.seqs.last, missing=st.missing, received=st.seqs.ranges(), clock_offset=st.clock.offset
             )
             if st.new:
+                values["step_fields"] = sorted(st.step_fields) if st.step_fields is not None else None
                 insert_stream(
                     conn,
                     stream=stream,

@@ -21,6 +21,7 @@ __all__ = [
     "SAMPLE_KEY",
     "SERIES_COLUMNS",
     "SUMMED_COLUMNS",
+    "SUMMED_FIELDS",
     "latest_step",
     "lowest_step_rank",
     "recent_steps",
@@ -45,6 +46,9 @@ SAMPLE_COLUMNS = (  # what the post-mortem reads of the sample: the per-rank tab
     *[f"phase_{p}" for p in ("data", "forward", "backward", "comm", "optimizer")],
 )
 SUMMED_COLUMNS = ("step_time", "tokens", *[f"phase_{p}" for p in PHASE_COLUMNS])  # what the bins sum
+SUMMED_FIELDS = frozenset(
+    ("step_time", "tokens", "phases")
+)  # the step fields those columns store (streams.step_fields)
 SERIES_COLUMNS = ("step", "attempt", "loss", "lr", "tokens", "step_time", *[f"phase_{p}" for p in PHASE_COLUMNS])
 _PHASES = [steps.c[f"phase_{p}"] for p in PHASE_COLUMNS]
 

@@ -239,6 +239,9 @@ streams = Table(
     Column("end_step", BigInteger),
     Column("end_error", Text),
     Column("dropped_events", BigInteger),
+    # The step fields (wire names) some stored step of the stream holds, sorted; NULL: not known (stored before
+    # revision 0005), readers scan the steps then. What a reader asks before a pass over every step.
+    Column("step_fields", JSON),
     Index("ix_streams_run_rank", "run", "rank"),
 )
 
