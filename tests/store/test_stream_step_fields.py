@@ -6,10 +6,14 @@ its new steps alone would deny what its old ones hold."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, select
 
+import trainmon.monitor.store.storage as storage_module
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.ingest import Ingestor
 from trainmon.monitor.config import DetectorsConfig
@@ -31,8 +35,7 @@ def _ingestor(store: Storage) -> Ingestor:
     return Ingestor(store, Engine(store, DetectorsConfig(), process=False), None)
 
 
-def test_the_record_grows_with_each_field_a_stream_stores() -> None:
-    store = Storage("sqlite://")
+def test_the_record_grows_with_each_field_a_stream_stores(store: Storage) -> None:
     ingestor = _ingestor(store)
     ingestor.ingest([_event("s0", 0, 0, "run_start", config={}), _event("s1", 1, 0, "run_start", config={})])
     assert _records(store) == {"s0": [], "s1": []}  # known, and nothing held yet: not NULL
@@ -52,12 +55,30 @@ def test_the_record_grows_with_each_field_a_stream_stores() -> None:
     assert _records(store)["s0"] == ["loss", "step", "tokens"]
 
 
-def test_an_unknown_record_stays_unknown() -> None:
-    """A stream stored before the record was kept (NULL), taken up by a collector started afresh: more steps, with a
-    field of their own, leave it unknown, so readers go on probing its steps."""
-    store = Storage("sqlite://")
-    _ingestor(store).ingest([_event("s0", 0, i, step=i, loss=2.0) for i in range(3)])
-    with store.engine.begin() as conn:
-        conn.execute(update(streams).values(step_fields=None))
-    _ingestor(store).ingest([_event("s0", 0, i, step=i, loss=1.0, step_time=0.3) for i in range(3, 6)])
-    assert _records(store) == {"s0": None}
+def test_a_stream_stored_before_the_record_stays_unknown(store: Storage) -> None:
+    """A stream an older collector stored (the schema at revision 0004, before the record), taken up after the upgrade
+    by a collector started afresh: more steps, with a field of their own, leave its record unknown, so readers go on
+    probing its steps; a stream started after the upgrade is recorded."""
+    url = store.url
+    store.close()
+    with create_engine(url).begin() as conn:  # the database as revision 0004 left it, with one stream stored
+        storage_module.metadata.drop_all(conn)
+        conn.exec_driver_sql("DROP TABLE alembic_version")
+        config = Config()
+        config.set_main_option("script_location", str(Path(storage_module.__file__).parent / "migrations"))
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0004")
+        conn.exec_driver_sql(
+            "INSERT INTO streams (stream, run, rank, attempt, host, started_at, last_seq, last_time, events, missing) "
+            "VALUES ('s0', 'r', 0, 0, 'h', 1000.0, 2, 1002.0, 3, 0)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO runs (run, created_at, updated_at, status) VALUES ('r', 1000.0, 1002.0, 'running')"
+        )
+    upgraded = Storage(url)  # migrates to the head
+    try:
+        _ingestor(upgraded).ingest([_event("s0", 0, i, step=i, loss=1.0, step_time=0.3) for i in range(3, 6)])
+        _ingestor(upgraded).ingest([_event("s1", 1, 0, step=0, loss=1.0)])
+        assert _records(upgraded) == {"s0": None, "s1": ["loss", "step"]}
+    finally:
+        upgraded.close()
