@@ -65,6 +65,9 @@ for eight windows of ``baseline``, the floors loose enough to leave a few in a h
 MADs."""
 _EXACT = 8
 """Entries the floors leave undecided whose exact MADs a screen computes at a time: it stops at the first one high."""
+_AHEAD = 256
+"""Entries a screen's floors judge at once, doubled each time: a rise stops the screen every 400 entries or so, and
+judging the run's rest at each start judged six times the entries there are (D_w1m: 6.4M for 1M)."""
 
 
 def _lr(f: dict[str, Any]) -> Any:
@@ -174,7 +177,8 @@ class _Run:
     window it leaves (only ever its last ``window`` changes, whatever the state): that window's values sorted, median,
     bounds on its MAD and whether it descends (``_descending``: from the bounds where they decide, else the exact MAD);
     the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists, the
-    absolute changes also as an array, ``ea``, and each recent window of them, unsorted, ``awin``; the LRs read when
+    absolute changes as an array, ``ea``, read as floats where the windows take them, and each recent window of them,
+    unsorted, ``awin``; the LRs read when
     asked, ``lrs``) and whether that one may join the baseline (past the warmup, the window not descending), which it
     does from the quiet state; and the baseline's windows were every one that may join to join (``joined``, from the
     baseline at the run's start, then the entries ``jidx``, and floors under their MADs: ``floors``), which hold from
@@ -185,7 +189,6 @@ class _Run:
         "awin",
         "b0",
         "cc",
-        "e_a",
         "e_d",
         "e_loss",
         "e_step",
@@ -203,14 +206,17 @@ class _Run:
         "rs",
     )
 
-    def __init__(self, det: LossNoise, fields: list[Any], losses: list[float], steps: list[int]) -> None:
+    def __init__(
+        self, det: LossNoise, fields: list[Any], losses: list[float], steps: list[int], array: np.ndarray
+    ) -> None:
+        """``array``: ``losses`` as an array (``observe_batch``'s where it made one: not made twice)."""
         c = det.config
         w = c.window
         old = list(det._recent)
         r0 = self.r0 = len(old)  # as many as the recent window holds: each entry adds one to both
         self.fields = fields
         n = len(losses)
-        both = np.array([det._prev, *losses])
+        both: np.ndarray = np.concatenate((np.array([det._prev], dtype=float), array))
         with np.errstate(over="ignore", under="ignore"):  # the ratio 0 or inf: the logs' difference below
             ratio = both[1:] / both[:-1]
         if ((ratio > 0.0) & (ratio < math.inf)).all():
@@ -220,7 +226,6 @@ class _Run:
         self.e_loss = [x[0] for x in old] + losses
         self.e_d = [x[1] for x in old] + d
         self.ea = np.concatenate((np.array([x[2] for x in old], dtype=float), both[1:] - both[:-1]))
-        self.e_a = self.ea.tolist()
         self.e_step = [x[4] for x in old] + steps
         self.old_lrs = [x[3] for x in old]
         self.pad = pad = max(0, w - r0)
@@ -342,6 +347,7 @@ class LossNoise(Detector):
         through ``observe``."""
         observe, n = self.observe, len(events)
         fields, others, (losses, steps) = columns(events, "loss", "step")
+        loss = None
         if not others and set(map(type, losses)) == {float}:
             loss = np.array(losses)
             simple = np.isfinite(loss) & (loss > 0.0)
@@ -351,7 +357,7 @@ class LossNoise(Detector):
         i = 0
         for stop in [*np.flatnonzero(~simple).tolist(), n]:
             if stop - i >= _RUN_MIN and self._screens:
-                self._run(events, attempts, i, stop, fields, losses, steps, out)
+                self._run(events, attempts, i, stop, fields, losses, steps, loss, out)
             else:
                 out.extend(map(observe, events[i:stop], attempts[i:stop]))
             if stop < n:
@@ -367,16 +373,19 @@ class LossNoise(Detector):
         fields: list[Any],
         losses: list[Any],
         steps: list[Any],
+        array: np.ndarray | None,
         out: list[list[Finding]],
     ) -> None:
         """``observe`` of the steps ``events[lo:hi]``, all with positive finite float losses: from the quiet state
         (``_quiet``) screened to the run's end or as far as ``_screen`` shows them quiet, the others through
-        ``observe``, ``_STRETCH`` at a time (more while screens decide nothing) between two looks at the state."""
+        ``observe``, ``_STRETCH`` at a time (more while screens decide nothing) between two looks at the state.
+        ``array``: the batch's losses as an array, where ``observe_batch`` made one."""
         observe = self.observe
         if self._prev is None:  # the first has no difference: observe keeps its loss
             out.append(observe(events[lo], attempts[lo]))
             lo += 1
-        run = _Run(self, fields[lo:hi], losses[lo:hi], steps[lo:hi])
+        cut = losses[lo:hi]
+        run = _Run(self, fields[lo:hi], cut, steps[lo:hi], np.array(cut) if array is None else array[lo:hi])
         k, n, back = 0, hi - lo, _STRETCH
         while k < n:
             stretch = _STRETCH
@@ -461,10 +470,10 @@ class LossNoise(Detector):
             at = at[-b:]
             self._levels.extend([run.e_loss[e] for e in at])
             self._bd.extend([ed[e] for e in at])
-            self._ba.extend([run.e_a[e] for e in at])
+            self._ba.extend(run.ea[at].tolist())
         first, last = run.r0 + k, run.r0 + stop
         kept = range(max(first, last - w), last)  # the entries the recent window keeps
-        recent = self._recent
+        recent, kept_a = self._recent, run.ea[kept.start : last].tolist()
         if m >= w:
             recent.clear()
         else:
@@ -474,14 +483,14 @@ class LossNoise(Detector):
             zip(
                 run.e_loss[kept.start : last],
                 ed[kept.start : last],
-                run.e_a[kept.start : last],
+                kept_a,
                 run.lrs(kept),
                 run.e_step[kept.start : last],
                 strict=True,
             )
         )
         self._rd.extend(ed[kept.start : last])  # all finite: the last window's worth is what it keeps
-        self._ra.extend(run.e_a[kept.start : last])
+        self._ra.extend(kept_a)
         self._rlr.extend(run.last_lrs(range(first, last), w))
         self._prints.extend([run.fields[e - run.r0].get("batch_fingerprint") for e in kept])
         return stop, stop == end
@@ -494,18 +503,22 @@ class LossNoise(Detector):
         (positive) and its baseline's row (``_screen``'s windows)."""
         c = self.config
         b, bar, off = c.baseline, c.admit_ratio, run.off
-        below = floors[rows]
-        with np.errstate(divide="ignore", invalid="ignore"):  # a zero floor or MAD decides nothing
-            undecided = np.flatnonzero(~((below > 0.0) & (run.rhi[i + off : len(rows) + i + off] / below < bar)))
-        for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
-            q = undecided[at : at + _EXACT]
-            bdm = sorted_mads(np.sort(seq[rows[q][:, None] + np.arange(b)], axis=1))
-            with np.errstate(divide="ignore", invalid="ignore"):  # the recent MAD's upper bound shows most quiet
-                maybe = np.flatnonzero((bdm > 0.0) & ~(run.rhi[q + (i + off)] / bdm < bar)).tolist()
-            for p in maybe:
-                e = i + int(q[p])
-                if sorted_mad(run.rs[e + off].tolist()) / bdm[p] >= bar:
-                    yield e, float(bdm[p]), int(rows[q[p]])
+        window, lo, ahead = np.arange(b), 0, _AHEAD
+        while lo < len(rows):
+            below = floors[rows[lo : lo + ahead]]
+            rhi = run.rhi[lo + i + off : lo + i + off + len(below)]
+            with np.errstate(divide="ignore", invalid="ignore"):  # a zero floor or MAD decides nothing
+                undecided = np.flatnonzero(~((below > 0.0) & (rhi / below < bar))) + lo
+            for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
+                q = undecided[at : at + _EXACT]
+                bdm = sorted_mads(np.sort(seq[rows[q][:, None] + window], axis=1))
+                with np.errstate(divide="ignore", invalid="ignore"):  # the recent MAD's upper bound shows most quiet
+                    maybe = np.flatnonzero((bdm > 0.0) & ~(run.rhi[q + (i + off)] / bdm < bar)).tolist()
+                for p in maybe:
+                    e = i + int(q[p])
+                    if sorted_mad(run.rs[e + off].tolist()) / bdm[p] >= bar:
+                        yield e, float(bdm[p]), int(rows[q[p]])
+            lo, ahead = lo + ahead, 2 * ahead
 
     def _follow(self, run: _Run, e: int, bdm: float, bam: float) -> int | None:
         """Where the noise from ``e`` (the relative noise high, its baselines' MADs ``bdm``, positive, and ``bam``) is
