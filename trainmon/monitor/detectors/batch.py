@@ -39,7 +39,7 @@ class Reading:
     some names are. Detectors share it while it is open (``with read(events)``): the lists it holds are read, never
     handed out (:func:`columns` copies them)."""
 
-    __slots__ = ("_carrying", "_columns", "_keys", "ends", "events", "fields", "kinds")
+    __slots__ = ("_carrying", "_columns", "_kept", "_keys", "at", "ends", "events", "fields", "kinds")
 
     def __init__(
         self, events: list[Event], fields: list[dict[str, Any]] | None = None, kinds: list[str] | None = None
@@ -55,6 +55,9 @@ class Reading:
         self._keys: frozenset[str] | None = None
         self._columns: dict[str, list[Any]] = {}
         self._carrying: dict[frozenset[str], list[int]] = {}
+        self._kept: dict[frozenset[str], Reading | None] = {}
+        self.at: list[int] = []
+        """Of a reading made by :meth:`kept`: where its events are in the batch it was kept from."""
 
     def __enter__(self) -> Reading:
         """Open: :func:`read` of its very list answers with it in this thread until it is closed (opened again while
@@ -65,7 +68,12 @@ class Reading:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        _READINGS.open.remove(self)
+        opened = _READINGS.open
+        opened.remove(self)
+        if self._kept and self not in opened:  # the outer close: what it kept closes with it
+            for part in filter(None, self._kept.values()):
+                opened.remove(part)
+            self._kept.clear()
 
     @property
     def keys(self) -> frozenset[str]:
@@ -73,6 +81,27 @@ class Reading:
         if self._keys is None:
             self._keys = frozenset().union(*self.fields)
         return self._keys
+
+    def kept(self, kinds: frozenset[str]) -> Reading | None:
+        """The reading of this open batch's events of ``kinds`` (some of its kinds, not all), in order, as a list of
+        their own, None where there are none: made once a batch for every detector of both its groups that reads
+        those kinds alone (an HF log's evals in a batch of steps: a dozen detectors), and open until this one closes.
+        Made for each detector, their lists, readings and the outputs spread back over the batch cost the driver 6x
+        the CPU per event on a log with evals (0.42 s on 300k steps and 300 evals, against 0.1 s on 1M steps)."""
+        part = self._kept.get(kinds, self)
+        if part is self:
+            at = list(compress(range(len(self.kinds)), map(kinds.__contains__, self.kinds)))
+            part = None
+            if at:
+                part = Reading(
+                    list(map(self.events.__getitem__, at)),
+                    list(map(self.fields.__getitem__, at)),
+                    list(map(self.kinds.__getitem__, at)),
+                )
+                part.at = at
+                _READINGS.open.append(part)
+            self._kept[kinds] = part
+        return part
 
     def column(self, name: str) -> list[Any]:
         """The field ``name`` of each event, None where it is absent."""
