@@ -89,6 +89,11 @@ def _lrs(fields: list[dict[str, Any]]) -> list[Any]:
     return list(map(_lr, fields))
 
 
+def _indices(entries: range | np.ndarray) -> Sequence[int]:
+    """``entries`` as ints: an array's as a list."""
+    return entries.tolist() if isinstance(entries, np.ndarray) else entries
+
+
 def _log_change(loss: float, prev: float) -> float:
     """The change of the log loss: the log of the ratio, or where the two losses are hundreds of decades apart (the
     ratio 0 or infinite), the difference of the logs."""
@@ -262,12 +267,13 @@ class _Run:
         fields, r0 = self.fields, self.r0
         return [self.old_lrs[e] for e in entries[:cut]] + _lrs([fields[e - r0] for e in entries[cut:]])
 
-    def last_lrs(self, entries: Sequence[int], size: int) -> list[Any]:
-        """The last ``size`` LRs logged by ``entries`` (``e_*`` indices, ascending), in order."""
-        found = self.lrs(entries[-size:])
+    def last_lrs(self, entries: range | np.ndarray, size: int) -> list[Any]:
+        """The last ``size`` LRs logged by ``entries`` (``e_*`` indices, ascending), in order: as ints read only as far
+        back as a step without an LR makes it look."""
+        found = self.lrs(_indices(entries[-size:]))
         if None not in found:
             return found
-        return [lr for lr in self.lrs(entries) if lr is not None][-size:]
+        return [lr for lr in self.lrs(_indices(entries)) if lr is not None][-size:]
 
 
 class LossNoise(Detector):
@@ -463,11 +469,12 @@ class LossNoise(Detector):
         out.extend([NOTHING] * m)
         self._prev = run.e_loss[run.r0 + stop - 1]
         ed = run.e_d
-        at = (np.flatnonzero(run.joins[k:stop] & ~out_of[k:stop]) + (k + run.r0 - w)).tolist()  # those joined
-        if at:
-            self._admitted += len(at)
-            self._blr.extend(run.last_lrs(at, b))
-            at = at[-b:]
+        # those joined, as an array: the windows keep the last b, read as ints (not all of a run's thousands)
+        joined = np.flatnonzero(run.joins[k:stop] & ~out_of[k:stop]) + (k + run.r0 - w)
+        if len(joined):
+            self._admitted += len(joined)
+            self._blr.extend(run.last_lrs(joined, b))
+            at = joined[-b:].tolist()
             self._levels.extend([run.e_loss[e] for e in at])
             self._bd.extend([ed[e] for e in at])
             self._ba.extend(run.ea[at].tolist())
