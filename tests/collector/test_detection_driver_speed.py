@@ -1,7 +1,8 @@
 """A batch's events of the kinds some detectors read alone (``batch.Reading.kept``: its steps without the evals, health
 and heartbeats between them) are one list and one reading for all those detectors of both its groups, and their
 outputs are mapped back to the batch's events by index: what they find, and where in the order, is what the detectors
-fed one event at a time find; and nothing the batch kept stays open once it is done.
+fed one event at a time find; and nothing the batch kept stays open once it is done. A kept reading (its lists and
+columns cut from its batch's) reads what a reading of those events alone reads.
 
 The traces are the detection benchmark's (one per fault kind, and clean controls with evals, checkpoints and health),
 with heartbeats between steps, cut into batches as the detection child gets them (through the pipe's columns)."""
@@ -18,6 +19,7 @@ from trainmon.monitor.collector import detection_process as dp
 from trainmon.monitor.collector.detection import Detection, Found, Keyed
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import batch as batch_module
+from trainmon.monitor.detectors.batch import Reading, read
 from trainmon.wire import Event
 
 Items = list[tuple[Event, int]]
@@ -62,3 +64,33 @@ def test_the_kinds_kept_for_some_detectors_find_what_each_event_alone_finds(name
     assert found == _one_at_a_time(items)
     if not TRACES[name].clean:
         assert found, "a fault trace whose detectors found nothing proves nothing"
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_kept_reading_reads_what_a_reading_of_its_events_alone_reads(seed: int) -> None:
+    rng = random.Random(seed)
+    kinds = ["step", "eval", "run_start", "health", "checkpoint"]
+    events = [
+        Event(rng.choice(kinds) if rng.random() < 0.3 else "step", "r", 0, "h", "s", i, float(i), fields)
+        for i, fields in enumerate(
+            {name: i for name in rng.sample(["step", "loss", "lr", "acc"], rng.randint(0, 3))}
+            for i in range(rng.randint(1, 40))
+        )
+    ]
+    keep = frozenset(rng.sample(kinds, rng.randint(1, 4)))
+    with Reading(events) as whole:
+        whole.column(rng.choice(["loss", "step"]))  # asked of the whole batch first, or not
+        kept = whole.kept(keep)
+        if kept is None:
+            assert not any(e.kind in keep for e in events)
+            return
+        alone = Reading([e for e in events if e.kind in keep])
+        assert read(kept.events) is kept
+        assert kept.events == alone.events and kept.fields == alone.fields and kept.kinds == alone.kinds
+        assert kept.ends == alone.ends and kept.keys == alone.keys
+        assert kept.at == [i for i, e in enumerate(events) if e.kind in keep]
+        assert kept.cut(list(range(len(events)))) == kept.at
+        for name in ("step", "loss", "lr", "acc", "absent"):
+            assert kept.column(name) == alone.column(name)
+        assert whole.kept(keep) is kept
+    assert batch_module._READINGS.open == []

@@ -89,7 +89,7 @@ class _Group:
 def _part(batch: Reading, kinds: frozenset[str], attempts: list[int]) -> tuple[Reading, list[int]] | None:
     """The batch's events of ``kinds`` (:meth:`.batch.Reading.kept`) and their attempts, None where there are none."""
     kept = batch.kept(kinds) if kinds else None
-    return None if kept is None else (kept, list(map(attempts.__getitem__, kept.at)))
+    return None if kept is None else (kept, kept.cut(attempts))
 
 
 class Detection:
