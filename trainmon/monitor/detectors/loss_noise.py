@@ -181,23 +181,23 @@ class _Run:
     the detector's state does not change about them, computed once. Each entry's log and absolute change; the recent
     window it leaves (only ever its last ``window`` changes, whatever the state): that window's values sorted, median,
     bounds on its MAD and whether it descends (``_descending``: from the bounds where they decide, else the exact MAD);
-    the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists, the
-    absolute changes as an array, ``ea``, read as floats where the windows take them, and each recent window of them,
-    unsorted, ``awin``; the LRs read when
-    asked, ``lrs``) and whether that one may join the baseline (past the warmup, the window not descending), which it
-    does from the quiet state; and the baseline's windows were every one that may join to join (``joined``, from the
-    baseline at the run's start, then the entries ``jidx``, and floors under their MADs: ``floors``), which hold from
-    the quiet state unless an earlier stretch kept some out, until ``baseline`` more have joined. ``pad``: the entries
-    before the recent window is full, which no screen takes."""
+    the entry it pushes out of the window (``recent`` at the run's start, then the run's own: ``e_*`` lists, the log and
+    absolute changes as arrays, ``ed`` and ``ea``, read as floats only where the windows take them, and each recent
+    window of the absolute ones, unsorted, ``awin``; the LRs read when asked, ``lrs``) and whether that one may join the
+    baseline (past the warmup, the window not descending), which it does from the quiet state; and the baseline's
+    windows were every one that may join to join (``joined``, from the baseline at the run's start, then the entries
+    ``jidx``, and floors under their MADs: ``floors``), which hold from the quiet state unless an earlier stretch kept
+    some out, until ``baseline`` more have joined. ``pad``: the entries before the recent window is full, which no
+    screen takes."""
 
     __slots__ = (
         "awin",
         "b0",
         "cc",
-        "e_d",
         "e_loss",
         "e_step",
         "ea",
+        "ed",
         "fields",
         "floors",
         "jidx",
@@ -225,11 +225,11 @@ class _Run:
         with np.errstate(over="ignore", under="ignore"):  # the ratio 0 or inf: the logs' difference below
             ratio = both[1:] / both[:-1]
         if ((ratio > 0.0) & (ratio < math.inf)).all():
-            d = list(map(_log, ratio.tolist()))  # _log_change's, where the ratio is a positive finite float
+            d = np.fromiter(map(_log, ratio.tolist()), float, n)  # _log_change's, where the ratio is positive finite
         else:
-            d = list(map(_log_change, losses, both[:-1].tolist()))
+            d = np.fromiter(map(_log_change, losses, both[:-1].tolist()), float, n)
         self.e_loss = [x[0] for x in old] + losses
-        self.e_d = [x[1] for x in old] + d
+        self.ed = ed = np.concatenate((np.array([x[1] for x in old], dtype=float), d))
         self.ea = np.concatenate((np.array([x[2] for x in old], dtype=float), both[1:] - both[:-1]))
         self.e_step = [x[4] for x in old] + steps
         self.old_lrs = [x[3] for x in old]
@@ -240,7 +240,6 @@ class _Run:
         self.b0 = 0
         if n <= pad:
             return
-        ed = np.array(self.e_d)
         rs, med, rlo, rhi = window_bounds(ed[1:], w)
         self.rs, self.rhi = rs, rhi
         self.awin = sliding_window_view(self.ea[1:], w)  # entry k's absolute window: row k + off, unsorted
@@ -468,7 +467,6 @@ class LossNoise(Detector):
         # the state as m entries of observe leave it
         out.extend([NOTHING] * m)
         self._prev = run.e_loss[run.r0 + stop - 1]
-        ed = run.e_d
         # those joined, as an array: the windows keep the last b, read as ints (not all of a run's thousands)
         joined = np.flatnonzero(run.joins[k:stop] & ~out_of[k:stop]) + (k + run.r0 - w)
         if len(joined):
@@ -476,11 +474,11 @@ class LossNoise(Detector):
             self._blr.extend(run.last_lrs(joined, b))
             at = joined[-b:].tolist()
             self._levels.extend([run.e_loss[e] for e in at])
-            self._bd.extend([ed[e] for e in at])
+            self._bd.extend(run.ed[at].tolist())
             self._ba.extend(run.ea[at].tolist())
         first, last = run.r0 + k, run.r0 + stop
         kept = range(max(first, last - w), last)  # the entries the recent window keeps
-        recent, kept_a = self._recent, run.ea[kept.start : last].tolist()
+        recent, kept_d, kept_a = self._recent, run.ed[kept.start : last].tolist(), run.ea[kept.start : last].tolist()
         if m >= w:
             recent.clear()
         else:
@@ -489,14 +487,14 @@ class LossNoise(Detector):
         recent.extend(
             zip(
                 run.e_loss[kept.start : last],
-                ed[kept.start : last],
+                kept_d,
                 kept_a,
                 run.lrs(kept),
                 run.e_step[kept.start : last],
                 strict=True,
             )
         )
-        self._rd.extend(ed[kept.start : last])  # all finite: the last window's worth is what it keeps
+        self._rd.extend(kept_d)  # all finite: the last window's worth is what it keeps
         self._ra.extend(kept_a)
         self._rlr.extend(run.last_lrs(range(first, last), w))
         self._prints.extend([run.fields[e - run.r0].get("batch_fingerprint") for e in kept])
