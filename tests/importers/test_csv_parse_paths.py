@@ -2,11 +2,13 @@
 
 A column whose every cell is a number (read by pandas, or every cell read by ``float``) is given on every
 row without asking each cell, and its values are the column itself; a loss of one finite term is that term
-(``math.fsum`` of one term), but a -0.0, which ``fsum`` makes 0.0.
+(``math.fsum`` of one term), but a -0.0, which ``fsum`` makes 0.0; the median gap of HF steps asked of an array
+is the one sorted Python ints gave.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -73,3 +75,18 @@ def test_given_rows_and_values_are_the_cells_that_hold_a_number(cells: list[list
         assert rows.given(j).tolist() == [x is not None for x in col]
         assert same(rows.values(j), [x for x in col if x is not None])
         assert same(rows.select([j]).given(0).tolist(), [x is not None for x in col])
+
+
+def _old_mean_over(train_steps: list[int]) -> float | None:
+    """``_parse_table``'s rule before it asked an array (at 4c55103)."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
+    return float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 2**53), st.integers(0, 40)), min_size=2, max_size=40))
+@example([0, 2**53])
+@example([10, 20, 30, 40])
+@example([5, 5, 4])
+def test_the_steps_a_loss_is_the_mean_over_are_the_median_gap(steps: list[int]) -> None:
+    assert same(csv_importer._mean_over(steps), _old_mean_over(steps))

@@ -581,9 +581,20 @@ def _parse_table(path: Path, header: list[str], rows: Rows, user: dict[str, str]
     config["step_base_from"] = why
     mean_over = None
     if names[cols["step"]].lower() in _HF_STEPS and len(train_steps := _train_steps(items)) > 1:
-        gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
-        mean_over = float(gaps[len(gaps) // 2]) if gaps and gaps[len(gaps) // 2] > 1 else None
+        mean_over = _mean_over(train_steps)
     return items, _Table(fmt, "lightning" if lightning else "csv", base, config, notes, mean_over)
+
+
+def _mean_over(train_steps: list[int]) -> float | None:
+    """The steps HF's logged loss is the mean over: the median gap between training steps that go up (the upper
+    of the two middle ones), None when it is 1. Asked of an array: the gaps of a million steps sorted as Python
+    ints took 0.08 s."""
+    gaps = np.diff(np.array(train_steps, dtype=np.int64))  # steps are at most 2**53: exact
+    gaps = gaps[gaps > 0]
+    if not len(gaps):
+        return None
+    middle = int(np.partition(gaps, len(gaps) // 2)[len(gaps) // 2])
+    return float(middle) if middle > 1 else None
 
 
 @dataclass
