@@ -79,6 +79,7 @@ def test_a_kept_reading_reads_what_a_reading_of_its_events_alone_reads(seed: int
     ]
     keep = frozenset(rng.sample(kinds, rng.randint(1, 4)))
     with Reading(events) as whole:
+        assert whole.present == {e.kind for e in events}
         whole.column(rng.choice(["loss", "step"]))  # asked of the whole batch first, or not
         kept = whole.kept(keep)
         if kept is None:

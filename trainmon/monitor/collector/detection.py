@@ -57,7 +57,7 @@ class _Group:
         failed: list[Detector] = []
         parts: dict[frozenset[str], tuple[Reading, list[int]] | None] = {}
         with read(events) as batch:
-            present = frozenset(batch.kinds)
+            present = batch.present
             for pos, det in zip(self.places, self.dets, strict=True):
                 reads = det.consumes
                 if reads is None or present <= reads:

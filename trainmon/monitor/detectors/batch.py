@@ -32,6 +32,7 @@ with ``take`` asked once a chunk, and the walk is back to deciding runs within a
 _FIELDS, _KIND = operator.attrgetter("fields"), operator.attrgetter("kind")
 _T = TypeVar("_T")
 _NONE: frozenset[str] = frozenset()
+_STEP = frozenset(("step",))
 
 
 class Reading:
@@ -96,6 +97,14 @@ class Reading:
         if self._keys is None:
             self._keys = frozenset().union(*self.fields)
         return self._keys
+
+    @property
+    def present(self) -> frozenset[str]:
+        """The kinds of its events, from where its runs of steps end rather than a look at each (a frozenset of 5,000
+        kinds: 36 us, twice a batch)."""
+        others = self.ends[:-1]
+        present = frozenset(map(self.kinds.__getitem__, others))
+        return present | _STEP if len(others) < len(self.kinds) else present
 
     def kept(self, kinds: frozenset[str]) -> Reading | None:
         """The reading of this open batch's events of ``kinds`` (some of its kinds, not all), in order, as a list of
