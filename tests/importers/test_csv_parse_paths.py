@@ -3,7 +3,7 @@
 A column whose every cell is a number (read by pandas, or every cell read by ``float``) is given on every
 row without asking each cell, and its values are the column itself; a loss of one finite term is that term
 (``math.fsum`` of one term), but a -0.0, which ``fsum`` makes 0.0; the median gap of HF steps asked of an array
-is the one sorted Python ints gave.
+is the one sorted Python ints gave; a sparse column's numbers read at C speed are what ``to_float`` reads.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.bitwise import same
 from trainmon.monitor.importers import csv as csv_importer
+from trainmon.monitor.importers.common import to_float
 from trainmon.monitor.importers.csv import Rows
 from trainmon.monitor.importers.structure import combine
 
@@ -90,3 +91,17 @@ def _old_mean_over(train_steps: list[int]) -> float | None:
 @example([5, 5, 4])
 def test_the_steps_a_loss_is_the_mean_over_are_the_median_gap(steps: list[int]) -> None:
     assert same(csv_importer._mean_over(steps), _old_mean_over(steps))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(_CELL, _CELL, _FINITE, st.sampled_from(["", "", True, False, 3, -0.0, "-nan"])), max_size=30))
+@example(["", "1.5", "", "-0.0"])
+@example(["", "1.5", True])
+def test_a_sparse_column_is_read_as_to_float_reads_each_cell(cells: list[Any]) -> None:
+    """Numbers and empty cells (Lightning's sparse rows) read at C speed; a cell of spaces, text or another type
+    (a JSON table's ``true``) as ``to_float`` reads it; a column ``float`` reads whole, as it always was."""
+    try:
+        want = list(map(float, cells)), True
+    except ValueError:
+        want = [to_float(c) for c in cells], False
+    assert same(csv_importer._column_floats(cells), want)
