@@ -7,15 +7,19 @@ Each test writes a small log with a known answer; the real logs 85-95 are judged
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from trainmon.monitor.analysis.postmortem import import_file, summarize
 from trainmon.monitor.importers import read_events
+from trainmon.monitor.importers.structure import logging_interval
 from trainmon.monitor.store.storage import Storage
 from trainmon.wire import Event
 
@@ -490,3 +494,25 @@ def test_one_row_per_epoch_tables(tmp_path: Path) -> None:
     assert next(e.fields["metrics"] for e in events if e.kind == "eval") == {"accuracy": 0.5}
     (s,) = _summaries(keras)
     assert s["steps"] == 20
+
+
+def _sorted_interval(steps: list[Any]) -> Any:
+    """The logging interval as every importer computed it before ``logging_interval``: Python's sorted gaps."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.integers(0, 40), st.integers(0, 2**53), st.integers(-(2**70), 2**70), st.floats(0, 1e6)),
+        max_size=40,
+    )
+)
+@example([0, 2**62, 2**62 + 1])
+@example([-5, 10, 20])
+@example([1.5, 3.0, 4.5])
+def test_logging_interval_is_the_upper_middle_rise(steps: list[Any]) -> None:
+    """The array path (ints that fit) and the Python one give the sorted gaps' upper middle, type and all."""
+    got, want = logging_interval(steps), _sorted_interval(steps)
+    assert got == want and type(got) is type(want)

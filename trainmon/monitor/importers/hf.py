@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import json
 import logging
 import math
@@ -75,7 +74,7 @@ from trainmon.monitor.importers.common import (
     to_count,
     to_float,
 )
-from trainmon.monitor.importers.structure import is_reward_name
+from trainmon.monitor.importers.structure import is_reward_name, logging_interval
 from trainmon.wire import MAX_INT
 
 __all__ = ["looks_like_hf", "parse_hf"]
@@ -423,9 +422,8 @@ def parse_hf(path: Path) -> tuple[list[Item], LogMeta]:
     global_step = to_count(state.get("global_step"))
     logging_steps = to_float(state.get("logging_steps"))
     if logging_steps is None:
-        train_steps = [it.step for it in items if isinstance(it, TrainPoint)]
-        gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
-        logging_steps = float(gaps[len(gaps) // 2]) if gaps else None
+        interval = logging_interval([it.step for it in items if isinstance(it, TrainPoint)])
+        logging_steps = float(interval) if interval is not None else None
     last = prev_train_step  # the last training row's step
     ends_at_checkpoint: int | None = None
     if finished or (max_steps and global_step is not None and global_step >= max_steps):

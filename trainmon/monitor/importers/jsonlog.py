@@ -97,7 +97,7 @@ from trainmon.monitor.importers.common import (
     to_count,
     to_float,
 )
-from trainmon.monitor.importers.structure import eval_point_values, eval_sets
+from trainmon.monitor.importers.structure import eval_point_values, eval_sets, logging_interval
 
 __all__ = [
     "looks_like_llamafactory",
@@ -689,8 +689,7 @@ def _assemble(rows: list[_Row], *, clock_offset: float = 0.0) -> tuple[list[Item
             f"{len(sets_seen)} evaluation sets ({', '.join(sets_seen)}), each with its own loss and metrics: the "
             f"eval loss is {primary_set}'s; the others are in each eval's metrics as SET/loss and SET/METRIC"
         )
-    gaps = sorted(b - a for a, b in itertools.pairwise(train_steps) if b > a)
-    interval = gaps[len(gaps) // 2] if gaps else None
+    interval = logging_interval(train_steps)
     if interval:
         config["logging_steps"] = interval
         if interval > 1:
