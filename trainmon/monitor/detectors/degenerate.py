@@ -136,13 +136,13 @@ class _Screen(NamedTuple):
 
 
 def _screen(events: list[Event]) -> _Screen:
-    with read(events):  # one reading for the columns and the look for skips (the engine's is of another list where
-        # it leaves kinds out)
+    with read(events) as batch:  # one reading for the columns, arrays and the look for skips (the engine's is of
+        # another list where it leaves kinds out)
         fields, others, (losses, norms, skipped) = columns(events, "loss", "grad_norm", "skipped")
         skips = carries(events, "skipped")
-    # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-    loss = np.array(losses, dtype=float)
-    norm = np.array(norms, dtype=float)
+        # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
+        # (the batch's arrays, which other detectors read too)
+        loss, norm = batch.floats("loss"), batch.floats("grad_norm")
     kept = np.isfinite(loss)
     quiet = ~kept | ((loss != 0.0) & (norm != 0.0))
     quiet[others] = False

@@ -91,7 +91,6 @@ import collections
 import dataclasses
 import itertools
 import math
-import operator
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -100,7 +99,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import observe_runs, read
+from trainmon.monitor.detectors.batch import Reading, observe_runs, read
 from trainmon.monitor.detectors.eval_regression import metric_direction
 from trainmon.monitor.detectors.rolling import RollingWindow
 from trainmon.wire import Event
@@ -110,7 +109,8 @@ __all__ = ["Divergence", "DivergenceConfig"]
 _GAPS = 16  # the gaps between logged entries that tell a sparse log
 _NOISE = 64  # the successive differences whose median is the per-entry noise
 _INF = math.inf
-_STEP, _LOSS = operator.itemgetter("step"), operator.itemgetter("loss")
+_FLOAT: frozenset[type] = frozenset((float,))
+_INT: frozenset[type] = frozenset((int,))
 _BULK = 32  # step events in a row from which a batch reads them in one look (numpy's fixed cost is a few us)
 _EXACT_INT = 2**53  # steps below it: their gaps are exact in int64 and their values in float64
 
@@ -430,31 +430,32 @@ class _Run:
     bars: list[int]
 
     @classmethod
-    def read(cls, det: Divergence, fields: list[dict[str, Any]]) -> _Run | None:
-        """The run as :meth:`Divergence._on_loss` would see it entry by entry from ``det``'s state, or None where
-        reading it at once could differ: a loss that is absent or not a finite nonzero float (an int rounds and prints
-        otherwise; -0.0 and 0.0 sort in arrival order), steps that do not increase or are too large for exact
-        arithmetic, a sparse log, entries before the gate, the first median window, or a smoothed loss that
-        overflows."""
+    def read(cls, det: Divergence, batch: Reading, lo: int, hi: int) -> _Run | None:
+        """The steps ``lo`` to ``hi`` of ``batch`` as :meth:`Divergence._on_loss` would see them entry by entry
+        from ``det``'s state, or None where reading them at once could differ: a loss that is absent or not a finite
+        nonzero float (an int rounds and prints otherwise; -0.0 and 0.0 sort in arrival order), steps that do not
+        increase or are too large for exact arithmetic, a sparse log, entries before the gate, the first median window,
+        or a smoothed loss that overflows.
+
+        Their losses and step numbers are the batch's columns, and their types are looked at once a batch (other
+        detectors read and ask them too: D_w1m's divergence CPU in the detection child 0.21 -> 0.17 s)."""
         cfg = det.config
         size = cfg.median_of
-        try:
-            losses = list(map(_LOSS, fields))
-        except KeyError:
-            return None
-        steps = list(map(_STEP, fields))
         recent = list(det._recent_steps)
-        both = recent + steps  # the window's steps, then the run's
         window = det._raw.values()
         if (
             det._entries < size
             or det._ema is None
             or len(det._gaps) < _GAPS
-            or list(map(type, losses)).count(float) != len(losses)  # a count in C: half a set's cost
-            or list(map(type, both)).count(int) != len(both)
+            or not batch.only("loss", _FLOAT, lo, hi)  # (an absent loss reads None)
+            or not batch.only("step", _INT, lo, hi)
+            or list(map(type, recent)).count(int) != len(recent)
             or 0.0 in window
         ):
             return None
+        fields = batch.fields[lo:hi]
+        losses, steps = batch.column("loss")[lo:hi], batch.column("step")[lo:hi]
+        both = recent + steps  # the window's steps, then the run's
         # (known ints and floats: np.fromiter reads them a fifth to a third faster than np.array)
         try:
             stepped = np.fromiter(both, np.int64, len(both))
@@ -628,7 +629,7 @@ class Divergence(Detector):
                     or fields[i]["step"] < self._gate
                 ):
                     return i
-                run, first, end = _Run.read(self, fields[i:stop]), i, stop
+                run, first, end = _Run.read(self, batch, i, stop), i, stop
             if run is None:
                 return i
             k = i - first

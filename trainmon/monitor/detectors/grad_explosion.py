@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns, observe_runs
+from trainmon.monitor.detectors.batch import columns, observe_runs, read
 from trainmon.monitor.detectors.rolling import LazyWindow
 from trainmon.wire import Event
 
@@ -187,8 +187,9 @@ def _screen(events: list[Event]) -> _Screen:
     n = len(events)
     _, others, (norms, losses, coefs, layers) = columns(events, "grad_norm", "loss", "clip_coef", "layer_grad_norms")
     # a validated event's loss, grad norm and clip coefficient are floats when present (trainmon.wire); absent reads as
-    # NaN here
-    norm = np.array(norms, dtype=float)
+    # NaN here (the batch's arrays, which other detectors read too)
+    batch = read(events)
+    norm = batch.floats("grad_norm")
     judged = np.isfinite(norm) & (norm > 0.0)
     x = np.full(n, np.inf)
     np.log(norm, out=x, where=judged)
@@ -196,7 +197,7 @@ def _screen(events: list[Event]) -> _Screen:
     plain[others] = False
     if coefs.count(None) != n:
         plain &= ~np.isfinite(np.array(coefs, dtype=float))
-    kept = np.isfinite(np.array(losses, dtype=float))
+    kept = np.isfinite(batch.floats("loss"))
     return _Screen(norms, losses, layers if layers.count(None) != n else None, judged, x, kept, plain)
 
 

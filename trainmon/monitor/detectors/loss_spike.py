@@ -95,7 +95,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from trainmon.monitor.core.fmt import fmt
 from trainmon.monitor.detectors.base import NOTHING, POSITIVE, Detector, Finding, finite
-from trainmon.monitor.detectors.batch import Columns, columns
+from trainmon.monitor.detectors.batch import Columns, Reading, columns, read
 from trainmon.monitor.detectors.rolling import RollingWindow, sorted_median, sorted_quantile
 from trainmon.wire import Event
 
@@ -227,6 +227,16 @@ def _noise(mid: float, n: int, level: float) -> float:
     return 1e-6 if sigma < 1e-6 else sigma
 
 
+def _noises(mids: np.ndarray, n: int, levels: np.ndarray | float) -> np.ndarray:
+    """:func:`_noise` of each of ``mids`` (with its level), the same operations in the same order over arrays (numpy
+    rounds each as Python's floats do): the screen asks it of every gate it opens and every loud entry, 0.13 M calls
+    on a million steps where a call cost 0.5 us."""
+    sigma = 1.4826 * mids / _SQRT2 * (1.0 + 1.7 / math.sqrt(n))
+    floor = np.abs(levels) * 1e-3
+    sigma = np.where(floor > sigma, floor, sigma)
+    return np.where(sigma < 1e-6, 1e-6, sigma)
+
+
 def _gaps(xs: Any) -> list[Any]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
@@ -289,8 +299,8 @@ _SCREEN_MIN = 64
 """Steps in a row that ``observe_batch`` screens at once; fewer are read one at a time (the screen's set-up costs
 about what ``observe`` does for this many)."""
 
-_OPTIONAL_FLOATS = frozenset((float, type(None)))
-_INTS = frozenset((int,))
+_OPTIONAL_FLOATS: frozenset[type] = frozenset((float, type(None)))
+_INTS: frozenset[type] = frozenset((int,))
 
 
 class LossSpike(Detector):
@@ -616,11 +626,12 @@ class LossSpike(Detector):
             return
         observe = self.observe
         batch = columns(events, "loss", "step")
+        reading = read(events)
         i = 0
         for end in [*batch.others, n]:
             while i < end:
                 if end - i >= _SCREEN_MIN and self._settled():
-                    i = self._screen(events, attempts, batch, i, end, out)
+                    i = self._screen(events, attempts, reading, batch, i, end, out)
                 else:
                     out.append(observe(events[i], attempts[i]))
                     i += 1
@@ -643,7 +654,14 @@ class LossSpike(Detector):
 
     @np.errstate(over="ignore", invalid="ignore")  # two huge losses' sum or difference is inf, as Python's floats
     def _screen(
-        self, events: list[Event], attempts: list[int], batch: Columns, lo: int, hi: int, out: list[list[Finding]]
+        self,
+        events: list[Event],
+        attempts: list[int],
+        reading: Reading,
+        batch: Columns,
+        lo: int,
+        hi: int,
+        out: list[list[Finding]],
     ) -> int:
         """Steps ``lo`` to ``hi`` of a settled detector, as ``observe`` reads them: the entries it reads in full found
         in one look at the batch, every other step applied to the state in bulk. Returns where it stopped: ``hi``, or
@@ -662,8 +680,11 @@ class LossSpike(Detector):
         fields = batch.fields[lo:hi]
         losses, steps = (column[lo:hi] for column in batch.values)
         ds = None
-        if _OPTIONAL_FLOATS.issuperset(map(type, losses)) and _INTS.issuperset(map(type, steps)):
-            x = np.array(losses, dtype=float)  # None: NaN
+        # (the batch's types and loss array, read once for the detectors that read them; a batch with a loss of
+        # another type elsewhere reads its own)
+        if reading.only("loss", _OPTIONAL_FLOATS, lo, hi) and reading.only("step", _INTS, lo, hi):
+            whole = reading.only("loss", _OPTIONAL_FLOATS)
+            x = reading.floats("loss")[lo:hi] if whole else np.array(losses, dtype=float)  # None: NaN
             finite_loss = np.isfinite(x)
             taken = np.flatnonzero(finite_loss)  # the entries
             xs = x[taken]
@@ -691,7 +712,7 @@ class LossSpike(Detector):
             block = (j[k0:] - k0) // (reach + 1)
             floor[k0:] = np.broadcast_to(_median_floor(_Windows(series, w, opens), reach), len(opens))[block]
             mids = np.broadcast_to(_median_floor(_Windows(dseries, d, dstart[opens]), reach), len(opens))
-            bar[k0:] = np.array([self._gate_bar(mid) for mid in mids.tolist()])[block]
+            bar[k0:] = np.where(mids == -math.inf, -math.inf, self._least_z * _noises(mids, d, 0.0))[block]
         # the entries observe reads in full: over their gate, above their level and standing out
         # (the gate's bar holds against the level itself too: standing out needs at least that much above it)
         loud = np.flatnonzero(xs - floor >= bar)
@@ -700,13 +721,10 @@ class LossSpike(Detector):
         above = (up > 0) & (up >= bar[loud])
         loud, lv = loud[above], lv[above]
         mids = _Windows(dseries, d, dstart[loud]).median()
-        least_z = self._least_z
-        read = [
-            k
-            for k, loss, lvl, mid in zip(loud.tolist(), xs[loud].tolist(), lv.tolist(), mids.tolist(), strict=True)
-            if _stands_out(loss, lvl, _noise(mid, d, lvl), least_z)
-        ]
-        read.append(m)
+        loud_xs = xs[loud]
+        # _stands_out of each, over the arrays
+        stands = (loud_xs > lv) & (loud_xs - lv >= self._least_z * _noises(mids, d, lv))
+        read = [*loud[stands].tolist(), m]
         keep, keep_gaps = self._recent.maxlen or 0, self._gaps.maxlen or 0  # what the deques keep of a run
 
         def accept(pa: int, pb: int, ja: int, jb: int) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from trainmon.monitor.detectors.base import Detector, Finding, finite
-from trainmon.monitor.detectors.batch import carries, columns, observe_runs
+from trainmon.monitor.detectors.batch import carries, columns, observe_runs, read
 from trainmon.wire import Event
 
 __all__ = ["NanInf", "NanInfConfig"]
@@ -199,11 +199,13 @@ class NanInf(Detector):
     def _screen(self, events: list[Event]) -> tuple[list[dict[str, Any]], list[Any], list[Any], np.ndarray]:
         """The batch's fields, losses and grad norms, and the positions of its events that are not quiet steps."""
         fields, others, (losses, norms) = columns(events, "loss", "grad_norm")
-        # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here
-        loss = np.array(losses, dtype=float)
+        # a validated event's loss and grad norm are floats when present (trainmon.wire); absent reads as NaN here (the
+        # batch's arrays, which other detectors read too)
+        batch = read(events)
+        loss = batch.floats("loss")
         quiet = np.isfinite(loss) & (loss != 0.0)
         if carries(events, "grad_norm"):  # else every step's is absent, which is fine: no look at them
-            norm_ok = np.isfinite(np.array(norms, dtype=float))
+            norm_ok = np.isfinite(batch.floats("grad_norm"))
             # absent or not finite: only those are asked which (a log with grad norms has none, where a look at each
             # for a None cost 0.015 s a million steps)
             odd = np.flatnonzero(~norm_ok).tolist()
