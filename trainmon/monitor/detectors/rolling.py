@@ -151,7 +151,9 @@ def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
     infinite), and so is the span (``<= (1 + u)`` times, clamped to the largest float where it overflows), so the
     span times ``_HALF_DOWN <= (1 - u) / (2 (1 + u))`` is at most the deviation, and its rounding too (rounding is
     monotone and the deviation a float); ``sorted_mad``'s arithmetic on the deviations (the mean of two, times
-    1.4826) is monotone in them, rounding included, so the same arithmetic on the floors stays under it."""
+    1.4826) is monotone in them, rounding included, so the same arithmetic on the floors stays under it. An even
+    window's two middle deviations share the lesser one's floor: a span of ``k + 1`` values against one of ``k`` moves
+    the floor by about one part in ``size``, and it is computed once, not twice."""
     n, k = len(values), size >> 1
     span = min(n, size + block - 1)
     windows = n - size + 1
@@ -162,9 +164,8 @@ def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
         with np.errstate(over="ignore"):  # an infinite span clamped
             return np.minimum((u[:, t - 1 :] - u[:, : span - t + 1]).min(axis=1), _MAX) * _HALF_DOWN
 
-    raw = floor(k + 1)
-    mad = 1.4826 * raw if size & 1 else 1.4826 * (0.5 * (floor(k) + raw))
-    return np.repeat(mad, block)[:windows]
+    # odd: the (k + 1)-th; even: the mean of the k-th and (k + 1)-th, at least the k-th's floor, 0.5 * (f + f) = f
+    return np.repeat(1.4826 * floor(k + (size & 1)), block)[:windows]
 
 
 def sorted_mads(rows: np.ndarray) -> np.ndarray:
