@@ -159,8 +159,10 @@ class Detection:
         event, where the caller knows the batch is of one (the detection pipe's columns say so), else None."""
         runs: dict[str, list[int]] = {}
         keyed: list[Keyed] = []
-        with read(events):
+        with read(events) as batch:
             by_key = _by_key(events) if key is None else {key: list(range(len(events)))}
+            if len(by_key) == 1:  # the batch's detectors may read its rank rather than each event's
+                batch.rank = next(iter(by_key))[1]
             for (run, rank), at in by_key.items():
                 group = self.rank_dets.get((run, rank))
                 if group is None:

@@ -59,7 +59,7 @@ from typing import Any
 
 from trainmon.fingerprint import compare_fingerprints
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.batch import carries, columns, observe_runs, read
+from trainmon.monitor.detectors.batch import Reading, observe_runs, read
 from trainmon.wire import Event, json_safe
 
 __all__ = ["BadResume", "BadResumeConfig"]
@@ -101,6 +101,9 @@ class BadResumeConfig:
 
 
 _FIRST = itemgetter(0)
+_INT: frozenset[type] = frozenset((int,))
+_LIST: frozenset[type] = frozenset((list,))
+_FINGERPRINT = frozenset(("batch_fingerprint",))
 _AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a run
 
 _TOPOLOGY = ("world_size", "global_batch_tokens", "accum_steps", "config_hash")
@@ -259,10 +262,9 @@ class BadResume(Detector):
         fingerprint) only feeds the history, of which the last values count: it is learnt at once (:meth:`_learn`).
         On a long log that never resumes that is every step. Every other event is :meth:`observe`'s
         (:func:`observe_runs`)."""
-        with read(events):  # one reading for both (the engine's is of another list where it leaves kinds out)
-            fields, others, (lists, steps) = columns(events, "lr", "step")
-            fingerprinted = carries(events, "batch_fingerprint")  # most logs carry none: no step is looked at for one
-        ends = [*others, len(events)]  # where each run of steps ends
+        batch = read(events)  # (the engine's reading, or of another list where it leaves kinds out)
+        fingerprinted = not batch.keys.isdisjoint(_FINGERPRINT)  # most logs carry none: no step is looked at for one
+        ends = batch.ends  # where each run of steps ends
         unread = 0  # the runs before this one are observe's: the screen refused them
 
         def take(i: int) -> int:
@@ -270,29 +272,31 @@ class BadResume(Detector):
             if i < unread or self._check is not None:  # the first steps after a resume are checked one by one
                 return i
             j = ends[bisect.bisect_left(ends, i)]
-            if j - i >= _AT_ONCE and self._learn(fields[i:j], steps[i:j], lists[i:j], fingerprinted):
+            if j - i >= _AT_ONCE and self._learn(batch, i, j, fingerprinted):
                 return j
             unread = j
             return i
 
         observe_runs(self.observe, events, attempts, out, take)
 
-    def _learn(self, fs: list[dict[str, Any]], steps: list[Any], lists: list[Any], fingerprinted: bool) -> bool:
-        """The fields ``fs`` (their ``step`` and ``lr`` values: ``steps``, ``lists``) of steps that no check reads, each
-        as :meth:`observe` would have remembered it: the last ``maxlen`` usable losses, grad norms and LRs (read from
-        the end, through the same rules), the LRs' peak, the last step. False, with nothing learnt, when a step
-        carries a batch fingerprint (each is checked against those before it; looked for only where the batch
-        carries one, ``fingerprinted``) or a step number is not an int (``int()`` of it may fail or round): read
-        them one by one.
+    def _learn(self, batch: Reading, i: int, j: int, fingerprinted: bool) -> bool:
+        """The steps ``i`` to ``j`` of ``batch``, that no check reads, each as :meth:`observe` would have remembered it:
+        the last ``maxlen`` usable losses, grad norms and LRs (read from the end, through the same rules), the LRs'
+        peak, the last step. False, with nothing learnt, when a step carries a batch fingerprint (each is checked
+        against those before it; looked for only where the batch carries one, ``fingerprinted``) or a step number is
+        not an int (``int()`` of it may fail or round): read them one by one.
 
         The LRs' peak needs every LR: a column screened at once (each a list whose first value is a finite float,
-        so that :func:`_lr` returns that value), else :func:`_lr` of each."""
-        if set(map(type, steps)) != {int}:  # (a step without a number reads None)
+        so that :func:`_lr` returns that value), else :func:`_lr` of each. The step and LR columns' types are the
+        batch's, asked by other detectors too (loss_spike, hang, divergence; lr_schedule_drift)."""
+        if not batch.only("step", _INT, i, j):  # (a step without a number reads None)
             return False
+        fs = batch.fields[i:j]
         if fingerprinted and any(map(dict.__contains__, fs, repeat("batch_fingerprint"))):
             return False
+        steps, lists = batch.column("step")[i:j], batch.column("lr")[i:j]
         lrs: list[float] | None = None
-        if set(map(type, lists)) == {list}:
+        if batch.only("lr", _LIST, i, j):
             try:
                 lrs = list(map(_FIRST, lists))
             except IndexError:  # an empty list

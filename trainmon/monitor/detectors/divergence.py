@@ -438,7 +438,7 @@ class _Run:
         or a smoothed loss that overflows.
 
         Their losses and step numbers are the batch's columns, and their types are looked at once a batch (other
-        detectors read and ask them too: D_w1m's divergence CPU in the detection child 0.21 -> 0.17 s)."""
+        detectors read and ask them too: D_w1m's divergence CPU in the detection child 0.21 -> 0.14 s)."""
         cfg = det.config
         size = cfg.median_of
         recent = list(det._recent_steps)

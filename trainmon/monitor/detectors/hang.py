@@ -57,7 +57,7 @@ import numpy as np
 from trainmon.clock import aligned
 from trainmon.monitor.core.stacks import group_stacks, rank_ranges
 from trainmon.monitor.detectors.base import Detector, Finding
-from trainmon.monitor.detectors.batch import columns, observe_runs
+from trainmon.monitor.detectors.batch import Reading, columns, observe_runs, read
 from trainmon.monitor.detectors.rolling import LazyWindow, RollingWindow
 from trainmon.wire import Event
 
@@ -93,7 +93,8 @@ class HangConfig:
 
 
 _GROWTH = 1.25  # an open finding is sent again when its silence has grown by this factor
-_RANK, _TIME, _OFFSET = map(attrgetter, ("rank", "time", "clock_offset"))
+_RANK, _TIME = attrgetter("rank"), attrgetter("time")
+_INT: frozenset[type] = frozenset((int,))
 _AT_ONCE = 16  # steps in a row worth learning at once: the screens cost a few microseconds a piece
 _PIECE = 1024  # steps screened at once: an outlier (a save, an eval) sends only its piece one by one
 _EARLY = 4  # intervals after a log's first one that say what a normal interval is, to judge the first
@@ -229,7 +230,10 @@ class Hang(Detector):
 
         The step numbers and phases are the batch's shared columns (other detectors read the steps too; a log without
         phases has a column of None without a look): D_w1m's hang CPU 0.24 -> 0.18 s."""
-        _, others, (numbers, phases) = columns(events, "step", "phases")
+        batch = read(events)
+        with batch:  # one reading for the columns and the screens (the engine's is of another list where it leaves
+            # kinds out)
+            _, others, (numbers, phases) = columns(events, "step", "phases")
         ends = [*others, len(events)]  # where each run of steps ends
         unread = 0  # the pieces before this one are observe's: the screen refused them
 
@@ -238,30 +242,35 @@ class Hang(Detector):
             if i < unread:
                 return i
             j = min(ends[bisect.bisect_left(ends, i)], i + _PIECE)
-            if j - i >= _AT_ONCE and self._learn(events[i:j], numbers[i:j], phases[i:j]):
+            if j - i >= _AT_ONCE and self._learn(batch, i, j, numbers[i:j], phases[i:j]):
                 return j
             unread = j
             return i
 
         observe_runs(self.observe, events, attempts, out, take)
 
-    def _learn(self, steps: list[Event], numbers: list[Any], phases: list[Any]) -> bool:
-        """Steps of one rank (``numbers``, ``phases``: their columns), learnt as :meth:`_on_step` learns them one by
-        one, when the batch's columns prove that :meth:`_on_step` would take its plain path at each: the rank has a
-        learnt interval and nothing open or pending (no hang, no first interval to judge), no step has phases, the
-        step numbers are ints, every interval is positive and under the least timeout (so learnt, and no stall) and
-        under ``recurring_factor`` times the least of the median's floor and the intervals (the floor only falls to
-        them along the way, so no interval is a long pause). Then each interval is added (the window keeps the last
-        ``history``), the floor falls to the least, the strides are the last ones, the last step and times are the
-        last step's. False, with nothing learnt, otherwise."""
+    def _learn(self, batch: Reading, i: int, j: int, numbers: list[Any], phases: list[Any]) -> bool:
+        """The steps ``i`` to ``j`` of ``batch``, of one rank (``numbers``, ``phases``: their columns), learnt as
+        :meth:`_on_step` learns them one by one, when the batch's columns prove that :meth:`_on_step` would take its
+        plain path at each: the rank has a learnt interval and nothing open or pending (no hang, no first interval to
+        judge), no step has phases, the step numbers are ints, every interval is positive and under the least timeout
+        (so learnt, and no stall) and under ``recurring_factor`` times the least of the median's floor and the intervals
+        (the floor only falls to them along the way, so no interval is a long pause). Then each interval is added (the
+        window keeps the last ``history``), the floor falls to the least, the strides are the last ones, the last step
+        and times are the last step's. False, with nothing learnt, otherwise.
+
+        What other detectors read too is the batch's, read once: its rank where it is of one (straggler's question),
+        its step numbers' types (loss_spike's, divergence's, bad_resume's), where its clock offsets are (node_health's):
+        D_w1m's hang CPU 0.155 -> 0.09 s."""
+        steps = batch.events[i:j]
         rank = steps[0].rank
         st = self._ranks.get(rank)
         if st is None or st.open or st.first_gap is not None or st.last_step_time is None or not len(st.intervals):
             return False
         m = len(steps)
-        if list(map(_RANK, steps)).count(rank) != m:
+        if batch.rank is None and list(map(_RANK, steps)).count(rank) != m:
             return False
-        if set(map(type, numbers)) != {int} or any(phases):  # (a step without a number reads None)
+        if not batch.only("step", _INT, i, j) or any(phases):  # (a step without a number reads None)
             return False
         times = np.fromiter(map(_TIME, steps), float, m)
         gaps = np.empty(m)
@@ -275,9 +284,10 @@ class Hang(Detector):
         self._steps_seen += m
         st.intervals.extend(gaps[-self.config.history :].tolist())
         st.median_floor = floor
-        offsets = list(map(_OFFSET, steps))
-        if offsets.count(None) != m:
-            st.offset = next(o for o in reversed(offsets) if o is not None)
+        clocked = batch.clocked
+        last = clocked[bisect.bisect_left(clocked, j) - 1]  # the last step with an offset, if any is one of these
+        if i <= last < j:
+            st.offset = batch.events[last].clock_offset
         st.strides.extend(_strides(st.last_step, numbers, st.strides.maxlen))
         st.last_step, st.last_step_time = numbers[-1], steps[-1].time
         if st.last_step_time > st.last_event_time:

@@ -625,8 +625,10 @@ class LossSpike(Detector):
             out.extend(map(self.observe, events, attempts))
             return
         observe = self.observe
-        batch = columns(events, "loss", "step")
         reading = read(events)
+        with reading:  # one reading for the columns and the screens (the engine's is of another list where it leaves
+            # kinds out)
+            batch = columns(events, "loss", "step")
         i = 0
         for end in [*batch.others, n]:
             while i < end:

@@ -122,6 +122,8 @@ _BULK = 32  # events from which a batch is looked at as a whole (numpy's fixed c
 _RUN_MIN = 8  # steps in a run from which it is taken at once (below, observe costs less than the look)
 _FALL, _HOLD, _BARE, _RISE = 1, 2, 3, 4  # the runs of steps taken at once: a decay, a held LR, no LR, a warmup
 _FIRST = operator.itemgetter(0)
+_NONE: frozenset[type] = frozenset((type(None),))
+_LIST: frozenset[type] = frozenset((list,))
 _TINY = 1e-30  # the least LR a relative difference is taken of (every LR checked here is non-negative)
 _ROUND_FLOORS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # floors as a fraction of the peak that configs use
 _SHAPES: tuple[tuple[str, Callable[[float], float]], ...] = (
@@ -261,15 +263,17 @@ class _Columns:
         n = len(events)
         if n < _BULK:
             return None
-        with read(events):  # one reading for both (the engine's is of another list where it leaves kinds out)
+        with read(events) as batch:  # one reading for both (the engine's is of another list where it leaves kinds out)
             fields, others, (lrs,) = columns(events, "lr")
             usual = not others and not carries(events, "scheduler_steps", "skipped")  # every event a step, nothing else
-        kinds = set(map(type, lrs)) if usual else set()
-        widths = set(map(len, lrs)) if kinds == {list} else set()
+        # (the LR column's types: the batch's, which bad_resume asks too)
+        lists = usual and batch.only("lr", _LIST)
+        unprinted = usual and not lists and batch.only("lr", _NONE)
+        widths = set(map(len, lrs)) if lists else set()
         width = widths.pop() if len(widths) == 1 else 0  # LRs a step, the same at every step (0: not so)
         # the LRs in a row, group by group: one group's (nearly every log's) read at 33 ns a step, not chained at 66
         flat = [] if not width else list(map(_FIRST, lrs)) if width == 1 else list(itertools.chain.from_iterable(lrs))
-        if kinds == {type(None)}:  # a log that does not print its LR
+        if unprinted:  # a log that does not print its LR
             plain, bare = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
             lr0 = np.full(n, math.nan)
             groups = np.zeros(n, dtype=int)

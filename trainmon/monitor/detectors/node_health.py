@@ -26,10 +26,9 @@ set of conditions or the severity changes and resolved after ``resolve_after`` c
 from __future__ import annotations
 
 import collections
-import operator
+from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import compress, repeat
-from typing import Any
+from typing import Any, cast
 
 from trainmon.monitor.detectors.base import Detector, Finding
 from trainmon.monitor.detectors.batch import Reading
@@ -37,8 +36,6 @@ from trainmon.monitor.detectors.quiet import observe_quiet
 from trainmon.wire import Event
 
 __all__ = ["THROTTLE_REASONS", "NodeHealth", "NodeHealthConfig", "decode_throttle"]
-
-_OFFSET = operator.attrgetter("clock_offset")
 
 
 @dataclass
@@ -173,17 +170,20 @@ class NodeHealth(Detector):
     def observe_batch(self, events: list[Event], attempts: list[int], out: list[list[Finding]]) -> None:
         """A step is quiet (:mod:`.quiet`) when its clock says nothing new: no offset (every step of an imported log),
         or one within the threshold while no skew is being timed or reported (a live step of a sane host). It only
-        marks the last step."""
+        marks the last step. Where the steps with an offset are is the batch's (:attr:`.batch.Reading.clocked`, which
+        hang reads too), not a look at each event's: D_w1m's node_health CPU 0.065 -> 0.03 s."""
         observe_quiet(self.observe, events, attempts, out, self._quiet_until)
 
     def _quiet_until(self, batch: Reading, i: int) -> int:
         calm = self._calm
         watched = self._skew or self._skewed_since is not None
         end = batch.quiet_end(i)
-        offsets = list(map(_OFFSET, batch.events[i:end]))
-        for k in compress(range(len(offsets)), map(operator.is_not, offsets, repeat(None))):  # an import has none
-            if watched or not calm(offsets[k]):
-                return i + k
+        clocked, events = batch.clocked, batch.events  # where the events with an offset are: an import has none
+        at = bisect_left(clocked, i)
+        while clocked[at] < end:  # (it ends with the batch's length)
+            if watched or not calm(cast(float, events[clocked[at]].clock_offset)):  # (clocked: it has one)
+                return clocked[at]
+            at += 1
         return end
 
     def _calm(self, offset: float) -> bool:
