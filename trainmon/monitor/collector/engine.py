@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from trainmon.monitor.collector.detection import RUN_WIDE, Found
-from trainmon.monitor.collector.detection_process import Answer, DetectionProcess, LocalDetection, SplitDetection
+from trainmon.monitor.collector.detection_process import (
+    Answer,
+    DetectionProcess,
+    LocalDetection,
+    Part,
+    SplitDetection,
+)
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS, Detector, Finding
 from trainmon.monitor.store.queries import open_anomaly_keys, stream_ranks
@@ -152,11 +158,12 @@ class Engine:
         history.sort(key=lambda pair: pair[0].time)
         return history
 
-    def submit(self, items: list[tuple[Event, int]], done: Callable[[], None], ingested: Sequence[Found] = ()) -> None:
-        """Detect on committed events (with their attempt), in commit order; ``done()`` once what they
-        changed is stored and published. In a detection process, this returns at once (blocking only
-        when the child is several groups behind) and ``done`` runs on another thread. ``ingested``: the
-        findings ingest itself made of the same group (two jobs under one run name), stored first."""
+    def submit(self, stored: list[Part], done: Callable[[], None], ingested: Sequence[Found] = ()) -> None:
+        """Detect on committed events (by part: each run of one stream's events under one attempt, with the columns
+        the ingest read of them), in commit order; ``done()`` once what they changed is stored and published. In a
+        detection process, this returns at once (blocking only when the child is several groups behind) and ``done``
+        runs on another thread. ``ingested``: the findings ingest itself made of the same group (two jobs under one
+        run name), stored first."""
 
         def detected(found: list[Found]) -> None:
             try:
@@ -166,7 +173,7 @@ class Engine:
             finally:
                 done()
 
-        self._detection.observe(items, self._deliver(detected))
+        self._detection.observe(stored, self._deliver(detected))
 
     def tick(self, now: float | None = None) -> list[AnomalyChange]:
         """Let detectors notice silence (hangs); the collector calls this every second. Waits for the
