@@ -38,7 +38,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from trainmon.monitor.detectors.base import NOTHING, Detector, Finding, finite
-from trainmon.monitor.detectors.batch import columns
+from trainmon.monitor.detectors.batch import columns, read
 from trainmon.monitor.detectors.rolling import (
     LazyWindow,
     RollingWindow,
@@ -52,6 +52,7 @@ from trainmon.wire import Event
 __all__ = ["LossNoise", "LossNoiseConfig", "shuffling_hint"]
 
 _isfinite, _log = math.isfinite, math.log
+_FLOAT: frozenset[type] = frozenset((float,))
 _RETRY_ADDS = 16
 """Admissions after which the absolute baseline's ties are counted again where they proved nothing (a quantised log)."""
 _STRETCH = 16
@@ -248,8 +249,8 @@ class _Run:
         self.awin = sliding_window_view(self.ea[1:], w)  # entry k's absolute window: row k + off, unsorted
         trend, t = np.abs(med), c.trend_max
         desc = trend > t * rhi
-        for q in np.flatnonzero((trend > t * rlo) & ~desc).tolist():
-            desc[q] = trend[q] > t * sorted_mad(rs[q].tolist())
+        q = np.flatnonzero((trend > t * rlo) & ~desc)  # the bounds straddle: the exact MADs, at once
+        desc[q] = trend[q] > t * sorted_mads(rs[q])
         leaving = self.e_step[: r0 + n - w]
         joins[pad:] = ~desc
         if min(leaving) < det._warmup_end:
@@ -355,9 +356,10 @@ class LossNoise(Detector):
         through ``observe``."""
         observe, n = self.observe, len(events)
         fields, others, (losses, steps) = columns(events, "loss", "step")
+        batch = read(events)
         loss = None
-        if not others and set(map(type, losses)) == {float}:
-            loss = np.array(losses)
+        if not others and batch.only("loss", _FLOAT):
+            loss = batch.floats("loss")  # the batch's, which other detectors read too: made once
             simple = np.isfinite(loss) & (loss > 0.0)
         else:
             simple = np.array([type(x) is float and 0.0 < x < math.inf for x in losses], dtype=bool)
@@ -440,16 +442,14 @@ class LossNoise(Detector):
         end, b0 = len(run.joins), run.b0
         t = b0 + (int(run.cc[k - 1]) if k else 0)  # joined[:t]: the baseline at the run's start and the joins before
         base, base_a = np.array(self._bd.values()), self._ba.values()  # the baseline's two windows
-        floors = run.floors[t - b :] if t >= b and base.tolist() == run.joined[t - b : t].tolist() else None
+        # floors under the first b windows: the run's where the baseline is its, new where a rise kept some out
+        head = run.floors[t - b : t] if t >= b and base.tolist() == run.joined[t - b : t].tolist() else None
         out_of = np.zeros(end, dtype=bool)  # entries whose leaving entry a rise kept out of the baseline
         i = stop = k
         while i < end:
-            # entry i + q's baselines: (base, joined[t:])[rows[q] :][:b] and (base_a, its absolute changes)
-            seq = np.concatenate((base, run.joined[t:]))
-            if floors is None:  # the first b windows new, the run's after
-                floors = np.concatenate((mad_floors(seq[: 2 * b - 1], b, _BLOCK), run.floors[t:]))
-            rows = np.cumsum(run.joins[i:end])
-            for e, bdm, r in self._relative_highs(run, i, seq, floors, rows):
+            if head is None:
+                head = mad_floors(np.concatenate((base, run.joined[t : t + b - 1])), b, _BLOCK)
+            for e, bdm, r in self._relative_highs(run, i, base, t, head):
                 a_win = (base_a + run.ea[run.jidx[t - b0 + max(0, r - b) : t - b0 + r]].tolist())[-b:]
                 n = self._follow(run, e, bdm, sorted_mad(sorted(a_win)))
                 if n != 0:  # a rise, or one observe must follow
@@ -461,10 +461,9 @@ class LossNoise(Detector):
             if n is None:
                 break
             out_of[e + 1 : e + n + 1] = True
-            i, t, base, base_a, rise = self._carry(
-                run, e + n + 1, seq[r : r + b], a_win, b0 + int(run.cc[e + n]), out_of
-            )
-            stop, floors = i, None
+            base = np.concatenate((base[r:], run.joined[t + max(0, r - b) : t + r]))  # window r: e's baseline
+            i, t, base, base_a, rise = self._carry(run, e + n + 1, base, a_win, b0 + int(run.cc[e + n]), out_of)
+            stop, head = i, None
             if rise:  # one observe must follow
                 break
         m = stop - k
@@ -507,29 +506,39 @@ class LossNoise(Detector):
         return stop, stop == end
 
     def _relative_highs(
-        self, run: _Run, i: int, seq: np.ndarray, floors: np.ndarray, rows: np.ndarray
+        self, run: _Run, i: int, base: np.ndarray, t: int, head: np.ndarray
     ) -> Iterator[tuple[int, float, int]]:
         """The run's entries from ``i`` whose relative noise is high from the quiet state, every entry joining where
         the run says it may, in order, as the caller asks for them (it stops at a rise): each entry, its baseline's MAD
-        (positive) and its baseline's row (``_screen``'s windows)."""
+        (positive) and its baseline's row: entry ``i + q``'s baseline is window ``row`` of ``base`` followed by
+        ``joined[t:]``, ``row`` the entries that join from ``i`` through it; ``head``: floors under the first
+        ``baseline`` windows, the run's (``_Run.floors``) after. Each look ahead reads only its own rows, floors and
+        values (a rise stops most before their first 256 entries, and the run's thousands copied at each start cost
+        the D_w1m screens a twentieth of their CPU)."""
         c = self.config
         b, bar, off = c.baseline, c.admit_ratio, run.off
-        window, lo, ahead = np.arange(b), 0, _AHEAD
-        while lo < len(rows):
-            below = floors[rows[lo : lo + ahead]]
-            rhi = run.rhi[lo + i + off : lo + i + off + len(below)]
+        window, lo, ahead, n = np.arange(b), 0, _AHEAD, len(run.joins) - i
+        c0 = int(run.cc[i - 1]) if i else 0
+        while lo < n:
+            hi = min(n, lo + ahead)
+            rows = run.cc[i + lo : i + hi] - c0
+            p = int(np.searchsorted(rows, b))  # rows under b: the head's windows
+            below = np.concatenate((head[rows[:p]], run.floors[rows[p:] + (t - b)]))
+            rhi = run.rhi[lo + i + off : hi + i + off]
             with np.errstate(divide="ignore", invalid="ignore"):  # a zero floor or MAD decides nothing
-                undecided = np.flatnonzero(~((below > 0.0) & (rhi / below < bar))) + lo
+                undecided = np.flatnonzero(~((below > 0.0) & (rhi / below < bar)))
+            if len(undecided):
+                seq = np.concatenate((base, run.joined[t : t + int(rows[-1])]))
             for at in range(0, len(undecided), _EXACT):  # the exact MADs, as _judge's _under judges them
                 q = undecided[at : at + _EXACT]
                 bdm = sorted_mads(np.sort(seq[rows[q][:, None] + window], axis=1))
                 with np.errstate(divide="ignore", invalid="ignore"):  # the recent MAD's upper bound shows most quiet
-                    maybe = np.flatnonzero((bdm > 0.0) & ~(run.rhi[q + (i + off)] / bdm < bar)).tolist()
-                for p in maybe:
-                    e = i + int(q[p])
-                    if sorted_mad(run.rs[e + off].tolist()) / bdm[p] >= bar:
-                        yield e, float(bdm[p]), int(rows[q[p]])
-            lo, ahead = lo + ahead, 2 * ahead
+                    maybe = np.flatnonzero((bdm > 0.0) & ~(rhi[q] / bdm < bar)).tolist()
+                for k in maybe:
+                    e = i + lo + int(q[k])
+                    if sorted_mad(run.rs[e + off].tolist()) / bdm[k] >= bar:
+                        yield e, float(bdm[k]), int(rows[q[k]])
+            lo, ahead = hi, 2 * ahead
 
     def _carry(
         self, run: _Run, i: int, base: np.ndarray, base_a: list[float], t: int, out_of: np.ndarray
