@@ -297,13 +297,19 @@ class BadResume(Detector):
         steps, lists = batch.column("step")[i:j], batch.column("lr")[i:j]
         lrs: list[float] | None = None
         if batch.only("lr", _LIST, i, j):
-            try:
-                lrs = list(map(_FIRST, lists))
-            except IndexError:  # an empty list
-                pass
+            first = batch.firsts("lr")  # the batch's group-0 LRs (lr_schedule_drift reads them too), where all floats
+            if first is not None:
+                lrs = first[i:j].tolist()
             else:
-                if set(map(type, lrs)) != {float} or not math.isfinite(sum(lrs)):  # an overflowing sum: read each
-                    lrs = None
+                try:
+                    lrs = list(map(_FIRST, lists))
+                except IndexError:  # an empty list
+                    pass
+                else:
+                    if set(map(type, lrs)) != {float}:
+                        lrs = None
+            if lrs is not None and not math.isfinite(sum(lrs)):  # an overflowing sum: read each
+                lrs = None
         lr_steps = steps
         if lrs is None:
             pairs = [(s, v) for s, v in zip(steps, map(_lr, lists), strict=True) if v is not None]

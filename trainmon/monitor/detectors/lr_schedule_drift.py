@@ -57,7 +57,6 @@ import bisect
 import collections
 import itertools
 import math
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -121,7 +120,6 @@ _DECAY_KEPT = 256  # change points kept of an inferred decay at most (halved bey
 _BULK = 32  # events from which a batch is looked at as a whole (numpy's fixed cost is a few us)
 _RUN_MIN = 8  # steps in a run from which it is taken at once (below, observe costs less than the look)
 _FALL, _HOLD, _BARE, _RISE = 1, 2, 3, 4  # the runs of steps taken at once: a decay, a held LR, no LR, a warmup
-_FIRST = operator.itemgetter(0)
 _NONE: frozenset[type] = frozenset((type(None),))
 _LIST: frozenset[type] = frozenset((list,))
 _TINY = 1e-30  # the least LR a relative difference is taken of (every LR checked here is non-negative)
@@ -271,14 +269,21 @@ class _Columns:
         unprinted = usual and not lists and batch.only("lr", _NONE)
         widths = set(map(len, lrs)) if lists else set()
         width = widths.pop() if len(widths) == 1 else 0  # LRs a step, the same at every step (0: not so)
-        # the LRs in a row, group by group: one group's (nearly every log's) read at 33 ns a step, not chained at 66
-        flat = [] if not width else list(map(_FIRST, lrs)) if width == 1 else list(itertools.chain.from_iterable(lrs))
+        # the LRs in a row, group by group: one group's (nearly every log's) the batch's (bad_resume reads them too),
+        # several chained
+        table = None
+        if width == 1:
+            first = batch.firsts("lr")
+            table = None if first is None else first.reshape(n, 1)
+        elif width:
+            flat = list(itertools.chain.from_iterable(lrs))
+            if set(map(type, flat)) == {float}:  # floats: np.array's look at each is not needed
+                table = np.fromiter(flat, float, len(flat)).reshape(n, -1)
         if unprinted:  # a log that does not print its LR
             plain, bare = np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
             lr0 = np.full(n, math.nan)
             groups = np.zeros(n, dtype=int)
-        elif flat and set(map(type, flat)) == {float}:  # one LR a group
-            table = np.fromiter(flat, float, len(flat)).reshape(n, -1)  # floats: np.array's look at each is not needed
+        elif table is not None:  # one LR a group, all floats
             plain = np.asarray(((table >= 0) & (table < _INF)).all(axis=1))
             bare = np.zeros(n, dtype=bool)
             lr0 = table[:, 0]
