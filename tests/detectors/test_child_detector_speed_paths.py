@@ -34,6 +34,7 @@ from trainmon.monitor.detectors.straggler import Straggler
 from trainmon.wire import Event
 
 _VALUES: list[Any] = [1.5, -0.0, 0.0, 2, True, None, "x", [1.0], math.nan, math.inf]
+_LISTS: list[Any] = [[], [2], [None], [-0.0, 1], None, 1.0]
 
 
 def _event(kind: str, fields: dict[str, Any], t: float = 0.0, rank: int = 0, offset: float | None = None) -> Event:
@@ -47,6 +48,8 @@ def _mixed(rng: random.Random, n: int) -> list[Event]:
         fields: dict[str, Any] = {"a": rng.choice(_VALUES[:3]) if rng.random() < 0.9 else rng.choice(_VALUES)}
         if rng.random() < 0.3:
             fields["b"] = rng.choice(_VALUES)
+        if rng.random() < 0.99:  # an LR per param group, nearly always one float
+            fields["l"] = [rng.random()] * rng.choice([1, 1, 2]) if rng.random() < 0.98 else rng.choice(_LISTS)
         kind = "step" if rng.random() < 0.95 else "eval"
         out.append(_event(kind, fields, float(i), offset=rng.choice([None, None, None, 0.5])))
     return out
@@ -60,7 +63,7 @@ def test_reading_answers_as_the_definitions(seed: int) -> None:
     batch = Reading(events)
     if seed % 2:
         assert batch.keys  # the field names read first: column() then skips the look at each event for "c"
-    for name in ("a", "b", "c"):
+    for name in ("a", "b", "c", "l"):
         values = [e.fields.get(name) for e in events]
         assert batch.column(name) == values and list(map(type, batch.column(name))) == list(map(type, values))
         kinds: tuple[frozenset[type], ...] = (
@@ -87,6 +90,13 @@ def test_reading_answers_as_the_definitions(seed: int) -> None:
             assert repr(got.tolist()) == repr(expected.tolist()) and got.dtype == expected.dtype
             assert got is batch.floats(name) and not got.flags.writeable
     assert batch.clocked == [i for i, e in enumerate(events) if e.clock_offset is not None] + [n]
+    lrs = [e.fields.get("l") for e in events]
+    if all(type(v) is list and v and type(v[0]) is float for v in lrs):
+        first = batch.firsts("l")
+        assert first is not None and not first.flags.writeable
+        assert repr(first.tolist()) == repr([v[0] for v in lrs])
+    else:
+        assert batch.firsts("l") is None
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -225,3 +235,21 @@ def test_two_ranks_and_no_reading_are_observe(cls: type[Detector]) -> None:
 
 def test_every_reader_is_a_detector_of_the_engine() -> None:
     assert {*_READERS, LrScheduleDrift} <= set(ALL_DETECTORS)
+
+
+@pytest.mark.parametrize(
+    ("lrs", "expected"),
+    [
+        ([[1e-3], [-0.0, 1.0], [math.nan]], [1e-3, -0.0, math.nan]),
+        ([[1e-3], [2]], None),  # an int: lr_schedule_drift and bad_resume read it their own way
+        ([[1e-3], []], None),
+        ([[1e-3], None], None),
+        ([[1e-3], (1.0,)], None),
+        ([], None),
+    ],
+)
+def test_firsts_are_the_first_floats_of_every_list(lrs: list[Any], expected: list[float] | None) -> None:
+    batch = Reading([_event("step", {"lr": v}) for v in lrs])
+    first = batch.firsts("lr")
+    assert (None if first is None else repr(first.tolist())) == (None if expected is None else repr(expected))
+    assert batch.firsts("lr") is first
