@@ -212,6 +212,7 @@ class _Run:
         "pad",
         "r0",
         "rhi",
+        "rlo",
         "rs",
     )
 
@@ -240,12 +241,12 @@ class _Run:
         self.pad = pad = max(0, w - r0)
         self.joins = joins = np.zeros(n, dtype=bool)
         self.off = -pad  # entry k's recent window is row k + off (r0 + pad is the window)
-        self.cc = self.rs = self.rhi = self.floors = self.joined = self.jidx = self.awin = np.empty(0)
+        self.cc = self.rs = self.rlo = self.rhi = self.floors = self.joined = self.jidx = self.awin = np.empty(0)
         self.b0 = 0
         if n <= pad:
             return
         rs, med, rlo, rhi = window_bounds(ed[1:], w)
-        self.rs, self.rhi = rs, rhi
+        self.rs, self.rlo, self.rhi = rs, rlo, rhi  # bounds that meet on most rows: the MAD
         self.awin = sliding_window_view(self.ea[1:], w)  # entry k's absolute window: row k + off, unsorted
         trend, t = np.abs(med), c.trend_max
         desc = trend > t * rhi
@@ -536,7 +537,7 @@ class LossNoise(Detector):
                     maybe = np.flatnonzero((bdm > 0.0) & ~(rhi[q] / bdm < bar)).tolist()
                 for k in maybe:
                     e = i + lo + int(q[k])
-                    if sorted_mad(run.rs[e + off].tolist()) / bdm[k] >= bar:
+                    if run.rlo[e + off] == rhi[q[k]] or sorted_mad(run.rs[e + off].tolist()) / bdm[k] >= bar:
                         yield e, float(bdm[k]), int(rows[q[k]])
             lo, ahead = hi, 2 * ahead
 
@@ -554,7 +555,7 @@ class LossNoise(Detector):
         bd = RollingWindow(b)
         bd.extend(base.tolist())
         ba = collections.deque(base_a, maxlen=b)
-        joins, rhi, joined, ea, jidx = run.joins, run.rhi, run.joined, run.ea, run.jidx
+        joins, rlo, rhi, joined, ea, jidx = run.joins, run.rlo, run.rhi, run.joined, run.ea, run.jidx
         end, quiet, j = len(joins), 0, i
         while j < end and quiet < _CARRY:
             if joins[j]:
@@ -565,8 +566,8 @@ class LossNoise(Detector):
             if lo > 0.0 and rhi[j + off] / lo < bar:  # the recent MAD's upper bound shows most quiet
                 quiet, j = quiet + 1, j + 1
                 continue
-            bdm = bd.mad()
-            if not bdm > 0.0 or sorted_mad(run.rs[j + off].tolist()) / bdm < bar:
+            bdm, r = bd.mad(), rhi[j + off]
+            if not bdm > 0.0 or (r if rlo[j + off] == r else sorted_mad(run.rs[j + off].tolist())) / bdm < bar:
                 quiet, j = quiet + 1, j + 1
                 continue
             n = self._follow(run, j, bdm, sorted_mad(sorted(ba)))

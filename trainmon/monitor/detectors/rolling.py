@@ -106,36 +106,47 @@ def _kth_deviations(s: list[float], m: float, k: int) -> tuple[float, float]:
 def window_bounds(values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every window of ``size`` (odd, or at least 4) consecutive finite ``values``, window ``j`` being
     ``values[j:j + size]``: its values sorted (row ``j``), its median, the float ``sorted_median`` gives, and
-    bounds ``lo <= mad <= hi`` on the float ``sorted_mad`` gives (the exact MAD: ``sorted_mad`` of the row), in one
-    numpy pass. Equal as numbers: numpy's sort leaves a ``0.0`` and a ``-0.0`` in no particular order, so a zero
-    may differ in sign (what a rule compares, not what it reports).
+    bounds ``lo <= mad <= hi`` on the float ``sorted_mad`` gives (the exact MAD: ``sorted_mad`` of the row), which
+    meet, the MAD itself, on most windows (D_w1m's log changes: 94%), in one numpy pass. Equal as numbers:
+    numpy's sort leaves a ``0.0`` and a ``-0.0`` in no particular order, so a zero may differ in sign (what a rule
+    compares, not what it reports).
 
-    Why exact: the bounds are :meth:`RollingWindow.mad_bounds`'s, whose proof holds for every block position in its
-    range, here the tightest of those within ``_NEAR`` of the centre (the most of the lower bounds, the least of the
-    upper ones, scaled after: the scaling is monotone, rounding included); the median and the deviations are the
-    same float operations on the same sorted values. The ranks they read are copied out as rows first: read in
-    place, strided, they cost several times the sort."""
+    Why exact: each middle deviation (the ``t``-th smallest) is at most the larger end deviation of any block of
+    ``t`` consecutive sorted values and at least the smaller one of a block that straddles the median
+    (:meth:`RollingWindow.mad_bounds`), here over the blocks within ``_NEAR`` of the centre, the least of the upper
+    bounds and the most of the lower ones. Along the blocks the first end's deviation falls and the last end's rises
+    (their floats too: ``m - x`` and ``x - m`` are monotone in ``x``), so where the first block's first end is the
+    larger and the last block's last end is (the blocks straddle where they cross), every block outside has a larger
+    end deviation than the nearest inside: the least upper bound is the deviation, and the bounds meet. The median
+    and the deviations are the same float operations on the same sorted values, the scaling and the mean of two
+    ``sorted_mad``'s (monotone, rounding included). The ranks they read are copied out as rows first: read in place,
+    strided, they cost several times the sort (and taken as rows of the transposed view, one copy, not a copy of the
+    columns copied again: 10,000 windows of 50, 0.5 -> 0.15 ms)."""
     s = np.sort(sliding_window_view(values, size), axis=1)
     k = size >> 1
     c = k >> 1
     if size & 1:  # blocks s[j .. j + k], 0 <= j <= k
         j0, j1 = max(0, c - _NEAR), min(k, c + _NEAR) + 1
-        r = s[:, np.r_[j0:j1, j0 + k : j1 + k, k]].T.copy()
+        r = s.T[np.r_[j0:j1, j0 + k : j1 + k, k]]
         m, n = r[-1], j1 - j0
         a, b = m - r[:n], r[n : 2 * n] - m
-        return s, m, 1.4826 * np.minimum(a, b).max(axis=0), 1.4826 * np.maximum(a, b).min(axis=0)
+        hi = 1.4826 * np.maximum(a, b).min(axis=0)
+        met = (a[0] >= b[0]) & (a[-1] <= b[-1])
+        return s, m, np.where(met, hi, 1.4826 * np.minimum(a, b).max(axis=0)), hi
     if size < 4:
         raise ValueError(f"an even window of {size} values has no bounding block")
     j0, j1 = max(1, c - _NEAR), min(k - 1, c + _NEAR) + 1  # blocks s[j .. j + k - 1] and s[j .. j + k], 1 <= j < k
-    r = s[:, np.r_[j0:j1, j0 + k - 1 : j1 + k, k - 1, k]].T.copy()  # s[j]; s[j + k - 1] and s[j + k]; s[k - 1], s[k]
+    r = s.T[np.r_[j0:j1, j0 + k - 1 : j1 + k, k - 1, k]]  # s[j]; s[j + k - 1] and s[j + k]; s[k - 1], s[k]
     n = j1 - j0
     m = 0.5 * (r[-2] + r[-1])
-    a, b, d = m - r[:n], r[n : n + n] - m, r[n + 1 : n + n + 1] - m
-    # mad_bounds' three cases (b <= d), their sums as it makes them: a + a, b + d where a <= b; b + a, a + d where
-    # b < a <= d; b + d, a + a where d < a
-    lo = (np.minimum(a, b) + np.minimum(a, d)).max(axis=0)
-    hi = (np.maximum(a, b) + np.maximum(a, d)).min(axis=0)
-    return s, m, 1.4826 * (0.5 * lo), 1.4826 * (0.5 * hi)
+    a, b, d = m - r[:n], r[n : n + n] - m, r[n + 1 : n + n + 1] - m  # b <= d
+    # the k-th smallest deviation (1-based) over blocks of k (a, b), the (k + 1)-th over blocks of k + 1 (a, d);
+    # the lower bounds are mad_bounds' three cases, their sums as it makes them: a + a, b + d where a <= b; b + a,
+    # a + d where b < a <= d; b + d, a + a where d < a
+    hi = 1.4826 * (0.5 * (np.maximum(a, b).min(axis=0) + np.maximum(a, d).min(axis=0)))
+    lo = 1.4826 * (0.5 * (np.minimum(a, b) + np.minimum(a, d)).max(axis=0))
+    met = (a[0] >= d[0]) & (a[-1] <= b[-1])  # for both: b <= d
+    return s, m, np.where(met, hi, lo), hi
 
 
 def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
@@ -158,7 +169,7 @@ def mad_floors(values: np.ndarray, size: int, block: int) -> np.ndarray:
     span = min(n, size + block - 1)
     windows = n - size + 1
     starts = np.minimum(np.arange(0, windows, block), n - span)  # the last block's union taken from the end
-    u = np.sort(values[starts[:, None] + np.arange(span)], axis=1)
+    u = np.sort(sliding_window_view(values, span)[starts], axis=1)  # rows, not an index per value: a third the copy
 
     def floor(t: int) -> np.ndarray:  # under the t-th smallest deviation
         with np.errstate(over="ignore"):  # an infinite span clamped
