@@ -523,10 +523,11 @@ def _columns(
     stored: list[Part],
 ) -> tuple[list[tuple[Any, ...]], list[Event], list[str], list[dict[str, Any]], list[int]]:
     """The columns the pipe carries, and the events, kinds, fields and attempts: the parts' own columns joined,
-    their run, rank, stream and attempt (one a part) given once where every part has the same (else repeated), and
-    each event's host and clock offset read (in bytecode: a slot read there costs a third of an ``attrgetter``
-    call). No Python code runs per part: a live group's parts are a few events each (256 events of 32 streams: 40
-    us, as the events transposed one by one took)."""
+    their run, rank, stream and attempt (one a part) given once where every part has the same (else read event by
+    event), and each event's host and clock offset read (in bytecode: a slot read there costs a third of an
+    ``attrgetter`` call). A million-row import's batches: 0.07 s of CPU, against 0.23 s for a tuple of each event's
+    attributes transposed. No Python code runs per part: a live group's parts are a few events each (256 events of
+    32 streams: 47 us against 43, which its parts made instead of (event, attempt) pairs pay back)."""
     segments, attempts = zip(*stored, strict=True)
     by_column = list(zip(*segments, strict=True))
     events, seqs, times, kinds, fields = (list(itertools.chain.from_iterable(c)) for c in by_column)
