@@ -7,6 +7,7 @@ both must give what ``groupby`` over the events, and a transposition of each eve
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import pickle
 import random
@@ -15,7 +16,7 @@ import pytest
 
 from tests.bitwise import same
 from trainmon.monitor.collector import detection_process as dp
-from trainmon.monitor.collector.ingest import _segment, _segments
+from trainmon.monitor.collector.ingest import _exact_in_lr, _other_groups, _segment, _segments
 from trainmon.wire import Event
 
 Items = list[tuple[Event, int]]
@@ -90,3 +91,20 @@ def test_an_imports_batch_goes_with_what_it_shares_once() -> None:
     assert [len(c) for c in wire] == [1, 1, 1, 1, 1, 1, 1, 1000, 1000, 1000]
     assert batch.key == ("r", 0)
     assert batch.attempts == [2] * 1000
+
+
+_RATES = [[1e-3], [2e-3], [0.0], [-0.0], [math.nan], [math.inf], [1e-3, 2e-3], [], None, (5e-4,), [1], ["x"], [[1e-3]]]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_lrs_column_is_the_step_by_step_rules(seed: int) -> None:
+    """``_other_groups``' answer for the whole column at once is what the step-by-step rule gives each step: NULL
+    where the step has one rate that the ``lr`` column gives back as it is."""
+    rng = random.Random(seed)
+    common = rng.sample(_RATES, rng.choice([1, 1, 2, 3]))
+    lrs = [rng.choice(common) for _ in range(rng.randint(1, 30))]
+    lr = [x[0] if x else None for x in lrs]
+    want = [None if x is not None and len(x) == 1 and _exact_in_lr(x[0]) else x for x in lrs]
+    got = _other_groups(lrs, lr)
+    assert list(got) == want
+    assert all(a is b for a, b in zip(got, want, strict=True))

@@ -239,13 +239,11 @@ def _other_groups(lrs: list[Any], lr: list[Any]) -> list[Any]:
     SQLite stores a REAL -0.0 as 0). ``replay.step_fields`` reads such a step's rates back as ``[lr]``. One group
     is most runs, and its JSON text was a fifth of an import's store stage (a float's shortest repr, a million
     times) for the value the ``lr`` column holds; a non-finite rate, which PostgreSQL's JSON cannot hold, is
-    stored too. Asked of the whole column at C speed first."""
-    if (
-        set(map(type, lrs)) == _LIST
-        and set(map(len, lrs)) == _ONE
-        and set(map(type, lr)) == _FLOAT
-        and (0.0 not in lr or all(map(_exact_in_lr, lr)))
-    ):
+    stored too. Asked of the whole column at C speed first: each step's first rate a float (so its rates are not
+    None nor empty) and its only one, not -0.0 (whatever the rates' type: a list, as always, or any value of one
+    item that the step-by-step rule gives NULL for too; not asked, as it was, in a pass of its own: 0.017 s of a
+    million steps)."""
+    if set(map(type, lr)) == _FLOAT and set(map(len, lrs)) == _ONE and (0.0 not in lr or all(map(_exact_in_lr, lr))):
         return Repeated(None, len(lrs))
     return [None if x is not None and len(x) == 1 and _exact_in_lr(x[0]) else x for x in lrs]
 
@@ -255,7 +253,6 @@ def _exact_in_lr(x: Any) -> bool:
     return type(x) is float and (x != 0.0 or math.copysign(1.0, x) > 0.0)
 
 
-_LIST = {list}
 _ONE = {1}
 _FLOAT = {float}
 
