@@ -37,6 +37,12 @@ from trainmon.wire import Event
 __all__ = ["NanInf", "NanInfConfig"]
 
 
+_SCREEN_MIN = 64
+"""Events from which ``observe_batch`` screens a batch (numpy's fixed cost); a smaller one, a live call's few steps of a
+rank, goes to ``observe`` one event at a time. Per event, against observe's: 2 events 8.9 us against 1.6, 32 events
+0.84 against 0.57, 128 events 0.40 against 0.53."""
+
+
 @dataclass
 class NanInfConfig:
     """``nan_inf``: any non-finite loss or grad norm, and a loss that is exactly 0.0 where no real
@@ -178,7 +184,11 @@ class NanInf(Detector):
         nonzero and whose grad norm is finite (or absent) finds nothing and only moves the history a first
         non-finite value would read; the batch's columns pick those steps out at once (nearly all of a long log),
         and a run of them moves that history in one go (:meth:`_quiet`). Every other event, and every step while
-        something is open, is :meth:`observe`'s (:func:`observe_runs`)."""
+        something is open, is :meth:`observe`'s (:func:`observe_runs`), and so is every event of a batch shorter than
+        :data:`_SCREEN_MIN`."""
+        if len(events) < _SCREEN_MIN:
+            out.extend(map(self.observe, events, attempts))
+            return
         screen: tuple[list[dict[str, Any]], list[Any], list[Any], np.ndarray] | None = None
 
         def take(i: int) -> int:
