@@ -295,9 +295,10 @@ def _stands_out(loss: float, level: float, sigma: float, least_z: float) -> bool
     return loss > level and loss - level >= least_z * sigma
 
 
-_SCREEN_MIN = 64
+_SCREEN_MIN = 192
 """Steps in a row that ``observe_batch`` screens at once; fewer are read one at a time (the screen's set-up costs
-about what ``observe`` does for this many)."""
+about what ``observe`` does for this many: a batch of 128 steps 2.6 us a step screened against 2.0 observed, of 256
+1.5 against 1.9)."""
 
 _OPTIONAL_FLOATS: frozenset[type] = frozenset((float, type(None)))
 _INTS: frozenset[type] = frozenset((int,))
