@@ -356,6 +356,9 @@ class LossNoise(Detector):
         screened many entries at a time (``_screen``); what the screen cannot show quiet, and every other event, goes
         through ``observe``."""
         observe, n = self.observe, len(events)
+        if n < _RUN_MIN or not self._screens:  # no run to plan (a live call's few steps of a rank): not a look at it
+            out.extend(map(observe, events, attempts))
+            return
         fields, others, (losses, steps) = columns(events, "loss", "step")
         batch = read(events)
         loss = None
@@ -367,7 +370,7 @@ class LossNoise(Detector):
             simple[others] = False
         i = 0
         for stop in [*np.flatnonzero(~simple).tolist(), n]:
-            if stop - i >= _RUN_MIN and self._screens:
+            if stop - i >= _RUN_MIN:
                 self._run(events, attempts, i, stop, fields, losses, steps, loss, out)
             else:
                 out.extend(map(observe, events[i:stop], attempts[i:stop]))
