@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +42,6 @@ quiet machine (session 14, the child started during the parse), interleaved: 5.3
 (one run of five 5.90), 5.63-5.93 s with lr_schedule_drift as well; session 13 (the child started after the first
 50,000 events): 7.2-7.3 s with both, 7.5-7.6 s with grad_explosion and degenerate as well, 8.0-8.6 s with none.
 Where each runs changes no finding (``SplitDetection``)."""
-_RUN = operator.attrgetter("run")
-_TIME = operator.attrgetter("time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +88,11 @@ def import_log(
         events = read_events(path, run=run, mapping=mapping)
         gc.freeze()
         while batch := list(itertools.islice(events, _BATCH)):
-            runs.update(dict.fromkeys(map(_RUN, batch)))
+            # comprehensions, not map(attrgetter): Python 3.11 reads a slot in bytecode faster (0.017 s of 1M events)
+            runs.update(dict.fromkeys([ev.run for ev in batch]))
             total += len(batch)
             ingestor.ingest_group([batch], results.extend)
-            engine.tick(max(map(_TIME, batch)))  # the log's own clock, for silence checks
+            engine.tick(max([ev.time for ev in batch]))  # the log's own clock, for silence checks
             engine.settle()
             _raise_refused(results)
             if progress is not None:
