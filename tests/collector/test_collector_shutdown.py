@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.events import batch, event, step_events
-from trainmon.monitor.collector.detection_process import DetectionProcess
+from trainmon.monitor.collector.detection_process import DetectionProcess, parts
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.store.storage import Storage, steps
 from trainmon.wire import Event
@@ -71,7 +71,7 @@ def test_large_groups_and_large_replies_never_freeze_the_pipes(busy_cores: None)
 
     def send() -> None:
         for g in range(40):
-            detection.observe(_nan_group(f"r{g}", 300), done)
+            detection.observe(parts(_nan_group(f"r{g}", 300)), done)
             with engine_lock:
                 detection.feed_rank("primed", g, history)  # ~200 KB written while holding the lock
 
@@ -93,14 +93,14 @@ def test_close_is_bounded_when_the_child_stops_answering() -> None:
     detection = DetectionProcess(DetectorsConfig())
     answers: list[list] = []
     os.kill(detection.pid, signal.SIGSTOP)
-    detection.observe(_nan_group("stopped", 3), answers.append)
+    detection.observe(parts(_nan_group("stopped", 3)), answers.append)
     t0 = time.monotonic()
     detection.close(2.0)
     assert time.monotonic() - t0 < 6
     assert answers == [[]]  # answered, with no findings
     assert not psutil.pid_exists(detection.pid) or psutil.Process(detection.pid).status() == psutil.STATUS_ZOMBIE
     late: list[list] = []
-    detection.observe(_nan_group("late", 1), late.append)  # after close: answered at once, never blocks
+    detection.observe(parts(_nan_group("late", 1)), late.append)  # after close: answered at once, never blocks
     assert late == [[]]
 
 

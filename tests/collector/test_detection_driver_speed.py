@@ -57,7 +57,7 @@ def test_the_kinds_kept_for_some_detectors_find_what_each_event_alone_finds(name
     detection, found, i = Detection(DetectorsConfig()), [], 0  # found: as _one_at_a_time gives them
     while i < len(items):
         n = rng.choice([1, 2, rng.randint(3, 60), rng.randint(200, 900)])
-        keyed = dp._decode(dp._encode(items[i : i + n])[0]).observe(detection)
+        keyed = dp._decode(dp._encode(dp.parts(items[i : i + n]))[0]).observe(detection)
         assert batch_module._READINGS.open == []
         found += [_placed(i, k) for k in keyed]
         i += n

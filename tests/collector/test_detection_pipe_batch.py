@@ -28,7 +28,7 @@ TRACES = {t.name: t for t in [*fault_traces(1, seed=5), *clean_controls(2, seed=
 
 def _sides(items: Items) -> tuple[dp._Batch, dp._Batch]:
     """The parent's batch of ``items`` and the child's, decoded from the pickled columns."""
-    columns, here = dp._encode(items)
+    columns, here = dp._encode(dp.parts(items))
     return here, dp._decode(pickle.loads(pickle.dumps(columns, dp._PROTOCOL)))
 
 

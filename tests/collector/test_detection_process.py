@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.conftest import start_collector
 from tests.events import batch, event, step_events
 from trainmon.monitor.collector.detection import Detection
-from trainmon.monitor.collector.detection_process import DetectionProcess
+from trainmon.monitor.collector.detection_process import DetectionProcess, parts
 from trainmon.monitor.collector.engine import Engine
 from trainmon.monitor.collector.exporter import DetectionCollector
 from trainmon.monitor.collector.ingest import Ingestor
@@ -129,7 +129,7 @@ def test_a_child_that_stops_answering_is_replaced(caplog: pytest.LogCaptureFixtu
         os.kill(first, signal.SIGSTOP)
         answers: list[list] = []
         with caplog.at_level(logging.ERROR, logger="trainmon.collector"):
-            detection.observe(events, answers.append)
+            detection.observe(parts(events), answers.append)
             deadline = time.monotonic() + 15
             while not answers and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -142,7 +142,7 @@ def test_a_child_that_stops_answering_is_replaced(caplog: pytest.LogCaptureFixtu
         assert "trainmon_detection_lost_calls_total 1.0" in exposition  # the group whose steps went unchecked
         assert any("answered nothing" in r.getMessage() for r in caplog.records)
         found: list[list] = []
-        detection.observe(events + nan, found.append)  # the new child works
+        detection.observe(parts(events + nan), found.append)  # the new child works
         deadline = time.monotonic() + 15
         while not found and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -16,7 +16,7 @@ import pytest
 
 from bench.synthetic import clean_controls, fault_traces
 from trainmon.monitor.collector.detection import Detection, Keyed
-from trainmon.monitor.collector.detection_process import SplitDetection
+from trainmon.monitor.collector.detection_process import SplitDetection, parts
 from trainmon.monitor.config import DetectorsConfig
 from trainmon.monitor.detectors import ALL_DETECTORS
 from trainmon.wire import Event, validate_event
@@ -79,7 +79,7 @@ def test_a_split_detection_answers_in_call_order_with_what_one_detection_finds()
         for call, at in enumerate(range(0, len(items), 50)):
             batch = items[at : at + 50]
             expected.append((call, whole.observe(batch)))
-            split.observe(batch, lambda keyed, call=call: answers.append((call, [f for _, f in keyed])))
+            split.observe(parts(batch), lambda keyed, call=call: answers.append((call, [f for _, f in keyed])))
     finally:
         split.close(30)
     assert answers == expected

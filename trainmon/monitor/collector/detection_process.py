@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from trainmon.monitor.collector.detection import Detection, Keyed
 from trainmon.monitor.config import DetectorsConfig, detectors_config
@@ -493,10 +493,9 @@ class _Batch:
             return detection.observe_events(self.events, self.attempts, self.key)
 
 
-def _encode(stored: list[Part] | Items) -> tuple[list[tuple[Any, ...]], _Batch]:
+def _encode(stored: list[Part]) -> tuple[list[tuple[Any, ...]], _Batch]:
     """Events as the pipe carries them, and as a :class:`_Batch` for this side: one column per constructor argument,
-    and the attempts (and the events themselves, for the batch). Given as the ingest stored them (parts), or as
-    events with their attempts (made parts first).
+    and the attempts (and the events themselves, for the batch), of the parts the ingest stored.
 
     A column whose values are all equal to its first (an import's 5,000 events share their kind, run, rank, host,
     stream, missing clock offset and attempt) goes as that value alone, which the child repeats. Those columns hold
@@ -509,8 +508,7 @@ def _encode(stored: list[Part] | Items) -> tuple[list[tuple[Any, ...]], _Batch]:
     of 256 from 32 streams costs the same as before): a collector whose groups are that small is nearly idle."""
     if not stored:
         return [], _Batch([], [], [], [], None)
-    given = stored if type(stored[0][0]) is Segment else parts(cast(Items, stored))
-    wire, events, kinds, fields, attempts = _columns(given)
+    wire, events, kinds, fields, attempts = _columns(stored)
     return wire, _Batch(events, attempts, kinds, fields, _key(wire))
 
 
