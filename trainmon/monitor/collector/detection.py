@@ -71,8 +71,11 @@ class _Group:
                         continue
                     evs, atts, at = part[0].events, part[1], part[0].at
                 outs: list[list[Finding]] = []
-                try:
-                    det.observe_batch(evs, atts, outs)  # keeps the outputs before a raise
+                try:  # both keep the outputs before a raise
+                    if len(evs) < det.batch_from:
+                        outs.extend(map(det.observe, evs, atts))
+                    else:
+                        det.observe_batch(evs, atts, outs)
                 except Exception:
                     ev = evs[min(len(outs), len(evs) - 1)]  # an override may raise after its last output
                     log.exception(

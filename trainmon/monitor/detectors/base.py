@@ -108,6 +108,10 @@ class Detector:
     """Which of :data:`PLOTS` mark its findings: where the reader looks for them."""
     localised: ClassVar[bool]
     """Whether the post-mortem looks in the per-layer grad norms for the layer it started in."""
+    batch_from: ClassVar[int] = 0
+    """Events of a batch from which :meth:`observe_batch` pays: the engine hands a shorter batch (a live call's few
+    steps of a rank) to :meth:`observe` one event at a time, as its screens' fixed cost (numpy's, a reading's) is
+    more than observing each event costs there. Each detector sets its own, as measured."""
     consumes: ClassVar[frozenset[str] | None] = None
     """The event kinds :meth:`observe` reads (``None``: every kind). The engine hands it only those:
     most detectors read ``step`` events and a few others, and 17 detectors on every event of a long
